@@ -1,0 +1,385 @@
+//! `LockClient`: the handle users hold; acquisition and waiting live here.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::IntoConnectionInfo;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::runtime::Handle;
+use tracing::Instrument;
+
+use crate::config::{LockConfig, LockOptions, check_lease};
+use crate::conn::Conn;
+use crate::guard::LockGuard;
+use crate::held::{Held, Registry};
+use crate::key::{self, LockKeys, LockName};
+use crate::notify::{Hub, Subscription};
+use crate::owner::{ClientId, LockScope};
+use crate::scripts::{ACQUIRE, RELEASE};
+use crate::watchdog::Watchdog;
+use crate::{FencingToken, Lease, LockError};
+
+/// A handle on one Redis deployment for taking distributed locks.
+///
+/// Behavior:
+/// - Cheap to clone; clones share one multiplexed connection (a
+///   [`ConnectionManager`], which reconnects by itself), one pub/sub connection for
+///   waking waiters, and one watchdog task renewing every held lock in batches.
+/// - Every Redis call is bounded by [`LockConfig::with_command_timeout`]; when Redis is
+///   down calls fail with [`LockError::Redis`] or [`LockError::RedisTimeout`], and work
+///   again once it is back.
+/// - Locks are reentrant per [`LockScope`]; see there.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lock_core::LockError> {
+/// use lock_core::LockClient;
+///
+/// let client = LockClient::open("redis://127.0.0.1:6379/").await?;
+/// let guard = client.lock(("order", 42_u64)).await?; // waits up to 10 s by default
+/// // ... the critical section; stop early if `guard.lost()` resolves ...
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LockClient {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockClient")
+            .field("id", &self.inner.id)
+            .field("namespace", &self.inner.config.namespace)
+            .field("held", &self.inner.registry.len())
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) conn: Conn,
+    pub(crate) config: LockConfig,
+    pub(crate) id: ClientId,
+    pub(crate) id_hex: String,
+    pub(crate) registry: Registry,
+    pub(crate) hub: Hub,
+    pub(crate) watchdog: Watchdog,
+}
+
+/// What the caller wants, resolved against the config.
+pub(crate) struct Request {
+    pub(crate) keys: LockKeys,
+    pub(crate) owner: String,
+    pub(crate) lease: Duration,
+    pub(crate) watchdog: bool,
+    pub(crate) max_hold: Option<Duration>,
+}
+
+enum Attempt {
+    Granted(LockGuard),
+    Busy(Duration),
+}
+
+impl LockClient {
+    /// Connects to the Redis at `url` with the default [`LockConfig`].
+    pub async fn open<T: IntoConnectionInfo>(url: T) -> Result<Self, LockError> {
+        Self::open_with_config(url, LockConfig::new()).await
+    }
+
+    /// Connects to the Redis at `url` with `config`.
+    pub async fn open_with_config<T: IntoConnectionInfo>(
+        url: T,
+        config: LockConfig,
+    ) -> Result<Self, LockError> {
+        Self::from_client(redis::Client::open(url)?, config).await
+    }
+
+    /// Builds on the user's [`redis::Client`]: opens a [`ConnectionManager`] (timeouts
+    /// from `config`) for commands and, lazily, one pub/sub connection for waiters.
+    pub async fn from_client(client: redis::Client, config: LockConfig) -> Result<Self, LockError> {
+        config.validate()?;
+        let t = config.command_timeout;
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(t))
+            .set_response_timeout(Some(t))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_secs(1));
+        let manager = tokio::time::timeout(
+            t,
+            ConnectionManager::new_with_config(client.clone(), manager_config),
+        )
+        .await
+        .map_err(|_| LockError::RedisTimeout { op: "connect", after: t })??;
+        Self::from_connection(manager, Some(client), config)
+    }
+
+    /// Builds on the user's own [`ConnectionManager`]. `pubsub` is where waiters'
+    /// pub/sub connection goes; with `None`, waiters are woken by this client's own
+    /// releases and otherwise poll with backoff.
+    pub fn from_connection(
+        manager: ConnectionManager,
+        pubsub: Option<redis::Client>,
+        config: LockConfig,
+    ) -> Result<Self, LockError> {
+        config.validate()?;
+        let id = ClientId::random()?;
+        let id_hex = id.to_hex();
+        Ok(Self {
+            inner: Arc::new(Inner {
+                conn: Conn::new(manager, config.command_timeout),
+                hub: Hub::new(pubsub, id_hex.clone(), config.command_timeout),
+                config,
+                id,
+                id_hex,
+                registry: Registry::default(),
+                watchdog: Watchdog::default(),
+            }),
+        })
+    }
+
+    /// This client's random id (part of every owner id it uses).
+    pub fn id(&self) -> ClientId {
+        self.inner.id
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &LockConfig {
+        &self.inner.config
+    }
+
+    /// The Redis keys and channel of the lock `name` (for inspection and tooling).
+    pub fn keys<N: LockName>(&self, name: N) -> Result<LockKeys, LockError> {
+        let c = &self.inner.config;
+        key::lock_keys(&c.namespace, &c.delimiter, &name)
+    }
+
+    /// Number of locks this client holds or is acquiring right now.
+    pub fn held_count(&self) -> usize {
+        self.inner.registry.len()
+    }
+
+    /// Takes the lock if it is free (or re-enters it); fails with
+    /// [`LockError::Busy`] at once otherwise. Lease: the config's default.
+    pub async fn try_lock<N: LockName>(&self, name: N) -> Result<LockGuard, LockError> {
+        self.acquire(name, LockOptions::new().wait(Duration::ZERO))
+            .await
+    }
+
+    /// Takes the lock, waiting up to the config's wait budget
+    /// ([`LockConfig::with_wait`], default 10 s) and failing with
+    /// [`LockError::Timeout`] after it.
+    pub async fn lock<N: LockName>(&self, name: N) -> Result<LockGuard, LockError> {
+        self.acquire(name, LockOptions::new()).await
+    }
+
+    /// Takes the lock with per-call options.
+    ///
+    /// Waiting: the waiter subscribes to the lock's release channel and retries when the
+    /// holder publishes, with exponential backoff and full jitter as a fallback, never
+    /// past the holder's remaining lease nor the wait budget.
+    pub async fn acquire<N: LockName>(
+        &self,
+        name: N,
+        options: LockOptions,
+    ) -> Result<LockGuard, LockError> {
+        let c = &self.inner.config;
+        let keys = key::lock_keys(&c.namespace, &c.delimiter, &name)?;
+        let (lease, watchdog) = match options.lease.unwrap_or(c.lease) {
+            Lease::Fixed(d) => {
+                check_lease("lease", d)?;
+                (d, false)
+            }
+            Lease::Watchdog => (c.watchdog_lease, true),
+        };
+        let scope = options
+            .scope
+            .or_else(LockScope::current)
+            .unwrap_or_default();
+        let request = Request {
+            owner: scope.owner(&self.inner.id_hex),
+            keys,
+            lease,
+            watchdog,
+            max_hold: options.max_hold.or(c.max_hold),
+        };
+        let wait = options.wait.unwrap_or(c.wait);
+        let span = tracing::debug_span!("lock.acquire", lock = %request.keys.name, ?wait);
+        self.acquire_request(&request, wait).instrument(span).await
+    }
+
+    pub(crate) async fn acquire_request(
+        &self,
+        req: &Request,
+        wait: Duration,
+    ) -> Result<LockGuard, LockError> {
+        let runtime = Handle::try_current().map_err(|_| {
+            LockError::InvalidConfig("locks must be taken inside a tokio runtime".into())
+        })?;
+        let started = Instant::now();
+        let deadline = started.checked_add(wait).unwrap_or(started + crate::config::MAX_LEASE);
+        let mut subscription: Option<Subscription> = None;
+        let mut retries = 0u32;
+        loop {
+            // Armed before the attempt, so a release during it is not missed.
+            let notify = subscription.as_ref().map(Subscription::notify);
+            let mut notified = notify.as_deref().map(|n| Box::pin(n.notified()));
+            if let Some(n) = notified.as_mut() {
+                n.as_mut().enable();
+            }
+            let retry_after = match self.attempt(req, &runtime).await? {
+                Attempt::Granted(guard) => {
+                    tracing::debug!(lock = %req.keys.name, token = guard.fencing_token().get(), waited = ?started.elapsed(), "lock granted");
+                    return Ok(guard);
+                }
+                Attempt::Busy(retry_after) => retry_after,
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(if wait.is_zero() {
+                    LockError::Busy { key: req.keys.name.clone(), retry_after }
+                } else {
+                    tracing::debug!(lock = %req.keys.name, ?wait, "lock wait timed out");
+                    LockError::Timeout { key: req.keys.name.clone(), waited: now - started }
+                });
+            }
+            if subscription.is_none() {
+                // Subscribe, then retry at once: the lock may have been freed meanwhile.
+                tracing::trace!(lock = %req.keys.name, "waiting for release");
+                subscription = Some(self.inner.hub.subscribe(&req.keys.channel, deadline - now).await);
+                continue;
+            }
+            let pause = self
+                .inner
+                .config
+                .backoff
+                .delay(retries)
+                .min(retry_after)
+                .min(deadline - now)
+                .max(Duration::from_millis(1));
+            retries += 1;
+            match notified {
+                Some(n) => {
+                    tokio::select! {
+                        _ = n => {}
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
+                None => tokio::time::sleep(pause).await,
+            }
+        }
+    }
+
+    /// One acquire script call.
+    async fn attempt(&self, req: &Request, runtime: &Handle) -> Result<Attempt, LockError> {
+        let (held, _) = self.inner.registry.begin(&req.keys, &req.owner, req.lease);
+        let mut pending = PendingAcquire {
+            client: self,
+            held: Some(held.clone()),
+            runtime,
+        };
+        let start = Instant::now();
+        let mut inv = ACQUIRE.prepare_invoke();
+        inv.key(&req.keys.hash)
+            .key(&req.keys.fence)
+            .arg(&req.owner)
+            .arg(req.lease.as_millis() as u64);
+        let reply: Vec<i64> = self.inner.conn.invoke("acquire", &inv).await?;
+        match reply[..] {
+            [1, count, token] if count >= 1 && token >= 1 => {
+                pending.held = None;
+                Ok(Attempt::Granted(self.grant(held, count, token as u64, start, req, runtime)))
+            }
+            [0, pttl] => {
+                pending.held = None;
+                self.inner.registry.abort(&held);
+                Ok(Attempt::Busy(Duration::from_millis(pttl.max(1) as u64)))
+            }
+            _ => Err(LockError::UnexpectedReply(format!("acquire.lua returned {reply:?}"))),
+        }
+    }
+
+    fn grant(
+        &self,
+        held: Arc<Held>,
+        count: i64,
+        token: u64,
+        start: Instant,
+        req: &Request,
+        runtime: &Handle,
+    ) -> LockGuard {
+        let stale = {
+            let st = held.state();
+            st.detached || (count == 1 && st.holds > 0)
+        };
+        let held = if stale {
+            self.inner.registry.renew_entry(&held)
+        } else {
+            held
+        };
+        let mut st = held.state();
+        st.pending = st.pending.saturating_sub(1);
+        st.holds += 1;
+        if st.holds == 1 {
+            st.token = token;
+            st.lease = req.lease;
+            st.watchdog = req.watchdog;
+            st.valid_until = start + req.lease;
+            st.next_renewal = req
+                .watchdog
+                .then(|| start + self.inner.config.watchdog_period());
+            st.renew_until = req.max_hold.map(|m| start + m);
+        } else {
+            // The script never shortens the lease of a re-entered lock.
+            st.valid_until = st.valid_until.max(start + req.lease);
+        }
+        let due = st.next_renewal.unwrap_or(st.valid_until).min(st.valid_until);
+        let token = FencingToken::new(st.token);
+        drop(st);
+        self.inner.watchdog.schedule(&self.inner, due);
+        LockGuard::new(self.clone(), held, token, runtime.clone())
+    }
+
+    /// Sends a release script call; `mode` is "0" (one hold), "1" (all) or "peek".
+    pub(crate) async fn release_call(&self, held: &Held, mode: &str) -> Result<i64, LockError> {
+        let lease_ms = held.state().lease.as_millis() as u64;
+        let mut inv = RELEASE.prepare_invoke();
+        inv.key(&held.keys.hash)
+            .key(&held.keys.channel)
+            .arg(&held.owner)
+            .arg(lease_ms)
+            .arg(mode)
+            .arg(&self.inner.id_hex);
+        self.inner.conn.invoke("release", &inv).await
+    }
+}
+
+/// Undoes an acquisition whose outcome is unknown (error, timeout, or the future was
+/// dropped mid-request): the script may have granted, so free it in the background
+/// unless the owner still holds the lock through other guards.
+struct PendingAcquire<'a> {
+    client: &'a LockClient,
+    held: Option<Arc<Held>>,
+    runtime: &'a Handle,
+}
+
+impl Drop for PendingAcquire<'_> {
+    fn drop(&mut self) {
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        if self.client.inner.registry.abort(&held) {
+            let client = self.client.clone();
+            self.runtime.spawn(async move {
+                if let Err(e) = client.release_call(&held, "1").await {
+                    tracing::debug!(lock = %held.keys.name, error = %e, "cleanup of an unfinished acquire failed; the lease will free it");
+                }
+            });
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Let the watchdog task see the client is gone and exit.
+        self.watchdog.stop();
+    }
+}

@@ -1,0 +1,313 @@
+//! Client configuration and per-call lock options.
+
+use std::time::Duration;
+
+use crate::key::{validate_delimiter, validate_namespace};
+use crate::owner::LockScope;
+use crate::LockError;
+
+/// Shortest lease accepted: below it a network round trip can eat the whole lease.
+pub const MIN_LEASE: Duration = Duration::from_millis(10);
+/// Longest fixed lease accepted; hold longer with the watchdog, which renews for as long
+/// as the guard lives.
+pub const MAX_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// How long a lock's lease lasts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Lease {
+    /// The watchdog keeps renewing the lease (of [`LockConfig::watchdog_lease`]) every
+    /// [`LockConfig::watchdog_period`] while the guard lives; a crashed holder's lock
+    /// frees itself one lease later.
+    Watchdog,
+    /// The lock expires after this long unless released or extended first.
+    Fixed(Duration),
+}
+
+/// Exponential backoff with full jitter: the n-th retry sleeps a uniformly random time
+/// in `[0, min(max, initial * 2^n)]`. Waiters use it only as a fallback: they are woken
+/// by the release message first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// Upper bound of the first sleep. Default 20 ms.
+    pub initial: Duration,
+    /// Upper bound of any sleep. Default 1 s.
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(20),
+            max: Duration::from_secs(1),
+        }
+    }
+}
+
+impl Backoff {
+    /// The sleep before retry number `attempt` (0-based), jittered.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let cap = self
+            .initial
+            .saturating_mul(1u32 << attempt.min(20))
+            .min(self.max);
+        cap.mul_f64(fastrand::f64())
+    }
+}
+
+/// Configuration of a [`LockClient`](crate::LockClient).
+///
+/// Behavior:
+/// - Built with `LockConfig::new()` and by-value `with_*` setters; each setter documents
+///   its default.
+/// - Checked once when the client is built ([`LockConfig::validate`]); a bad value is an
+///   [`LockError::InvalidConfig`] naming the setting.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_core::{Lease, LockConfig};
+///
+/// let config = LockConfig::new()
+///     .with_namespace("shop:locks")
+///     .with_lease(Lease::Fixed(Duration::from_secs(10)))
+///     .with_wait(Duration::from_secs(2));
+/// assert!(config.validate().is_ok());
+/// ```
+#[derive(Debug, Clone)]
+pub struct LockConfig {
+    pub(crate) namespace: String,
+    pub(crate) delimiter: String,
+    pub(crate) lease: Lease,
+    pub(crate) watchdog_lease: Duration,
+    pub(crate) watchdog_period: Option<Duration>,
+    pub(crate) wait: Duration,
+    pub(crate) backoff: Backoff,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) command_timeout: Duration,
+}
+
+impl Default for LockConfig {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LockConfig {
+    /// The defaults, as documented on each setter.
+    pub fn new() -> Self {
+        Self {
+            namespace: "lock".into(),
+            delimiter: ":".into(),
+            lease: Lease::Watchdog,
+            watchdog_lease: Duration::from_secs(30),
+            watchdog_period: None,
+            wait: Duration::from_secs(10),
+            backoff: Backoff::default(),
+            max_hold: None,
+            command_timeout: Duration::from_secs(2),
+        }
+    }
+
+    /// Prefix of every key and channel. Default `lock`. No braces, `%` or whitespace.
+    pub fn with_namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// Joins the parts of a lock name. Default `:`. Escaped inside parts.
+    pub fn with_delimiter(mut self, delimiter: impl Into<String>) -> Self {
+        self.delimiter = delimiter.into();
+        self
+    }
+
+    /// Lease used when a call does not choose one. Default [`Lease::Watchdog`].
+    pub fn with_lease(mut self, lease: Lease) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Lease the watchdog keeps renewing. Default 30 s.
+    pub fn with_watchdog_lease(mut self, lease: Duration) -> Self {
+        self.watchdog_lease = lease;
+        self
+    }
+
+    /// How often the watchdog renews. Default a third of the watchdog lease.
+    pub fn with_watchdog_period(mut self, period: Duration) -> Self {
+        self.watchdog_period = Some(period);
+        self
+    }
+
+    /// How long [`LockClient::lock`](crate::LockClient::lock) waits for a busy lock.
+    /// Default 10 s.
+    pub fn with_wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Fallback retry schedule of waiters. Default 20 ms doubling up to 1 s, full jitter.
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Longest time the watchdog keeps a lock; after it the lease runs out and the guard
+    /// reports the lock lost. Default none (renew while the guard lives).
+    pub fn with_max_hold(mut self, max_hold: Option<Duration>) -> Self {
+        self.max_hold = max_hold;
+        self
+    }
+
+    /// Limit on every single Redis call. Default 2 s.
+    pub fn with_command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout;
+        self
+    }
+
+    /// The key namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The watchdog lease.
+    pub fn watchdog_lease(&self) -> Duration {
+        self.watchdog_lease
+    }
+
+    /// The watchdog renewal period (a third of the lease unless set).
+    pub fn watchdog_period(&self) -> Duration {
+        self.watchdog_period.unwrap_or(self.watchdog_lease / 3)
+    }
+
+    /// Checks every setting; [`LockClient`](crate::LockClient) constructors call it.
+    pub fn validate(&self) -> Result<(), LockError> {
+        validate_namespace(&self.namespace)?;
+        validate_delimiter(&self.delimiter)?;
+        check_lease("watchdog lease", self.watchdog_lease)?;
+        if let Lease::Fixed(d) = self.lease {
+            check_lease("default lease", d)?;
+        }
+        let period = self.watchdog_period();
+        if period.is_zero() || period >= self.watchdog_lease {
+            return Err(LockError::InvalidConfig(format!(
+                "watchdog period {period:?} must be above zero and below the watchdog \
+                 lease {:?} (a third of it is usual)",
+                self.watchdog_lease
+            )));
+        }
+        if self.backoff.initial.is_zero() || self.backoff.max < self.backoff.initial {
+            return Err(LockError::InvalidConfig(
+                "backoff needs initial > 0 and max >= initial".into(),
+            ));
+        }
+        if self.command_timeout.is_zero() {
+            return Err(LockError::InvalidConfig(
+                "command timeout must be above zero".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn check_lease(what: &str, lease: Duration) -> Result<(), LockError> {
+    if lease < MIN_LEASE || lease > MAX_LEASE {
+        return Err(LockError::InvalidConfig(format!(
+            "{what} {lease:?} is outside {MIN_LEASE:?}..={MAX_LEASE:?}; for longer holds \
+             use Lease::Watchdog"
+        )));
+    }
+    Ok(())
+}
+
+/// Per-call choices for [`LockClient::acquire`](crate::LockClient::acquire); anything not
+/// set falls back to the client's [`LockConfig`].
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_core::{Lease, LockOptions};
+///
+/// let opts = LockOptions::new()
+///     .lease(Lease::Fixed(Duration::from_secs(5)))
+///     .wait(Duration::ZERO); // do not wait: fail with `Busy` at once
+/// # let _ = opts;
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct LockOptions {
+    pub(crate) lease: Option<Lease>,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) scope: Option<LockScope>,
+    pub(crate) max_hold: Option<Duration>,
+}
+
+impl LockOptions {
+    /// No overrides.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Lease of this lock. Default: the client's.
+    pub fn lease(mut self, lease: Lease) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Wait budget; zero means fail at once with [`LockError::Busy`]. Default: the client's.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+
+    /// Owner scope for reentrancy. Default: the task's current [`LockScope`], if any,
+    /// else a fresh owner (not reentrant).
+    pub fn scope(mut self, scope: &LockScope) -> Self {
+        self.scope = Some(scope.clone());
+        self
+    }
+
+    /// Cap on total hold time under the watchdog. Default: the client's.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_documented_values() {
+        let c = LockConfig::new();
+        c.validate().unwrap();
+        assert_eq!(c.namespace(), "lock");
+        assert_eq!(c.watchdog_lease(), Duration::from_secs(30));
+        assert_eq!(c.watchdog_period(), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn zero_and_absurd_leases_are_rejected() {
+        for d in [Duration::ZERO, Duration::from_millis(9), MAX_LEASE * 2] {
+            let e = LockConfig::new()
+                .with_lease(Lease::Fixed(d))
+                .validate()
+                .unwrap_err();
+            assert!(e.is_invalid_input() && e.to_string().contains("default lease"));
+        }
+        let e = LockConfig::new()
+            .with_watchdog_period(Duration::from_secs(30))
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("watchdog period"), "{e}");
+    }
+
+    #[test]
+    fn backoff_is_capped_and_jittered() {
+        let b = Backoff::default();
+        for attempt in 0..40 {
+            let cap = (b.initial * 2u32.pow(attempt.min(20))).min(b.max);
+            assert!(b.delay(attempt) <= cap);
+        }
+        let samples: Vec<_> = (0..50).map(|_| b.delay(10)).collect();
+        assert!(samples.iter().any(|d| *d != samples[0]), "no jitter");
+    }
+}

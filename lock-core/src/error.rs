@@ -1,0 +1,150 @@
+//! The one error type of the crate.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Everything that can go wrong while taking, keeping or giving back a lock.
+///
+/// Behavior:
+/// - `#[non_exhaustive]`: match the predicates ([`is_busy`](Self::is_busy),
+///   [`is_timeout`](Self::is_timeout), ...) rather than every variant.
+/// - Contention is not a Redis failure: [`Busy`](Self::Busy) and
+///   [`Timeout`](Self::Timeout) say another owner holds the lock; [`Redis`](Self::Redis)
+///   says the server could not be reached or answered with an error.
+/// - Nothing in this crate panics on a Redis reply or on caller input; such cases end
+///   up here.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LockError {
+    /// `try_lock`: another owner holds the lock. `retry_after` is its remaining lease.
+    Busy {
+        /// The lock's name as the caller gave it (escaped).
+        key: String,
+        /// The holder's remaining lease when we asked.
+        retry_after: Duration,
+    },
+    /// `lock`: the wait budget ran out while another owner kept the lock.
+    Timeout {
+        /// The lock's name (escaped).
+        key: String,
+        /// How long we waited.
+        waited: Duration,
+    },
+    /// Release or extend found another owner holding the lock: ours expired and was
+    /// taken over. The work done under it may have overlapped with the new holder's.
+    NotOwner {
+        /// The lock's name (escaped).
+        key: String,
+    },
+    /// Release or extend found no lock at all: our lease ran out before we got there.
+    Expired {
+        /// The lock's name (escaped).
+        key: String,
+    },
+    /// A key part or a namespace the caller supplied is not acceptable.
+    InvalidKey(String),
+    /// A lease, wait or period outside what this crate accepts.
+    InvalidConfig(String),
+    /// The process-wide or per-call operation timed out talking to Redis.
+    RedisTimeout {
+        /// What we were doing.
+        op: &'static str,
+        /// The time limit that passed.
+        after: Duration,
+    },
+    /// Redis could not be reached, or answered with an error.
+    Redis(redis::RedisError),
+    /// Redis answered with something our scripts never return (a different script
+    /// under the same SHA, a proxy in the way, ...).
+    UnexpectedReply(String),
+}
+
+impl LockError {
+    /// Another owner holds the lock (`try_lock` without waiting).
+    pub fn is_busy(&self) -> bool {
+        matches!(self, Self::Busy { .. })
+    }
+
+    /// The wait budget ran out, or a Redis call did not answer in time.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Self::Timeout { .. } | Self::RedisTimeout { .. })
+            || matches!(self, Self::Redis(e) if e.is_timeout())
+    }
+
+    /// The lock is held by someone else now (we lost it).
+    pub fn is_not_owner(&self) -> bool {
+        matches!(self, Self::NotOwner { .. })
+    }
+
+    /// The lock's lease ran out before release or extend.
+    pub fn is_expired(&self) -> bool {
+        matches!(self, Self::Expired { .. })
+    }
+
+    /// The lock was lost: expired, or taken over by another owner.
+    pub fn is_lost(&self) -> bool {
+        self.is_expired() || self.is_not_owner()
+    }
+
+    /// Redis was unreachable, timed out, or answered with an error or an unexpected reply.
+    pub fn is_redis(&self) -> bool {
+        matches!(
+            self,
+            Self::Redis(_) | Self::RedisTimeout { .. } | Self::UnexpectedReply(_)
+        )
+    }
+
+    /// The caller's input (key, lease, config) was rejected before Redis was asked.
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(self, Self::InvalidKey(_) | Self::InvalidConfig(_))
+    }
+}
+
+impl fmt::Display for LockError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Busy { key, retry_after } => write!(
+                f,
+                "lock `{key}` is held by another owner (its lease ends in {retry_after:?}); \
+                 retry later or wait with `lock` instead of `try_lock`"
+            ),
+            Self::Timeout { key, waited } => write!(
+                f,
+                "gave up waiting for lock `{key}` after {waited:?}; raise the wait budget \
+                 or find out why the holder keeps it this long"
+            ),
+            Self::NotOwner { key } => write!(
+                f,
+                "lock `{key}` is held by another owner: our lease ran out and it was taken over"
+            ),
+            Self::Expired { key } => write!(
+                f,
+                "lock `{key}` expired before it was released or extended; use a longer \
+                 lease or the watchdog"
+            ),
+            Self::InvalidKey(why) => write!(f, "invalid lock key: {why}"),
+            Self::InvalidConfig(why) => write!(f, "invalid lock configuration: {why}"),
+            Self::RedisTimeout { op, after } => write!(
+                f,
+                "redis did not answer `{op}` within {after:?}; is the server up and reachable?"
+            ),
+            Self::Redis(e) => write!(f, "redis error: {e}"),
+            Self::UnexpectedReply(what) => write!(f, "unexpected reply from redis: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for LockError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Redis(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<redis::RedisError> for LockError {
+    fn from(e: redis::RedisError) -> Self {
+        Self::Redis(e)
+    }
+}

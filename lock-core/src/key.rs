@@ -1,0 +1,363 @@
+//! Every Redis key and channel this crate touches is built here, and only here.
+//!
+//! A lock name is one or more *parts* (user ids, order numbers, ...). Each part is
+//! percent-escaped so it can never contain the delimiter, `{`, `}` or `%`, then the parts
+//! are joined with the delimiter and wrapped in a hash tag:
+//!
+//! ```text
+//! <namespace>:{<part><delim><part>...}            the lock hash {owner -> hold count}
+//! <namespace>:{<part><delim><part>...}:fence      its fencing counter
+//! <namespace>:{<part><delim><part>...}:released   its release channel
+//! ```
+//!
+//! Because a part can hold neither braces nor the delimiter, user input cannot end the
+//! hash tag early, add a suffix, or shift a part boundary: two different part lists
+//! always give two different keys, and all keys of one lock share one cluster slot.
+
+use std::fmt::Write as _;
+
+use crate::LockError;
+
+/// Longest accepted lock name, in bytes, after escaping and joining its parts.
+pub const MAX_NAME_LEN: usize = 1024;
+/// Longest accepted namespace, in bytes.
+pub const MAX_NAMESPACE_LEN: usize = 128;
+
+/// A value that can be one part of a lock name.
+///
+/// Implemented for strings, integers, `bool`, `char` and references to them. Implement it
+/// for your own id types by writing their canonical text form:
+///
+/// ```
+/// use lock_core::KeyPart;
+///
+/// struct UserId(u64);
+///
+/// impl KeyPart for UserId {
+///     fn write_part(&self, out: &mut String) {
+///         use std::fmt::Write;
+///         let _ = write!(out, "{}", self.0);
+///     }
+/// }
+/// ```
+///
+/// Write the raw value: escaping is done for you.
+pub trait KeyPart {
+    /// Appends this part's text form to `out`.
+    fn write_part(&self, out: &mut String);
+}
+
+impl KeyPart for str {
+    fn write_part(&self, out: &mut String) {
+        out.push_str(self);
+    }
+}
+
+impl KeyPart for String {
+    fn write_part(&self, out: &mut String) {
+        out.push_str(self);
+    }
+}
+
+impl KeyPart for std::borrow::Cow<'_, str> {
+    fn write_part(&self, out: &mut String) {
+        out.push_str(self);
+    }
+}
+
+impl KeyPart for std::sync::Arc<str> {
+    fn write_part(&self, out: &mut String) {
+        out.push_str(self);
+    }
+}
+
+impl<T: KeyPart + ?Sized> KeyPart for &T {
+    fn write_part(&self, out: &mut String) {
+        (**self).write_part(out);
+    }
+}
+
+impl<T: KeyPart + ?Sized> KeyPart for Box<T> {
+    fn write_part(&self, out: &mut String) {
+        (**self).write_part(out);
+    }
+}
+
+macro_rules! display_key_part {
+    ($($t:ty),*) => {$(
+        impl KeyPart for $t {
+            fn write_part(&self, out: &mut String) {
+                let _ = write!(out, "{self}");
+            }
+        }
+    )*};
+}
+display_key_part!(
+    u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, bool, char
+);
+
+/// A whole lock name: one [`KeyPart`], a tuple of them, or a slice/array/`Vec` of them.
+///
+/// ```
+/// # fn names<N: lock_core::LockName>(_: N) {}
+/// names("inventory");            // one part
+/// names(("order", 42_u64));      // two parts: "order" and "42"
+/// names(["seckill", "v1", "7"]); // three parts
+/// ```
+pub trait LockName {
+    /// Hands each part, in order, to `parts`.
+    fn write_parts(&self, parts: &mut NameWriter);
+}
+
+impl<T: KeyPart + ?Sized> LockName for T {
+    fn write_parts(&self, parts: &mut NameWriter) {
+        parts.part(self);
+    }
+}
+
+impl<T: KeyPart> LockName for [T] {
+    fn write_parts(&self, parts: &mut NameWriter) {
+        self.iter().for_each(|p| parts.part(p));
+    }
+}
+
+impl<T: KeyPart, const N: usize> LockName for [T; N] {
+    fn write_parts(&self, parts: &mut NameWriter) {
+        self.iter().for_each(|p| parts.part(p));
+    }
+}
+
+impl<T: KeyPart> LockName for Vec<T> {
+    fn write_parts(&self, parts: &mut NameWriter) {
+        self.iter().for_each(|p| parts.part(p));
+    }
+}
+
+macro_rules! tuple_lock_name {
+    ($($name:ident),+) => {
+        impl<$($name: KeyPart),+> LockName for ($($name,)+) {
+            #[allow(non_snake_case)]
+            fn write_parts(&self, parts: &mut NameWriter) {
+                let ($($name,)+) = self;
+                $(parts.part($name);)+
+            }
+        }
+    };
+}
+tuple_lock_name!(A);
+tuple_lock_name!(A, B);
+tuple_lock_name!(A, B, C);
+tuple_lock_name!(A, B, C, D);
+tuple_lock_name!(A, B, C, D, E);
+tuple_lock_name!(A, B, C, D, E, F);
+
+/// Collects the escaped parts of a [`LockName`]; handed to [`LockName::write_parts`].
+#[derive(Debug)]
+pub struct NameWriter<'a> {
+    delimiter: &'a str,
+    out: String,
+    scratch: String,
+    parts: usize,
+    empty_part: Option<usize>,
+}
+
+impl NameWriter<'_> {
+    /// Appends one part (escaped) to the name.
+    pub fn part<P: KeyPart + ?Sized>(&mut self, part: &P) {
+        self.scratch.clear();
+        part.write_part(&mut self.scratch);
+        if self.scratch.is_empty() && self.empty_part.is_none() {
+            self.empty_part = Some(self.parts);
+        }
+        if self.parts > 0 {
+            self.out.push_str(self.delimiter);
+        }
+        self.parts += 1;
+        for c in self.scratch.chars() {
+            if c == '%' || c == '{' || c == '}' || self.delimiter.contains(c) {
+                let mut buf = [0u8; 4];
+                for b in c.encode_utf8(&mut buf).bytes() {
+                    let _ = write!(self.out, "%{b:02X}");
+                }
+            } else {
+                self.out.push(c);
+            }
+        }
+    }
+}
+
+/// The Redis keys and channel of one lock, all in one hash slot.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LockKeys {
+    /// The escaped, joined name (what error messages show).
+    pub name: String,
+    /// The lock hash `{owner -> hold count}`.
+    pub hash: String,
+    /// The fencing counter.
+    pub fence: String,
+    /// The pub/sub channel a release is announced on.
+    pub channel: String,
+}
+
+/// Checks a namespace (see [`LockConfig::with_namespace`](crate::LockConfig::with_namespace)).
+pub(crate) fn validate_namespace(ns: &str) -> Result<(), LockError> {
+    if ns.is_empty() {
+        return Err(LockError::InvalidConfig("the key namespace is empty".into()));
+    }
+    if ns.len() > MAX_NAMESPACE_LEN {
+        return Err(LockError::InvalidConfig(format!(
+            "the key namespace is {} bytes long; at most {MAX_NAMESPACE_LEN} are allowed",
+            ns.len()
+        )));
+    }
+    if let Some(c) = ns
+        .chars()
+        .find(|c| matches!(c, '{' | '}' | '%') || c.is_whitespace() || c.is_control())
+    {
+        return Err(LockError::InvalidConfig(format!(
+            "the key namespace `{ns}` contains {c:?}; use letters, digits and `:_-.`"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a delimiter (see [`LockConfig::with_delimiter`](crate::LockConfig::with_delimiter)).
+pub(crate) fn validate_delimiter(d: &str) -> Result<(), LockError> {
+    if d.is_empty() || d.len() > 8 || d.chars().any(|c| matches!(c, '{' | '}' | '%')) {
+        return Err(LockError::InvalidConfig(format!(
+            "the key delimiter {d:?} must be 1 to 8 bytes without `{{`, `}}` or `%`"
+        )));
+    }
+    Ok(())
+}
+
+/// Builds the keys of the lock `name` under `namespace`: the one place keys are made.
+pub fn lock_keys<N: LockName + ?Sized>(
+    namespace: &str,
+    delimiter: &str,
+    name: &N,
+) -> Result<LockKeys, LockError> {
+    let name = escaped_name(delimiter, name)?;
+    let hash = format!("{namespace}:{{{name}}}");
+    Ok(LockKeys {
+        fence: format!("{hash}:fence"),
+        channel: format!("{hash}:released"),
+        hash,
+        name,
+    })
+}
+
+/// The keys of a fenced resource: its value and the highest token it has accepted.
+pub(crate) fn fenced_keys<N: LockName + ?Sized>(
+    namespace: &str,
+    delimiter: &str,
+    resource: &N,
+) -> Result<(String, String), LockError> {
+    let name = escaped_name(delimiter, resource)?;
+    let base = format!("{namespace}:{{{name}}}");
+    Ok((format!("{base}:fenced-value"), format!("{base}:fenced-token")))
+}
+
+fn escaped_name<N: LockName + ?Sized>(delimiter: &str, name: &N) -> Result<String, LockError> {
+    let mut w = NameWriter {
+        delimiter,
+        out: String::new(),
+        scratch: String::new(),
+        parts: 0,
+        empty_part: None,
+    };
+    name.write_parts(&mut w);
+    if w.parts == 0 {
+        return Err(LockError::InvalidKey(
+            "a lock name needs at least one part".into(),
+        ));
+    }
+    if let Some(i) = w.empty_part {
+        return Err(LockError::InvalidKey(format!(
+            "part {} of the lock name is empty; every part must have at least one character",
+            i + 1
+        )));
+    }
+    if w.out.len() > MAX_NAME_LEN {
+        return Err(LockError::InvalidKey(format!(
+            "the lock name is {} bytes long after escaping; at most {MAX_NAME_LEN} are allowed",
+            w.out.len()
+        )));
+    }
+    Ok(w.out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys<N: LockName + ?Sized>(n: &N) -> LockKeys {
+        lock_keys("lock", ":", n).unwrap()
+    }
+
+    #[test]
+    fn layout_shares_one_hash_tag() {
+        let k = keys(&("order", 42_u64));
+        assert_eq!(k.hash, "lock:{order:42}");
+        assert_eq!(k.fence, "lock:{order:42}:fence");
+        assert_eq!(k.channel, "lock:{order:42}:released");
+    }
+
+    #[test]
+    fn parts_cannot_forge_other_keys() {
+        // Delimiter inside a part vs. two parts.
+        assert_ne!(keys(&("a:b",)).hash, keys(&("a", "b")).hash);
+        // Braces cannot close the hash tag or reach another lock's fence key.
+        let forged = keys("x}:fence");
+        assert_eq!(forged.hash, "lock:{x%7D%3Afence}");
+        assert_ne!(forged.hash, keys("x").fence);
+        // The escape character itself is escaped, so escapes cannot be forged.
+        assert_ne!(keys("%3A").hash, keys(":").hash);
+        for k in [keys("{a}"), keys(&("}", "{")), keys("%7B")] {
+            assert_eq!(k.hash.matches('{').count(), 1, "{k:?}");
+            assert_eq!(k.hash.matches('}').count(), 1, "{k:?}");
+        }
+    }
+
+    #[test]
+    fn custom_delimiter_is_escaped_in_parts() {
+        let a = lock_keys("ns", "/", &("a/b",)).unwrap();
+        let b = lock_keys("ns", "/", &("a", "b")).unwrap();
+        assert_eq!(a.hash, "ns:{a%2Fb}");
+        assert_eq!(b.hash, "ns:{a/b}");
+    }
+
+    #[test]
+    fn bad_names_are_rejected() {
+        let empty: [&str; 0] = [];
+        assert!(lock_keys("lock", ":", &empty).unwrap_err().is_invalid_input());
+        let e = lock_keys("lock", ":", "").unwrap_err();
+        assert!(e.to_string().contains("part 1"), "{e}");
+        let e = lock_keys("lock", ":", &("a", "")).unwrap_err();
+        assert!(e.to_string().contains("part 2"), "{e}");
+        let long = "x".repeat(MAX_NAME_LEN + 1);
+        let e = lock_keys("lock", ":", long.as_str()).unwrap_err();
+        assert!(e.to_string().contains("1025 bytes"), "{e}");
+        assert!(lock_keys("lock", ":", "x".repeat(MAX_NAME_LEN).as_str()).is_ok());
+    }
+
+    #[test]
+    fn namespace_and_delimiter_are_checked() {
+        assert!(validate_namespace("lock").is_ok());
+        assert!(validate_namespace("app:locks").is_ok());
+        for bad in ["", "a{b", "a}", "a b", "100%"] {
+            assert!(validate_namespace(bad).is_err(), "{bad:?}");
+        }
+        assert!(validate_delimiter(":").is_ok());
+        for bad in ["", "{", "%", "123456789"] {
+            assert!(validate_delimiter(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn key_parts_of_every_kind() {
+        assert_eq!(keys(&(1_i8, -2_i64, true, 'c')).hash, "lock:{1:-2:true:c}");
+        assert_eq!(keys(&vec![String::from("a"), "b".into()]).hash, "lock:{a:b}");
+        assert_eq!(keys(&["x"; 3]).hash, "lock:{x:x:x}");
+    }
+}

@@ -1,0 +1,71 @@
+//! Distributed locks on Redis for async Rust services.
+//!
+//! `lock-core` is the engine of the workspace: the `#[cache_lock]` macro (`lock-macros`)
+//! and the tower layers (`lock-tower`) are built on it.
+//!
+//! What a lock gives you, on one Redis node:
+//! - **Mutual exclusion across processes**: one owner at a time per lock name, taken and
+//!   given back by Lua scripts (`lua/` in the repository), each one atomic.
+//! - **Reentrancy without threads**: a [`LockScope`] (tokio task-local or passed
+//!   explicitly) names the logical operation; taking the same lock again inside it
+//!   raises a hold count instead of deadlocking.
+//! - **Leases**: a fixed lease, or the watchdog (30 s lease renewed every 10 s by one
+//!   scheduler per client, in batches), with an optional cap on total hold time.
+//! - **Waiting without spinning**: waiters sleep on the lock's release channel (one
+//!   pub/sub connection per client) with jittered exponential backoff as a fallback.
+//! - **Knowing when you lost it**: [`LockGuard::lost`] resolves and
+//!   [`LockGuard::is_held`] turns false when renewal fails or the lease runs out.
+//! - **Fencing tokens**: every fresh grant carries a larger [`FencingToken`];
+//!   [`LockClient::fenced_write`] refuses writes from a stale holder.
+//! - **Clean release on every path**: explicit [`LockGuard::release`] reports
+//!   [`Released::Unlocked`], [`Released::StillHeld`], [`LockError::Expired`] or
+//!   [`LockError::NotOwner`]; a dropped guard releases in the background.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use lock_core::{Lease, LockClient, LockOptions};
+//!
+//! # async fn demo() -> Result<(), lock_core::LockError> {
+//! let client = LockClient::open("redis://127.0.0.1:6379/").await?;
+//!
+//! // Fail at once if someone else holds it.
+//! let guard = client.try_lock(("voucher", 7_u64)).await?;
+//! guard.release().await?;
+//!
+//! // Wait up to 2 s, with a fixed 5 s lease.
+//! let opts = LockOptions::new()
+//!     .wait(Duration::from_secs(2))
+//!     .lease(Lease::Fixed(Duration::from_secs(5)));
+//! let guard = client.acquire(("voucher", 7_u64), opts).await?;
+//! let token = guard.fencing_token();
+//! client.fenced_write("stock:7", token, 99).await?;
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Keys: see [`key`] for the layout and why user input cannot forge another lock's key.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
+mod client;
+mod config;
+mod conn;
+mod error;
+mod fencing;
+mod guard;
+mod held;
+pub mod key;
+mod notify;
+mod owner;
+mod scripts;
+mod watchdog;
+
+pub use client::LockClient;
+pub use config::{Backoff, Lease, LockConfig, LockOptions, MAX_LEASE, MIN_LEASE};
+pub use error::LockError;
+pub use fencing::{FencedWrite, FencingToken};
+pub use guard::{LockGuard, Released};
+pub use key::{KeyPart, LockKeys, LockName};
+pub use owner::{ClientId, LockScope};
+pub use scripts::SOURCES as SCRIPT_SOURCES;

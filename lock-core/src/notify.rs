@@ -1,0 +1,270 @@
+//! Waking waiters: one pub/sub connection per client, channels reference-counted.
+//!
+//! Waiters on a lock hold a [`Subscription`] to its release channel. The first
+//! subscriber of a channel makes the hub SUBSCRIBE; the last one leaving makes it
+//! UNSUBSCRIBE. A release message wakes one local waiter (`notify_one`): only one can
+//! win the lock, and a woken waiter that loses simply waits again. Releases made by this
+//! client wake its own waiters directly, without the pub/sub round trip.
+//!
+//! If the pub/sub connection drops, every waiter is woken to re-check (a release may
+//! have been missed), and the hub reconnects and resubscribes. Waiters also retry on
+//! their own backoff, so a lost message costs latency, never a missed lock.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use redis::aio::{PubSubSink, PubSubStream};
+use tokio::sync::{Notify, mpsc, oneshot};
+
+/// Local waiters per channel: how many subscriptions, and their wake-up.
+type Waiters = Arc<Mutex<HashMap<String, (usize, Arc<Notify>)>>>;
+
+enum Command {
+    Subscribe(String, oneshot::Sender<()>),
+    Unsubscribe(String),
+}
+
+pub(crate) struct Hub {
+    waiters: Waiters,
+    commands: mpsc::UnboundedSender<Command>,
+    /// The actor's receiving end until the actor starts (lazily, on first subscribe).
+    start: Mutex<Option<(redis::Client, mpsc::UnboundedReceiver<Command>)>>,
+    own_id: String,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub")
+            .field("channels", &lock(&self.waiters).len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A waiter's interest in one release channel; dropping it unsubscribes.
+pub(crate) struct Subscription {
+    channel: String,
+    notify: Arc<Notify>,
+    waiters: Waiters,
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+impl Subscription {
+    pub(crate) fn notify(&self) -> Arc<Notify> {
+        self.notify.clone()
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut map = lock(&self.waiters);
+        if let Some(entry) = map.get_mut(&self.channel) {
+            entry.0 -= 1;
+            if entry.0 == 0 {
+                map.remove(&self.channel);
+                drop(map);
+                let _ = self
+                    .commands
+                    .send(Command::Unsubscribe(std::mem::take(&mut self.channel)));
+            }
+        }
+    }
+}
+
+impl Hub {
+    /// `pubsub`: where to open the pub/sub connection; `None` means local wake-ups and
+    /// backoff only (the user gave us a bare connection).
+    pub(crate) fn new(pubsub: Option<redis::Client>, own_id: String, timeout: Duration) -> Self {
+        let (commands, rx) = mpsc::unbounded_channel();
+        Self {
+            waiters: Waiters::default(),
+            commands,
+            start: Mutex::new(pubsub.map(|c| (c, rx))),
+            own_id,
+            timeout,
+        }
+    }
+
+    /// Subscribes to `channel`; returns once the server confirmed it, or it failed, or
+    /// `limit` passed (the waiter then relies on its backoff).
+    pub(crate) async fn subscribe(&self, channel: &str, limit: Duration) -> Subscription {
+        let notify = {
+            let mut map = lock(&self.waiters);
+            let entry = map
+                .entry(channel.to_owned())
+                .or_insert_with(|| (0, Arc::new(Notify::new())));
+            entry.0 += 1;
+            entry.1.clone()
+        };
+        let sub = Subscription {
+            channel: channel.to_owned(),
+            notify,
+            waiters: self.waiters.clone(),
+            commands: self.commands.clone(),
+        };
+        if let Some((client, rx)) = lock(&self.start).take() {
+            let actor = Actor {
+                client,
+                waiters: self.waiters.clone(),
+                own_id: self.own_id.clone(),
+                timeout: self.timeout,
+                conn: None,
+                subscribed: HashSet::new(),
+                retry_at: Instant::now(),
+            };
+            tokio::spawn(actor.run(rx));
+        }
+        let (ack, done) = oneshot::channel();
+        if self
+            .commands
+            .send(Command::Subscribe(channel.to_owned(), ack))
+            .is_ok()
+        {
+            let _ = tokio::time::timeout(limit.min(self.timeout), done).await;
+        }
+        sub
+    }
+
+    /// Wakes one local waiter of `channel` (after this client released the lock).
+    pub(crate) fn notify_local(&self, channel: &str) {
+        if let Some((_, n)) = lock(&self.waiters).get(channel) {
+            n.notify_one();
+        }
+    }
+}
+
+struct Actor {
+    client: redis::Client,
+    waiters: Waiters,
+    own_id: String,
+    timeout: Duration,
+    conn: Option<(PubSubSink, PubSubStream)>,
+    subscribed: HashSet<String>,
+    retry_at: Instant,
+}
+
+const RECONNECT_DELAY: Duration = Duration::from_millis(200);
+
+impl Actor {
+    async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
+        loop {
+            let wanted = !lock(&self.waiters).is_empty();
+            if self.conn.is_none() && wanted && Instant::now() >= self.retry_at {
+                self.connect().await;
+            }
+            let retry_at = self.retry_at;
+            let reconnect_pending = self.conn.is_none() && wanted;
+            tokio::select! {
+                cmd = commands.recv() => match cmd {
+                    None => return,
+                    Some(Command::Subscribe(channel, ack)) => {
+                        self.sync_channel(&channel).await;
+                        let _ = ack.send(());
+                    }
+                    Some(Command::Unsubscribe(channel)) => self.sync_channel(&channel).await,
+                },
+                msg = next_message(&mut self.conn) => match msg {
+                    Some(msg) => self.deliver(&msg),
+                    None => self.disconnected("pub/sub connection closed"),
+                },
+                _ = tokio::time::sleep_until(retry_at.into()), if reconnect_pending => {}
+            }
+        }
+    }
+
+    fn deliver(&self, msg: &redis::Msg) {
+        // Our own releases already woke our waiters locally.
+        if msg.get_payload_bytes() == self.own_id.as_bytes() {
+            return;
+        }
+        if let Some((_, n)) = lock(&self.waiters).get(msg.get_channel_name()) {
+            n.notify_one();
+        }
+    }
+
+    /// Makes the server-side subscription of `channel` match the local waiters.
+    async fn sync_channel(&mut self, channel: &str) {
+        let wanted = lock(&self.waiters).contains_key(channel);
+        if self.conn.is_none() {
+            if wanted && Instant::now() >= self.retry_at {
+                self.connect().await; // subscribes every wanted channel
+            }
+            return;
+        }
+        let have = self.subscribed.contains(channel);
+        if wanted == have {
+            return;
+        }
+        let Some((sink, _)) = self.conn.as_mut() else {
+            return;
+        };
+        let result = if wanted {
+            tokio::time::timeout(self.timeout, sink.subscribe(channel)).await
+        } else {
+            tokio::time::timeout(self.timeout, sink.unsubscribe(channel)).await
+        };
+        match result {
+            Ok(Ok(())) if wanted => {
+                self.subscribed.insert(channel.to_owned());
+            }
+            Ok(Ok(())) => {
+                self.subscribed.remove(channel);
+            }
+            _ => self.disconnected("pub/sub (un)subscribe failed"),
+        }
+    }
+
+    async fn connect(&mut self) {
+        let opened = tokio::time::timeout(self.timeout, self.client.get_async_pubsub()).await;
+        let (mut sink, stream) = match opened {
+            Ok(Ok(pubsub)) => pubsub.split(),
+            Ok(Err(e)) => return self.failed(&e.to_string()),
+            Err(_) => return self.failed("connect timed out"),
+        };
+        let channels: Vec<String> = lock(&self.waiters).keys().cloned().collect();
+        self.subscribed.clear();
+        for channel in channels {
+            match tokio::time::timeout(self.timeout, sink.subscribe(&channel)).await {
+                Ok(Ok(())) => {
+                    self.subscribed.insert(channel);
+                }
+                _ => return self.failed("resubscribe failed"),
+            }
+        }
+        tracing::debug!(channels = self.subscribed.len(), "lock pub/sub connected");
+        self.conn = Some((sink, stream));
+        // Anything published while we were away is lost: let every waiter re-check.
+        self.wake_all();
+    }
+
+    fn failed(&mut self, why: &str) {
+        tracing::warn!(reason = why, "lock pub/sub connection failed; waiters fall back to backoff");
+        self.retry_at = Instant::now() + RECONNECT_DELAY;
+    }
+
+    fn disconnected(&mut self, why: &str) {
+        self.conn = None;
+        self.subscribed.clear();
+        self.failed(why);
+        self.wake_all();
+    }
+
+    fn wake_all(&self) {
+        for (_, n) in lock(&self.waiters).values() {
+            n.notify_waiters();
+        }
+    }
+}
+
+async fn next_message(conn: &mut Option<(PubSubSink, PubSubStream)>) -> Option<redis::Msg> {
+    match conn {
+        Some((_, stream)) => stream.next().await,
+        None => std::future::pending().await,
+    }
+}

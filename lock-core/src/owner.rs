@@ -1,0 +1,141 @@
+//! Who holds a lock: a random client id plus a scope counter.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::LockError;
+
+/// 128 random bits from the OS CSPRNG naming one [`LockClient`](crate::LockClient).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ClientId([u8; 16]);
+
+impl ClientId {
+    pub(crate) fn random() -> Result<Self, LockError> {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes).map_err(|e| {
+            LockError::InvalidConfig(format!("the OS random source failed: {e}"))
+        })?;
+        Ok(Self(bytes))
+    }
+
+    /// The id as 32 lowercase hex digits.
+    pub fn to_hex(&self) -> String {
+        use fmt::Write;
+        self.0.iter().fold(String::with_capacity(32), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+    }
+}
+
+impl fmt::Debug for ClientId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ClientId({})", self.to_hex())
+    }
+}
+
+static NEXT_SCOPE: AtomicU64 = AtomicU64::new(1);
+
+tokio::task_local! {
+    static CURRENT: LockScope;
+}
+
+/// One logical operation that may take the same lock more than once.
+///
+/// Behavior:
+/// - A lock's owner is the client's random id plus the scope's number. Two acquisitions
+///   of the same lock under the same scope *re-enter*: the hold count goes up instead of
+///   the second one waiting for the first (which would deadlock).
+/// - Different scopes, tasks or processes exclude each other.
+/// - An acquisition outside any scope gets a fresh owner: it is not reentrant.
+/// - A scope is entered with [`LockScope::run`] (a tokio task-local), or passed explicitly
+///   with [`LockOptions::scope`](crate::LockOptions::scope).
+///
+/// ```no_run
+/// # async fn demo(client: lock_core::LockClient) -> Result<(), lock_core::LockError> {
+/// use lock_core::LockScope;
+///
+/// LockScope::new().run(async {
+///     let outer = client.lock("account:7").await?;
+///     let inner = client.lock("account:7").await?; // re-enters, does not wait
+///     assert_eq!(inner.fencing_token(), outer.fencing_token());
+///     inner.release().await?;
+///     outer.release().await?;
+///     Ok(())
+/// }).await
+/// # }
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct LockScope {
+    id: u64,
+}
+
+impl fmt::Debug for LockScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LockScope({})", self.id)
+    }
+}
+
+impl Default for LockScope {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LockScope {
+    /// A scope no other acquisition shares yet.
+    pub fn new() -> Self {
+        Self {
+            id: NEXT_SCOPE.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// The scope of the running task, if it is inside [`LockScope::run`].
+    pub fn current() -> Option<Self> {
+        CURRENT.try_with(Clone::clone).ok()
+    }
+
+    /// The current scope, or a new one when the task is in none.
+    pub fn current_or_new() -> Self {
+        Self::current().unwrap_or_default()
+    }
+
+    /// Runs `fut` with this scope as the task's current scope.
+    pub async fn run<F: Future>(self, fut: F) -> F::Output {
+        CURRENT.scope(self, fut).await
+    }
+
+    /// The scope's number (unique in this process).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub(crate) fn owner(&self, client: &str) -> String {
+        format!("{client}:{}", self.id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_ids_are_random_and_hex() {
+        let a = ClientId::random().unwrap();
+        let b = ClientId::random().unwrap();
+        assert_ne!(a, b);
+        assert_eq!(a.to_hex().len(), 32);
+        assert!(a.to_hex().chars().all(|c| c.is_ascii_hexdigit()));
+    }
+
+    #[tokio::test]
+    async fn scopes_nest_through_the_task_local() {
+        assert!(LockScope::current().is_none());
+        let s = LockScope::new();
+        let seen = s.clone().run(async { LockScope::current() }).await;
+        assert_eq!(seen, Some(s.clone()));
+        assert_ne!(LockScope::new(), s);
+        assert_eq!(s.owner("c"), format!("c:{}", s.id()));
+    }
+}

@@ -1,0 +1,42 @@
+//! Every Lua script of the crate, loaded from the workspace's `lua/` folder.
+//!
+//! Each runs through [`redis::Script`]: EVALSHA first, and on a NOSCRIPT reply (after a
+//! server restart or `SCRIPT FLUSH`) the script is loaded and the call repeated.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Take or re-enter a lock. See `lua/acquire.lua`.
+pub(crate) static ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/acquire.lua")));
+/// Give back one or all holds. See `lua/release.lua`.
+pub(crate) static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/release.lua")));
+/// Renew one or many leases. See `lua/renew.lua`.
+pub(crate) static RENEW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/renew.lua")));
+/// Write guarded by a fencing token. See `lua/fenced_write.lua`.
+pub(crate) static FENCED_WRITE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/fenced_write.lua")));
+
+/// Source of every script, by file name, for tooling and tests.
+pub const SOURCES: &[(&str, &str)] = &[
+    ("acquire.lua", include_str!("../lua/acquire.lua")),
+    ("release.lua", include_str!("../lua/release.lua")),
+    ("renew.lua", include_str!("../lua/renew.lua")),
+    ("fenced_write.lua", include_str!("../lua/fenced_write.lua")),
+];
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_script_documents_keys_argv_and_returns() {
+        for (name, src) in super::SOURCES {
+            let header: String = src.lines().take_while(|l| l.starts_with("--")).collect();
+            for word in ["KEYS[", "ARGV[", "Returns"] {
+                assert!(header.contains(word), "{name} header lacks {word}");
+            }
+        }
+    }
+}
