@@ -108,7 +108,10 @@ impl LockClient {
             ConnectionManager::new_with_config(client.clone(), manager_config),
         )
         .await
-        .map_err(|_| LockError::RedisTimeout { op: "connect", after: t })??;
+        .map_err(|_| LockError::RedisTimeout {
+            op: "connect",
+            after: t,
+        })??;
         Self::from_connection(manager, Some(client), config)
     }
 
@@ -215,7 +218,9 @@ impl LockClient {
             LockError::InvalidConfig("locks must be taken inside a tokio runtime".into())
         })?;
         let started = Instant::now();
-        let deadline = started.checked_add(wait).unwrap_or(started + crate::config::MAX_LEASE);
+        let deadline = started
+            .checked_add(wait)
+            .unwrap_or(started + crate::config::MAX_LEASE);
         let mut subscription: Option<Subscription> = None;
         let mut retries = 0u32;
         loop {
@@ -235,16 +240,27 @@ impl LockClient {
             let now = Instant::now();
             if now >= deadline {
                 return Err(if wait.is_zero() {
-                    LockError::Busy { key: req.keys.name.clone(), retry_after }
+                    LockError::Busy {
+                        key: req.keys.name.clone(),
+                        retry_after,
+                    }
                 } else {
                     tracing::debug!(lock = %req.keys.name, ?wait, "lock wait timed out");
-                    LockError::Timeout { key: req.keys.name.clone(), waited: now - started }
+                    LockError::Timeout {
+                        key: req.keys.name.clone(),
+                        waited: now - started,
+                    }
                 });
             }
             if subscription.is_none() {
                 // Subscribe, then retry at once: the lock may have been freed meanwhile.
                 tracing::trace!(lock = %req.keys.name, "waiting for release");
-                subscription = Some(self.inner.hub.subscribe(&req.keys.channel, deadline - now).await);
+                subscription = Some(
+                    self.inner
+                        .hub
+                        .subscribe(&req.keys.channel, deadline - now)
+                        .await,
+                );
                 continue;
             }
             let pause = self
@@ -286,14 +302,23 @@ impl LockClient {
         match reply[..] {
             [1, count, token] if count >= 1 && token >= 1 => {
                 pending.held = None;
-                Ok(Attempt::Granted(self.grant(held, count, token as u64, start, req, runtime)))
+                Ok(Attempt::Granted(self.grant(
+                    held,
+                    count,
+                    token as u64,
+                    start,
+                    req,
+                    runtime,
+                )))
             }
             [0, pttl] => {
                 pending.held = None;
                 self.inner.registry.abort(&held);
                 Ok(Attempt::Busy(Duration::from_millis(pttl.max(1) as u64)))
             }
-            _ => Err(LockError::UnexpectedReply(format!("acquire.lua returned {reply:?}"))),
+            _ => Err(LockError::UnexpectedReply(format!(
+                "acquire.lua returned {reply:?}"
+            ))),
         }
     }
 
@@ -331,7 +356,10 @@ impl LockClient {
             // The script never shortens the lease of a re-entered lock.
             st.valid_until = st.valid_until.max(start + req.lease);
         }
-        let due = st.next_renewal.unwrap_or(st.valid_until).min(st.valid_until);
+        let due = st
+            .next_renewal
+            .unwrap_or(st.valid_until)
+            .min(st.valid_until);
         let token = FencingToken::new(st.token);
         drop(st);
         self.inner.watchdog.schedule(&self.inner, due);

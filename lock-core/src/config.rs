@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
+use crate::LockError;
 use crate::key::{validate_delimiter, validate_namespace};
 use crate::owner::LockScope;
-use crate::LockError;
 
 /// Shortest lease accepted: below it a network round trip can eat the whole lease.
 pub const MIN_LEASE: Duration = Duration::from_millis(10);

@@ -72,7 +72,10 @@ impl LockClient {
     }
 
     /// The value last stored with [`fenced_write`](Self::fenced_write) for `resource`.
-    pub async fn fenced_read<N: LockName>(&self, resource: N) -> Result<Option<Vec<u8>>, LockError> {
+    pub async fn fenced_read<N: LockName>(
+        &self,
+        resource: N,
+    ) -> Result<Option<Vec<u8>>, LockError> {
         let c = &self.inner.config;
         let (value_key, _) = key::fenced_keys(&c.namespace, &c.delimiter, &resource)?;
         self.inner

@@ -172,15 +172,16 @@ impl LockGuard {
 
     /// Takes the same lock again as the same owner (a re-entered hold; no waiting).
     pub async fn reenter(&self) -> Result<LockGuard, LockError> {
-        let st = self.held.state();
-        let request = Request {
-            keys: self.held.keys.clone(),
-            owner: self.held.owner.clone(),
-            lease: st.lease,
-            watchdog: st.watchdog,
-            max_hold: None,
+        let request = {
+            let st = self.held.state();
+            Request {
+                keys: self.held.keys.clone(),
+                owner: self.held.owner.clone(),
+                lease: st.lease,
+                watchdog: st.watchdog,
+                max_hold: None,
+            }
         };
-        drop(st);
         self.client.acquire_request(&request, Duration::ZERO).await
     }
 }

@@ -121,6 +121,12 @@ impl<T: KeyPart> LockName for [T] {
     }
 }
 
+impl<T: KeyPart> LockName for &[T] {
+    fn write_parts(&self, parts: &mut NameWriter) {
+        self.iter().for_each(|p| parts.part(p));
+    }
+}
+
 impl<T: KeyPart, const N: usize> LockName for [T; N] {
     fn write_parts(&self, parts: &mut NameWriter) {
         self.iter().for_each(|p| parts.part(p));
@@ -202,7 +208,9 @@ pub struct LockKeys {
 /// Checks a namespace (see [`LockConfig::with_namespace`](crate::LockConfig::with_namespace)).
 pub(crate) fn validate_namespace(ns: &str) -> Result<(), LockError> {
     if ns.is_empty() {
-        return Err(LockError::InvalidConfig("the key namespace is empty".into()));
+        return Err(LockError::InvalidConfig(
+            "the key namespace is empty".into(),
+        ));
     }
     if ns.len() > MAX_NAMESPACE_LEN {
         return Err(LockError::InvalidConfig(format!(
@@ -255,7 +263,10 @@ pub(crate) fn fenced_keys<N: LockName + ?Sized>(
 ) -> Result<(String, String), LockError> {
     let name = escaped_name(delimiter, resource)?;
     let base = format!("{namespace}:{{{name}}}");
-    Ok((format!("{base}:fenced-value"), format!("{base}:fenced-token")))
+    Ok((
+        format!("{base}:fenced-value"),
+        format!("{base}:fenced-token"),
+    ))
 }
 
 fn escaped_name<N: LockName + ?Sized>(delimiter: &str, name: &N) -> Result<String, LockError> {
@@ -330,7 +341,11 @@ mod tests {
     #[test]
     fn bad_names_are_rejected() {
         let empty: [&str; 0] = [];
-        assert!(lock_keys("lock", ":", &empty).unwrap_err().is_invalid_input());
+        assert!(
+            lock_keys("lock", ":", &empty)
+                .unwrap_err()
+                .is_invalid_input()
+        );
         let e = lock_keys("lock", ":", "").unwrap_err();
         assert!(e.to_string().contains("part 1"), "{e}");
         let e = lock_keys("lock", ":", &("a", "")).unwrap_err();
@@ -357,7 +372,10 @@ mod tests {
     #[test]
     fn key_parts_of_every_kind() {
         assert_eq!(keys(&(1_i8, -2_i64, true, 'c')).hash, "lock:{1:-2:true:c}");
-        assert_eq!(keys(&vec![String::from("a"), "b".into()]).hash, "lock:{a:b}");
+        assert_eq!(
+            keys(&vec![String::from("a"), "b".into()]).hash,
+            "lock:{a:b}"
+        );
         assert_eq!(keys(&["x"; 3]).hash, "lock:{x:x:x}");
     }
 }

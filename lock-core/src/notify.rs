@@ -244,7 +244,10 @@ impl Actor {
     }
 
     fn failed(&mut self, why: &str) {
-        tracing::warn!(reason = why, "lock pub/sub connection failed; waiters fall back to backoff");
+        tracing::warn!(
+            reason = why,
+            "lock pub/sub connection failed; waiters fall back to backoff"
+        );
         self.retry_at = Instant::now() + RECONNECT_DELAY;
     }
 

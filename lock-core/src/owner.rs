@@ -13,9 +13,8 @@ pub struct ClientId([u8; 16]);
 impl ClientId {
     pub(crate) fn random() -> Result<Self, LockError> {
         let mut bytes = [0u8; 16];
-        getrandom::fill(&mut bytes).map_err(|e| {
-            LockError::InvalidConfig(format!("the OS random source failed: {e}"))
-        })?;
+        getrandom::fill(&mut bytes)
+            .map_err(|e| LockError::InvalidConfig(format!("the OS random source failed: {e}")))?;
         Ok(Self(bytes))
     }
 

@@ -48,7 +48,11 @@ async fn run(client: Weak<Inner>, wake: Arc<Notify>) {
             return;
         };
         let next = tick(&inner).await;
-        *inner.watchdog.planned.lock().unwrap_or_else(|e| e.into_inner()) = next;
+        *inner
+            .watchdog
+            .planned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = next;
         // Wait without keeping the client alive.
         let woken = wake.notified();
         drop(inner);

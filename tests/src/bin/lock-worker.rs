@@ -1,0 +1,120 @@
+//! A second OS process for the cross-process suites. Not a user tool.
+//!
+//! `lock-worker count URL TASKS ITERS KEYS SLEEP_US [--no-lock]`
+//!   TASKS tasks each take ITERS locks round-robin over KEYS keys; inside each lock a
+//!   deliberately non-atomic GET, sleep, SET increments `counter:<k>`. Prints
+//!   `done <acquisitions of key 0> <key 1> ...` and exits.
+//! `lock-worker hold URL KEY LEASE_MS`
+//!   Takes KEY under the watchdog (lease LEASE_MS), prints `token <n>`, waits for a line
+//!   on stdin, then prints `report held=<bool> lost=<bool> write=<..> release=<..>`.
+
+use std::io::BufRead;
+use std::time::Duration;
+
+use lock_core::{FencedWrite, LockClient, LockConfig, LockError, LockOptions};
+use redis::AsyncCommands;
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("count") => count(&args[1..]).await,
+        Some("hold") => hold(&args[1..]).await,
+        _ => Err("usage: lock-worker count|hold ...".into()),
+    };
+    if let Err(e) = result {
+        eprintln!("lock-worker: {e}");
+        std::process::exit(1);
+    }
+}
+
+type Res = Result<(), Box<dyn std::error::Error>>;
+
+fn arg<T: std::str::FromStr>(args: &[String], i: usize) -> Result<T, String> {
+    args.get(i)
+        .and_then(|a| a.parse().ok())
+        .ok_or_else(|| format!("argument {i} missing or malformed"))
+}
+
+async fn count(args: &[String]) -> Res {
+    let url: String = arg(args, 0)?;
+    let (tasks, iters, keys, sleep_us): (usize, usize, usize, u64) =
+        (arg(args, 1)?, arg(args, 2)?, arg(args, 3)?, arg(args, 4)?);
+    let use_lock = !args.iter().any(|a| a == "--no-lock");
+    let config = LockConfig::new().with_wait(Duration::from_secs(60));
+    let client = LockClient::open_with_config(url.as_str(), config).await?;
+    let redis = redis::Client::open(url.as_str())?;
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let client = client.clone();
+        let mut conn = redis.get_multiplexed_async_connection().await?;
+        handles.push(tokio::spawn(async move {
+            let mut per_key = vec![0u64; keys];
+            for i in 0..iters {
+                let k = (t + i) % keys;
+                let guard = if use_lock {
+                    Some(client.acquire(("counter", k), LockOptions::new()).await?)
+                } else {
+                    None
+                };
+                let counter = format!("counter:{k}");
+                let v: Option<u64> = conn.get(&counter).await.map_err(LockError::from)?;
+                tokio::time::sleep(Duration::from_micros(sleep_us)).await;
+                let _: () = conn
+                    .set(&counter, v.unwrap_or(0) + 1)
+                    .await
+                    .map_err(LockError::from)?;
+                if let Some(g) = guard {
+                    g.release().await?;
+                }
+                per_key[k] += 1;
+            }
+            Ok::<_, LockError>(per_key)
+        }));
+    }
+    let mut totals = vec![0u64; keys];
+    for h in handles {
+        for (k, n) in h.await??.into_iter().enumerate() {
+            totals[k] += n;
+        }
+    }
+    let line: Vec<String> = totals.iter().map(u64::to_string).collect();
+    println!("done {}", line.join(" "));
+    Ok(())
+}
+
+async fn hold(args: &[String]) -> Res {
+    let url: String = arg(args, 0)?;
+    let key: String = arg(args, 1)?;
+    let lease_ms: u64 = arg(args, 2)?;
+    let lease = Duration::from_millis(lease_ms);
+    let config = LockConfig::new().with_watchdog_lease(lease);
+    let client = LockClient::open_with_config(url.as_str(), config).await?;
+    let guard = client.try_lock(key.as_str()).await?;
+    println!("token {}", guard.fencing_token());
+    tokio::task::spawn_blocking(|| {
+        let mut line = String::new();
+        std::io::stdin().lock().read_line(&mut line)
+    })
+    .await??;
+    let held = guard.is_held();
+    let lost = tokio::time::timeout(Duration::from_secs(2), guard.lost())
+        .await
+        .is_ok();
+    let write = match client
+        .fenced_write(key.as_str(), guard.fencing_token(), "from-worker")
+        .await?
+    {
+        FencedWrite::Written => "written".to_string(),
+        FencedWrite::Refused { highest } => format!("refused-by-{highest}"),
+        other => format!("{other:?}"),
+    };
+    let release = match guard.release().await {
+        Ok(r) => format!("{r:?}"),
+        Err(e) if e.is_not_owner() => "not-owner".into(),
+        Err(e) if e.is_expired() => "expired".into(),
+        Err(e) => return Err(e.into()),
+    };
+    println!("report held={held} lost={lost} write={write} release={release}");
+    Ok(())
+}

@@ -1,0 +1,49 @@
+//! Test harness for the workspace's integration suites: real, throw-away
+//! `redis-server` processes that a test can kill, restart, pause and watch.
+//!
+//! Every [`RedisServer`] is a private `redis-server` child process listening on
+//! its own `127.0.0.1` port, with persistence switched off (`--save ""`,
+//! `--appendonly no`) and a fresh temporary working directory that also holds
+//! the server log. Nothing is shared between tests, so suites can run in
+//! parallel, and nothing outlives the test: dropping the value kills the
+//! process and removes the directory (on Linux the child is additionally tied
+//! to the test process with `PR_SET_PDEATHSIG`, so even a test binary that is
+//! killed outright does not leak servers).
+//!
+//! Failure injection:
+//!
+//! * [`RedisServer::kill`] / [`RedisServer::restart`]: crash the server
+//!   (`SIGKILL`, all data lost) and bring it back on the same port;
+//! * [`RedisServer::pause`] / [`RedisServer::resume`]: freeze the process with
+//!   `SIGSTOP`/`SIGCONT`. Connections still succeed (the kernel completes the
+//!   handshake) but nothing is answered, which is how a hung or partitioned
+//!   server looks to a client.
+//!
+//! Observation: [`RedisServer::connection`] gives a plain connection for
+//! assertions (`HGET`, `EXISTS`, `PTTL`, ...), and [`RedisServer::monitor`]
+//! records every command the server executes, to assert that some kind of
+//! traffic did (or did not) happen.
+//!
+//! The binary is taken from the `REDIS_SERVER_BIN` environment variable, or
+//! `redis-server` on `PATH` (`scripts/ensure-redis` installs it). Starting and
+//! restarting block the calling thread until the server answers `PING`,
+//! usually for a few milliseconds.
+//!
+//! ```
+//! use lock_tests::RedisServer;
+//!
+//! let mut server = RedisServer::start();
+//! assert_eq!(server.url(), format!("redis://127.0.0.1:{}/", server.port()));
+//! server.kill();
+//! server.restart();
+//! assert!(server.log().contains("Ready to accept connections"));
+//! ```
+
+mod monitor;
+mod port;
+mod process;
+mod server;
+
+pub use monitor::Monitor;
+pub use port::free_port;
+pub use server::RedisServer;

@@ -1,0 +1,158 @@
+//! Process plumbing: temporary directories, spawning children that die with
+//! the test process, and job-control signals.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// A directory under [`std::env::temp_dir`] removed (with its contents) on drop.
+#[derive(Debug)]
+pub(crate) struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Creates `<temp>/<prefix>-<pid>-<counter>-<nanos>`. The first call in a
+    /// process also removes directories left by processes of this prefix
+    /// that no longer exist (test binaries killed before they could clean up).
+    pub(crate) fn new(prefix: &str) -> TempDir {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        static SWEPT: std::sync::Once = std::sync::Once::new();
+        SWEPT.call_once(|| remove_stale(prefix));
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or_default();
+        let name = format!(
+            "{prefix}-{}-{}-{nanos}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let path = std::env::temp_dir().join(name);
+        std::fs::create_dir_all(&path)
+            .unwrap_or_else(|e| panic!("cannot create temp dir {}: {e}", path.display()));
+        TempDir(path)
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+/// Removes `<temp>/<prefix>-<pid>-...` directories whose process is gone.
+fn remove_stale(prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(prefix)?.strip_prefix('-'))
+            .and_then(|rest| rest.split('-').next()?.parse::<libc::pid_t>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: kill(2) with signal 0 only checks whether `pid` exists.
+        let gone = unsafe { libc::kill(pid, 0) } != 0
+            && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if pid > 0 && gone {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+type SpawnRequest = (Command, mpsc::Sender<io::Result<Child>>);
+
+/// Spawns `command`; on Linux the child gets `SIGKILL` when the test process dies.
+///
+/// `PR_SET_PDEATHSIG` fires when the *thread* that forked the child exits, not
+/// the process, and test threads come and go. So all children are forked by
+/// one dedicated thread that lives as long as the process.
+pub(crate) fn spawn(mut command: Command) -> io::Result<Child> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        let parent = std::process::id();
+        // SAFETY: the closure runs between fork and exec and only makes
+        // async-signal-safe system calls (prctl, getppid, raise).
+        unsafe {
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // The parent may have died before prctl took effect.
+                if libc::getppid() as u32 != parent {
+                    libc::raise(libc::SIGKILL);
+                }
+                Ok(())
+            });
+        }
+    }
+    static SPAWNER: OnceLock<mpsc::Sender<SpawnRequest>> = OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (requests, incoming) = mpsc::channel::<SpawnRequest>();
+        std::thread::Builder::new()
+            .name("lock-tests-spawner".into())
+            .spawn(move || {
+                for (mut command, reply) in incoming {
+                    let _ = reply.send(command.spawn());
+                }
+            })
+            .expect("cannot start the process-spawning thread");
+        requests
+    });
+    let (reply, result) = mpsc::channel();
+    spawner
+        .send((command, reply))
+        .expect("process-spawning thread is gone");
+    result.recv().expect("process-spawning thread is gone")
+}
+
+/// Sends `signal` to `pid`.
+pub(crate) fn signal(pid: u32, signal: libc::c_int) -> io::Result<()> {
+    let pid = libc::pid_t::try_from(pid).map_err(io::Error::other)?;
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    if unsafe { libc::kill(pid, signal) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Waits (up to `timeout`) until process `pid` is stopped (`want_stopped`) or
+/// running again, as reported by `/proc/<pid>/stat`. Returns immediately on
+/// systems without procfs.
+pub(crate) fn await_stopped(pid: u32, want_stopped: bool, timeout: Duration) {
+    let stat = format!("/proc/{pid}/stat");
+    let deadline = Instant::now() + timeout;
+    loop {
+        let Ok(text) = std::fs::read_to_string(&stat) else {
+            return;
+        };
+        // Format: `pid (comm) S ...`; comm may contain spaces and parentheses.
+        let state = text
+            .rfind(')')
+            .and_then(|end| text[end + 1..].split_whitespace().next())
+            .unwrap_or("?");
+        let stopped = state == "T" || state == "t";
+        if stopped == want_stopped {
+            return;
+        }
+        if Instant::now() >= deadline {
+            panic!(
+                "process {pid} did not become {} within {timeout:?} (state {state})",
+                if want_stopped { "stopped" } else { "running" }
+            );
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}

@@ -1,0 +1,87 @@
+//! A future holding a guard is aborted: the lock is freed at once and renewal stops.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{client, eventually, exists, script_sha};
+use lock_core::{LockConfig, LockOptions};
+use lock_tests::RedisServer;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aborted_holder_frees_the_key_and_stops_renewing() {
+    let server = RedisServer::start();
+    // Renewal every 100 ms, so missing renewals would show quickly.
+    let config = LockConfig::new().with_watchdog_lease(Duration::from_millis(300));
+    let c = client(&server, config).await;
+    let hash = c.keys("task").unwrap().hash;
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let task = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            let _guard = c.lock("task").await.unwrap();
+            held_tx.send(()).unwrap();
+            std::future::pending::<()>().await;
+        })
+    };
+    held_rx.await.unwrap();
+    // Renewals really happen while it is held.
+    let mut monitor = server.monitor().await;
+    let renew = script_sha("renew.lua");
+    let lines = monitor.lines_within(Duration::from_millis(450)).await;
+    assert!(
+        lines.iter().any(|l| l.contains(&renew)),
+        "no renewal seen while held"
+    );
+
+    let aborted_at = Instant::now();
+    task.abort();
+    let _ = task.await;
+    eventually(
+        Duration::from_millis(100),
+        "the key to be deleted",
+        || async { !exists(&server, &hash).await },
+    )
+    .await;
+    assert!(aborted_at.elapsed() < Duration::from_millis(100));
+    assert_eq!(c.held_count(), 0);
+    let _ = monitor.lines_within(Duration::from_millis(20)).await;
+    let after = monitor.lines_within(Duration::from_millis(500)).await;
+    assert!(
+        !after.iter().any(|l| l.contains(&renew)),
+        "renewal traffic after the guard was dropped: {after:?}"
+    );
+}
+
+/// A waiter that gives up (its future dropped) leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_waiter_leaves_no_state() {
+    let server = RedisServer::start();
+    let c = client(&server, LockConfig::new()).await;
+    let g = c.try_lock("busy").await.unwrap();
+    let other = client(&server, LockConfig::new()).await;
+    let wait = other.acquire("busy", LockOptions::new().wait(Duration::from_secs(30)));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), wait)
+            .await
+            .is_err()
+    );
+    assert_eq!(other.held_count(), 0);
+    let channel = other.keys("busy").unwrap().channel;
+    eventually(
+        Duration::from_secs(2),
+        "the waiter's unsubscribe",
+        || async {
+            let mut raw = server.connection().await;
+            let n: Vec<(String, i64)> = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(&channel)
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            n.first().is_some_and(|(_, n)| *n == 0)
+        },
+    )
+    .await;
+    g.release().await.unwrap();
+}

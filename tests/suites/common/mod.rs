@@ -1,0 +1,54 @@
+//! Helpers shared by the lock suites.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use lock_core::{LockClient, LockConfig};
+use lock_tests::RedisServer;
+
+/// A client on `server` with `config`.
+pub async fn client(server: &RedisServer, config: LockConfig) -> LockClient {
+    LockClient::open_with_config(server.url().as_str(), config)
+        .await
+        .expect("connect lock client")
+}
+
+/// Polls `check` until it returns true or `limit` passes; returns the time it took.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if check().await {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Whether a Redis key exists.
+pub async fn exists(server: &RedisServer, key: &str) -> bool {
+    let mut c = server.connection().await;
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query_async::<i64>(&mut c)
+        .await
+        .expect("EXISTS")
+        == 1
+}
+
+/// SHA1 of a script in `lua/`, as EVALSHA shows it in MONITOR.
+pub fn script_sha(file: &str) -> String {
+    let (_, src) = lock_core::SCRIPT_SOURCES
+        .iter()
+        .find(|(name, _)| *name == file)
+        .expect("script exists");
+    redis::Script::new(src).get_hash().to_string()
+}

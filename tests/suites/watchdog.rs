@@ -1,0 +1,63 @@
+//! Watchdog renewal, wake-up of waiters, and the lost signal with fencing.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::client;
+use lock_core::{Backoff, LockConfig, LockOptions};
+use lock_tests::RedisServer;
+
+/// Lease 1 s, the holder works 4 s: the watchdog keeps it, nobody else gets in; after
+/// release a waiter on another client gets the lock within 50 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchdog_keeps_a_long_hold_and_release_wakes_the_waiter() {
+    let server = RedisServer::start();
+    let lease = LockConfig::new().with_watchdog_lease(Duration::from_secs(1));
+    let holder = client(&server, lease.clone()).await;
+    // A slow fallback backoff: only the release message can wake it quickly.
+    let slow = Backoff {
+        initial: Duration::from_secs(1),
+        max: Duration::from_secs(1),
+    };
+    let other = client(&server, lease.with_backoff(slow)).await;
+
+    let guard = holder.try_lock("report").await.unwrap();
+    let intruder = {
+        let other = other.clone();
+        tokio::spawn(async move {
+            let opts = LockOptions::new().wait(Duration::from_secs(10));
+            let g = other.acquire("report", opts).await.unwrap();
+            (Instant::now(), g)
+        })
+    };
+    // The holder "works" for 4 s; meanwhile try_lock keeps failing.
+    let work_until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < work_until {
+        let e = other.try_lock("report").await.unwrap_err();
+        assert!(e.is_busy(), "{e}");
+        assert!(guard.is_held());
+        assert!(
+            !intruder.is_finished(),
+            "waiter got in while the holder worked"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let released_at = Instant::now();
+    guard.release().await.unwrap();
+    let (granted_at, g2) = tokio::time::timeout(Duration::from_secs(2), intruder)
+        .await
+        .expect("waiter woke")
+        .unwrap();
+    let handoff = granted_at.duration_since(released_at);
+    assert!(
+        handoff < Duration::from_millis(50),
+        "handoff took {handoff:?}"
+    );
+    assert_eq!(
+        g2.fencing_token().get(),
+        2,
+        "second fresh grant of the lock"
+    );
+    g2.release().await.unwrap();
+}
