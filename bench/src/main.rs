@@ -39,8 +39,34 @@ async fn main() -> Result<(), BoxError> {
     Ok(())
 }
 
-/// Runs `tasks` copies of `cycle(task, n)` until `d` passes; returns cycles per second.
-async fn rate<F, Fut>(tasks: usize, d: Duration, cycle: F) -> Result<f64, BoxError>
+/// Seconds of CPU the redis-server has used (user + system), from INFO CPU.
+async fn server_cpu(conn: &mut ConnectionManager) -> Result<f64, BoxError> {
+    let info: String = redis::cmd("INFO").arg("CPU").query_async(conn).await?;
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    Ok(field("used_cpu_user") + field("used_cpu_sys"))
+}
+
+/// This process's CPU seconds (user + system), from /proc/self/stat.
+fn own_cpu() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Runs `tasks` copies of `cycle(task, n)` until `d` passes; returns cycles per second
+/// and prints the CPU microseconds per cycle spent by redis-server and by this process.
+async fn rate<F, Fut>(
+    name: &str,
+    conn: &mut ConnectionManager,
+    tasks: usize,
+    d: Duration,
+    cycle: F,
+) -> Result<f64, BoxError>
 where
     F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Result<(), BoxError>> + Send,
@@ -65,12 +91,20 @@ where
     for h in run(warm) {
         h.await??;
     }
+    let (server_before, own_before) = (server_cpu(conn).await?, own_cpu());
     let start = Instant::now();
     let mut total = 0;
     for h in run(start + d) {
         total += h.await??;
     }
-    Ok(total as f64 / start.elapsed().as_secs_f64())
+    let elapsed = start.elapsed().as_secs_f64();
+    let per = |cpu: f64| cpu * 1e6 / total.max(1) as f64;
+    println!(
+        "uncontended tasks={tasks} {name}_cpu_us_per_cycle redis {:.1} client {:.1}",
+        per(server_cpu(conn).await? - server_before),
+        per(own_cpu() - own_before)
+    );
+    Ok(total as f64 / elapsed)
 }
 
 const COMPARE_AND_DELETE: &str = r#"
@@ -86,7 +120,8 @@ async fn uncontended(url: &str, d: Duration) -> Result<(), BoxError> {
         .lease(Lease::Fixed(Duration::from_secs(10)))
         .wait(Duration::ZERO);
     for tasks in [1usize, 64] {
-        let floor = rate(tasks, d, {
+        let mut probe = conn.clone();
+        let floor = rate("floor", &mut probe, tasks, d, {
             let (conn, script) = (conn.clone(), script.clone());
             move |t, n| {
                 let (mut conn, script) = (conn.clone(), script.clone());
@@ -108,7 +143,7 @@ async fn uncontended(url: &str, d: Duration) -> Result<(), BoxError> {
             }
         })
         .await?;
-        let ours = rate(tasks, d, {
+        let ours = rate("ours", &mut probe, tasks, d, {
             let (client, fixed) = (client.clone(), fixed.clone());
             move |t, _| {
                 let (client, fixed) = (client.clone(), fixed.clone());
@@ -120,7 +155,7 @@ async fn uncontended(url: &str, d: Duration) -> Result<(), BoxError> {
             }
         })
         .await?;
-        let ours_watchdog = rate(tasks, d, {
+        let ours_watchdog = rate("ours_watchdog", &mut probe, tasks, d, {
             let client = client.clone();
             move |t, _| {
                 let client = client.clone();
@@ -132,7 +167,7 @@ async fn uncontended(url: &str, d: Duration) -> Result<(), BoxError> {
             }
         })
         .await?;
-        let peer = rate(tasks, d, {
+        let peer = rate("rslock", &mut probe, tasks, d, {
             let rslock = rslock.clone();
             move |t, _| {
                 let rslock = rslock.clone();
