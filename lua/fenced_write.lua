@@ -1,3 +1,4 @@
+#!lua
 -- fenced_write.lua: write a value to a resource only if the writer's fencing token is not
 -- older than the newest token the resource has seen (Kleppmann's fencing).
 --

@@ -1,3 +1,4 @@
+#!lua
 -- release.lua: give back one hold of a reentrant lock, or all of them.
 --
 -- KEYS[1]  lock hash  {owner -> hold count}
@@ -13,20 +14,18 @@
 --   0        released: the hash was deleted and a message published on KEYS[2]
 --   -1       expired: the lock no longer exists
 --   -2       not owner: another owner holds the lock now
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  return -1
-end
-if not redis.call('HGET', KEYS[1], ARGV[1]) then
+local held = redis.call('HGET', KEYS[1], ARGV[1])
+if not held then
+  if redis.call('EXISTS', KEYS[1]) == 0 then
+    return -1
+  end
   return -2
 end
 if ARGV[3] == 'peek' then
-  return tonumber(redis.call('HGET', KEYS[1], ARGV[1]))
+  return tonumber(held)
 end
-local left = 0
-if ARGV[3] ~= '1' then
-  left = redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
-end
-if left > 0 then
+if ARGV[3] == '0' and tonumber(held) > 1 then
+  local left = redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return left
 end

@@ -1,3 +1,4 @@
+#!lua
 -- renew.lua: extend the lease of one or many held locks in one call (watchdog batches, extend).
 --
 -- KEYS[1..n]      lock hashes

@@ -44,7 +44,13 @@ async fn server_cpu(conn: &mut ConnectionManager) -> Result<f64, BoxError> {
     let info: String = redis::cmd("INFO").arg("CPU").query_async(conn).await?;
     let field = |name: &str| {
         info.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse::<f64>().ok())
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(':')?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
             .unwrap_or(0.0)
     };
     Ok(field("used_cpu_user") + field("used_cpu_sys"))
@@ -53,8 +59,18 @@ async fn server_cpu(conn: &mut ConnectionManager) -> Result<f64, BoxError> {
 /// This process's CPU seconds (user + system), from /proc/self/stat.
 fn own_cpu() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     (ticks(11) + ticks(12)) / 100.0
 }
 
@@ -107,6 +123,14 @@ where
     Ok(total as f64 / elapsed)
 }
 
+fn lua_source(name: &str) -> Result<&'static str, BoxError> {
+    lock_core::SCRIPT_SOURCES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, src)| *src)
+        .ok_or_else(|| format!("no script {name}").into())
+}
+
 const COMPARE_AND_DELETE: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0"#;
@@ -143,6 +167,45 @@ async fn uncontended(url: &str, d: Duration) -> Result<(), BoxError> {
             }
         })
         .await?;
+        // The floor for our semantics: lock-core's own scripts issued raw, so the gap to
+        // `ours` is the library's overhead and the gap to `floor` is the scripts' cost.
+        let acquire = Arc::new(redis::Script::new(lua_source("acquire.lua")?));
+        let release = Arc::new(redis::Script::new(lua_source("release.lua")?));
+        let raw_scripts = rate("our_scripts_raw", &mut probe, tasks, d, {
+            let (conn, acquire, release) = (conn.clone(), acquire.clone(), release.clone());
+            move |t, n| {
+                let (mut conn, acquire, release) = (conn.clone(), acquire.clone(), release.clone());
+                async move {
+                    let key = format!("lock:{{bench:raw:{t}}}");
+                    let owner = format!("0123456789abcdef0123456789abcdef:{n}");
+                    let granted: Vec<i64> = acquire
+                        .key(&key)
+                        .key(format!("{key}:fence"))
+                        .arg(&owner)
+                        .arg(10_000)
+                        .invoke_async(&mut conn)
+                        .await?;
+                    if granted.first() != Some(&1) {
+                        return Err("raw scripts: lock was taken".into());
+                    }
+                    let _: i64 = release
+                        .key(&key)
+                        .key(format!("{key}:released"))
+                        .arg(&owner)
+                        .arg(10_000)
+                        .arg("1")
+                        .arg("x")
+                        .invoke_async(&mut conn)
+                        .await?;
+                    Ok(())
+                }
+            }
+        })
+        .await?;
+        println!(
+            "ratio our_scripts_raw_vs_floor_{tasks}_tasks {:.2}",
+            raw_scripts / floor
+        );
         let ours = rate("ours", &mut probe, tasks, d, {
             let (client, fixed) = (client.clone(), fixed.clone());
             move |t, _| {
@@ -188,6 +251,10 @@ async fn uncontended(url: &str, d: Duration) -> Result<(), BoxError> {
         println!("uncontended tasks={tasks} ours_watchdog_cycles_per_s {ours_watchdog:.0}");
         println!("uncontended tasks={tasks} rslock_cycles_per_s {peer:.0}");
         println!("ratio ours_vs_floor_{tasks}_tasks {:.2}", ours / floor);
+        println!(
+            "ratio ours_vs_our_scripts_raw_{tasks}_tasks {:.2}",
+            ours / raw_scripts
+        );
         println!(
             "ratio ours_watchdog_vs_floor_{tasks}_tasks {:.2}",
             ours_watchdog / floor
