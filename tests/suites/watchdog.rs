@@ -61,3 +61,41 @@ async fn watchdog_keeps_a_long_hold_and_release_wakes_the_waiter() {
     );
     g2.release().await.unwrap();
 }
+
+/// The cap on total hold time: the watchdog stops renewing, the lease runs out, and the
+/// holder is told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_hold_caps_the_watchdog() {
+    let server = RedisServer::start();
+    let config = LockConfig::new().with_watchdog_lease(Duration::from_millis(300));
+    let c = client(&server, config).await;
+    let started = Instant::now();
+    let g = c
+        .acquire(
+            "capped",
+            LockOptions::new().max_hold(Duration::from_millis(600)),
+        )
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(3), g.lost())
+        .await
+        .expect("lost() once the cap stops the renewals");
+    let held_for = started.elapsed();
+    // Renewed past one lease, stopped at the cap, expired within a lease after it.
+    assert!(
+        held_for > Duration::from_millis(600),
+        "lost after {held_for:?}"
+    );
+    assert!(
+        held_for < Duration::from_millis(600 + 300 + 500),
+        "lost after {held_for:?}"
+    );
+    // Our local deadline was measured from before the renewal, so Redis expires it a
+    // moment later.
+    let key = c.keys("capped").unwrap().hash;
+    common::eventually(Duration::from_secs(1), "the key to expire", || async {
+        !common::exists(&server, &key).await
+    })
+    .await;
+    assert!(g.release().await.unwrap_err().is_expired());
+}

@@ -4,12 +4,15 @@
 //! uses `REDIS_URL`), then runs two copies of itself as separate OS processes. Each takes
 //! the lock `demo:printer` five times, "prints a page" for 200 ms while holding it, and
 //! releases it. The output shows the two processes taking turns, the fencing token
-//! growing with every grant, and a `try_lock` bouncing off the held lock.
+//! growing with every grant, and a `try_lock` bouncing off the held lock. Each page is
+//! written with `fenced_write`, which would refuse a page from a stale holder: a worker
+//! fails if that ever happens.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lock_core::{LockClient, LockConfig, LockError};
+use lock_core::{FencedWrite, LockClient, LockConfig};
+use lock_tests::RedisServer;
 
 #[tokio::main]
 async fn main() {
@@ -49,18 +52,32 @@ async fn worker(url: &str, name: &str) -> Res {
             guard.fencing_token()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
+        // The printer only accepts pages from the newest holder (fencing).
+        let page_text = format!("page {page} from {name}");
+        match client
+            .fenced_write("printer", guard.fencing_token(), page_text)
+            .await?
+        {
+            FencedWrite::Written => {}
+            refused => {
+                return Err(format!("[{name}] the printer refused a page: {refused:?}").into());
+            }
+        }
         guard.release().await?;
         println!("[{name}] page {page}: released");
+        // Walk back from the printer, so the other process gets a turn.
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Ok(())
 }
 
 async fn parent() -> Res {
+    // The same harness the tests use: a throwaway redis-server, killed on exit.
     let (url, _server) = match std::env::var("REDIS_URL") {
         Ok(url) => (url, None),
         Err(_) => {
-            let (url, server) = start_redis().await?;
-            (url, Some(server))
+            let server = RedisServer::start();
+            (server.url(), Some(server))
         }
     };
     println!("redis at {url}; starting two worker processes, A and B");
@@ -79,47 +96,4 @@ async fn parent() -> Res {
     }
     println!("done: 10 pages printed, never two at once (tokens strictly increasing)");
     Ok(())
-}
-
-/// A redis-server child process, killed on drop.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn start_redis() -> Result<(String, Server), Box<dyn std::error::Error>> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let bin = std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".into());
-    let child = Command::new(&bin)
-        .args([
-            "--port",
-            &port.to_string(),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot start {bin}: {e}; install redis-server or set REDIS_URL"))?;
-    let server = Server(child);
-    let url = format!("redis://127.0.0.1:{port}/");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match LockClient::open(url.as_str()).await {
-            Ok(_) => return Ok((url, server)),
-            Err(e) if Instant::now() > deadline => {
-                return Err(format!("redis-server did not come up: {e}").into());
-            }
-            Err(LockError::Redis(_)) | Err(_) => {
-                tokio::time::sleep(Duration::from_millis(50)).await
-            }
-        }
-    }
 }
