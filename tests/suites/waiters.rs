@@ -96,3 +96,46 @@ async fn many_waiters_share_one_connection_and_do_not_spin() {
     })
     .await;
 }
+
+/// Built on the user's own connection without a pub/sub client: waiters are woken by
+/// this client's own releases, and otherwise poll with backoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn works_on_a_user_connection_without_pubsub() {
+    let server = RedisServer::start();
+    let manager = redis::aio::ConnectionManager::new(server.client())
+        .await
+        .unwrap();
+    // A slow fallback, so only the local wake-up can hand the lock over quickly.
+    let slow = lock_core::Backoff {
+        initial: Duration::from_secs(5),
+        max: Duration::from_secs(5),
+    };
+    let config = LockConfig::new().with_backoff(slow);
+    let c = lock_core::LockClient::from_connection(manager, None, config).unwrap();
+    let g = c.try_lock("own").await.unwrap();
+    let mut monitor = server.monitor().await;
+    let waiter = {
+        let c = c.clone();
+        tokio::spawn(async move { c.lock("own").await })
+    };
+    // First attempt, then the retry after subscribing: now it sleeps.
+    let acquire = script_sha("acquire.lua");
+    for _ in 0..2 {
+        monitor
+            .wait_for(&acquire, Duration::from_secs(2))
+            .await
+            .expect("the waiter's attempt");
+    }
+    g.release().await.unwrap();
+    let g2 = tokio::time::timeout(Duration::from_millis(300), waiter)
+        .await
+        .expect("woken by the local release, not the 5 s backoff")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        pubsub_clients(&server).await,
+        0,
+        "no pub/sub connection was opened"
+    );
+    g2.release().await.unwrap();
+}
