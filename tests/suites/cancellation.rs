@@ -85,3 +85,41 @@ async fn cancelled_waiter_leaves_no_state() {
     .await;
     g.release().await.unwrap();
 }
+
+/// An acquisition dropped while its request is in flight (Redis paused, so the script
+/// runs only later and grants a 30 s lease) is undone right after, not left for the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquisition_dropped_mid_request_is_undone() {
+    let server = RedisServer::start();
+    let c = client(&server, LockConfig::new()).await;
+    let hash = c.keys("orphan").unwrap().hash;
+    // Load the scripts first, so the in-flight EVALSHA grants rather than gets NOSCRIPT.
+    c.try_lock("warm-up")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    server.pause();
+    let attempt = tokio::time::timeout(Duration::from_millis(300), c.try_lock("orphan")).await;
+    assert!(attempt.is_err(), "the paused server cannot have answered");
+    assert_eq!(c.held_count(), 0);
+    server.resume();
+    eventually(
+        Duration::from_secs(2),
+        "the granted-but-orphaned lock to be freed",
+        || async { !exists(&server, &hash).await },
+    )
+    .await;
+    // It really had been granted: the fencing counter moved.
+    let mut raw = server.connection().await;
+    let fence: Option<u64> = redis::cmd("GET")
+        .arg(c.keys("orphan").unwrap().fence)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(fence, Some(1));
+    let g = c.try_lock("orphan").await.unwrap();
+    assert_eq!(g.fencing_token().get(), 2);
+    g.release().await.unwrap();
+}

@@ -139,3 +139,60 @@ async fn works_on_a_user_connection_without_pubsub() {
     );
     g2.release().await.unwrap();
 }
+
+/// The pub/sub connection is killed while a waiter waits: the hub reconnects,
+/// resubscribes, and the next release still wakes the waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pubsub_connection_loss_is_repaired() {
+    let server = RedisServer::start();
+    let holder = client(&server, LockConfig::new()).await;
+    let slow = lock_core::Backoff {
+        initial: Duration::from_secs(5),
+        max: Duration::from_secs(5),
+    };
+    let waiting = client(&server, LockConfig::new().with_backoff(slow)).await;
+    let g = holder.try_lock("phoenix").await.unwrap();
+    let waiter = {
+        let w = waiting.clone();
+        tokio::spawn(async move { w.lock("phoenix").await })
+    };
+    let channel = waiting.keys("phoenix").unwrap().channel;
+    let numsub = || async {
+        let mut raw = server.connection().await;
+        let n: Vec<(String, i64)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        n[0].1
+    };
+    eventually(
+        Duration::from_secs(2),
+        "the waiter's subscription",
+        || async { numsub().await == 1 },
+    )
+    .await;
+    let mut raw = server.connection().await;
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+    eventually(
+        Duration::from_secs(3),
+        "the subscription to come back",
+        || async { numsub().await == 1 },
+    )
+    .await;
+    g.release().await.unwrap();
+    let g2 = tokio::time::timeout(Duration::from_secs(1), waiter)
+        .await
+        .expect("woken through the new pub/sub connection")
+        .unwrap()
+        .unwrap();
+    g2.release().await.unwrap();
+}
