@@ -178,7 +178,8 @@ impl LockClient {
     ///
     /// Waiting: the waiter subscribes to the lock's release channel and retries when the
     /// holder publishes, with exponential backoff and full jitter as a fallback, never
-    /// past the holder's remaining lease nor the wait budget.
+    /// past the holder's remaining lease nor the wait budget. A Redis error ends the wait
+    /// at once with that error; nothing is left held.
     pub async fn acquire<N: LockName>(
         &self,
         name: N,

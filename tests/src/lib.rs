@@ -47,3 +47,8 @@ mod server;
 pub use monitor::Monitor;
 pub use port::free_port;
 pub use server::RedisServer;
+
+/// The README's code blocks, compiled as doctests so the README stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
