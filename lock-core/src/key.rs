@@ -8,6 +8,8 @@
 //! <namespace>:{<part><delim><part>...}            the lock hash {owner -> hold count}
 //! <namespace>:{<part><delim><part>...}:fence      its fencing counter
 //! <namespace>:{<part><delim><part>...}:released   its release channel
+//! <namespace>:{<part><delim><part>...}:fenced-value / :fenced-token
+//!                                                  a fenced resource of that name
 //! ```
 //!
 //! Because a part can hold neither braces nor the delimiter, user input cannot end the
@@ -256,17 +258,14 @@ pub fn lock_keys<N: LockName + ?Sized>(
 }
 
 /// The keys of a fenced resource: its value and the highest token it has accepted.
+/// Derived from the resource's lock keys, so they share its hash slot.
 pub(crate) fn fenced_keys<N: LockName + ?Sized>(
     namespace: &str,
     delimiter: &str,
     resource: &N,
 ) -> Result<(String, String), LockError> {
-    let name = escaped_name(delimiter, resource)?;
-    let base = format!("{namespace}:{{{name}}}");
-    Ok((
-        format!("{base}:fenced-value"),
-        format!("{base}:fenced-token"),
-    ))
+    let base = lock_keys(namespace, delimiter, resource)?.hash;
+    Ok((format!("{base}:fenced-value"), format!("{base}:fenced-token")))
 }
 
 fn escaped_name<N: LockName + ?Sized>(delimiter: &str, name: &N) -> Result<String, LockError> {
