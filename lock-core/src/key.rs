@@ -265,7 +265,10 @@ pub(crate) fn fenced_keys<N: LockName + ?Sized>(
     resource: &N,
 ) -> Result<(String, String), LockError> {
     let base = lock_keys(namespace, delimiter, resource)?.hash;
-    Ok((format!("{base}:fenced-value"), format!("{base}:fenced-token")))
+    Ok((
+        format!("{base}:fenced-value"),
+        format!("{base}:fenced-token"),
+    ))
 }
 
 fn escaped_name<N: LockName + ?Sized>(delimiter: &str, name: &N) -> Result<String, LockError> {

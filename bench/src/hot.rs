@@ -1,0 +1,202 @@
+//! Hot key: 64 tasks on one key, so every release hands the lock to a waiter. Measures
+//! handoffs per second and the time from one holder's release to the next grant.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lock_core::{Lease, LockClient, LockConfig, LockOptions};
+
+use crate::measure::{BoxError, BoxFut, Timing, median, round_order, rounds_list};
+
+/// Tasks contending for the key.
+const TASKS: usize = 64;
+
+/// Handoff statistics on one contended key.
+#[derive(Default)]
+struct Handoffs {
+    last_release: Mutex<Option<Instant>>,
+    latencies_ns: Mutex<Vec<u64>>,
+    grants: AtomicU64,
+}
+
+impl Handoffs {
+    fn granted(&self) {
+        self.grants.fetch_add(1, Ordering::Relaxed);
+        if let Some(at) = self.last_release.lock().unwrap().take() {
+            let ns = at.elapsed().as_nanos() as u64;
+            self.latencies_ns.lock().unwrap().push(ns);
+        }
+    }
+
+    fn releasing(&self) {
+        *self.last_release.lock().unwrap() = Some(Instant::now());
+    }
+
+    fn sample(&self, elapsed: Duration) -> HotSample {
+        let mut l = self.latencies_ns.lock().unwrap().clone();
+        l.sort_unstable();
+        let pct_us = |p: f64| {
+            l.get(((l.len() as f64 - 1.0) * p) as usize)
+                .map_or(0.0, |&ns| ns as f64 / 1e3)
+        };
+        HotSample {
+            handoffs_per_s: self.grants.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64(),
+            p50_us: pct_us(0.5),
+            p99_us: pct_us(0.99),
+        }
+    }
+}
+
+/// One round of one implementation.
+#[derive(Clone, Copy, Debug)]
+struct HotSample {
+    handoffs_per_s: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+/// One acquire/release by task `task`, calling [`Handoffs::granted`] once it holds the
+/// lock and [`Handoffs::releasing`] right before it releases.
+type HotCycle = Arc<dyn Fn(usize, Arc<Handoffs>) -> BoxFut<()> + Send + Sync>;
+
+/// One implementation under test; `name` as in `hot_key <name> ...`.
+struct Impl {
+    name: &'static str,
+    cycle: HotCycle,
+}
+
+/// [`TASKS`] tasks running `cycle` until `until`, recorded in `stats`.
+async fn run_until(
+    cycle: &HotCycle,
+    stats: &Arc<Handoffs>,
+    until: Instant,
+) -> Result<(), BoxError> {
+    let handles: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let (cycle, stats) = (cycle.clone(), stats.clone());
+            tokio::spawn(async move {
+                while Instant::now() < until {
+                    cycle(t, stats.clone()).await?;
+                }
+                Ok::<(), BoxError>(())
+            })
+        })
+        .collect();
+    for h in handles {
+        h.await??;
+    }
+    Ok(())
+}
+
+/// Warms `cycle` up for `warm` (not recorded), then measures it for `measure`.
+async fn measure(
+    cycle: &HotCycle,
+    warm: Duration,
+    measure: Duration,
+) -> Result<HotSample, BoxError> {
+    run_until(cycle, &Arc::default(), Instant::now() + warm).await?;
+    let stats = Arc::new(Handoffs::default());
+    let start = Instant::now();
+    run_until(cycle, &stats, start + measure).await?;
+    Ok(stats.sample(start.elapsed()))
+}
+
+/// lock-core with the tasks spread over `clients` LockClients (more than one client
+/// means some handoffs cross the pub/sub connection instead of the in-process wake-up).
+async fn ours(url: &str, clients: usize) -> Result<HotCycle, BoxError> {
+    let mut pool = Vec::new();
+    for _ in 0..clients {
+        pool.push(LockClient::open_with_config(url, LockConfig::new()).await?);
+    }
+    let opts = LockOptions::new()
+        .wait(Duration::from_secs(30))
+        .lease(Lease::Fixed(Duration::from_secs(10)));
+    Ok(Arc::new(move |t, stats: Arc<Handoffs>| {
+        let (client, opts) = (pool[t % clients].clone(), opts.clone());
+        Box::pin(async move {
+            let g = client.acquire(("bench", "hot", clients), opts).await?;
+            stats.granted();
+            stats.releasing();
+            g.release().await?;
+            Ok(())
+        })
+    }))
+}
+
+fn rslock(url: &str) -> HotCycle {
+    let rslock = rslock::LockManager::new(vec![url.to_string()]);
+    Arc::new(move |_, stats: Arc<Handoffs>| {
+        let rslock = rslock.clone();
+        Box::pin(async move {
+            let lock = rslock
+                .acquire_no_guard(&b"bench:rslock:hot"[..], Duration::from_secs(10))
+                .await
+                .map_err(|e| format!("rslock: {e:?}"))?;
+            stats.granted();
+            stats.releasing();
+            rslock.unlock(&lock).await;
+            Ok(())
+        })
+    })
+}
+
+/// Measures lock-core with 1 and 4 clients and rslock, `rounds` interleaved rounds
+/// each; prints the medians, the per-round rates and the ratios of the medians.
+pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<(), BoxError> {
+    let impls = [
+        Impl {
+            name: "ours_1_clients",
+            cycle: ours(url, 1).await?,
+        },
+        Impl {
+            name: "ours_4_clients",
+            cycle: ours(url, 4).await?,
+        },
+        Impl {
+            name: "rslock",
+            cycle: rslock(url),
+        },
+    ];
+    let mut samples: Vec<Vec<HotSample>> = vec![Vec::with_capacity(rounds); impls.len()];
+    for round in 0..rounds {
+        for i in round_order(impls.len(), round) {
+            let s = measure(&impls[i].cycle, timing.warm(round), timing.measure).await?;
+            samples[i].push(s);
+        }
+    }
+    let medians: [HotSample; 3] = std::array::from_fn(|i| {
+        let s = &samples[i];
+        HotSample {
+            handoffs_per_s: median(s.iter().map(|s| s.handoffs_per_s)),
+            p50_us: median(s.iter().map(|s| s.p50_us)),
+            p99_us: median(s.iter().map(|s| s.p99_us)),
+        }
+    });
+    for ((imp, s), m) in impls.iter().zip(&samples).zip(&medians) {
+        let name = imp.name;
+        println!("hot_key {name} handoffs_per_s {:.0}", m.handoffs_per_s);
+        println!(
+            "hot_key {name} handoff_p50_us {:.0} handoff_p99_us {:.0}",
+            m.p50_us, m.p99_us
+        );
+        println!(
+            "hot_key {name} handoffs_per_s_rounds {}",
+            rounds_list(s.iter().map(|s| s.handoffs_per_s))
+        );
+    }
+    let [one, four, peer] = medians;
+    println!(
+        "ratio hot_handoffs_ours_1_client_vs_rslock {:.2}",
+        one.handoffs_per_s / peer.handoffs_per_s
+    );
+    println!(
+        "ratio hot_handoffs_ours_4_clients_vs_rslock {:.2}",
+        four.handoffs_per_s / peer.handoffs_per_s
+    );
+    println!(
+        "ratio hot_handoff_p50_ours_1_client_vs_rslock {:.2}",
+        peer.p50_us / one.p50_us
+    );
+    Ok(())
+}

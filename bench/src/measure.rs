@@ -1,0 +1,203 @@
+//! Measurement helpers shared by the benchmarks: boxed per-implementation cycles, the
+//! cycles-per-second + CPU-per-cycle measurement, round ordering and medians.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionManager;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A boxed future, so every implementation is driven through the same (dyn) call path.
+pub type BoxFut<T> = Pin<Box<dyn Future<Output = Result<T, BoxError>> + Send>>;
+
+/// One lock/unlock cycle of an implementation: `cycle(task, n)` for the `n`-th cycle of
+/// task number `task`.
+pub type Cycle = Arc<dyn Fn(usize, u64) -> BoxFut<()> + Send + Sync>;
+
+/// Boxes `f` into a [`Cycle`].
+pub fn cycle<F, Fut>(f: F) -> Cycle
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+{
+    Arc::new(move |t, n| Box::pin(f(t, n)))
+}
+
+/// How long each measurement runs, and its warm-up.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    /// Measured time of every round of every implementation.
+    pub measure: Duration,
+    /// Warm-up before an implementation's first round (connections, script cache,
+    /// allocator): a fifth of `measure`, at most 250 ms.
+    pub first_warm: Duration,
+    /// Warm-up before its later rounds (back to steady state after another
+    /// implementation ran): a twentieth of `measure`, at most 50 ms.
+    pub later_warm: Duration,
+}
+
+impl Timing {
+    pub fn new(measure: Duration) -> Self {
+        Self {
+            measure,
+            first_warm: (measure / 5).min(Duration::from_millis(250)),
+            later_warm: (measure / 20).min(Duration::from_millis(50)),
+        }
+    }
+
+    /// The warm-up before round `round` (0-based).
+    pub fn warm(&self, round: usize) -> Duration {
+        if round == 0 {
+            self.first_warm
+        } else {
+            self.later_warm
+        }
+    }
+
+    /// Rough wall time of `measurements` implementations measured for `rounds` rounds.
+    pub fn estimate(&self, measurements: usize, rounds: usize) -> Duration {
+        let per_impl = self.first_warm
+            + self.later_warm * (rounds as u32).saturating_sub(1)
+            + self.measure * rounds as u32;
+        per_impl * measurements as u32
+    }
+}
+
+/// The order of implementations in round `round` (0-based) out of `n`: round 0 is
+/// `0, 1, .., n-1`, every later round starts one further along, wrapping around.
+pub fn round_order(n: usize, round: usize) -> impl Iterator<Item = usize> {
+    (0..n).map(move |i| (i + round) % n)
+}
+
+/// The median; the mean of the middle two for an even count, NaN for none.
+pub fn median(values: impl IntoIterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = values.into_iter().collect();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// `values` rounded and space-separated, for the per-round lines.
+pub fn rounds_list(values: impl IntoIterator<Item = f64>) -> String {
+    values
+        .into_iter()
+        .map(|v| format!("{v:.0}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Seconds of CPU the redis-server has used (user + system), from INFO CPU.
+async fn server_cpu(conn: &mut ConnectionManager) -> Result<f64, BoxError> {
+    let info: String = redis::cmd("INFO").arg("CPU").query_async(conn).await?;
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(':')?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .unwrap_or(0.0)
+    };
+    Ok(field("used_cpu_user") + field("used_cpu_sys"))
+}
+
+/// This process's CPU seconds (user + system), from /proc/self/stat.
+fn own_cpu() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// One round of one implementation.
+#[derive(Clone, Copy, Debug)]
+pub struct Sample {
+    pub cycles_per_s: f64,
+    /// CPU microseconds per cycle spent by redis-server.
+    pub redis_us: f64,
+    /// CPU microseconds per cycle spent by this process.
+    pub client_us: f64,
+}
+
+/// Runs `tasks` copies of `cycle` until `until`; returns the number of cycles done.
+async fn run_until(cycle: &Cycle, tasks: usize, until: Instant) -> Result<u64, BoxError> {
+    let handles: Vec<_> = (0..tasks)
+        .map(|t| {
+            let cycle = cycle.clone();
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while Instant::now() < until {
+                    cycle(t, n).await?;
+                    n += 1;
+                }
+                Ok::<u64, BoxError>(n)
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for h in handles {
+        total += h.await??;
+    }
+    Ok(total)
+}
+
+/// Runs `tasks` copies of `cycle` for `warm`, then measures them for `measure`: cycles
+/// per second and CPU per cycle (redis-server's read through `conn`).
+pub async fn rate(
+    conn: &mut ConnectionManager,
+    cycle: &Cycle,
+    tasks: usize,
+    warm: Duration,
+    measure: Duration,
+) -> Result<Sample, BoxError> {
+    run_until(cycle, tasks, Instant::now() + warm).await?;
+    let (server_before, own_before) = (server_cpu(conn).await?, own_cpu());
+    let start = Instant::now();
+    let total = run_until(cycle, tasks, start + measure).await?;
+    let elapsed = start.elapsed().as_secs_f64();
+    let (server_after, own_after) = (server_cpu(conn).await?, own_cpu());
+    let per = |cpu: f64| cpu * 1e6 / total.max(1) as f64;
+    Ok(Sample {
+        cycles_per_s: total as f64 / elapsed,
+        redis_us: per(server_after - server_before),
+        client_us: per(own_after - own_before),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians() {
+        assert_eq!(median([3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median([4.0, 1.0]), 2.5);
+        assert!(median([]).is_nan());
+    }
+
+    #[test]
+    fn rounds_rotate() {
+        let r: Vec<Vec<usize>> = (0..3).map(|r| round_order(5, r).collect()).collect();
+        assert_eq!(r[0], [0, 1, 2, 3, 4]);
+        assert_eq!(r[1], [1, 2, 3, 4, 0]);
+        assert_eq!(r[2], [2, 3, 4, 0, 1]);
+    }
+}
