@@ -352,7 +352,7 @@ impl LockClient {
             st.next_renewal = req
                 .watchdog
                 .then(|| start + self.inner.config.watchdog_period());
-            st.renew_until = req.max_hold.map(|m| start + m);
+            st.renew_until = req.max_hold.and_then(|m| start.checked_add(m));
         } else {
             // The script never shortens the lease of a re-entered lock.
             st.valid_until = st.valid_until.max(start + req.lease);

@@ -93,3 +93,15 @@ async fn hostile_parts_do_not_collide() {
     }
     victim.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absurd_waits_and_caps_do_not_overflow() {
+    let server = RedisServer::start();
+    let c = client(&server, LockConfig::new()).await;
+    let opts = LockOptions::new()
+        .wait(Duration::MAX)
+        .max_hold(Duration::MAX);
+    let g = c.acquire("forever", opts).await.unwrap();
+    assert!(g.is_held());
+    g.release().await.unwrap();
+}
