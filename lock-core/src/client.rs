@@ -186,7 +186,14 @@ impl LockClient {
         options: LockOptions,
     ) -> Result<LockGuard, LockError> {
         let c = &self.inner.config;
-        let keys = key::lock_keys(&c.namespace, &c.delimiter, &name)?;
+        let delimiter = match options.delimiter {
+            Some(d) => {
+                key::validate_delimiter(d)?;
+                d
+            }
+            None => &c.delimiter,
+        };
+        let keys = key::lock_keys(&c.namespace, delimiter, &name)?;
         let (lease, watchdog) = match options.lease.unwrap_or(c.lease) {
             Lease::Fixed(d) => {
                 check_lease("lease", d)?;

@@ -237,6 +237,7 @@ pub struct LockOptions {
     pub(crate) wait: Option<Duration>,
     pub(crate) scope: Option<LockScope>,
     pub(crate) max_hold: Option<Duration>,
+    pub(crate) delimiter: Option<&'static str>,
 }
 
 impl LockOptions {
@@ -261,6 +262,14 @@ impl LockOptions {
     /// else a fresh owner (not reentrant).
     pub fn scope(mut self, scope: &LockScope) -> Self {
         self.scope = Some(scope.clone());
+        self
+    }
+
+    /// Joins the parts of this lock's name. Default: the client's
+    /// ([`LockConfig::with_delimiter`]). The same name with another delimiter is another
+    /// lock.
+    pub fn delimiter(mut self, delimiter: &'static str) -> Self {
+        self.delimiter = Some(delimiter);
         self
     }
 

@@ -148,3 +148,19 @@ impl From<redis::RedisError> for LockError {
         Self::Redis(e)
     }
 }
+
+/// For fns returning `std::io::Result`: busy and timeouts keep their meaning in the
+/// [`std::io::ErrorKind`], and the `LockError` stays reachable through `get_ref`.
+impl From<LockError> for std::io::Error {
+    fn from(e: LockError) -> Self {
+        use std::io::ErrorKind;
+        let kind = match &e {
+            LockError::Busy { .. } => ErrorKind::WouldBlock,
+            e if e.is_timeout() => ErrorKind::TimedOut,
+            e if e.is_invalid_input() => ErrorKind::InvalidInput,
+            e if e.is_lost() => ErrorKind::Other,
+            _ => ErrorKind::ConnectionAborted,
+        };
+        std::io::Error::new(kind, e)
+    }
+}

@@ -137,6 +137,17 @@ impl LockGuard {
         release_remote(&self.client, &self.held, plan).await
     }
 
+    /// Lets the lock run out on its own: stops renewing it and never releases it, so it
+    /// stays taken until its lease passes (an anti-resubmit window; the
+    /// `release = "on_expiry"` mode of `#[cache_lock]`). With the watchdog lease that is
+    /// up to [`LockConfig::watchdog_lease`](crate::LockConfig::watchdog_lease) from the
+    /// last renewal.
+    pub fn hold_until_expiry(mut self) {
+        self.done = true;
+        // Local bookkeeping only: no release is sent.
+        let _ = self.client.inner.registry.release(&self.held);
+    }
+
     /// Sets the lease to `lease` from now. Fails with [`LockError::Expired`] or
     /// [`LockError::NotOwner`] (and fires [`lost`](Self::lost)) if the lock is gone.
     pub async fn extend(&self, lease: Duration) -> Result<(), LockError> {

@@ -44,6 +44,12 @@ pub const MAX_NAMESPACE_LEN: usize = 128;
 /// ```
 ///
 /// Write the raw value: escaping is done for you.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be part of a lock key: it does not implement `lock_core::KeyPart`",
+    label = "used as a lock key part here",
+    note = "implement it by writing the value's canonical text: `impl lock_core::KeyPart for {Self} {{ fn write_part(&self, out: &mut String) {{ /* push the text */ }} }}`",
+    note = "or use a field that already is a key part: integers, strings, `bool`, `char`, IP addresses"
+)]
 pub trait KeyPart {
     /// Appends this part's text form to `out`.
     fn write_part(&self, out: &mut String);
@@ -95,8 +101,35 @@ macro_rules! display_key_part {
     )*};
 }
 display_key_part!(
-    u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, bool, char
+    u8,
+    u16,
+    u32,
+    u64,
+    u128,
+    usize,
+    i8,
+    i16,
+    i32,
+    i64,
+    i128,
+    isize,
+    bool,
+    char,
+    std::num::NonZeroU32,
+    std::num::NonZeroU64,
+    std::num::NonZeroUsize,
+    std::num::NonZeroI64,
+    std::net::IpAddr,
+    std::net::Ipv4Addr,
+    std::net::Ipv6Addr,
+    std::net::SocketAddr
 );
+
+impl KeyPart for std::rc::Rc<str> {
+    fn write_part(&self, out: &mut String) {
+        out.push_str(self);
+    }
+}
 
 /// A whole lock name: one [`KeyPart`], a tuple of them, or a slice/array/`Vec` of them.
 ///

@@ -53,11 +53,18 @@ mod config;
 mod conn;
 mod error;
 mod fencing;
+mod global;
 mod guard;
 mod held;
 pub mod key;
 mod notify;
 mod owner;
+#[doc(hidden)]
+pub mod __private {
+    //! Re-exported for `#[cache_lock]`; not a public API.
+    pub use crate::private::*;
+}
+mod private;
 mod scripts;
 mod watchdog;
 
@@ -65,6 +72,7 @@ pub use client::LockClient;
 pub use config::{Backoff, Lease, LockConfig, LockOptions, MAX_LEASE, MIN_LEASE};
 pub use error::LockError;
 pub use fencing::{FencedWrite, FencingToken};
+pub use global::{global, install_global};
 pub use guard::{LockGuard, Released};
 pub use key::{KeyPart, LockKeys, LockName};
 pub use owner::{ClientId, LockScope};

@@ -1,0 +1,9 @@
+#![allow(unused)]
+use lock_core::LockError;
+use lock_macros::cache_lock;
+
+#[cache_lock(prefix = "p", key = id)]
+fn not_async(id: u64) -> Result<(), LockError> {
+    Ok(())
+}
+fn main() {}
