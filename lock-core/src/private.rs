@@ -5,7 +5,6 @@ use std::future::Future;
 use std::time::Duration;
 
 pub use crate::{KeyPart, LockClient, LockError, LockGuard};
-pub use std::convert::From;
 pub use std::result::Result;
 
 use crate::key::{LockName, NameWriter};
@@ -71,4 +70,10 @@ pub async fn finish(guard: LockGuard, keep_until_expiry: bool) {
 /// inside the body converts errors as it does in the fn itself.
 pub fn typed<T, F: Future<Output = T>>(fut: F) -> F {
     fut
+}
+
+/// `E::from(e)`, through a generic fn so the conversion is never "useless" to clippy
+/// when `E` is `LockError` itself.
+pub fn lock_error<E: From<LockError>>(e: LockError) -> E {
+    E::from(e)
 }

@@ -74,7 +74,7 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
 
     // A type error converting LockError points at the user's return type.
     let err_conv = quote_spanned! {ret_ty.span()=>
-        ::lock_core::__private::Result::Err(::lock_core::__private::From::from(__cache_lock_error))
+        ::lock_core::__private::Result::Err(::lock_core::__private::lock_error(__cache_lock_error))
     };
     let client = match &args.client {
         Some(expr) => quote!(&(#expr)),
