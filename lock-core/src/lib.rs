@@ -56,6 +56,8 @@ mod fencing;
 mod global;
 mod guard;
 mod held;
+#[cfg(feature = "axum")]
+pub mod http;
 pub mod key;
 mod notify;
 mod owner;
