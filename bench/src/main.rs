@@ -51,6 +51,7 @@
 //! Options: `--seconds N` per measurement (default 2), `--rounds N` (default 3).
 
 mod hot;
+mod macro_bench;
 mod measure;
 mod uncontended;
 
@@ -60,13 +61,16 @@ use lock_tests::RedisServer;
 
 use crate::measure::{BoxError, Timing};
 
-const USAGE: &str = "usage: lock-bench [lock] [--seconds N] [--rounds N]
-  lock          the benchmark to run (the only one, and the default)
+const USAGE: &str = "usage: lock-bench [lock|macro] [--seconds N] [--rounds N]
+  lock          lock-core against the floor and rslock (the default)
+  macro         an #[cache_lock] fn against the same work by hand
   --seconds N   measured seconds per round of each implementation (default 2)
   --rounds N    interleaved rounds per implementation; medians are reported (default 3)";
 
 /// Uncontended implementations times concurrencies, plus the hot-key implementations.
 const MEASUREMENTS: usize = 5 * 2 + 3;
+/// `macro`: two implementations times two concurrencies.
+const MACRO_MEASUREMENTS: usize = 2 * 2;
 
 struct Args {
     bench: String,
@@ -123,19 +127,28 @@ fn parse_args() -> Result<Args, BoxError> {
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let args = parse_args()?;
-    if args.bench != "lock" {
-        return Err(format!("unknown benchmark {:?}; available: lock", args.bench).into());
+    if args.bench != "lock" && args.bench != "macro" {
+        return Err(format!("unknown benchmark {:?}; available: lock, macro", args.bench).into());
     }
     let timing = Timing::new(Duration::from_secs_f64(args.seconds));
     let server = RedisServer::start();
     let url = server.url();
+    let measurements = if args.bench == "macro" {
+        MACRO_MEASUREMENTS
+    } else {
+        MEASUREMENTS
+    };
     println!(
-        "bench lock: redis-server at {url}, {} rounds of {} s per measurement, \
+        "bench {}: redis-server at {url}, {} rounds of {} s per measurement, \
          medians reported (about {:.0} s in all)",
+        args.bench,
         args.rounds,
         args.seconds,
-        timing.estimate(MEASUREMENTS, args.rounds).as_secs_f64()
+        timing.estimate(measurements, args.rounds).as_secs_f64()
     );
+    if args.bench == "macro" {
+        return macro_bench::run(&url, timing, args.rounds).await;
+    }
     uncontended::run(&url, timing, args.rounds).await?;
     hot::run(&url, timing, args.rounds).await?;
     Ok(())

@@ -1,0 +1,92 @@
+//! `scripts/bench macro`: an `#[cache_lock]` fn against the same work written by hand
+//! with the lock-core API, interleaved rounds, medians.
+
+use std::time::Duration;
+
+use lock_core::{Lease, LockClient, LockError, LockOptions};
+use lock_macros::cache_lock;
+use redis::aio::ConnectionManager;
+
+use crate::measure::{
+    BoxError, Cycle, Sample, Timing, cycle, median, rate, round_order, rounds_list,
+};
+
+/// The body both versions run: trivial, so the lock's cost is what shows.
+fn work(id: u64) -> u64 {
+    id.wrapping_mul(31)
+}
+
+#[cache_lock(prefix = "bench-macro", key = id, expire = "10s", client = client)]
+async fn annotated(client: &LockClient, id: u64) -> Result<u64, LockError> {
+    Ok(work(id))
+}
+
+/// What `annotated` does, by hand: same lock name, lease, no waiting, release after.
+async fn by_hand(client: &LockClient, id: u64) -> Result<u64, LockError> {
+    let options = LockOptions::new()
+        .lease(Lease::Fixed(Duration::from_secs(10)))
+        .wait(Duration::ZERO);
+    let guard = client.acquire(("bench-macro", id), options).await?;
+    let result = Ok(work(id));
+    guard.release().await?;
+    result
+}
+
+pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<(), BoxError> {
+    let client = LockClient::open(url).await?;
+    let mut probe = ConnectionManager::new(redis::Client::open(url)?).await?;
+    let impls: [(&str, Cycle); 2] = [
+        ("by_hand", {
+            let client = client.clone();
+            cycle(move |t, _| {
+                let client = client.clone();
+                async move {
+                    by_hand(&client, t as u64).await?;
+                    Ok(())
+                }
+            })
+        }),
+        ("annotated", {
+            let client = client.clone();
+            cycle(move |t, _| {
+                let client = client.clone();
+                async move {
+                    annotated(&client, t as u64).await?;
+                    Ok(())
+                }
+            })
+        }),
+    ];
+    for tasks in [1usize, 64] {
+        let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); impls.len()];
+        for round in 0..rounds {
+            for i in round_order(impls.len(), round) {
+                let s = rate(
+                    &mut probe,
+                    &impls[i].1,
+                    tasks,
+                    timing.warm(round),
+                    timing.measure,
+                )
+                .await?;
+                samples[i].push(s);
+            }
+        }
+        let rates: Vec<f64> = samples
+            .iter()
+            .map(|s| median(s.iter().map(|s| s.cycles_per_s)))
+            .collect();
+        for ((name, _), (s, r)) in impls.iter().zip(samples.iter().zip(&rates)) {
+            println!("macro tasks={tasks} {name}_calls_per_s {r:.0}");
+            println!(
+                "macro tasks={tasks} {name}_calls_per_s_rounds {}",
+                rounds_list(s.iter().map(|s| s.cycles_per_s))
+            );
+        }
+        println!(
+            "ratio macro_vs_by_hand_{tasks}_tasks {:.2}",
+            rates[1] / rates[0]
+        );
+    }
+    Ok(())
+}
