@@ -46,6 +46,88 @@
 //! | `delimiter = "-"` | joins prefix and key parts (escaped inside parts) | `":"` |
 //! | `client = app.locks` | an expression giving the `LockClient` (or a smart pointer to one) | the client from `lock_core::install_global` |
 //!
+//! One example per argument (each compiles; running needs a Redis):
+//!
+//! ```no_run
+//! # use lock_core::{LockClient, LockError};
+//! # use lock_macros::cache_lock;
+//! # struct User { id: u64 }
+//! // prefix: the only required argument. Without `key`, one lock for every call.
+//! #[cache_lock(prefix = "nightly-report")]
+//! async fn report() -> Result<(), LockError> { Ok(()) }
+//!
+//! // key: an argument, a field path, or a tuple of them.
+//! #[cache_lock(prefix = "cart", key = (shop, user.id))]
+//! async fn checkout(shop: u32, user: &User) -> Result<(), LockError> { Ok(()) }
+//!
+//! // expire: a fixed lease ("500ms", "10s", "2m", "1h", or seconds as an integer).
+//! #[cache_lock(prefix = "export", key = id, expire = 30)]
+//! async fn export(id: u64) -> Result<(), LockError> { Ok(()) }
+//!
+//! // wait: queue behind the current holder for up to 2 s instead of failing at once.
+//! #[cache_lock(prefix = "ledger", key = account, wait = "2s")]
+//! async fn post_entry(account: u64) -> Result<(), LockError> { Ok(()) }
+//!
+//! // release = "on_expiry": keep the lock for the whole lease (reject resubmits).
+//! #[cache_lock(prefix = "sms", key = phone, expire = "60s", release = "on_expiry")]
+//! async fn send_code(phone: String) -> Result<(), LockError> { Ok(()) }
+//!
+//! // delimiter: the lock is named "pay|<order>" instead of "pay:<order>".
+//! #[cache_lock(prefix = "pay", key = order, delimiter = "|")]
+//! async fn pay(order: u64) -> Result<(), LockError> { Ok(()) }
+//!
+//! // client: any expression giving a &LockClient (here from an argument).
+//! #[cache_lock(prefix = "sync", key = id, client = locks)]
+//! async fn sync(locks: &LockClient, id: u64) -> Result<(), LockError> { Ok(()) }
+//! ```
+//!
+//! With axum, take the client from the state and the key from the path (lock-core's
+//! `axum` feature makes `LockError` a 409/503 problem+json response):
+//!
+//! ```no_run
+//! use axum::extract::{Path, State};
+//! use axum::response::{IntoResponse, Response};
+//! use lock_core::{LockClient, LockError};
+//! use lock_macros::cache_lock;
+//!
+//! #[derive(Clone)]
+//! struct App {
+//!     locks: LockClient,
+//! }
+//!
+//! enum AppError {
+//!     Lock(LockError),
+//! }
+//!
+//! impl From<LockError> for AppError {
+//!     fn from(e: LockError) -> Self {
+//!         AppError::Lock(e)
+//!     }
+//! }
+//!
+//! impl IntoResponse for AppError {
+//!     fn into_response(self) -> Response {
+//!         match self {
+//!             AppError::Lock(e) => e.into_response(), // 409 / 503 problem+json
+//!         }
+//!     }
+//! }
+//!
+//! #[cache_lock(prefix = "order", key = user_id, client = app.locks)]
+//! async fn create_order(
+//!     State(app): State<App>,
+//!     Path(user_id): Path<u64>,
+//! ) -> Result<String, AppError> {
+//!     Ok(format!("order for {user_id}"))
+//! }
+//!
+//! # fn router(app: App) -> axum::Router {
+//! axum::Router::new()
+//!     .route("/users/{user_id}/orders", axum::routing::post(create_order))
+//!     .with_state(app)
+//! # }
+//! ```
+//!
 //! The key is `prefix`, then each key part, joined by the delimiter; lock-core escapes
 //! every part, so user input cannot forge another lock's key. A key part's type must
 //! implement `lock_core::KeyPart` (integers, strings, `bool`, `char`, IP addresses ...).
