@@ -71,16 +71,7 @@ async fn cancelled_waiter_leaves_no_state() {
     eventually(
         Duration::from_secs(2),
         "the waiter's unsubscribe",
-        || async {
-            let mut raw = server.connection().await;
-            let n: Vec<(String, i64)> = redis::cmd("PUBSUB")
-                .arg("NUMSUB")
-                .arg(&channel)
-                .query_async(&mut raw)
-                .await
-                .unwrap();
-            n.first().is_some_and(|(_, n)| *n == 0)
-        },
+        || async { common::subscribers(&server, &channel).await == 0 },
     )
     .await;
     g.release().await.unwrap();

@@ -157,16 +157,7 @@ async fn pubsub_connection_loss_is_repaired() {
         tokio::spawn(async move { w.lock("phoenix").await })
     };
     let channel = waiting.keys("phoenix").unwrap().channel;
-    let numsub = || async {
-        let mut raw = server.connection().await;
-        let n: Vec<(String, i64)> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(&channel)
-            .query_async(&mut raw)
-            .await
-            .unwrap();
-        n[0].1
-    };
+    let numsub = || common::subscribers(&server, &channel);
     eventually(
         Duration::from_secs(2),
         "the waiter's subscription",

@@ -52,3 +52,15 @@ pub fn script_sha(file: &str) -> String {
         .expect("script exists");
     redis::Script::new(src).get_hash().to_string()
 }
+
+/// Subscribers of `channel` on the server (PUBSUB NUMSUB).
+pub async fn subscribers(server: &RedisServer, channel: &str) -> i64 {
+    let mut c = server.connection().await;
+    let n: Vec<(String, i64)> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async(&mut c)
+        .await
+        .expect("PUBSUB NUMSUB");
+    n.first().map_or(0, |(_, n)| *n)
+}
