@@ -67,6 +67,7 @@ pub mod __private {
     pub use crate::private::*;
 }
 mod private;
+mod rate;
 mod scripts;
 mod watchdog;
 
@@ -78,4 +79,5 @@ pub use global::{global, install_global};
 pub use guard::{LockGuard, Released};
 pub use key::{KeyPart, LockKeys, LockName};
 pub use owner::{ClientId, LockScope};
+pub use rate::{Decision, LimitRule, RateLimit, RateLimiter, RuleDecision, RuleLimiter};
 pub use scripts::SOURCES as SCRIPT_SOURCES;

@@ -25,12 +25,21 @@ pub(crate) static RENEW: LazyLock<Script> =
 pub(crate) static FENCED_WRITE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/fenced_write.lua")));
 
+/// One GCRA rate-limit decision. See `lua/gcra.lua`.
+pub(crate) static GCRA: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/gcra.lua")));
+/// The seed's fixed-window rule with lockout. See `lua/limit_rule.lua`.
+pub(crate) static LIMIT_RULE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/limit_rule.lua")));
+
 /// Source of every script, by file name, for tooling and tests.
 pub const SOURCES: &[(&str, &str)] = &[
     ("acquire.lua", include_str!("../lua/acquire.lua")),
     ("release.lua", include_str!("../lua/release.lua")),
     ("renew.lua", include_str!("../lua/renew.lua")),
     ("fenced_write.lua", include_str!("../lua/fenced_write.lua")),
+    ("gcra.lua", include_str!("../lua/gcra.lua")),
+    ("limit_rule.lua", include_str!("../lua/limit_rule.lua")),
 ];
 
 #[cfg(test)]

@@ -7,6 +7,9 @@
 //! `lock-worker hold URL KEY LEASE_MS`
 //!   Takes KEY under the watchdog (lease LEASE_MS), prints `token <n>`, waits for a line
 //!   on stdin, then prints `report held=<bool> lost=<bool> write=<..> release=<..>`.
+//! `lock-worker rate URL KEY RATE_PER_S BURST MILLIS`
+//!   Checks KEY against a GCRA limit as fast as it can for MILLIS ms; prints
+//!   `admitted <n> refused <m>`.
 
 use std::io::BufRead;
 use std::time::Duration;
@@ -20,6 +23,7 @@ async fn main() {
     let result = match args.first().map(String::as_str) {
         Some("count") => count(&args[1..]).await,
         Some("hold") => hold(&args[1..]).await,
+        Some("rate") => rate(&args[1..]).await,
         _ => Err("usage: lock-worker count|hold ...".into()),
     };
     if let Err(e) = result {
@@ -116,5 +120,27 @@ async fn hold(args: &[String]) -> Res {
         Err(e) => return Err(e.into()),
     };
     println!("report held={held} lost={lost} write={write} release={release}");
+    Ok(())
+}
+
+async fn rate(args: &[String]) -> Res {
+    let url: String = arg(args, 0)?;
+    let key: String = arg(args, 1)?;
+    let (per_s, burst, millis): (u32, u32, u64) = (arg(args, 2)?, arg(args, 3)?, arg(args, 4)?);
+    let client = LockClient::open(url.as_str()).await?;
+    let limiter = client.rate_limiter(
+        "shared",
+        lock_core::RateLimit::per_second(per_s).with_burst(burst),
+    );
+    let until = std::time::Instant::now() + Duration::from_millis(millis);
+    let (mut admitted, mut refused) = (0u64, 0u64);
+    while std::time::Instant::now() < until {
+        if limiter.check(key.as_str()).await?.allowed {
+            admitted += 1;
+        } else {
+            refused += 1;
+        }
+    }
+    println!("admitted {admitted} refused {refused}");
     Ok(())
 }
