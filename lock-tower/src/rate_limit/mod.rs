@@ -1,0 +1,39 @@
+//! Rate limiting for tower services: GCRA per client key, on Redis.
+//!
+//! Behavior:
+//! - Each request is keyed by a [`KeyExtractor`]: the peer IP ([`PeerIp`]), a header
+//!   ([`HeaderKey`]), the client behind trusted proxies ([`ForwardedFor`], never the
+//!   `X-Forwarded-For` header blindly), or a closure. No key: 400 problem+json.
+//! - Over the limit: 429 `application/problem+json` with `Retry-After`. Every answered
+//!   request carries the IETF `RateLimit-Policy` and `RateLimit` headers.
+//! - Redis unavailable: the request passes and a warning is logged (fail open), or,
+//!   with [`RateLimitLayer::fail_closed`], 503.
+//! - Rejections are responses, never service errors: an infallible service stays
+//!   infallible, so it works under `axum::Router::layer` and plain hyper.
+//!
+//! ```no_run
+//! use axum::{Router, routing::get};
+//! use lock_core::{LockClient, RateLimit};
+//! use lock_tower::rate_limit::{HeaderKey, RateLimitLayer};
+//!
+//! # async fn app() -> Result<(), lock_core::LockError> {
+//! let client = LockClient::open("redis://127.0.0.1:6379/").await?;
+//! let limiter = client.rate_limiter("per-user", RateLimit::per_second(5).with_burst(10));
+//! let app: Router = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(RateLimitLayer::new(
+//!         limiter,
+//!         HeaderKey(http::HeaderName::from_static("x-user-id")),
+//!     ));
+//! # let _ = app; Ok(()) }
+//! ```
+
+mod future;
+mod key;
+mod layer;
+mod service;
+
+pub use future::ResponseFuture;
+pub use key::{ForwardedFor, HeaderKey, IpNet, KeyExtractor, PeerIp};
+pub use layer::RateLimitLayer;
+pub use service::RateLimitService;

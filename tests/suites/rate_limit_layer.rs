@@ -1,0 +1,159 @@
+//! RateLimitLayer in an axum app on real Redis: 429 with headers, trusted proxies, and
+//! failing open or closed when Redis is gone.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use http::{HeaderName, Request, StatusCode};
+use lock_core::{LockClient, LockConfig, RateLimit};
+use lock_tests::RedisServer;
+use lock_tower::rate_limit::{ForwardedFor, HeaderKey, RateLimitLayer};
+use tower::ServiceExt;
+
+async fn limiter_client(server: &RedisServer) -> LockClient {
+    let config = LockConfig::new().with_command_timeout(Duration::from_millis(300));
+    LockClient::open_with_config(server.url().as_str(), config)
+        .await
+        .unwrap()
+}
+
+fn app<K: Clone + Send + Sync + 'static>(layer: RateLimitLayer<K>) -> Router
+where
+    K: lock_tower::rate_limit::KeyExtractor<Body>,
+{
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer)
+}
+
+fn get_as(user: &str) -> Request<Body> {
+    Request::get("/")
+        .header("x-user-id", user)
+        .body(Body::empty())
+        .unwrap()
+}
+
+fn header<'a>(r: &'a http::Response<Body>, name: &str) -> &'a str {
+    r.headers().get(name).map_or("", |v| v.to_str().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_the_limit_is_429_with_headers() {
+    let server = RedisServer::start();
+    let c = limiter_client(&server).await;
+    let limiter = c.rate_limiter("per-user", RateLimit::per_minute(2));
+    let router = app(RateLimitLayer::new(
+        limiter,
+        HeaderKey(HeaderName::from_static("x-user-id")),
+    ));
+    for remaining in [1, 0] {
+        let r = router.clone().oneshot(get_as("alice")).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(header(&r, "ratelimit-policy"), "\"default\";q=2;w=60");
+        assert!(
+            header(&r, "ratelimit").starts_with(&format!("\"default\";r={remaining};t=")),
+            "{:?}",
+            r.headers()
+        );
+    }
+    let r = router.clone().oneshot(get_as("alice")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&r, "content-type"), "application/problem+json");
+    let retry: u64 = header(&r, "retry-after").parse().unwrap();
+    assert!((25..=30).contains(&retry), "Retry-After {retry}");
+    assert!(header(&r, "ratelimit").starts_with("\"default\";r=0;t="));
+    // Another user has their own quota; a request without the header cannot be keyed.
+    assert_eq!(
+        router
+            .clone()
+            .oneshot(get_as("bob"))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let anonymous = Request::get("/").body(Body::empty()).unwrap();
+    assert_eq!(router.oneshot(anonymous).await.unwrap().status(), 400);
+}
+
+fn from_peer(peer: &str, xff: Option<&str>) -> Request<Body> {
+    let mut b = Request::get("/");
+    if let Some(v) = xff {
+        b = b.header("x-forwarded-for", v);
+    }
+    let mut r = b.body(Body::empty()).unwrap();
+    let addr: SocketAddr = format!("{peer}:40000").parse().unwrap();
+    r.extensions_mut().insert(ConnectInfo(addr));
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spoofed_forwarded_for_from_an_untrusted_peer_is_ignored() {
+    let server = RedisServer::start();
+    let c = limiter_client(&server).await;
+    let limiter = c.rate_limiter("per-ip", RateLimit::per_minute(1));
+    let proxies = ForwardedFor::trusting(["10.0.0.0/8"]).unwrap();
+    let router = app(RateLimitLayer::new(limiter, proxies));
+
+    // An untrusted client: its quota is its own address, whatever header it sends.
+    let first = from_peer("198.51.100.7", Some("1.1.1.1"));
+    assert_eq!(router.clone().oneshot(first).await.unwrap().status(), 200);
+    for spoof in ["2.2.2.2", "3.3.3.3, 10.0.0.1"] {
+        let r = router
+            .clone()
+            .oneshot(from_peer("198.51.100.7", Some(spoof)))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 429, "spoofed {spoof} escaped the limit");
+    }
+    // Behind the trusted proxy, each client is keyed by the hop the proxy added.
+    for client in ["203.0.113.9", "203.0.113.10"] {
+        let r = router
+            .clone()
+            .oneshot(from_peer("10.0.0.5", Some(client)))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{client}");
+    }
+    let again = from_peer("10.0.0.5", Some("203.0.113.9"));
+    assert_eq!(router.oneshot(again).await.unwrap().status(), 429);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_fails_open_by_default_or_closed_when_asked() {
+    let mut server = RedisServer::start();
+    let c = limiter_client(&server).await;
+    let key = || HeaderKey(HeaderName::from_static("x-user-id"));
+    let open = app(RateLimitLayer::new(
+        c.rate_limiter("open", RateLimit::per_second(100)),
+        key(),
+    ));
+    let closed = app(RateLimitLayer::new(
+        c.rate_limiter("closed", RateLimit::per_second(100)),
+        key(),
+    )
+    .fail_closed(true));
+    assert_eq!(
+        open.clone().oneshot(get_as("a")).await.unwrap().status(),
+        200
+    );
+    assert_eq!(
+        closed.clone().oneshot(get_as("a")).await.unwrap().status(),
+        200
+    );
+
+    server.kill();
+    let r = open.oneshot(get_as("a")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK, "fail open");
+    assert!(
+        r.headers().get("ratelimit").is_none(),
+        "no decision, no headers"
+    );
+    let r = closed.oneshot(get_as("a")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE, "fail closed");
+    assert_eq!(header(&r, "content-type"), "application/problem+json");
+}
