@@ -21,9 +21,9 @@ async fn limiter_client(server: &RedisServer) -> LockClient {
         .unwrap()
 }
 
-fn app<K: Clone + Send + Sync + 'static>(layer: RateLimitLayer<K>) -> Router
+fn app<K>(layer: RateLimitLayer<K>) -> Router
 where
-    K: lock_tower::rate_limit::KeyExtractor<Body>,
+    K: lock_tower::rate_limit::KeyExtractor<Body> + Clone + Send + Sync + 'static,
 {
     Router::new()
         .route("/", get(|| async { "ok" }))
