@@ -53,6 +53,7 @@
 mod hot;
 mod macro_bench;
 mod measure;
+mod ratelimit;
 mod uncontended;
 
 use std::time::Duration;
@@ -64,6 +65,7 @@ use crate::measure::{BoxError, Timing};
 const USAGE: &str = "usage: lock-bench [lock|macro] [--seconds N] [--rounds N]
   lock          lock-core against the floor and rslock (the default)
   macro         an #[cache_lock] fn against the same work by hand
+  ratelimit     GCRA decisions against a trivial one-key script
   --seconds N   measured seconds per round of each implementation (default 2)
   --rounds N    interleaved rounds per implementation; medians are reported (default 3)";
 
@@ -127,16 +129,20 @@ fn parse_args() -> Result<Args, BoxError> {
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let args = parse_args()?;
-    if args.bench != "lock" && args.bench != "macro" {
-        return Err(format!("unknown benchmark {:?}; available: lock, macro", args.bench).into());
+    if !["lock", "macro", "ratelimit"].contains(&args.bench.as_str()) {
+        return Err(format!(
+            "unknown benchmark {:?}; available: lock, macro, ratelimit",
+            args.bench
+        )
+        .into());
     }
     let timing = Timing::new(Duration::from_secs_f64(args.seconds));
     let server = RedisServer::start();
     let url = server.url();
-    let measurements = if args.bench == "macro" {
-        MACRO_MEASUREMENTS
-    } else {
-        MEASUREMENTS
+    let measurements = match args.bench.as_str() {
+        "macro" => MACRO_MEASUREMENTS,
+        "ratelimit" => 2,
+        _ => MEASUREMENTS,
     };
     println!(
         "bench {}: redis-server at {url}, {} rounds of {} s per measurement, \
@@ -148,6 +154,9 @@ async fn main() -> Result<(), BoxError> {
     );
     if args.bench == "macro" {
         return macro_bench::run(&url, timing, args.rounds).await;
+    }
+    if args.bench == "ratelimit" {
+        return ratelimit::run(&url, timing, args.rounds).await;
     }
     uncontended::run(&url, timing, args.rounds).await?;
     hot::run(&url, timing, args.rounds).await?;
