@@ -57,6 +57,10 @@ pub enum LockError {
     /// Redis answered with something our scripts never return (a different script
     /// under the same SHA, a proxy in the way, ...).
     UnexpectedReply(String),
+    /// No order id can be issued right now: the system clock stepped back further than
+    /// the generator may wait, lies outside the id's 31-bit seconds range, or the day's
+    /// 32-bit sequence is used up. The text says which, and what to do.
+    IdsUnavailable(String),
 }
 
 impl LockError {
@@ -92,6 +96,11 @@ impl LockError {
             self,
             Self::Redis(_) | Self::RedisTimeout { .. } | Self::UnexpectedReply(_)
         )
+    }
+
+    /// An order id could not be issued: clock stepped back too far, or sequence used up.
+    pub fn is_ids_unavailable(&self) -> bool {
+        matches!(self, Self::IdsUnavailable(_))
     }
 
     /// The caller's input (key, lease, config) was rejected before Redis was asked.
@@ -130,6 +139,7 @@ impl fmt::Display for LockError {
             ),
             Self::Redis(e) => write!(f, "redis error: {e}"),
             Self::UnexpectedReply(what) => write!(f, "unexpected reply from redis: {what}"),
+            Self::IdsUnavailable(why) => write!(f, "order ids unavailable: {why}"),
         }
     }
 }

@@ -7,6 +7,7 @@
 //! | [`NotOwner`](LockError::NotOwner), [`Expired`](LockError::Expired) | 409 | `lock-lost` |
 //! | [`InvalidKey`](LockError::InvalidKey) | 400 | `invalid-lock-key` |
 //! | Redis down, timed out or answering oddly | 503, `Retry-After: 1` | `lock-service-unavailable` |
+//! | [`IdsUnavailable`](LockError::IdsUnavailable) | 503, `Retry-After: 1` | `ids-unavailable` |
 //! | anything else (a configuration mistake) | 500 | `lock-misconfigured` |
 //!
 //! Bodies are `application/problem+json` (RFC 9457).
@@ -35,6 +36,9 @@ impl LockError {
                 "lock-service-unavailable",
                 Some(1),
             ),
+            LockError::IdsUnavailable(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "ids-unavailable", Some(1))
+            }
             _ => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "lock-misconfigured",

@@ -20,6 +20,10 @@
 //! - **Clean release on every path**: explicit [`LockGuard::release`] reports
 //!   [`Released::Unlocked`], [`Released::StillHeld`], [`LockError::Expired`] or
 //!   [`LockError::NotOwner`]; a dropped guard releases in the background.
+//! - **Semaphores**: [`LockClient::semaphore`] lets at most N holders in at once across
+//!   processes; each permit has an id and its own lease, so a crashed holder's come back.
+//! - **Order ids**: [`IdGenerator`] issues 64-bit [`OrderId`]s (31 bits of seconds, 32 of
+//!   a per-day Redis sequence), unique across processes, per id or in reserved blocks.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -58,6 +62,7 @@ mod guard;
 mod held;
 #[cfg(feature = "axum")]
 pub mod http;
+pub mod ids;
 pub mod key;
 mod notify;
 mod owner;
@@ -69,6 +74,7 @@ pub mod __private {
 mod private;
 mod rate;
 mod scripts;
+mod semaphore;
 mod watchdog;
 
 pub use client::LockClient;
@@ -77,7 +83,9 @@ pub use error::LockError;
 pub use fencing::{FencedWrite, FencingToken};
 pub use global::{global, install_global};
 pub use guard::{LockGuard, Released};
+pub use ids::{IdGenerator, OrderId};
 pub use key::{KeyPart, LockKeys, LockName};
 pub use owner::{ClientId, LockScope};
 pub use rate::{Decision, LimitRule, RateLimit, RateLimiter, RuleDecision, RuleLimiter};
 pub use scripts::SOURCES as SCRIPT_SOURCES;
+pub use semaphore::{MAX_PERMITS_PER_ACQUIRE, Permits, Semaphore, SemaphoreOptions};

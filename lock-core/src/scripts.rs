@@ -31,6 +31,21 @@ pub(crate) static GCRA: LazyLock<Script> =
 /// The seed's fixed-window rule with lockout. See `lua/limit_rule.lua`.
 pub(crate) static LIMIT_RULE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/limit_rule.lua")));
+/// Take permits of an expiring semaphore. See `lua/semaphore_acquire.lua`.
+pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/semaphore_acquire.lua")));
+/// Give back semaphore permits by id. See `lua/semaphore_release.lua`.
+pub(crate) static SEMAPHORE_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/semaphore_release.lua")));
+/// Set a new lease on semaphore permits. See `lua/semaphore_extend.lua`.
+pub(crate) static SEMAPHORE_EXTEND: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/semaphore_extend.lua")));
+/// The next sequence number of a day's order-id counter. See `lua/next_id.lua`.
+pub(crate) static NEXT_ID: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/next_id.lua")));
+/// Reserve a block of a day's order-id counter. See `lua/reserve_ids.lua`.
+pub(crate) static RESERVE_IDS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/reserve_ids.lua")));
 
 /// Source of every script, by file name, for tooling and tests.
 pub const SOURCES: &[(&str, &str)] = &[
@@ -40,6 +55,20 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("fenced_write.lua", include_str!("../lua/fenced_write.lua")),
     ("gcra.lua", include_str!("../lua/gcra.lua")),
     ("limit_rule.lua", include_str!("../lua/limit_rule.lua")),
+    (
+        "semaphore_acquire.lua",
+        include_str!("../lua/semaphore_acquire.lua"),
+    ),
+    (
+        "semaphore_release.lua",
+        include_str!("../lua/semaphore_release.lua"),
+    ),
+    (
+        "semaphore_extend.lua",
+        include_str!("../lua/semaphore_extend.lua"),
+    ),
+    ("next_id.lua", include_str!("../lua/next_id.lua")),
+    ("reserve_ids.lua", include_str!("../lua/reserve_ids.lua")),
 ];
 
 #[cfg(test)]

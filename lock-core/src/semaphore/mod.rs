@@ -1,0 +1,394 @@
+//! `Semaphore`: up to N holders at once across processes, each permit with its own lease.
+
+mod permits;
+
+pub use permits::Permits;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::runtime::Handle;
+use tracing::Instrument;
+
+use crate::LockError;
+use crate::client::LockClient;
+use crate::config::{MAX_LEASE, check_lease};
+use crate::key::{self, LockName};
+use crate::notify::Subscription;
+use crate::scripts::SEMAPHORE_ACQUIRE;
+
+/// Most permits one [`Semaphore::acquire`] call may take (each is one member of the
+/// semaphore's sorted set and one script argument).
+pub const MAX_PERMITS_PER_ACQUIRE: u32 = 1024;
+
+/// Per-call choices for [`Semaphore::acquire`]; anything not set has the default named
+/// on its setter.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_core::SemaphoreOptions;
+///
+/// let opts = SemaphoreOptions::new()
+///     .lease(Duration::from_secs(5)) // the permits free themselves 5 s after the grant
+///     .wait(Duration::from_secs(2)); // give up with `Timeout` after 2 s
+/// # let _ = opts;
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SemaphoreOptions {
+    lease: Option<Duration>,
+    wait: Option<Duration>,
+}
+
+impl SemaphoreOptions {
+    /// Lease of a permit when the call does not choose one.
+    pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+    /// No overrides.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How long the permits last unless released or extended first; within
+    /// [`MIN_LEASE`](crate::MIN_LEASE)`..=`[`MAX_LEASE`]. Default
+    /// [`DEFAULT_LEASE`](Self::DEFAULT_LEASE) (30 s). There is no watchdog for permits:
+    /// call [`Permits::extend`] to keep them longer.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Wait budget; zero means fail at once with [`LockError::Busy`]. Default: the
+    /// client's ([`LockConfig::with_wait`](crate::LockConfig::with_wait), 10 s).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+}
+
+/// A distributed counting semaphore whose permits expire: at most
+/// [`limit`](Self::limit) permits of one name are in use at once, across every client and
+/// process. Get one with [`LockClient::semaphore`].
+///
+/// Behavior:
+/// - **Permits with ids and leases.** [`acquire`](Self::acquire) takes `n` permits at
+///   once or none; each has its own id ([`Permits::ids`]) and expires one lease after the
+///   grant unless released or [extended](Permits::extend). A crashed or paused holder's
+///   permits come back by themselves when their lease passes.
+/// - **One clock.** Expiry times are taken from the Redis server's clock (`TIME` inside
+///   the scripts), so the clocks of the clients do not matter.
+/// - **The limit travels with each call.** It is not stored in Redis: every user of one
+///   semaphore name must use the same limit. A client with a smaller limit takes permits
+///   only while fewer than its limit are in use; one with a larger limit can push the
+///   number in use up to its own limit.
+/// - **Waiting without spinning.** A busy `acquire` subscribes to the semaphore's release
+///   channel (over the client's one pub/sub connection) and retries when permits are given
+///   back, in this or another process; jittered exponential backoff
+///   ([`LockConfig::with_backoff`](crate::LockConfig::with_backoff)), capped by the time
+///   until enough permits expire, is the fallback. The wait ends with
+///   [`LockError::Timeout`] after the budget, or [`LockError::Busy`] at once with a zero
+///   budget ([`try_acquire`](Self::try_acquire)); the error's `key` is the semaphore's
+///   name.
+/// - **Clean release on every path.** [`Permits::release`] reports how many permits were
+///   still held (fewer than asked when some had expired: reported, not an error); dropped
+///   `Permits` are released in the background on the runtime they were acquired on,
+///   without blocking. An acquisition that fails or is cancelled mid-request gives back
+///   whatever the script may have granted.
+/// - **Bad input is an error, never a panic:** a limit of zero, `n == 0`, `n` above the
+///   limit or above [`MAX_PERMITS_PER_ACQUIRE`], and leases outside
+///   [`MIN_LEASE`](crate::MIN_LEASE)`..=`[`MAX_LEASE`] are
+///   [`LockError::InvalidConfig`]; a bad name is [`LockError::InvalidKey`].
+/// - **Keys.** The permits live in the sorted set `<namespace>:{<name>}:semaphore`
+///   (member: permit id, score: expiry in ms) and releases are announced on
+///   `<namespace>:{<name>}:semaphore-released`; both share the name's hash tag. The
+///   semaphore named `x` is independent of the lock named `x`.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use lock_core::{LockClient, SemaphoreOptions};
+///
+/// # async fn demo() -> Result<(), lock_core::LockError> {
+/// let client = LockClient::open("redis://127.0.0.1:6379/").await?;
+/// // At most 5 buyers at once in the checkout of the flash sale, across all servers.
+/// let checkout = client.semaphore(("seckill", "checkout"), 5)?;
+///
+/// let opts = SemaphoreOptions::new()
+///     .lease(Duration::from_secs(10))
+///     .wait(Duration::from_secs(2));
+/// let permit = checkout.acquire(1, opts).await?;
+/// // ... place the order; if it might take longer than the lease:
+/// permit.extend(Duration::from_secs(10)).await?;
+/// let released = permit.release().await?; // 1, or 0 if the lease had passed
+/// # let _ = released;
+///
+/// // Fail at once when all 5 are taken.
+/// match checkout.try_acquire(1).await {
+///     Ok(permit) => drop(permit), // dropping releases in the background
+///     Err(e) if e.is_busy() => println!("sold out for now"),
+///     Err(e) => return Err(e),
+/// }
+/// println!("{} permits free", checkout.available().await?);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Semaphore {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    client: LockClient,
+    name: String,
+    key: String,
+    channel: String,
+    limit: u32,
+}
+
+impl std::fmt::Debug for Semaphore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Semaphore")
+            .field("name", &self.shared.name)
+            .field("limit", &self.shared.limit)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LockClient {
+    /// A handle on the distributed semaphore `name` with `permits` permits (see
+    /// [`Semaphore`]). Cheap: nothing is sent to Redis until a permit is asked for.
+    ///
+    /// Every user of one name must pass the same `permits`. Fails with
+    /// [`LockError::InvalidConfig`] for zero permits and [`LockError::InvalidKey`] for a
+    /// bad name.
+    pub fn semaphore<N: LockName>(&self, name: N, permits: u32) -> Result<Semaphore, LockError> {
+        if permits == 0 {
+            return Err(LockError::InvalidConfig(
+                "a semaphore needs at least one permit".into(),
+            ));
+        }
+        let c = &self.inner.config;
+        let keys = key::lock_keys(&c.namespace, &c.delimiter, &name)?;
+        Ok(Semaphore {
+            shared: Arc::new(Shared {
+                client: self.clone(),
+                key: format!("{}:semaphore", keys.hash),
+                channel: format!("{}:semaphore-released", keys.hash),
+                name: keys.name,
+                limit: permits,
+            }),
+        })
+    }
+}
+
+enum Attempt {
+    Granted(Permits),
+    Busy(Duration),
+}
+
+/// Makes permit ids unique within the process; the client id makes them unique across.
+static NEXT_PERMIT: AtomicU64 = AtomicU64::new(1);
+
+impl Semaphore {
+    /// The semaphore's name as stored (parts escaped and joined).
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// How many permits may be in use at once.
+    pub fn limit(&self) -> u32 {
+        self.shared.limit
+    }
+
+    /// The Redis sorted set holding the permits (for inspection and tooling).
+    pub fn key(&self) -> &str {
+        &self.shared.key
+    }
+
+    /// The pub/sub channel releases are announced on.
+    pub fn channel(&self) -> &str {
+        &self.shared.channel
+    }
+
+    /// Takes `n` permits if that many are free now; fails with [`LockError::Busy`] at
+    /// once otherwise. Lease: [`SemaphoreOptions::DEFAULT_LEASE`].
+    pub async fn try_acquire(&self, n: u32) -> Result<Permits, LockError> {
+        self.acquire(n, SemaphoreOptions::new().wait(Duration::ZERO))
+            .await
+    }
+
+    /// Takes `n` permits, all or none, waiting up to the wait budget for enough of them
+    /// to be free; see the type's docs for how waiting works.
+    pub async fn acquire(&self, n: u32, options: SemaphoreOptions) -> Result<Permits, LockError> {
+        self.check_count(n)?;
+        let lease = options.lease.unwrap_or(SemaphoreOptions::DEFAULT_LEASE);
+        check_lease("permit lease", lease)?;
+        let wait = options.wait.unwrap_or(self.shared.client.inner.config.wait);
+        let span = tracing::debug_span!("semaphore.acquire", semaphore = %self.name(), n, ?wait);
+        self.acquire_inner(n, lease, wait).instrument(span).await
+    }
+
+    /// Permits free right now (expired ones count as free). A snapshot for inspection:
+    /// it may be stale by the time it is read.
+    pub async fn available(&self) -> Result<u32, LockError> {
+        let mut inv = SEMAPHORE_ACQUIRE.prepare_invoke();
+        inv.key(&self.shared.key).arg(self.shared.limit).arg(0);
+        let reply: Vec<i64> = self
+            .shared
+            .client
+            .inner
+            .conn
+            .invoke("semaphore available", &inv)
+            .await?;
+        match reply[..] {
+            [1, free] if free >= 0 => Ok(u32::try_from(free).unwrap_or(u32::MAX)),
+            _ => Err(LockError::UnexpectedReply(format!(
+                "semaphore_acquire.lua (count only) returned {reply:?}"
+            ))),
+        }
+    }
+
+    fn check_count(&self, n: u32) -> Result<(), LockError> {
+        let limit = self.shared.limit;
+        if n == 0 {
+            return Err(LockError::InvalidConfig(format!(
+                "asked for 0 permits of semaphore `{}`; ask for at least one",
+                self.name()
+            )));
+        }
+        if n > limit {
+            return Err(LockError::InvalidConfig(format!(
+                "asked for {n} permits of semaphore `{}`, which has only {limit}; \
+                 such a request could never be granted",
+                self.name()
+            )));
+        }
+        if n > MAX_PERMITS_PER_ACQUIRE {
+            return Err(LockError::InvalidConfig(format!(
+                "asked for {n} permits at once; at most {MAX_PERMITS_PER_ACQUIRE} per call"
+            )));
+        }
+        Ok(())
+    }
+
+    async fn acquire_inner(
+        &self,
+        n: u32,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<Permits, LockError> {
+        let runtime = Handle::try_current().map_err(|_| {
+            LockError::InvalidConfig(
+                "semaphore permits must be taken inside a tokio runtime".into(),
+            )
+        })?;
+        let inner = &self.shared.client.inner;
+        let started = Instant::now();
+        let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
+        let mut subscription: Option<Subscription> = None;
+        let mut retries = 0u32;
+        loop {
+            // Armed before the attempt, so a release during it is not missed.
+            let notify = subscription.as_ref().map(Subscription::notify);
+            let mut notified = notify.as_deref().map(|n| Box::pin(n.notified()));
+            if let Some(n) = notified.as_mut() {
+                n.as_mut().enable();
+            }
+            let retry_after = match self.attempt(n, lease, &runtime).await? {
+                Attempt::Granted(permits) => {
+                    tracing::debug!(semaphore = %self.name(), n, waited = ?started.elapsed(), "permits granted");
+                    return Ok(permits);
+                }
+                Attempt::Busy(retry_after) => retry_after,
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                let key = self.shared.name.clone();
+                return Err(if wait.is_zero() {
+                    LockError::Busy { key, retry_after }
+                } else {
+                    tracing::debug!(semaphore = %self.name(), ?wait, "semaphore wait timed out");
+                    LockError::Timeout {
+                        key,
+                        waited: now - started,
+                    }
+                });
+            }
+            if subscription.is_none() {
+                // Subscribe, then retry at once: permits may have come back meanwhile.
+                tracing::trace!(semaphore = %self.name(), "waiting for permits");
+                subscription = Some(
+                    inner
+                        .hub
+                        .subscribe(&self.shared.channel, deadline - now)
+                        .await,
+                );
+                continue;
+            }
+            let pause = inner
+                .config
+                .backoff
+                .delay(retries)
+                .min(retry_after)
+                .min(deadline - now)
+                .max(Duration::from_millis(1));
+            retries = retries.saturating_add(1);
+            match notified {
+                Some(n) => {
+                    tokio::select! {
+                        _ = n => {}
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
+                None => tokio::time::sleep(pause).await,
+            }
+        }
+    }
+
+    /// One acquire script call with `n` fresh permit ids.
+    async fn attempt(
+        &self,
+        n: u32,
+        lease: Duration,
+        runtime: &Handle,
+    ) -> Result<Attempt, LockError> {
+        let inner = &self.shared.client.inner;
+        let ids: Vec<String> = (0..n)
+            .map(|_| {
+                let seq = NEXT_PERMIT.fetch_add(1, Ordering::Relaxed);
+                format!("{}:{seq}", inner.id_hex)
+            })
+            .collect();
+        let mut inv = SEMAPHORE_ACQUIRE.prepare_invoke();
+        inv.key(&self.shared.key)
+            .arg(self.shared.limit)
+            .arg(lease.as_millis() as u64);
+        for id in &ids {
+            inv.arg(id);
+        }
+        // Until the reply says otherwise the script may have granted these ids.
+        let mut pending = permits::Pending::new(self.clone(), ids, runtime.clone());
+        let start = Instant::now();
+        let reply: Vec<i64> = inner.conn.invoke("semaphore acquire", &inv).await?;
+        match reply[..] {
+            [1, free] if free >= 0 => {
+                if free > 0 {
+                    // Only one local waiter is woken per release: pass the turn on.
+                    inner.hub.notify_local(&self.shared.channel);
+                }
+                let ids = pending.disarm();
+                Ok(Attempt::Granted(Permits::new(
+                    self.clone(),
+                    ids,
+                    start + lease,
+                    runtime.clone(),
+                )))
+            }
+            [0, retry_ms, _free] => {
+                pending.disarm();
+                Ok(Attempt::Busy(Duration::from_millis(retry_ms.max(1) as u64)))
+            }
+            _ => Err(LockError::UnexpectedReply(format!(
+                "semaphore_acquire.lua returned {reply:?}"
+            ))),
+        }
+    }
+}
