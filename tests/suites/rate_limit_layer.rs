@@ -157,3 +157,44 @@ async fn redis_down_fails_open_by_default_or_closed_when_asked() {
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE, "fail closed");
     assert_eq!(header(&r, "content-type"), "application/problem+json");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closure_can_choose_the_key() {
+    let server = RedisServer::start();
+    let c = limiter_client(&server).await;
+    // Key by tenant: the first path segment.
+    let by_tenant = |r: &Request<Body>| r.uri().path().split('/').nth(1).map(str::to_owned);
+    let router = Router::new()
+        .route("/{tenant}/items", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(
+            c.rate_limiter("tenant", RateLimit::per_minute(1)),
+            by_tenant,
+        ));
+    let get_path = |p: &str| Request::get(p).body(Body::empty()).unwrap();
+    assert_eq!(
+        router
+            .clone()
+            .oneshot(get_path("/acme/items"))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        router
+            .clone()
+            .oneshot(get_path("/acme/items"))
+            .await
+            .unwrap()
+            .status(),
+        429
+    );
+    assert_eq!(
+        router
+            .oneshot(get_path("/globex/items"))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}
