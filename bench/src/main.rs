@@ -51,6 +51,7 @@
 //! Options: `--seconds N` per measurement (default 2), `--rounds N` (default 3).
 
 mod hot;
+mod idempotency;
 mod ids;
 mod macro_bench;
 mod measure;
@@ -63,11 +64,14 @@ use lock_tests::RedisServer;
 
 use crate::measure::{BoxError, Timing};
 
-const USAGE: &str = "usage: lock-bench [lock|macro|ratelimit|ids] [--seconds N] [--rounds N]
+const USAGE: &str =
+    "usage: lock-bench [lock|macro|ratelimit|ids|idempotency] [--seconds N] [--rounds N]
   lock          lock-core against the floor and rslock (the default)
   macro         an #[cache_lock] fn against the same work by hand
   ratelimit     GCRA decisions against a trivial one-key script
   ids           order ids per second: one script call per id against segment mode
+  idempotency   POSTs/s over HTTP behind IdempotencyLayer against the same Redis
+                round trips by hand (fresh keys, and replays)
   --seconds N   measured seconds per round of each implementation (default 2)
   --rounds N    interleaved rounds per implementation; medians are reported (default 3)";
 
@@ -131,9 +135,9 @@ fn parse_args() -> Result<Args, BoxError> {
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let args = parse_args()?;
-    if !["lock", "macro", "ratelimit", "ids"].contains(&args.bench.as_str()) {
+    if !["lock", "macro", "ratelimit", "ids", "idempotency"].contains(&args.bench.as_str()) {
         return Err(format!(
-            "unknown benchmark {:?}; available: lock, macro, ratelimit, ids",
+            "unknown benchmark {:?}; available: lock, macro, ratelimit, ids, idempotency",
             args.bench
         )
         .into());
@@ -145,6 +149,7 @@ async fn main() -> Result<(), BoxError> {
         "macro" => MACRO_MEASUREMENTS,
         "ratelimit" => 2,
         "ids" => ids::MEASUREMENTS,
+        "idempotency" => idempotency::MEASUREMENTS,
         _ => MEASUREMENTS,
     };
     println!(
@@ -163,6 +168,9 @@ async fn main() -> Result<(), BoxError> {
     }
     if args.bench == "ids" {
         return ids::run(&url, timing, args.rounds).await;
+    }
+    if args.bench == "idempotency" {
+        return idempotency::run(&url, timing, args.rounds).await;
     }
     uncontended::run(&url, timing, args.rounds).await?;
     hot::run(&url, timing, args.rounds).await?;

@@ -24,6 +24,10 @@
 //!   processes; each permit has an id and its own lease, so a crashed holder's come back.
 //! - **Order ids**: [`IdGenerator`] issues 64-bit [`OrderId`]s (31 bits of seconds, 32 of
 //!   a per-day Redis sequence), unique across processes, per id or in reserved blocks.
+//! - **Idempotency records**: [`LockClient::idempotency_store`] claims a key with a
+//!   request fingerprint and an in-flight lease, then stores the response for replay or
+//!   frees the key ([`Begin`], [`Claim`]); [`LockClient::one_time_tokens`] issues tokens
+//!   that exactly one consumer can use.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -62,6 +66,7 @@ mod guard;
 mod held;
 #[cfg(feature = "axum")]
 pub mod http;
+mod idempotency;
 pub mod ids;
 pub mod key;
 mod notify;
@@ -83,6 +88,7 @@ pub use error::LockError;
 pub use fencing::{FencedWrite, FencingToken};
 pub use global::{global, install_global};
 pub use guard::{LockGuard, Released};
+pub use idempotency::{Begin, Claim, IdempotencyKeys, IdempotencyStore, OneTimeTokens};
 pub use ids::{IdGenerator, OrderId};
 pub use key::{KeyPart, LockKeys, LockName};
 pub use owner::{ClientId, LockScope};

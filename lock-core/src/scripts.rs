@@ -47,6 +47,16 @@ pub(crate) static NEXT_ID: LazyLock<Script> =
 pub(crate) static RESERVE_IDS: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/reserve_ids.lua")));
 
+/// Store the response of a claimed key. See `lua/idempotency_complete.lua`.
+pub(crate) static IDEMPOTENCY_COMPLETE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/idempotency_complete.lua")));
+/// Free a claimed key. See `lua/idempotency_abandon.lua`.
+pub(crate) static IDEMPOTENCY_ABANDON: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/idempotency_abandon.lua")));
+/// Renew the in-flight lease of a claimed key. See `lua/idempotency_extend.lua`.
+pub(crate) static IDEMPOTENCY_EXTEND: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/idempotency_extend.lua")));
+
 /// Source of every script, by file name, for tooling and tests.
 pub const SOURCES: &[(&str, &str)] = &[
     ("acquire.lua", include_str!("../lua/acquire.lua")),
@@ -69,6 +79,18 @@ pub const SOURCES: &[(&str, &str)] = &[
     ),
     ("next_id.lua", include_str!("../lua/next_id.lua")),
     ("reserve_ids.lua", include_str!("../lua/reserve_ids.lua")),
+    (
+        "idempotency_complete.lua",
+        include_str!("../lua/idempotency_complete.lua"),
+    ),
+    (
+        "idempotency_abandon.lua",
+        include_str!("../lua/idempotency_abandon.lua"),
+    ),
+    (
+        "idempotency_extend.lua",
+        include_str!("../lua/idempotency_extend.lua"),
+    ),
 ];
 
 #[cfg(test)]

@@ -165,9 +165,19 @@ impl LockClient {
         name: &N,
         suffix: &str,
     ) -> Result<String, LockError> {
-        let c = &self.inner.config;
-        let hash = key::lock_keys(&c.namespace, &c.delimiter, &Prefixed { prefix, name })?.hash;
+        let hash = self.prefixed_keys(prefix, name)?.hash;
         Ok(format!("{hash}:{suffix}"))
+    }
+
+    /// The lock keys of `name` under `prefix` (its first part): features that need more
+    /// than one key per name derive them all from `.hash`, so they share one hash tag.
+    pub(crate) fn prefixed_keys<N: LockName + ?Sized>(
+        &self,
+        prefix: &str,
+        name: &N,
+    ) -> Result<key::LockKeys, LockError> {
+        let c = &self.inner.config;
+        key::lock_keys(&c.namespace, &c.delimiter, &Prefixed { prefix, name })
     }
 }
 

@@ -1,0 +1,213 @@
+//! `scripts/bench idempotency`: requests per second over HTTP on loopback, one load
+//! client (hyper-util's pooled client, `TASKS` requests in flight), against two axum
+//! servers in this process: the POST handler behind `IdempotencyLayer` (`ours`), and the
+//! same handler doing the equivalent Redis round trips by hand (`by_hand`: claim with
+//! `SET NX GET`, store with `SET`, both with expiries). Interleaved rounds, medians.
+//!
+//! - `fresh`: every request has a new key (claim, run, store).
+//! - `replay`: every request repeats one completed key (look up, replay).
+//!
+//! Prints `idempotency <path>_<impl>_requests_per_s`, per-round rates, CPU per request,
+//! and `ratio idempotency_<path>_ours_vs_by_hand` (target: at least 0.8).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::routing::post;
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use lock_core::LockClient;
+use lock_tower::idempotency::IdempotencyLayer;
+use redis::aio::ConnectionManager;
+
+use crate::measure::{
+    BoxError, Cycle, Sample, Timing, cycle, median, rate, round_order, rounds_list,
+};
+
+/// Requests in flight at once.
+const TASKS: usize = 32;
+/// Implementations measured: two paths times two implementations.
+pub const MEASUREMENTS: usize = 4;
+const IN_FLIGHT_MS: u64 = 10_000;
+const RETENTION_MS: u64 = 24 * 3600 * 1000;
+
+/// The handler's own work, the same in both servers.
+fn work(body: &[u8]) -> Response<Body> {
+    Response::builder()
+        .status(StatusCode::CREATED)
+        .header("content-type", "application/json")
+        .body(Body::from(format!("{{\"paid\":{}}}", body.len())))
+        .unwrap_or_default()
+}
+
+fn status(code: StatusCode) -> Response<Body> {
+    let mut r = Response::new(Body::empty());
+    *r.status_mut() = code;
+    r
+}
+
+/// The by-hand version: one round trip to claim (or find the stored body), one to store.
+async fn by_hand(
+    State(conn): State<ConnectionManager>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response<Body> {
+    let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) else {
+        return status(StatusCode::BAD_REQUEST);
+    };
+    let key = format!("hand:{key}");
+    let mut c = conn.clone();
+    let claim = redis::cmd("SET")
+        .arg(&key)
+        .arg("")
+        .arg("NX")
+        .arg("PX")
+        .arg(IN_FLIGHT_MS)
+        .arg("GET")
+        .query_async::<Option<Vec<u8>>>(&mut c)
+        .await;
+    match claim {
+        Ok(None) => {
+            let response = work(&body);
+            let (parts, body) = response.into_parts();
+            let Ok(bytes) = body.collect().await.map(|b| b.to_bytes()) else {
+                return status(StatusCode::INTERNAL_SERVER_ERROR);
+            };
+            let stored = redis::cmd("SET")
+                .arg(&key)
+                .arg(bytes.as_ref())
+                .arg("PX")
+                .arg(RETENTION_MS)
+                .query_async::<()>(&mut c)
+                .await;
+            match stored {
+                Ok(()) => Response::from_parts(parts, Body::from(bytes)),
+                Err(_) => status(StatusCode::SERVICE_UNAVAILABLE),
+            }
+        }
+        Ok(Some(v)) if v.is_empty() => status(StatusCode::CONFLICT),
+        Ok(Some(v)) => {
+            let mut r = work(b"");
+            *r.body_mut() = Body::from(v);
+            r.headers_mut().insert(
+                "idempotent-replayed",
+                http::HeaderValue::from_static("true"),
+            );
+            r
+        }
+        Err(_) => status(StatusCode::SERVICE_UNAVAILABLE),
+    }
+}
+
+async fn serve(router: Router) -> Result<SocketAddr, BoxError> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    Ok(addr)
+}
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// One POST; fails unless the answer is 201 and, for replays, marked as one.
+async fn send(
+    client: &HttpClient,
+    addr: SocketAddr,
+    key: String,
+    replay: bool,
+) -> Result<(), BoxError> {
+    let request = Request::post(format!("http://{addr}/pay"))
+        .header("idempotency-key", key)
+        .header("content-type", "text/plain")
+        .body(Full::new(Bytes::from_static(b"10 EUR")))?;
+    let response = client.request(request).await?;
+    let replayed = response.headers().contains_key("idempotent-replayed");
+    let status = response.status();
+    response.into_body().collect().await?;
+    if status != StatusCode::CREATED || replayed != replay {
+        return Err(format!("unexpected answer {status} (replayed: {replayed})").into());
+    }
+    Ok(())
+}
+
+fn requests(client: &HttpClient, addr: SocketAddr, prefix: &'static str, replay: bool) -> Cycle {
+    let (client, next) = (client.clone(), Arc::new(AtomicU64::new(0)));
+    cycle(move |_, _| {
+        let client = client.clone();
+        // Fresh keys are unique across rounds; replays repeat the one completed key.
+        let key = match replay {
+            true => format!("{prefix}-replay"),
+            false => format!("{prefix}-{}", next.fetch_add(1, Ordering::Relaxed)),
+        };
+        async move { send(&client, addr, key, replay).await }
+    })
+}
+
+pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<(), BoxError> {
+    let lock_client = LockClient::open(url).await?;
+    let conn = ConnectionManager::new(redis::Client::open(url)?).await?;
+    let mut probe = conn.clone();
+    let ours = serve(
+        Router::new()
+            .route("/pay", post(|body: Bytes| async move { work(&body) }))
+            .layer(IdempotencyLayer::new(lock_client.idempotency_store("bench")).require_key(true)),
+    )
+    .await?;
+    let hand = serve(Router::new().route("/pay", post(by_hand)).with_state(conn)).await?;
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    for addr in [ours, hand] {
+        send(&client, addr, "replay-replay".into(), false).await?;
+    }
+    let impls: [(&str, Cycle); MEASUREMENTS] = [
+        ("fresh_by_hand", requests(&client, hand, "fresh", false)),
+        ("fresh_ours", requests(&client, ours, "fresh", false)),
+        ("replay_by_hand", requests(&client, hand, "replay", true)),
+        ("replay_ours", requests(&client, ours, "replay", true)),
+    ];
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); impls.len()];
+    for round in 0..rounds {
+        for i in round_order(impls.len(), round) {
+            let s = rate(
+                &mut probe,
+                &impls[i].1,
+                TASKS,
+                timing.warm(round),
+                timing.measure,
+            )
+            .await?;
+            samples[i].push(s);
+        }
+    }
+    let rates: Vec<f64> = samples
+        .iter()
+        .map(|s| median(s.iter().map(|s| s.cycles_per_s)))
+        .collect();
+    for ((name, _), (s, r)) in impls.iter().zip(samples.iter().zip(&rates)) {
+        println!("idempotency tasks={TASKS} {name}_requests_per_s {r:.0}");
+        println!(
+            "idempotency tasks={TASKS} {name}_requests_per_s_rounds {}",
+            rounds_list(s.iter().map(|s| s.cycles_per_s))
+        );
+        println!(
+            "idempotency tasks={TASKS} {name}_cpu_us_per_request redis {:.1} process {:.1}",
+            median(s.iter().map(|s| s.redis_us)),
+            median(s.iter().map(|s| s.client_us))
+        );
+    }
+    println!(
+        "ratio idempotency_fresh_ours_vs_by_hand {:.2}",
+        rates[1] / rates[0]
+    );
+    println!(
+        "ratio idempotency_replay_ours_vs_by_hand {:.2}",
+        rates[3] / rates[2]
+    );
+    Ok(())
+}

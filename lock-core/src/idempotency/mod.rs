@@ -1,0 +1,329 @@
+//! The idempotency store: claim a key, then complete it with a response or abandon it;
+//! and server-issued one-time tokens.
+
+mod claim;
+mod token;
+
+pub use claim::Claim;
+pub use token::OneTimeTokens;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::runtime::Handle;
+use tracing::Instrument;
+
+use crate::config::{MAX_LEASE, check_lease};
+use crate::key::LockName;
+use crate::notify::Subscription;
+use crate::{LockClient, LockError};
+
+/// What [`IdempotencyStore::begin`] found.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Begin {
+    /// The key was free and is now claimed by the caller: run the request, then
+    /// [`complete`](Claim::complete) or [`abandon`](Claim::abandon) the claim.
+    New(Claim),
+    /// Another claim holds the key and has not finished yet.
+    InFlight {
+        /// The remaining in-flight lease of that claim.
+        retry_after: Duration,
+    },
+    /// The key was completed with this record (the bytes given to
+    /// [`Claim::complete`]): replay it.
+    Completed(Vec<u8>),
+    /// The key was used with another fingerprint (a different request under the same
+    /// key).
+    Mismatch,
+}
+
+/// The Redis keys of one idempotency key, all in one hash slot (for inspection and
+/// tooling).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct IdempotencyKeys {
+    /// The escaped, joined name (store name, then the caller's parts).
+    pub name: String,
+    /// The record: the string `F<fingerprint> <owner>` while in flight,
+    /// `D<fingerprint> <record>` once completed.
+    pub record: String,
+    /// The channel announcing that the key is no longer in flight.
+    pub channel: String,
+}
+
+/// Idempotency records on Redis: the primitives `lock-tower`'s idempotency layer is
+/// built on. Get one with [`LockClient::idempotency_store`].
+///
+/// Behavior:
+/// - **One winner.** [`begin`](Self::begin) claims a free key atomically with the
+///   request's fingerprint and an in-flight lease; every other caller sees
+///   [`Begin::InFlight`], [`Begin::Completed`] with the stored record, or
+///   [`Begin::Mismatch`] when its fingerprint differs (checked first, in flight or not).
+/// - **Crash safety.** The in-flight record expires one lease after the last renewal,
+///   so a crashed claimant frees the key by itself. [`Claim::keep_alive`] renews it
+///   while the work runs.
+/// - **Atomic transitions.** `begin` is one `SET NX PX GET` (it claims a free key and
+///   reads a used one in the same command, so it needs no script); `complete`, `abandon`
+///   and renewal are owner-checked scripts (`lua/idempotency_*.lua`): a claim whose lease
+///   ran out and was taken by someone else can neither complete nor abandon the newer
+///   claim (`LockError::Expired` / `LockError::NotOwner`).
+/// - **Every path frees the key**: a dropped [`Claim`] (early return, panic, cancelled
+///   future, failed `complete`) is abandoned in the background.
+/// - **Waiting** ([`begin_or_wait`](Self::begin_or_wait)): a caller that finds the key in
+///   flight sleeps on the key's channel (over the client's one pub/sub connection) and
+///   tries again when the claim completes or is abandoned, with jittered backoff as a
+///   fallback, up to its wait budget.
+/// - **Keys.** `<namespace>:{<store name><delim><parts>...}:idempotency` (the record,
+///   see [`IdempotencyKeys::record`]) and `...:idempotency-done` (the channel), built by
+///   [`crate::key`], so user input cannot forge another record's key.
+/// - **Fingerprints** are 1 to [`MAX_FINGERPRINT_LEN`](Self::MAX_FINGERPRINT_LEN) visible ASCII characters (a hex
+///   digest fits); others are [`LockError::InvalidConfig`].
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use lock_core::{Begin, LockClient};
+///
+/// # async fn demo() -> Result<(), lock_core::LockError> {
+/// let client = LockClient::open("redis://127.0.0.1:6379/").await?;
+/// let store = client.idempotency_store("payments");
+/// let lease = Duration::from_secs(10);
+/// match store.begin(("user-7", "key-123"), "sha256-of-the-request", lease).await? {
+///     Begin::New(claim) => {
+///         let _renewing = claim.keep_alive(); // poll it alongside long work
+///         let response = b"charged 10 EUR".to_vec();
+///         claim.complete(&response, Duration::from_secs(24 * 3600)).await?;
+///     }
+///     Begin::Completed(stored) => println!("replay {} bytes", stored.len()),
+///     Begin::InFlight { retry_after } => println!("still running; retry in {retry_after:?}"),
+///     Begin::Mismatch => println!("that key was used for another request"),
+///     _ => {}
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct IdempotencyStore {
+    client: LockClient,
+    name: Arc<str>,
+}
+
+impl std::fmt::Debug for IdempotencyStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyStore")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Makes claim owner ids unique within the process; the client id makes them unique
+/// across processes.
+static NEXT_CLAIM: AtomicU64 = AtomicU64::new(1);
+
+impl LockClient {
+    /// The idempotency store named `name` (the first part of its keys). Cheap: nothing
+    /// is sent to Redis until a key is claimed.
+    pub fn idempotency_store(&self, name: impl Into<String>) -> IdempotencyStore {
+        IdempotencyStore {
+            client: self.clone(),
+            name: name.into().into(),
+        }
+    }
+}
+
+impl IdempotencyStore {
+    /// Longest fingerprint [`begin`](Self::begin) accepts, in bytes.
+    pub const MAX_FINGERPRINT_LEN: usize = 256;
+
+    /// Longest retention [`Claim::complete`] accepts: 366 days.
+    pub const MAX_RETENTION: Duration = Duration::from_secs(366 * 24 * 3600);
+
+    /// The store's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The client the store uses.
+    pub fn client(&self) -> &LockClient {
+        &self.client
+    }
+
+    /// The Redis keys of `key` (any [`LockName`]: one part or several).
+    pub fn keys<N: LockName + ?Sized>(&self, key: &N) -> Result<IdempotencyKeys, LockError> {
+        let keys = self.client.prefixed_keys(&self.name, key)?;
+        Ok(IdempotencyKeys {
+            record: format!("{}:idempotency", keys.hash),
+            channel: format!("{}:idempotency-done", keys.hash),
+            name: keys.name,
+        })
+    }
+
+    /// Claims `key` for a request with `fingerprint`, or reports what happened to it
+    /// (see [`Begin`]). `lease` (within [`MIN_LEASE`](crate::MIN_LEASE)`..=`[`MAX_LEASE`])
+    /// is how long the claim lasts without renewal. `fingerprint` identifies the request
+    /// (1 to [`MAX_FINGERPRINT_LEN`](Self::MAX_FINGERPRINT_LEN) visible ASCII characters).
+    pub async fn begin<N: LockName>(
+        &self,
+        key: N,
+        fingerprint: &str,
+        lease: Duration,
+    ) -> Result<Begin, LockError> {
+        self.begin_or_wait(key, fingerprint, lease, Duration::ZERO)
+            .await
+    }
+
+    /// Like [`begin`](Self::begin), but while the key is in flight, waits up to `wait`
+    /// for the claim to complete (then returns [`Begin::Completed`]) or be abandoned
+    /// (then claims it: [`Begin::New`]). After `wait`, returns [`Begin::InFlight`].
+    pub async fn begin_or_wait<N: LockName>(
+        &self,
+        key: N,
+        fingerprint: &str,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<Begin, LockError> {
+        check_lease("in-flight lease", lease)?;
+        if fingerprint.is_empty()
+            || fingerprint.len() > Self::MAX_FINGERPRINT_LEN
+            || !fingerprint.bytes().all(|b| b.is_ascii_graphic())
+        {
+            return Err(LockError::InvalidConfig(format!(
+                "a fingerprint must be 1 to {} visible ASCII characters",
+                Self::MAX_FINGERPRINT_LEN
+            )));
+        }
+        let keys = self.keys(&key)?;
+        let runtime = Handle::try_current().map_err(|_| {
+            LockError::InvalidConfig(
+                "idempotency keys must be claimed inside a tokio runtime".into(),
+            )
+        })?;
+        let span = tracing::debug_span!("idempotency.begin", key = %keys.name, ?wait);
+        self.begin_loop(keys, fingerprint, lease, wait, runtime)
+            .instrument(span)
+            .await
+    }
+
+    async fn begin_loop(
+        &self,
+        keys: IdempotencyKeys,
+        fingerprint: &str,
+        lease: Duration,
+        wait: Duration,
+        runtime: Handle,
+    ) -> Result<Begin, LockError> {
+        let inner = &self.client.inner;
+        let keys = Arc::new(keys);
+        let started = Instant::now();
+        let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
+        let mut subscription: Option<Subscription> = None;
+        let mut retries = 0u32;
+        loop {
+            // Armed before the attempt, so a completion during it is not missed.
+            let notify = subscription.as_ref().map(Subscription::notify);
+            let mut notified = notify.as_deref().map(|n| Box::pin(n.notified()));
+            if let Some(n) = notified.as_mut() {
+                n.as_mut().enable();
+            }
+            let retry_after = match self.attempt(&keys, fingerprint, lease, &runtime).await? {
+                Begin::InFlight { retry_after } => retry_after,
+                found => {
+                    if subscription.is_some() && !matches!(found, Begin::New(_)) {
+                        // One local waiter is woken per message: pass the turn on.
+                        inner.hub.notify_local(&keys.channel);
+                    }
+                    return Ok(found);
+                }
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(Begin::InFlight { retry_after });
+            }
+            if subscription.is_none() {
+                // Subscribe, then look again at once: it may have finished meanwhile.
+                subscription = Some(inner.hub.subscribe(&keys.channel, deadline - now).await);
+                continue;
+            }
+            let pause = inner
+                .config
+                .backoff
+                .delay(retries)
+                .min(retry_after)
+                .min(deadline - now)
+                .max(Duration::from_millis(1));
+            retries = retries.saturating_add(1);
+            match notified {
+                Some(n) => {
+                    tokio::select! {
+                        _ = n => {}
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
+                None => tokio::time::sleep(pause).await,
+            }
+        }
+    }
+
+    /// One claim attempt: `SET <record> "F<fingerprint> <owner>" NX PX <lease> GET`,
+    /// atomic by itself, claims a free key or returns what is stored there.
+    async fn attempt(
+        &self,
+        keys: &Arc<IdempotencyKeys>,
+        fingerprint: &str,
+        lease: Duration,
+        runtime: &Handle,
+    ) -> Result<Begin, LockError> {
+        let inner = &self.client.inner;
+        let in_flight = format!(
+            "F{fingerprint} {}:{}",
+            inner.id_hex,
+            NEXT_CLAIM.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(&keys.record)
+            .arg(&in_flight)
+            .arg("NX")
+            .arg("PX")
+            .arg(lease.as_millis() as u64)
+            .arg("GET");
+        // Until the reply says otherwise the key may be claimed: dropped (error,
+        // timeout, cancelled future), the claim abandons itself.
+        let mut claim = Claim::new(
+            self.client.clone(),
+            keys.clone(),
+            in_flight,
+            lease,
+            runtime.clone(),
+        );
+        let found: Option<Vec<u8>> = inner.conn.query("idempotency begin", &cmd).await?;
+        let Some(mut found) = found else {
+            return Ok(Begin::New(claim));
+        };
+        claim.disarm();
+        // "F<fingerprint> <owner>" (in flight) or "D<fingerprint> <record>" (completed).
+        let at = fingerprint.len() + 2;
+        let state = found.first().copied();
+        if !matches!(state, Some(b'F' | b'D')) {
+            return Err(LockError::UnexpectedReply(format!(
+                "`{}` does not hold an idempotency record",
+                keys.record
+            )));
+        }
+        let same = found.len() >= at
+            && found[1..at - 1] == *fingerprint.as_bytes()
+            && found[at - 1] == b' ';
+        if !same {
+            return Ok(Begin::Mismatch);
+        }
+        if state == Some(b'D') {
+            found.drain(..at);
+            return Ok(Begin::Completed(found));
+        }
+        let pttl: i64 = inner
+            .conn
+            .query("idempotency begin", redis::cmd("PTTL").arg(&keys.record))
+            .await?;
+        Ok(Begin::InFlight {
+            retry_after: Duration::from_millis(pttl.max(1) as u64),
+        })
+    }
+}

@@ -1,0 +1,170 @@
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use pin_project_lite::pin_project;
+use tower::Service;
+
+use super::layer::Settings;
+use super::phases::{BoxError, BoxFuture, Prepared, Running, finish};
+
+pin_project! {
+    /// Response future of [`IdempotencyService`](super::IdempotencyService).
+    ///
+    /// Dropped before it completes (the client went away) or unwound by a panicking
+    /// handler, it frees the claimed key in the background.
+    pub struct ResponseFuture<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        #[pin]
+        state: State<S, B>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        // Buffering the body and claiming the key.
+        Preparing {
+            prepare: BoxFuture<Prepared<B, S::Response>>,
+            inner: Option<S>,
+            settings: Arc<Settings>,
+        },
+        // The handler runs; `running` is the claim (none: unprotected).
+        Calling {
+            #[pin]
+            future: S::Future,
+            running: Option<Running>,
+        },
+        // Reading the response and storing it, or freeing the key.
+        Finishing {
+            finish: BoxFuture<S::Response>,
+        },
+        Done {
+            response: Option<S::Response>,
+        },
+    }
+}
+
+impl<S, B> std::fmt::Debug for ResponseFuture<S, B>
+where
+    S: Service<Request<B>>,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+impl<S, B> ResponseFuture<S, B>
+where
+    S: Service<Request<B>>,
+{
+    pub(crate) fn preparing(
+        prepare: BoxFuture<Prepared<B, S::Response>>,
+        inner: S,
+        settings: Arc<Settings>,
+    ) -> Self {
+        Self {
+            state: State::Preparing {
+                prepare,
+                inner: Some(inner),
+                settings,
+            },
+        }
+    }
+
+    /// Unprotected: the inner call as is.
+    pub(crate) fn passing(future: S::Future) -> Self {
+        Self {
+            state: State::Calling {
+                future,
+                running: None,
+            },
+        }
+    }
+
+    pub(crate) fn rejected(response: S::Response) -> Self {
+        Self {
+            state: State::Done {
+                response: Some(response),
+            },
+        }
+    }
+}
+
+impl<S, B, ResBody> Future for ResponseFuture<S, B>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+    ResBody: Body + From<Bytes> + From<String> + Send + 'static,
+    ResBody::Data: Send,
+    ResBody::Error: Into<BoxError>,
+{
+    type Output = Result<Response<ResBody>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Preparing {
+                    prepare,
+                    inner,
+                    settings,
+                } => {
+                    let next = match ready!(prepare.as_mut().poll(cx)) {
+                        Prepared::Respond(response) => State::Done {
+                            response: Some(response),
+                        },
+                        Prepared::Run { request, claim } => {
+                            let Some(mut service) = inner.take() else {
+                                // Polled again after completion: nothing left to do.
+                                return Poll::Pending;
+                            };
+                            State::Calling {
+                                future: service.call(request),
+                                running: claim.map(|c| Running::new(c, settings.clone())),
+                            }
+                        }
+                    };
+                    this.state.set(next);
+                }
+                StateProj::Calling { future, running } => {
+                    let Poll::Ready(result) = future.poll(cx) else {
+                        if let Some(r) = running.as_mut() {
+                            r.poll_keep_alive(cx);
+                        }
+                        return Poll::Pending;
+                    };
+                    let running = running.take();
+                    // A service error drops `running`: the claim frees the key.
+                    let response = result?;
+                    match running {
+                        None => return Poll::Ready(Ok(response)),
+                        Some(r) => {
+                            let finish = Box::pin(finish(response, r));
+                            this.state.set(State::Finishing { finish });
+                        }
+                    }
+                }
+                StateProj::Finishing { finish } => {
+                    let response = ready!(finish.as_mut().poll(cx));
+                    this.state.set(State::Done { response: None });
+                    return Poll::Ready(Ok(response));
+                }
+                StateProj::Done { response } => {
+                    return match response.take() {
+                        Some(r) => Poll::Ready(Ok(r)),
+                        None => Poll::Pending,
+                    };
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,168 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, Method};
+use lock_core::IdempotencyStore;
+use tower::Layer;
+
+use super::key::HeaderKey;
+use super::scope::AuthorizationHash;
+use super::service::{IdempotencyService, Shared};
+
+/// The settings every request of one layer shares.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) store: IdempotencyStore,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) require_key: bool,
+    pub(crate) max_body_bytes: usize,
+    pub(crate) max_stored_bytes: usize,
+    pub(crate) retention: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) wait: Duration,
+    pub(crate) store_server_errors: bool,
+    pub(crate) deny_headers: Vec<HeaderName>,
+    pub(crate) fail_closed: bool,
+}
+
+/// Makes POST and PATCH requests idempotent by key; see the [module docs](super).
+///
+/// `K` finds the key ([`ExtractKey`](super::ExtractKey), default [`HeaderKey`]: the
+/// `Idempotency-Key` header), `P` says whose it is ([`Principal`](super::Principal),
+/// default [`AuthorizationHash`]). Every setter documents its default.
+#[derive(Debug, Clone)]
+pub struct IdempotencyLayer<K = HeaderKey, P = AuthorizationHash> {
+    settings: Settings,
+    extractor: K,
+    principal: P,
+}
+
+impl IdempotencyLayer {
+    /// Idempotency on `store`, with every default.
+    pub fn new(store: IdempotencyStore) -> Self {
+        Self {
+            settings: Settings {
+                store,
+                methods: vec![Method::POST, Method::PATCH],
+                require_key: false,
+                max_body_bytes: 1024 * 1024,
+                max_stored_bytes: 1024 * 1024,
+                retention: Duration::from_secs(24 * 3600),
+                lease: Duration::from_secs(10),
+                wait: Duration::ZERO,
+                store_server_errors: false,
+                deny_headers: vec![HeaderName::from_static("set-cookie")],
+                fail_closed: true,
+            },
+            extractor: HeaderKey::default(),
+            principal: AuthorizationHash,
+        }
+    }
+}
+
+impl<K, P> IdempotencyLayer<K, P> {
+    /// Where the key comes from. Default: [`HeaderKey`], the `Idempotency-Key` header.
+    pub fn key_extractor<K2>(self, extractor: K2) -> IdempotencyLayer<K2, P> {
+        IdempotencyLayer {
+            settings: self.settings,
+            extractor,
+            principal: self.principal,
+        }
+    }
+
+    /// Whose key it is. Default: [`AuthorizationHash`].
+    pub fn principal<P2>(self, principal: P2) -> IdempotencyLayer<K, P2> {
+        IdempotencyLayer {
+            settings: self.settings,
+            extractor: self.extractor,
+            principal,
+        }
+    }
+
+    /// `true`: a protected request without a key gets 400. Default `false`: it passes
+    /// through unprotected.
+    pub fn require_key(mut self, required: bool) -> Self {
+        self.settings.require_key = required;
+        self
+    }
+
+    /// The methods protected; others pass through untouched. Default POST and PATCH.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.settings.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Largest request body buffered (to fingerprint and replay it to the handler);
+    /// a larger one gets 413. Default 1 MiB.
+    pub fn max_body_bytes(mut self, bytes: usize) -> Self {
+        self.settings.max_body_bytes = bytes;
+        self
+    }
+
+    /// Largest response body stored. A larger one is passed to the client but not
+    /// stored, and the key is freed (a retry runs again), with a warning. Default 1 MiB.
+    pub fn max_stored_bytes(mut self, bytes: usize) -> Self {
+        self.settings.max_stored_bytes = bytes;
+        self
+    }
+
+    /// How long a completed response is replayed. Default 24 h; at most
+    /// [`IdempotencyStore::MAX_RETENTION`] (a longer one answers 500 and logs why).
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.settings.retention = retention;
+        self
+    }
+
+    /// The in-flight lease: renewed every third of it while the handler runs and its
+    /// response is read, so a crashed server frees the key this long after its last
+    /// renewal. Default 10 s; within [`lock_core::MIN_LEASE`]`..=`[`lock_core::MAX_LEASE`]
+    /// (otherwise requests answer 500 and the log says why).
+    pub fn in_flight_lease(mut self, lease: Duration) -> Self {
+        self.settings.lease = lease;
+        self
+    }
+
+    /// How long a duplicate waits for the request in flight to finish, then replays
+    /// its response (or runs itself if that one freed the key). Waiters are woken by
+    /// pub/sub. Default zero: 409 with `Retry-After` at once.
+    pub fn wait_in_flight(mut self, wait: Duration) -> Self {
+        self.settings.wait = wait;
+        self
+    }
+
+    /// `true`: 5xx responses are stored and replayed like any other. Default `false`:
+    /// they are not stored and the key is freed, so a retry runs again.
+    pub fn store_server_errors(mut self, store: bool) -> Self {
+        self.settings.store_server_errors = store;
+        self
+    }
+
+    /// Response headers never stored (hence never replayed), besides the hop-by-hop
+    /// ones. Default: `set-cookie`.
+    pub fn deny_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.settings.deny_headers = names.into_iter().collect();
+        self
+    }
+
+    /// When Redis cannot be asked: `true` (the default) answers 503 (fail closed);
+    /// `false` runs the request unprotected and logs a warning (fail open).
+    pub fn fail_closed(mut self, fail_closed: bool) -> Self {
+        self.settings.fail_closed = fail_closed;
+        self
+    }
+}
+
+impl<S, K: Clone, P: Clone> Layer<S> for IdempotencyLayer<K, P> {
+    type Service = IdempotencyService<S, K, P>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService {
+            inner,
+            shared: Arc::new(Shared {
+                settings: Arc::new(self.settings.clone()),
+                extractor: self.extractor.clone(),
+                principal: self.principal.clone(),
+            }),
+        }
+    }
+}

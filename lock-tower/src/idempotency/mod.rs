@@ -1,0 +1,87 @@
+//! Idempotent POSTs for tower services: keys from the `Idempotency-Key` header, on Redis
+//! (the IETF draft-ietf-httpapi-idempotency-key-header, with Stripe's semantics).
+//!
+//! A payment retried after a network error must not charge twice: the client sends the
+//! same key with the retry, and the layer answers it with the first response instead of
+//! running the handler again.
+//!
+//! Behavior:
+//! - **Protected requests**: POST and PATCH ([`IdempotencyLayer::methods`]); others pass
+//!   through untouched. A protected request without a key passes through unprotected, or
+//!   gets 400 with [`IdempotencyLayer::require_key`].
+//! - **Keys**: from [`HeaderKey`] (`Idempotency-Key`, an RFC 8941 quoted string or a bare
+//!   token) or any [`ExtractKey`]; 1 to [`MAX_KEY_LEN`] visible ASCII characters.
+//!   Malformed: 400.
+//! - **Scope**: the stored key is method + path + [`Principal`] (default: a hash of
+//!   `Authorization`) + the client's key, so one client never sees another's response.
+//! - **Fingerprint**: SHA-256 of method, path and query, content type and body. The body
+//!   is buffered up to [`IdempotencyLayer::max_body_bytes`] (1 MiB); over it, 413.
+//! - **First request** claims the key atomically with an in-flight lease, renewed while
+//!   the handler runs and its response is read ([`lock_core::Claim::keep_alive`], polled
+//!   by the response future: the one renewal mechanism), so a crashed server frees the
+//!   key one lease later. Its response (status, headers minus hop-by-hop ones and
+//!   [`IdempotencyLayer::deny_headers`], body) is stored for
+//!   [`IdempotencyLayer::retention`] (24 h) before it is returned.
+//! - **Duplicates**: in flight, 409 with `Retry-After: 1` (or wait and replay, with
+//!   [`IdempotencyLayer::wait_in_flight`]); completed, the stored status, headers and body
+//!   byte for byte, plus `Idempotent-Replayed: true`; same key with another
+//!   fingerprint, 422.
+//! - **Not stored, key freed** (a retry runs again): 5xx responses (unless
+//!   [`IdempotencyLayer::store_server_errors`]); a handler that panics or a service error;
+//!   a future dropped because the client went away; responses larger than
+//!   [`IdempotencyLayer::max_stored_bytes`] (1 MiB), which still go to the client: a body
+//!   whose size is known to be larger is streamed through untouched, one of unknown size
+//!   is buffered whole, delivered, and not stored (a warning is logged). Trailers are
+//!   not kept.
+//! - **Redis unavailable**: 503 (fail closed, the default) or, with
+//!   [`IdempotencyLayer::fail_closed`]`(false)`, the request runs unprotected and a
+//!   warning is logged. Protection resumes by itself when Redis is back. If Redis goes
+//!   away while the handler runs, its response still goes out unstored (logged), and
+//!   the key frees itself one lease later at the latest.
+//! - **Responses, never errors**: every rejection is `application/problem+json`; an
+//!   infallible service stays infallible, so it works under `axum::Router::layer`, and the
+//!   service is `Clone`.
+//!
+//! # Bodies
+//!
+//! A protected request's body is buffered, so the handler gets a new body of the same
+//! type built with `From<Bytes>`: requests are `Request<B>` with `B: http_body::Body +
+//! From<Bytes>` in and out (unprotected requests keep their streaming body), and
+//! responses `Response<R>` with `R: Body + From<Bytes> + From<String>`. axum's `Body`
+//! is both. With plain hyper, whose requests carry `hyper::body::Incoming`, wrap the body
+//! first, e.g. with `axum_core::body::Body::new` in a `map_request` layer, and answer
+//! with `http_body_util::Full<Bytes>` or the same `Body`.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use axum::{Router, routing::post};
+//! use lock_core::LockClient;
+//! use lock_tower::idempotency::IdempotencyLayer;
+//!
+//! # async fn app() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = LockClient::open("redis://127.0.0.1:6379/").await?;
+//! let app: Router = Router::new()
+//!     .route("/payments", post(|| async { "charged" }))
+//!     .layer(
+//!         IdempotencyLayer::new(client.idempotency_store("payments"))
+//!             .require_key(true)
+//!             .retention(Duration::from_secs(24 * 3600)),
+//!     );
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! axum::serve(listener, app).await?;
+//! # Ok(()) }
+//! ```
+
+mod future;
+mod key;
+mod layer;
+mod phases;
+mod record;
+mod scope;
+mod service;
+
+pub use future::ResponseFuture;
+pub use key::{ExtractKey, HeaderKey, MAX_KEY_LEN};
+pub use layer::IdempotencyLayer;
+pub use scope::{AuthorizationHash, Principal};
+pub use service::IdempotencyService;

@@ -1,0 +1,268 @@
+//! The two Redis-facing phases of a protected request, as boxed futures driven by the
+//! response future: before the handler (buffer, fingerprint, claim) and after it
+//! (read the response, store it or free the key).
+
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::task::Context;
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use lock_core::{Begin, Claim, IdempotencyStore, LockError};
+
+use super::layer::Settings;
+use super::record;
+use super::scope::{Scope, fingerprint};
+use crate::problem::problem;
+
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// What to do once the key was looked up.
+// Moved once per request into the next state: boxing the request would only add an
+// allocation.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Prepared<B, R> {
+    /// Call the handler; with a claim to complete, or none (failing open).
+    Run {
+        request: Request<B>,
+        claim: Option<Claim>,
+    },
+    /// Answer without the handler: a rejection or a replay.
+    Respond(R),
+}
+
+/// A claim while its handler runs: renewed by polling the claim's `keep_alive` (its one
+/// renewal mechanism) whenever the response future waits. The renewal timer is only
+/// made once the handler or its body is not ready at once.
+pub(crate) struct Running {
+    claim: Claim,
+    keep_alive: Option<BoxFuture<()>>,
+    lost: bool,
+    settings: Arc<Settings>,
+}
+
+impl Running {
+    pub(crate) fn new(claim: Claim, settings: Arc<Settings>) -> Self {
+        Self {
+            claim,
+            keep_alive: None,
+            lost: false,
+            settings,
+        }
+    }
+
+    /// Drives the renewal timer while the caller is about to wait; it resolves only when
+    /// the claim is lost (logged by the claim).
+    pub(crate) fn poll_keep_alive(&mut self, cx: &mut Context<'_>) {
+        if self.lost {
+            return;
+        }
+        let claim = &self.claim;
+        let keep_alive = self
+            .keep_alive
+            .get_or_insert_with(|| Box::pin(claim.keep_alive()));
+        if keep_alive.as_mut().poll(cx).is_ready() {
+            self.keep_alive = None;
+            self.lost = true;
+        }
+    }
+}
+
+/// Buffers the body (413 over the limit), fingerprints the request and claims the key.
+pub(crate) async fn prepare<B, ResBody>(
+    settings: Arc<Settings>,
+    scope: Scope,
+    request: Request<B>,
+) -> Prepared<B, Response<ResBody>>
+where
+    B: Body + From<Bytes> + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+    ResBody: From<Bytes> + From<String>,
+{
+    let retention = settings.retention;
+    if retention.is_zero() || retention > IdempotencyStore::MAX_RETENTION {
+        return misconfigured(&format!(
+            "retention {retention:?} is outside 1ms..=366 days"
+        ));
+    }
+    let (parts, body) = request.into_parts();
+    let limit = settings.max_body_bytes;
+    let too_large = || {
+        Prepared::Respond(problem(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request-body-too-large",
+            &format!("the request body is larger than {limit} bytes"),
+        ))
+    };
+    if body.size_hint().lower() > limit as u64 {
+        return too_large();
+    }
+    let bytes = match Limited::new(body, limit).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<LengthLimitError>() => return too_large(),
+        Err(e) => {
+            tracing::debug!(error = %e, "request body unreadable");
+            return Prepared::Respond(problem(
+                StatusCode::BAD_REQUEST,
+                "request-body-unreadable",
+                "the request body could not be read",
+            ));
+        }
+    };
+    let fp = fingerprint(&parts, &bytes);
+    let request = Request::from_parts(parts, B::from(bytes));
+    let s = &settings;
+    let found = s.store.begin_or_wait(scope, &fp, s.lease, s.wait).await;
+    let respond = |status, kind, detail: &str| Prepared::Respond(problem(status, kind, detail));
+    match found {
+        Ok(Begin::New(claim)) => Prepared::Run {
+            request,
+            claim: Some(claim),
+        },
+        Ok(Begin::InFlight { .. }) => {
+            let mut r = problem(
+                StatusCode::CONFLICT,
+                "idempotency-key-in-use",
+                "a request with this idempotency key is still being processed; retry later",
+            );
+            r.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+            Prepared::Respond(r)
+        }
+        Ok(Begin::Completed(stored)) => Prepared::Respond(replay(stored)),
+        Ok(Begin::Mismatch) => respond(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency-key-reused",
+            "this idempotency key was already used for a different request",
+        ),
+        Err(e) if e.is_redis() && !s.fail_closed => {
+            tracing::warn!(error = %e, "idempotency store unavailable; failing open");
+            Prepared::Run {
+                request,
+                claim: None,
+            }
+        }
+        Err(e) if e.is_redis() => {
+            tracing::warn!(error = %e, "idempotency store unavailable; failing closed");
+            let mut r = problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "idempotency-unavailable",
+                "idempotency keys cannot be checked right now; retry later",
+            );
+            r.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+            Prepared::Respond(r)
+        }
+        Err(LockError::InvalidKey(why)) => respond(
+            StatusCode::BAD_REQUEST,
+            "idempotency-key-invalid",
+            &format!("the idempotency key cannot be stored: {why}"),
+        ),
+        Err(e) => misconfigured(&e),
+        Ok(_) => misconfigured(&"an unknown begin outcome"),
+    }
+}
+
+fn misconfigured<R: From<String>, B>(why: &dyn std::fmt::Display) -> Prepared<B, Response<R>> {
+    tracing::error!(error = %why, "idempotency layer misconfigured");
+    Prepared::Respond(problem(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "idempotency-misconfigured",
+        "the server's idempotency settings are wrong",
+    ))
+}
+
+/// The stored response, marked `Idempotent-Replayed: true`.
+fn replay<ResBody: From<Bytes> + From<String>>(stored: Vec<u8>) -> Response<ResBody> {
+    let Some(stored) = record::decode(stored) else {
+        tracing::error!("stored idempotent response is not a record this layer wrote");
+        return problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "idempotency-record-unreadable",
+            "the stored response for this idempotency key cannot be read",
+        );
+    };
+    let mut response = Response::new(ResBody::from(stored.body));
+    *response.status_mut() = stored.status;
+    *response.headers_mut() = stored.headers;
+    response.headers_mut().insert(
+        HeaderName::from_static("idempotent-replayed"),
+        HeaderValue::from_static("true"),
+    );
+    response
+}
+
+/// Stores the handler's response (or frees the key) and returns it to the client.
+pub(crate) async fn finish<ResBody>(
+    response: Response<ResBody>,
+    mut running: Running,
+) -> Response<ResBody>
+where
+    ResBody: Body + From<Bytes> + From<String> + Send + 'static,
+    ResBody::Data: Send,
+    ResBody::Error: Into<BoxError>,
+{
+    let settings = running.settings.clone();
+    let key = running.claim.key().to_owned();
+    if response.status().is_server_error() && !settings.store_server_errors {
+        free(running.claim, "a server error is not stored").await;
+        return response;
+    }
+    let limit = settings.max_stored_bytes;
+    if response.body().size_hint().lower() > limit as u64 {
+        // Known to be too large: stream it through untouched.
+        tracing::warn!(key = %key, limit, "response larger than the storable limit; passed through, not stored, key freed");
+        free(running.claim, "response too large").await;
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let mut collect = pin!(body.collect());
+    let collected = poll_fn(|cx| {
+        let polled = collect.as_mut().poll(cx);
+        if polled.is_pending() {
+            running.poll_keep_alive(cx);
+        }
+        polled
+    })
+    .await
+    .map_err(Into::<BoxError>::into);
+    let bytes = match collected {
+        Ok(c) => c.to_bytes(),
+        Err(e) => {
+            tracing::warn!(key = %key, error = %e, "response body failed; key freed");
+            free(running.claim, "response body failed").await;
+            return problem(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "response-body-failed",
+                "the response could not be produced",
+            );
+        }
+    };
+    if bytes.len() > limit {
+        tracing::warn!(key = %key, limit, size = bytes.len(), "response larger than the storable limit; passed through, not stored, key freed");
+        free(running.claim, "response too large").await;
+    } else {
+        let record = record::encode(&parts, &bytes, &settings.deny_headers);
+        if let Err(e) = running.claim.complete(&record, settings.retention).await {
+            tracing::warn!(key = %key, error = %e, "response not stored; a retry will run again");
+        }
+    }
+    Response::from_parts(parts, ResBody::from(bytes))
+}
+
+/// Frees the key before the response goes out, so a retry that follows runs again.
+async fn free(claim: Claim, why: &str) {
+    let key = claim.key().to_owned();
+    match claim.abandon().await {
+        Ok(()) => tracing::debug!(key = %key, reason = why, "idempotency key freed"),
+        Err(e) => {
+            tracing::warn!(key = %key, reason = why, error = %e, "idempotency key not freed; its lease will free it")
+        }
+    }
+}

@@ -1,0 +1,96 @@
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use tower::Service;
+
+use super::future::ResponseFuture;
+use super::key::{ExtractKey, validate};
+use super::layer::Settings;
+use super::phases::{BoxError, prepare};
+use super::scope::{Principal, Scope};
+use crate::problem::problem;
+
+/// What the layer hands every service it makes (one `Arc` clone per request).
+#[derive(Debug)]
+pub(crate) struct Shared<K, P> {
+    pub(crate) settings: Arc<Settings>,
+    pub(crate) extractor: K,
+    pub(crate) principal: P,
+}
+
+/// The idempotency service made by [`IdempotencyLayer`](super::IdempotencyLayer).
+#[derive(Debug)]
+pub struct IdempotencyService<S, K, P> {
+    pub(crate) inner: S,
+    pub(crate) shared: Arc<Shared<K, P>>,
+}
+
+impl<S: Clone, K, P> Clone for IdempotencyService<S, K, P> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S, K, P, B, ResBody> Service<Request<B>> for IdempotencyService<S, K, P>
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone,
+    K: ExtractKey<B>,
+    P: Principal<B>,
+    B: Body + From<Bytes> + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+    ResBody: Body + From<Bytes> + From<String> + Send + 'static,
+    ResBody::Data: Send,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, B>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        // The readied service answers this request; a fresh clone waits for the next.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = &self.shared;
+        let settings = &shared.settings;
+        if !settings.methods.contains(request.method()) {
+            return ResponseFuture::passing(inner.call(request));
+        }
+        let extracted = shared
+            .extractor
+            .extract_key(&request)
+            .and_then(|key| key.map(|k| validate(&k).map(|()| k)).transpose());
+        let key = match extracted {
+            Ok(Some(key)) => key,
+            Ok(None) if settings.require_key => {
+                return ResponseFuture::rejected(problem(
+                    StatusCode::BAD_REQUEST,
+                    "idempotency-key-missing",
+                    "this request must carry an idempotency key",
+                ));
+            }
+            Ok(None) => return ResponseFuture::passing(inner.call(request)),
+            Err(why) => {
+                return ResponseFuture::rejected(problem(
+                    StatusCode::BAD_REQUEST,
+                    "idempotency-key-invalid",
+                    &why,
+                ));
+            }
+        };
+        let principal = shared.principal.principal(&request);
+        let scope = Scope::new(request.method(), request.uri().path(), principal, key);
+        let prepare = Box::pin(prepare(settings.clone(), scope, request));
+        ResponseFuture::preparing(prepare, inner, settings.clone())
+    }
+}
