@@ -13,7 +13,7 @@ use crate::conn::Conn;
 use crate::guard::LockGuard;
 use crate::held::{Held, Registry};
 use crate::key::{self, LockKeys, LockName};
-use crate::notify::{Hub, Subscription};
+use crate::notify::{Hub, Turn, wait_for_turn};
 use crate::owner::{ClientId, LockScope};
 use crate::scripts::{ACQUIRE, RELEASE};
 use crate::watchdog::Watchdog;
@@ -229,65 +229,28 @@ impl LockClient {
         let deadline = started
             .checked_add(wait)
             .unwrap_or(started + crate::config::MAX_LEASE);
-        let mut subscription: Option<Subscription> = None;
-        let mut retries = 0u32;
-        loop {
-            // Armed before the attempt, so a release during it is not missed.
-            let notify = subscription.as_ref().map(Subscription::notify);
-            let mut notified = notify.as_deref().map(|n| Box::pin(n.notified()));
-            if let Some(n) = notified.as_mut() {
-                n.as_mut().enable();
+        let turn = wait_for_turn(&self.inner, &req.keys.channel, deadline, |_| async {
+            Ok(match self.attempt(req, &runtime).await? {
+                Attempt::Granted(guard) => Turn::Done(guard),
+                Attempt::Busy(retry_after) => Turn::Retry(retry_after),
+            })
+        })
+        .await?;
+        match turn {
+            Ok(guard) => {
+                tracing::debug!(lock = %req.keys.name, token = guard.fencing_token().get(), waited = ?started.elapsed(), "lock granted");
+                Ok(guard)
             }
-            let retry_after = match self.attempt(req, &runtime).await? {
-                Attempt::Granted(guard) => {
-                    tracing::debug!(lock = %req.keys.name, token = guard.fencing_token().get(), waited = ?started.elapsed(), "lock granted");
-                    return Ok(guard);
-                }
-                Attempt::Busy(retry_after) => retry_after,
-            };
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(if wait.is_zero() {
-                    LockError::Busy {
-                        key: req.keys.name.clone(),
-                        retry_after,
-                    }
-                } else {
-                    tracing::debug!(lock = %req.keys.name, ?wait, "lock wait timed out");
-                    LockError::Timeout {
-                        key: req.keys.name.clone(),
-                        waited: now - started,
-                    }
-                });
-            }
-            if subscription.is_none() {
-                // Subscribe, then retry at once: the lock may have been freed meanwhile.
-                tracing::trace!(lock = %req.keys.name, "waiting for release");
-                subscription = Some(
-                    self.inner
-                        .hub
-                        .subscribe(&req.keys.channel, deadline - now)
-                        .await,
-                );
-                continue;
-            }
-            let pause = self
-                .inner
-                .config
-                .backoff
-                .delay(retries)
-                .min(retry_after)
-                .min(deadline - now)
-                .max(Duration::from_millis(1));
-            retries += 1;
-            match notified {
-                Some(n) => {
-                    tokio::select! {
-                        _ = n => {}
-                        _ = tokio::time::sleep(pause) => {}
-                    }
-                }
-                None => tokio::time::sleep(pause).await,
+            Err(retry_after) if wait.is_zero() => Err(LockError::Busy {
+                key: req.keys.name.clone(),
+                retry_after,
+            }),
+            Err(_) => {
+                tracing::debug!(lock = %req.keys.name, ?wait, "lock wait timed out");
+                Err(LockError::Timeout {
+                    key: req.keys.name.clone(),
+                    waited: started.elapsed(),
+                })
             }
         }
     }

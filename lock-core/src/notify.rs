@@ -271,3 +271,72 @@ async fn next_message(conn: &mut Option<(PubSubSink, PubSubStream)>) -> Option<r
         None => std::future::pending().await,
     }
 }
+
+/// What one attempt of a waiter found.
+pub(crate) enum Turn<T> {
+    /// Finished: hand this to the caller.
+    Done(T),
+    /// Not yet; the state in Redis changes again within this long at the latest (a
+    /// holder's remaining lease, the earliest permit expiry, ...).
+    Retry(Duration),
+}
+
+/// The one waiting loop of the crate (locks, semaphores, idempotency keys).
+///
+/// Runs `attempt` until it is [`Turn::Done`] or `deadline` passes. After the first miss
+/// it subscribes to `channel` and tries again at once (the state may have changed before
+/// the subscription); after that it sleeps until a message on `channel` or a jittered
+/// backoff, never past the attempt's hint nor the deadline. The wake-up is armed before
+/// each attempt, so a message that arrives during it is not missed. `attempt` learns
+/// whether a subscription is active (a waiter woken by one message can pass the turn on
+/// with [`Hub::notify_local`]). Returns the last hint when the deadline passes.
+pub(crate) async fn wait_for_turn<T, F, Fut>(
+    inner: &crate::client::Inner,
+    channel: &str,
+    deadline: Instant,
+    mut attempt: F,
+) -> Result<Result<T, Duration>, crate::LockError>
+where
+    F: FnMut(bool) -> Fut,
+    Fut: std::future::Future<Output = Result<Turn<T>, crate::LockError>>,
+{
+    let mut subscription: Option<Subscription> = None;
+    let mut retries = 0u32;
+    loop {
+        let notify = subscription.as_ref().map(Subscription::notify);
+        let mut notified = notify.as_deref().map(|n| Box::pin(n.notified()));
+        if let Some(n) = notified.as_mut() {
+            n.as_mut().enable();
+        }
+        let hint = match attempt(subscription.is_some()).await? {
+            Turn::Done(t) => return Ok(Ok(t)),
+            Turn::Retry(hint) => hint,
+        };
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(Err(hint));
+        }
+        if subscription.is_none() {
+            tracing::trace!(channel, "waiting for a release message");
+            subscription = Some(inner.hub.subscribe(channel, deadline - now).await);
+            continue;
+        }
+        let pause = inner
+            .config
+            .backoff
+            .delay(retries)
+            .min(hint)
+            .min(deadline - now)
+            .max(Duration::from_millis(1));
+        retries = retries.saturating_add(1);
+        match notified {
+            Some(n) => {
+                tokio::select! {
+                    _ = n => {}
+                    _ = tokio::time::sleep(pause) => {}
+                }
+            }
+            None => tokio::time::sleep(pause).await,
+        }
+    }
+}

@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use crate::config::{MAX_LEASE, check_lease};
 use crate::key::LockName;
-use crate::notify::Subscription;
+use crate::notify::{Turn, wait_for_turn};
 use crate::{LockClient, LockError};
 
 /// What [`IdempotencyStore::begin`] found.
@@ -215,52 +215,23 @@ impl IdempotencyStore {
         let keys = Arc::new(keys);
         let started = Instant::now();
         let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
-        let mut subscription: Option<Subscription> = None;
-        let mut retries = 0u32;
-        loop {
-            // Armed before the attempt, so a completion during it is not missed.
-            let notify = subscription.as_ref().map(Subscription::notify);
-            let mut notified = notify.as_deref().map(|n| Box::pin(n.notified()));
-            if let Some(n) = notified.as_mut() {
-                n.as_mut().enable();
-            }
-            let retry_after = match self.attempt(&keys, fingerprint, lease, &runtime).await? {
-                Begin::InFlight { retry_after } => retry_after,
-                found => {
-                    if subscription.is_some() && !matches!(found, Begin::New(_)) {
-                        // One local waiter is woken per message: pass the turn on.
-                        inner.hub.notify_local(&keys.channel);
+        let (keys, runtime) = (&keys, &runtime);
+        let turn = wait_for_turn(inner, &keys.channel, deadline, |subscribed| async move {
+            Ok(
+                match self.attempt(keys, fingerprint, lease, runtime).await? {
+                    Begin::InFlight { retry_after } => Turn::Retry(retry_after),
+                    found => {
+                        if subscribed && !matches!(found, Begin::New(_)) {
+                            // One local waiter is woken per message: pass the turn on.
+                            inner.hub.notify_local(&keys.channel);
+                        }
+                        Turn::Done(found)
                     }
-                    return Ok(found);
-                }
-            };
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(Begin::InFlight { retry_after });
-            }
-            if subscription.is_none() {
-                // Subscribe, then look again at once: it may have finished meanwhile.
-                subscription = Some(inner.hub.subscribe(&keys.channel, deadline - now).await);
-                continue;
-            }
-            let pause = inner
-                .config
-                .backoff
-                .delay(retries)
-                .min(retry_after)
-                .min(deadline - now)
-                .max(Duration::from_millis(1));
-            retries = retries.saturating_add(1);
-            match notified {
-                Some(n) => {
-                    tokio::select! {
-                        _ = n => {}
-                        _ = tokio::time::sleep(pause) => {}
-                    }
-                }
-                None => tokio::time::sleep(pause).await,
-            }
-        }
+                },
+            )
+        })
+        .await?;
+        Ok(turn.unwrap_or_else(|retry_after| Begin::InFlight { retry_after }))
     }
 
     /// One claim attempt: `SET <record> "F<fingerprint> <owner>" NX PX <lease> GET`,

@@ -15,7 +15,7 @@ use crate::LockError;
 use crate::client::LockClient;
 use crate::config::{MAX_LEASE, check_lease};
 use crate::key::{self, LockName};
-use crate::notify::Subscription;
+use crate::notify::{Turn, wait_for_turn};
 use crate::scripts::SEMAPHORE_ACQUIRE;
 
 /// Most permits one [`Semaphore::acquire`] call may take (each is one member of the
@@ -283,62 +283,28 @@ impl Semaphore {
         let inner = &self.shared.client.inner;
         let started = Instant::now();
         let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
-        let mut subscription: Option<Subscription> = None;
-        let mut retries = 0u32;
-        loop {
-            // Armed before the attempt, so a release during it is not missed.
-            let notify = subscription.as_ref().map(Subscription::notify);
-            let mut notified = notify.as_deref().map(|n| Box::pin(n.notified()));
-            if let Some(n) = notified.as_mut() {
-                n.as_mut().enable();
+        let turn = wait_for_turn(inner, &self.shared.channel, deadline, |_| async {
+            Ok(match self.attempt(n, lease, &runtime).await? {
+                Attempt::Granted(permits) => Turn::Done(permits),
+                Attempt::Busy(retry_after) => Turn::Retry(retry_after),
+            })
+        })
+        .await?;
+        match turn {
+            Ok(permits) => {
+                tracing::debug!(semaphore = %self.name(), n, waited = ?started.elapsed(), "permits granted");
+                Ok(permits)
             }
-            let retry_after = match self.attempt(n, lease, &runtime).await? {
-                Attempt::Granted(permits) => {
-                    tracing::debug!(semaphore = %self.name(), n, waited = ?started.elapsed(), "permits granted");
-                    return Ok(permits);
-                }
-                Attempt::Busy(retry_after) => retry_after,
-            };
-            let now = Instant::now();
-            if now >= deadline {
-                let key = self.shared.name.clone();
-                return Err(if wait.is_zero() {
-                    LockError::Busy { key, retry_after }
-                } else {
-                    tracing::debug!(semaphore = %self.name(), ?wait, "semaphore wait timed out");
-                    LockError::Timeout {
-                        key,
-                        waited: now - started,
-                    }
-                });
-            }
-            if subscription.is_none() {
-                // Subscribe, then retry at once: permits may have come back meanwhile.
-                tracing::trace!(semaphore = %self.name(), "waiting for permits");
-                subscription = Some(
-                    inner
-                        .hub
-                        .subscribe(&self.shared.channel, deadline - now)
-                        .await,
-                );
-                continue;
-            }
-            let pause = inner
-                .config
-                .backoff
-                .delay(retries)
-                .min(retry_after)
-                .min(deadline - now)
-                .max(Duration::from_millis(1));
-            retries = retries.saturating_add(1);
-            match notified {
-                Some(n) => {
-                    tokio::select! {
-                        _ = n => {}
-                        _ = tokio::time::sleep(pause) => {}
-                    }
-                }
-                None => tokio::time::sleep(pause).await,
+            Err(retry_after) if wait.is_zero() => Err(LockError::Busy {
+                key: self.shared.name.clone(),
+                retry_after,
+            }),
+            Err(_) => {
+                tracing::debug!(semaphore = %self.name(), ?wait, "semaphore wait timed out");
+                Err(LockError::Timeout {
+                    key: self.shared.name.clone(),
+                    waited: started.elapsed(),
+                })
             }
         }
     }
