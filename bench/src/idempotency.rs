@@ -29,7 +29,7 @@ use lock_tower::idempotency::IdempotencyLayer;
 use redis::aio::ConnectionManager;
 
 use crate::measure::{
-    BoxError, Cycle, Sample, Timing, cycle, median, rate, round_order, rounds_list,
+    BoxError, Cycle, Timing, cycle, measure_rounds, median, median_rates, rounds_list,
 };
 
 /// Requests in flight at once.
@@ -171,24 +171,9 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<(), BoxErro
         ("replay_by_hand", requests(&client, hand, "replay", true)),
         ("replay_ours", requests(&client, ours, "replay", true)),
     ];
-    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); impls.len()];
-    for round in 0..rounds {
-        for i in round_order(impls.len(), round) {
-            let s = rate(
-                &mut probe,
-                &impls[i].1,
-                TASKS,
-                timing.warm(round),
-                timing.measure,
-            )
-            .await?;
-            samples[i].push(s);
-        }
-    }
-    let rates: Vec<f64> = samples
-        .iter()
-        .map(|s| median(s.iter().map(|s| s.cycles_per_s)))
-        .collect();
+    let cycles: Vec<Cycle> = impls.iter().map(|(_, c)| c.clone()).collect();
+    let samples = measure_rounds(&mut probe, &cycles, TASKS, timing, rounds).await?;
+    let rates = median_rates(&samples);
     for ((name, _), (s, r)) in impls.iter().zip(samples.iter().zip(&rates)) {
         println!("idempotency tasks={TASKS} {name}_requests_per_s {r:.0}");
         println!(

@@ -11,7 +11,7 @@ use lock_core::ids::{IdConfig, IdGenerator, IdMode};
 use redis::aio::ConnectionManager;
 
 use crate::measure::{
-    BoxError, Cycle, Sample, Timing, cycle, median, rate, round_order, rounds_list,
+    BoxError, Cycle, Timing, cycle, measure_rounds, median, median_rates, rounds_list,
 };
 
 /// Tasks taking ids at once.
@@ -40,24 +40,9 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<(), BoxErro
     )?;
     let impls: [(&str, Cycle); MEASUREMENTS] =
         [("per_id", next_ids(per_id)), ("segment", next_ids(segment))];
-    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); impls.len()];
-    for round in 0..rounds {
-        for i in round_order(impls.len(), round) {
-            let s = rate(
-                &mut probe,
-                &impls[i].1,
-                TASKS,
-                timing.warm(round),
-                timing.measure,
-            )
-            .await?;
-            samples[i].push(s);
-        }
-    }
-    let rates: Vec<f64> = samples
-        .iter()
-        .map(|s| median(s.iter().map(|s| s.cycles_per_s)))
-        .collect();
+    let cycles: Vec<Cycle> = impls.iter().map(|(_, c)| c.clone()).collect();
+    let samples = measure_rounds(&mut probe, &cycles, TASKS, timing, rounds).await?;
+    let rates = median_rates(&samples);
     for ((name, _), (s, r)) in impls.iter().zip(samples.iter().zip(&rates)) {
         println!("ids {name}_ids_per_s {r:.0}");
         println!(

@@ -7,9 +7,7 @@ use lock_core::{Lease, LockClient, LockError, LockOptions};
 use lock_macros::cache_lock;
 use redis::aio::ConnectionManager;
 
-use crate::measure::{
-    BoxError, Cycle, Sample, Timing, cycle, median, rate, round_order, rounds_list,
-};
+use crate::measure::{BoxError, Cycle, Timing, cycle, measure_rounds, median_rates, rounds_list};
 
 /// The body both versions run: trivial, so the lock's cost is what shows.
 fn work(id: u64) -> u64 {
@@ -58,24 +56,9 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<(), BoxErro
         }),
     ];
     for tasks in [1usize, 64] {
-        let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); impls.len()];
-        for round in 0..rounds {
-            for i in round_order(impls.len(), round) {
-                let s = rate(
-                    &mut probe,
-                    &impls[i].1,
-                    tasks,
-                    timing.warm(round),
-                    timing.measure,
-                )
-                .await?;
-                samples[i].push(s);
-            }
-        }
-        let rates: Vec<f64> = samples
-            .iter()
-            .map(|s| median(s.iter().map(|s| s.cycles_per_s)))
-            .collect();
+        let cycles: Vec<Cycle> = impls.iter().map(|(_, c)| c.clone()).collect();
+        let samples = measure_rounds(&mut probe, &cycles, tasks, timing, rounds).await?;
+        let rates = median_rates(&samples);
         for ((name, _), (s, r)) in impls.iter().zip(samples.iter().zip(&rates)) {
             println!("macro tasks={tasks} {name}_calls_per_s {r:.0}");
             println!(

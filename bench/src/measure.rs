@@ -182,6 +182,33 @@ pub async fn rate(
     })
 }
 
+/// Measures every cycle in `cycles` for `rounds` interleaved rounds (see
+/// [`round_order`]) at `tasks` concurrency; returns each cycle's samples, in order.
+pub async fn measure_rounds(
+    probe: &mut ConnectionManager,
+    cycles: &[Cycle],
+    tasks: usize,
+    timing: Timing,
+    rounds: usize,
+) -> Result<Vec<Vec<Sample>>, BoxError> {
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::with_capacity(rounds); cycles.len()];
+    for round in 0..rounds {
+        for i in round_order(cycles.len(), round) {
+            let s = rate(probe, &cycles[i], tasks, timing.warm(round), timing.measure).await?;
+            samples[i].push(s);
+        }
+    }
+    Ok(samples)
+}
+
+/// The median cycles per second of each cycle's samples.
+pub fn median_rates(samples: &[Vec<Sample>]) -> Vec<f64> {
+    samples
+        .iter()
+        .map(|s| median(s.iter().map(|s| s.cycles_per_s)))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

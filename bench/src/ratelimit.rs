@@ -5,7 +5,7 @@ use lock_core::{LockClient, RateLimit};
 use redis::aio::ConnectionManager;
 
 use crate::measure::{
-    BoxError, Cycle, Sample, Timing, cycle, median, rate, round_order, rounds_list,
+    BoxError, Cycle, Timing, cycle, measure_rounds, median, median_rates, rounds_list,
 };
 
 const TRIVIAL: &str = "#!lua\nreturn redis.call('EXISTS', KEYS[1])";
@@ -43,24 +43,9 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<(), BoxErro
         }),
     ];
     let tasks = 64;
-    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); impls.len()];
-    for round in 0..rounds {
-        for i in round_order(impls.len(), round) {
-            let s = rate(
-                &mut probe,
-                &impls[i].1,
-                tasks,
-                timing.warm(round),
-                timing.measure,
-            )
-            .await?;
-            samples[i].push(s);
-        }
-    }
-    let rates: Vec<f64> = samples
-        .iter()
-        .map(|s| median(s.iter().map(|s| s.cycles_per_s)))
-        .collect();
+    let cycles: Vec<Cycle> = impls.iter().map(|(_, c)| c.clone()).collect();
+    let samples = measure_rounds(&mut probe, &cycles, tasks, timing, rounds).await?;
+    let rates = median_rates(&samples);
     for ((name, _), (s, r)) in impls.iter().zip(samples.iter().zip(&rates)) {
         println!(
             "ratelimit tasks={tasks} {name}_cpu_us_per_decision redis {:.1} client {:.1}",

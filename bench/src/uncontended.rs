@@ -8,7 +8,7 @@ use lock_core::{Lease, LockClient, LockOptions};
 use redis::aio::ConnectionManager;
 
 use crate::measure::{
-    BoxError, Cycle, Sample, Timing, cycle, median, rate, round_order, rounds_list,
+    BoxError, Cycle, Timing, cycle, measure_rounds, median, median_rates, rounds_list,
 };
 
 /// Concurrencies measured: tasks running cycles at the same time.
@@ -161,17 +161,10 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<(), BoxErro
     let impls = impls(url, &conn).await?;
     let mut probe = conn.clone();
     for tasks in CONCURRENCIES {
-        let mut samples: Vec<Vec<Sample>> = vec![Vec::with_capacity(rounds); impls.len()];
-        for round in 0..rounds {
-            for i in round_order(impls.len(), round) {
-                let warm = timing.warm(round);
-                let s = rate(&mut probe, &impls[i].cycle, tasks, warm, timing.measure).await?;
-                samples[i].push(s);
-            }
-        }
-        let rates: [f64; 5] =
-            std::array::from_fn(|i| median(samples[i].iter().map(|s| s.cycles_per_s)));
-        for ((imp, s), rate) in impls.iter().zip(&samples).zip(rates) {
+        let cycles: Vec<Cycle> = impls.iter().map(|imp| imp.cycle.clone()).collect();
+        let samples = measure_rounds(&mut probe, &cycles, tasks, timing, rounds).await?;
+        let rates = median_rates(&samples);
+        for ((imp, s), rate) in impls.iter().zip(&samples).zip(rates.iter().copied()) {
             println!(
                 "uncontended tasks={tasks} {}_cpu_us_per_cycle redis {:.1} client {:.1}",
                 imp.name,
