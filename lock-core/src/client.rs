@@ -98,20 +98,31 @@ impl LockClient {
     pub async fn from_client(client: redis::Client, config: LockConfig) -> Result<Self, LockError> {
         config.validate()?;
         let t = config.command_timeout;
-        let manager_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(t))
-            .set_response_timeout(Some(t))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_secs(1));
         let manager = tokio::time::timeout(
             t,
-            ConnectionManager::new_with_config(client.clone(), manager_config),
+            ConnectionManager::new_with_config(client.clone(), manager_config(t, 2)),
         )
         .await
         .map_err(|_| LockError::RedisTimeout {
             op: "connect",
             after: t,
         })??;
+        Self::from_connection(manager, Some(client), config)
+    }
+
+    /// Like [`open_with_config`](Self::open_with_config), but connects on first use and
+    /// fails fast: a server that is down now is not an error here, and while it is down
+    /// each call fails after one connection attempt (no reconnect retries inside the
+    /// call), so a dead node costs a refused connection, not the command timeout.
+    /// [`Redlock::open`](crate::Redlock::open) uses it, so that a Redlock starts with a
+    /// minority of its nodes down and does not wait on them. Needs a tokio runtime.
+    pub fn open_lazy<T: IntoConnectionInfo>(url: T, config: LockConfig) -> Result<Self, LockError> {
+        config.validate()?;
+        let client = redis::Client::open(url)?;
+        let manager = ConnectionManager::new_lazy_with_config(
+            client.clone(),
+            manager_config(config.command_timeout, 0),
+        )?;
         Self::from_connection(manager, Some(client), config)
     }
 
@@ -124,11 +135,94 @@ impl LockClient {
         config: LockConfig,
     ) -> Result<Self, LockError> {
         config.validate()?;
+        let conn = Conn::single(manager, config.command_timeout);
+        Self::build(conn, pubsub.into_iter().collect(), config)
+    }
+
+    /// Connects to a Redis Cluster through any of its `nodes` (seed addresses; the
+    /// others are discovered), with `config`.
+    ///
+    /// Behavior on a cluster:
+    /// - Every key of one lock shares one hash tag, so each script runs on the master
+    ///   of that slot; MOVED/ASK redirections and failovers are followed by the
+    ///   cluster connection (redis-rs `cluster-async`).
+    /// - Waiters are woken by the release message, published cluster-wide: the pub/sub
+    ///   connection goes to one seed node and moves to the next when that one fails.
+    /// - The watchdog renews held locks with one script call per hash slot, in
+    ///   parallel.
+    /// - Replication is asynchronous: when a master fails over, a lock granted on it
+    ///   just before may be missing on the promoted replica, and another owner can take
+    ///   it. The first holder learns it at its next renewal ([`LockGuard::lost`]
+    ///   resolves) and its release answers [`LockError::NotOwner`] or
+    ///   [`LockError::Expired`]. Where that window matters, fence the writes, or use
+    ///   [`Redlock`](crate::Redlock) over independent masters.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_core::LockError> {
+    /// use lock_core::{LockClient, LockConfig};
+    ///
+    /// let client = LockClient::open_cluster(
+    ///     ["redis://10.0.0.1:7000/", "redis://10.0.0.2:7000/"],
+    ///     LockConfig::new(),
+    /// )
+    /// .await?;
+    /// let guard = client.lock(("order", 42_u64)).await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn open_cluster<I>(nodes: I, config: LockConfig) -> Result<Self, LockError>
+    where
+        I: IntoIterator,
+        I::Item: IntoConnectionInfo,
+    {
+        config.validate()?;
+        let infos = nodes
+            .into_iter()
+            .map(IntoConnectionInfo::into_connection_info)
+            .collect::<Result<Vec<_>, _>>()?;
+        if infos.is_empty() {
+            return Err(LockError::InvalidConfig(
+                "open_cluster needs at least one node address".into(),
+            ));
+        }
+        let t = config.command_timeout;
+        let cluster = redis::cluster::ClusterClientBuilder::new(infos.clone())
+            .connection_timeout(t)
+            .response_timeout(t)
+            .retries(3)
+            .build()?;
+        let conn = tokio::time::timeout(t, cluster.get_async_connection())
+            .await
+            .map_err(|_| LockError::RedisTimeout {
+                op: "connect",
+                after: t,
+            })??;
+        let pubsub = infos
+            .into_iter()
+            .map(redis::Client::open)
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::from_cluster_connection(conn, pubsub, config)
+    }
+
+    /// Builds on the user's own cluster connection. `pubsub` lists nodes of that
+    /// cluster for the waiters' pub/sub connection (tried in turn); empty means local
+    /// wake-ups and backoff only.
+    pub fn from_cluster_connection(
+        conn: redis::cluster_async::ClusterConnection,
+        pubsub: Vec<redis::Client>,
+        config: LockConfig,
+    ) -> Result<Self, LockError> {
+        config.validate()?;
+        let conn = Conn::cluster(conn, config.command_timeout);
+        Self::build(conn, pubsub, config)
+    }
+
+    fn build(conn: Conn, pubsub: Vec<redis::Client>, config: LockConfig) -> Result<Self, LockError> {
         let id = ClientId::random()?;
         let id_hex = id.to_hex();
         Ok(Self {
             inner: Arc::new(Inner {
-                conn: Conn::new(manager, config.command_timeout),
+                conn,
                 hub: Hub::new(pubsub, id_hex.clone(), config.command_timeout),
                 config,
                 id,
@@ -349,6 +443,16 @@ impl LockClient {
             .arg(&self.inner.id_hex);
         self.inner.conn.invoke("release", &inv).await
     }
+}
+
+/// Reconnection settings of the single-node connection, bounded by the command timeout;
+/// `retries`: reconnection attempts inside one call after the first fails.
+fn manager_config(t: Duration, retries: usize) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(t))
+        .set_response_timeout(Some(t))
+        .set_number_of_retries(retries)
+        .set_max_delay(Duration::from_secs(1))
 }
 
 /// Undoes an acquisition whose outcome is unknown (error, timeout, or the future was

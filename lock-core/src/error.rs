@@ -61,6 +61,33 @@ pub enum LockError {
     /// the generator may wait, lies outside the id's 31-bit seconds range, or the day's
     /// 32-bit sequence is used up. The text says which, and what to do.
     IdsUnavailable(String),
+    /// [`Redlock`](crate::Redlock): fewer nodes than the quorum agreed (they were down,
+    /// slow, or answered with errors), so the operation did not take effect.
+    NoQuorum {
+        /// The lock's name (escaped).
+        key: String,
+        /// What was attempted: `acquire`, `extend`, `reenter` or `release`.
+        op: &'static str,
+        /// Nodes that agreed.
+        granted: usize,
+        /// Nodes that must agree (N/2 + 1).
+        needed: usize,
+        /// Nodes in the Redlock.
+        nodes: usize,
+        /// What one of the failing nodes said, if any failed with an error.
+        cause: Option<String>,
+    },
+    /// [`Redlock`](crate::Redlock): a quorum granted the lock, but asking it took so
+    /// long that nothing of the lease was left (validity = lease - elapsed - drift), so
+    /// the grant was given back.
+    ValidityExhausted {
+        /// The lock's name (escaped).
+        key: String,
+        /// Time from before the first request to the last answer.
+        elapsed: Duration,
+        /// The lease asked for.
+        lease: Duration,
+    },
 }
 
 impl LockError {
@@ -90,12 +117,24 @@ impl LockError {
         self.is_expired() || self.is_not_owner()
     }
 
-    /// Redis was unreachable, timed out, or answered with an error or an unexpected reply.
+    /// Redis was unreachable, timed out, or answered with an error or an unexpected
+    /// reply; for a [`Redlock`](crate::Redlock), too few nodes answered
+    /// ([`is_no_quorum`](Self::is_no_quorum)).
     pub fn is_redis(&self) -> bool {
         matches!(
             self,
-            Self::Redis(_) | Self::RedisTimeout { .. } | Self::UnexpectedReply(_)
+            Self::Redis(_)
+                | Self::RedisTimeout { .. }
+                | Self::UnexpectedReply(_)
+                | Self::NoQuorum { .. }
+                | Self::ValidityExhausted { .. }
         )
+    }
+
+    /// A [`Redlock`](crate::Redlock) operation failed for want of a quorum, or its grant
+    /// came too late to leave any validity.
+    pub fn is_no_quorum(&self) -> bool {
+        matches!(self, Self::NoQuorum { .. } | Self::ValidityExhausted { .. })
     }
 
     /// An order id could not be issued: clock stepped back too far, or sequence used up.
@@ -140,6 +179,35 @@ impl fmt::Display for LockError {
             Self::Redis(e) => write!(f, "redis error: {e}"),
             Self::UnexpectedReply(what) => write!(f, "unexpected reply from redis: {what}"),
             Self::IdsUnavailable(why) => write!(f, "order ids unavailable: {why}"),
+            Self::NoQuorum {
+                key,
+                op,
+                granted,
+                needed,
+                nodes,
+                cause,
+            } => {
+                write!(
+                    f,
+                    "redlock {op} of `{key}` failed: {granted} of {nodes} nodes agreed, \
+                     {needed} needed; check that a majority of the Redis masters is up \
+                     and answers within the per-node timeout"
+                )?;
+                match cause {
+                    Some(cause) => write!(f, " (a failing node said: {cause})"),
+                    None => Ok(()),
+                }
+            }
+            Self::ValidityExhausted {
+                key,
+                elapsed,
+                lease,
+            } => write!(
+                f,
+                "redlock acquire of `{key}` took {elapsed:?}, which used up its {lease:?} \
+                 lease, so the grant was given back; use a longer lease or a shorter \
+                 per-node timeout"
+            ),
         }
     }
 }

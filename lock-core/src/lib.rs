@@ -78,6 +78,7 @@ pub mod __private {
 }
 mod private;
 mod rate;
+mod redlock;
 mod scripts;
 mod semaphore;
 mod watchdog;
@@ -94,4 +95,5 @@ pub use key::{KeyPart, LockKeys, LockName};
 pub use owner::{ClientId, LockScope};
 pub use rate::{Decision, LimitRule, RateLimit, RateLimiter, RuleDecision, RuleLimiter};
 pub use scripts::SOURCES as SCRIPT_SOURCES;
+pub use redlock::{DEFAULT_NODE_TIMEOUT, Redlock, RedlockGuard};
 pub use semaphore::{MAX_PERMITS_PER_ACQUIRE, Permits, Semaphore, SemaphoreOptions};

@@ -30,7 +30,7 @@ pub(crate) struct Hub {
     waiters: Waiters,
     commands: mpsc::UnboundedSender<Command>,
     /// The actor's receiving end until the actor starts (lazily, on first subscribe).
-    start: Mutex<Option<(redis::Client, mpsc::UnboundedReceiver<Command>)>>,
+    start: Mutex<Option<(Vec<redis::Client>, mpsc::UnboundedReceiver<Command>)>>,
     own_id: String,
     timeout: Duration,
 }
@@ -78,14 +78,15 @@ impl Drop for Subscription {
 }
 
 impl Hub {
-    /// `pubsub`: where to open the pub/sub connection; `None` means local wake-ups and
-    /// backoff only (the user gave us a bare connection).
-    pub(crate) fn new(pubsub: Option<redis::Client>, own_id: String, timeout: Duration) -> Self {
+    /// `pubsub`: where to open the pub/sub connection, tried in turn (the nodes of a
+    /// cluster, where release messages are published cluster-wide); empty means local
+    /// wake-ups and backoff only (the user gave us a bare connection).
+    pub(crate) fn new(pubsub: Vec<redis::Client>, own_id: String, timeout: Duration) -> Self {
         let (commands, rx) = mpsc::unbounded_channel();
         Self {
             waiters: Waiters::default(),
             commands,
-            start: Mutex::new(pubsub.map(|c| (c, rx))),
+            start: Mutex::new((!pubsub.is_empty()).then_some((pubsub, rx))),
             own_id,
             timeout,
         }
@@ -108,9 +109,10 @@ impl Hub {
             waiters: self.waiters.clone(),
             commands: self.commands.clone(),
         };
-        if let Some((client, rx)) = lock(&self.start).take() {
+        if let Some((clients, rx)) = lock(&self.start).take() {
             let actor = Actor {
-                client,
+                clients,
+                next_client: 0,
                 waiters: self.waiters.clone(),
                 own_id: self.own_id.clone(),
                 timeout: self.timeout,
@@ -140,7 +142,9 @@ impl Hub {
 }
 
 struct Actor {
-    client: redis::Client,
+    /// Where the pub/sub connection may go; `next_client` is tried next.
+    clients: Vec<redis::Client>,
+    next_client: usize,
     waiters: Waiters,
     own_id: String,
     timeout: Duration,
@@ -221,7 +225,8 @@ impl Actor {
     }
 
     async fn connect(&mut self) {
-        let opened = tokio::time::timeout(self.timeout, self.client.get_async_pubsub()).await;
+        let client = &self.clients[self.next_client % self.clients.len()];
+        let opened = tokio::time::timeout(self.timeout, client.get_async_pubsub()).await;
         let (mut sink, stream) = match opened {
             Ok(Ok(pubsub)) => pubsub.split(),
             Ok(Err(e)) => return self.failed(&e.to_string()),
@@ -244,6 +249,8 @@ impl Actor {
     }
 
     fn failed(&mut self, why: &str) {
+        // Another node next time (a cluster's nodes all carry the release messages).
+        self.next_client = (self.next_client + 1) % self.clients.len();
         tracing::warn!(
             reason = why,
             "lock pub/sub connection failed; waiters fall back to backoff"

@@ -102,17 +102,40 @@ async fn tick(inner: &Arc<Inner>) -> Option<Instant> {
             }
         }
     }
-    for batch in due.chunks(MAX_BATCH) {
-        let retry = renew(inner, batch, period).await;
-        if let Some(at) = retry {
-            earliest(at);
-        }
+    let batches = batches(&due, inner.conn.is_cluster());
+    let renewals = batches.iter().map(|b| renew(inner, b, period));
+    for at in futures_util::future::join_all(renewals).await.into_iter().flatten() {
+        earliest(at);
     }
     if !due.is_empty() {
         // Renewed locks have new due times: compute them in the next pass.
         earliest(Instant::now());
     }
     next
+}
+
+/// Splits the due locks into script calls of at most [`MAX_BATCH`] keys; on a cluster,
+/// one call per hash slot (a script's keys must share a slot), run in parallel.
+fn batches(due: &[Arc<Held>], cluster: bool) -> Vec<Vec<Arc<Held>>> {
+    if !cluster {
+        return due.chunks(MAX_BATCH).map(<[_]>::to_vec).collect();
+    }
+    let mut by_slot: std::collections::BTreeMap<u16, Vec<Arc<Held>>> = Default::default();
+    for held in due {
+        by_slot
+            .entry(crate::key::cluster_slot(&held.keys.hash))
+            .or_default()
+            .push(held.clone());
+    }
+    by_slot
+        .into_values()
+        .flat_map(|locks| {
+            locks
+                .chunks(MAX_BATCH)
+                .map(<[_]>::to_vec)
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 /// Renews one batch; on a Redis failure returns when to retry.

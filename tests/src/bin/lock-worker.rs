@@ -7,6 +7,11 @@
 //! `lock-worker hold URL KEY LEASE_MS`
 //!   Takes KEY under the watchdog (lease LEASE_MS), prints `token <n>`, waits for a line
 //!   on stdin, then prints `report held=<bool> lost=<bool> write=<..> release=<..>`.
+//! `lock-worker redlock-count DATA_URL LOCK_URLS TASKS ITERS KEYS SLEEP_US`
+//!   As `count`, with a `Redlock` over the comma-separated LOCK_URLS (watchdog lease
+//!   2 s, per-node timeout 300 ms) and the counters on DATA_URL. Acquisitions that fail
+//!   for want of a quorum are retried; prints `done <per key...> failed <n>` where
+//!   `failed` counts acquire errors (the critical section did not run then).
 //! `lock-worker rate URL KEY RATE_PER_S BURST MILLIS`
 //!   Checks KEY against a GCRA limit as fast as it can for MILLIS ms; prints
 //!   `admitted <n> refused <m>`.
@@ -24,6 +29,7 @@ async fn main() {
         Some("count") => count(&args[1..]).await,
         Some("hold") => hold(&args[1..]).await,
         Some("rate") => rate(&args[1..]).await,
+        Some("redlock-count") => redlock_count(&args[1..]).await,
         _ => Err("usage: lock-worker count|hold ...".into()),
     };
     if let Err(e) = result {
@@ -142,5 +148,66 @@ async fn rate(args: &[String]) -> Res {
         }
     }
     println!("admitted {admitted} refused {refused}");
+    Ok(())
+}
+
+async fn redlock_count(args: &[String]) -> Res {
+    let data_url: String = arg(args, 0)?;
+    let lock_urls: String = arg(args, 1)?;
+    let (tasks, iters, keys, sleep_us): (usize, usize, usize, u64) =
+        (arg(args, 2)?, arg(args, 3)?, arg(args, 4)?, arg(args, 5)?);
+    let config = LockConfig::new()
+        .with_wait(Duration::from_secs(60))
+        .with_watchdog_lease(Duration::from_secs(2))
+        .with_command_timeout(Duration::from_secs(1));
+    let redlock = lock_core::Redlock::open(lock_urls.split(','), config)?
+        .with_node_timeout(Duration::from_millis(300))?;
+    let redis = redis::Client::open(data_url.as_str())?;
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let redlock = redlock.clone();
+        let mut conn = redis.get_multiplexed_async_connection().await?;
+        handles.push(tokio::spawn(async move {
+            let mut per_key = vec![0u64; keys];
+            let mut failed = 0u64;
+            let mut i = 0;
+            while i < iters {
+                let k = (t + i) % keys;
+                let guard = match redlock.acquire(("counter", k), LockOptions::new()).await {
+                    Ok(g) => g,
+                    Err(e) if e.is_no_quorum() => {
+                        // Nodes being killed under us: try the same iteration again.
+                        failed += 1;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                let counter = format!("counter:{k}");
+                let v: Option<u64> = conn.get(&counter).await.map_err(LockError::from)?;
+                tokio::time::sleep(Duration::from_micros(sleep_us)).await;
+                let _: () = conn
+                    .set(&counter, v.unwrap_or(0) + 1)
+                    .await
+                    .map_err(LockError::from)?;
+                // A release that misses the quorum leaves copies to their lease; the
+                // counter was written under the lock either way.
+                let _ = guard.release().await;
+                per_key[k] += 1;
+                i += 1;
+            }
+            Ok::<_, LockError>((per_key, failed))
+        }));
+    }
+    let mut totals = vec![0u64; keys];
+    let mut failed = 0;
+    for h in handles {
+        let (per_key, f) = h.await??;
+        failed += f;
+        for (k, n) in per_key.into_iter().enumerate() {
+            totals[k] += n;
+        }
+    }
+    let line: Vec<String> = totals.iter().map(u64::to_string).collect();
+    println!("done {} failed {failed}", line.join(" "));
     Ok(())
 }

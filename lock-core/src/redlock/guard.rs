@@ -1,0 +1,294 @@
+//! `RedlockGuard`: a lock held on a quorum of independent masters.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use futures_util::future::join_all;
+use futures_util::stream::FuturesUnordered;
+
+use crate::{FencingToken, LockError, LockGuard, Released};
+
+/// A lock held on a quorum of a [`Redlock`](crate::Redlock)'s nodes.
+///
+/// The same API as [`LockGuard`], with quorum rules:
+/// - [`release`](Self::release) gives back every copy in parallel; the result is that
+///   of a quorum of nodes ([`Released::Unlocked`], [`Released::StillHeld`],
+///   [`LockError::Expired`] / [`LockError::NotOwner`]), else
+///   [`LockError::NoQuorum`]. Dropping the guard releases every copy in the
+///   background.
+/// - [`lost`](Self::lost) resolves, and [`is_held`](Self::is_held) turns false, once
+///   more than N - quorum copies are lost (renewal refused or failed until the lease
+///   ran out, or the fixed lease passed).
+/// - [`valid_for`](Self::valid_for) is the time the quorum's copies are known to last,
+///   less the clock drift allowance.
+/// - [`fencing_token`](Self::fencing_token) is only the designated (first) node's token;
+///   see [`Redlock`](crate::Redlock) for why no cross-node token is offered.
+#[must_use = "dropping a RedlockGuard releases the lock at once"]
+pub struct RedlockGuard {
+    name: String,
+    /// One slot per node, in node order: the copy this guard holds there, if any.
+    nodes: Vec<Option<LockGuard>>,
+    quorum: usize,
+    drift: Duration,
+    node_timeout: Duration,
+}
+
+impl std::fmt::Debug for RedlockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedlockGuard")
+            .field("lock", &self.name)
+            .field("copies", &self.copies())
+            .field("quorum", &self.quorum)
+            .field("held", &self.is_held())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedlockGuard {
+    pub(super) fn new(
+        name: String,
+        nodes: Vec<Option<LockGuard>>,
+        quorum: usize,
+        drift: Duration,
+        node_timeout: Duration,
+    ) -> Self {
+        Self {
+            name,
+            nodes,
+            quorum,
+            drift,
+            node_timeout,
+        }
+    }
+
+    /// The lock's name as stored (parts escaped and joined).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The owner id this guard holds the lock as, on every node.
+    pub fn owner(&self) -> &str {
+        self.nodes
+            .iter()
+            .flatten()
+            .next()
+            .map_or("", LockGuard::owner)
+    }
+
+    /// Nodes on which this guard holds a copy that is not known to be lost.
+    pub fn copies(&self) -> usize {
+        self.nodes.iter().flatten().filter(|g| g.is_held()).count()
+    }
+
+    /// Which nodes (by index) granted this guard a copy at acquisition.
+    pub fn granted_nodes(&self) -> Vec<usize> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, g)| g.as_ref().map(|_| i))
+            .collect()
+    }
+
+    /// The fencing token of the designated node (the first), if it granted this lock.
+    /// Tokens of different nodes are unrelated; never compare them.
+    pub fn fencing_token(&self) -> Option<FencingToken> {
+        self.nodes
+            .first()
+            .and_then(Option::as_ref)
+            .map(LockGuard::fencing_token)
+    }
+
+    /// True while a quorum of copies is known to be in force.
+    pub fn is_held(&self) -> bool {
+        !self.valid_for().is_zero()
+    }
+
+    /// How long a quorum of copies is known to last from now, less the drift allowance
+    /// (zero once fewer than a quorum are held).
+    pub fn valid_for(&self) -> Duration {
+        let mut left: Vec<Duration> = self
+            .nodes
+            .iter()
+            .flatten()
+            .map(LockGuard::valid_for)
+            .collect();
+        if left.len() < self.quorum {
+            return Duration::ZERO;
+        }
+        // Each copy's lease was measured from before its request; the quorum lasts as
+        // long as its quorum-th longest copy.
+        left.sort_unstable_by(|a, b| b.cmp(a));
+        left[self.quorum - 1].saturating_sub(self.drift)
+    }
+
+    /// Resolves once more than N - quorum copies are lost. Never resolves while a
+    /// quorum holds, so race it against the critical section.
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        let tolerated = self.nodes.len().saturating_sub(self.quorum);
+        let missing = self.nodes.iter().filter(|g| g.is_none()).count();
+        let mut copies: FuturesUnordered<_> =
+            self.nodes.iter().flatten().map(LockGuard::lost).collect();
+        async move {
+            let mut lost = missing;
+            while lost <= tolerated {
+                match copies.next().await {
+                    Some(()) => lost += 1,
+                    // Every copy lost (cannot be reached while `lost <= tolerated` unless
+                    // the guard held fewer copies than the quorum).
+                    None => return,
+                }
+            }
+        }
+    }
+
+    /// Gives back every copy; the answer of a quorum decides the result.
+    pub async fn release(mut self) -> Result<Released, LockError> {
+        let timeout = self.node_timeout;
+        let guards: Vec<LockGuard> = self.nodes.iter_mut().filter_map(Option::take).collect();
+        let answers = join_all(
+            guards
+                .into_iter()
+                .map(|g| tokio::time::timeout(timeout, g.release())),
+        )
+        .await;
+        let mut unlocked = 0;
+        let mut still: Vec<u32> = Vec::new();
+        let mut expired = 0;
+        let mut taken = 0;
+        let mut cause = None;
+        for (i, answer) in answers.into_iter().enumerate() {
+            match answer {
+                Ok(Ok(Released::StillHeld { holds_left })) => still.push(holds_left),
+                Ok(Ok(_)) => unlocked += 1,
+                Ok(Err(e)) if e.is_not_owner() => taken += 1,
+                Ok(Err(e)) if e.is_expired() => expired += 1,
+                Ok(Err(e)) => {
+                    cause.get_or_insert_with(|| format!("copy {i}: {e}"));
+                }
+                Err(_) => {
+                    cause.get_or_insert_with(|| format!("copy {i}: no answer within {timeout:?}"));
+                }
+            }
+        }
+        let q = self.quorum;
+        let key = || self.name.clone();
+        if still.len() >= q {
+            let holds_left = still.iter().copied().min().unwrap_or(1);
+            return Ok(Released::StillHeld { holds_left });
+        }
+        if unlocked + still.len() >= q {
+            return Ok(Released::Unlocked);
+        }
+        if unlocked + still.len() + expired + taken >= q && expired + taken > 0 {
+            return Err(if taken > 0 {
+                LockError::NotOwner { key: key() }
+            } else {
+                LockError::Expired { key: key() }
+            });
+        }
+        Err(LockError::NoQuorum {
+            key: key(),
+            op: "release",
+            granted: unlocked + still.len(),
+            needed: q,
+            nodes: self.nodes.len(),
+            cause,
+        })
+    }
+
+    /// Sets the lease of every copy to `lease` from now; needs a quorum.
+    pub async fn extend(&self, lease: Duration) -> Result<(), LockError> {
+        let start = Instant::now();
+        let timeout = self.node_timeout;
+        let answers = join_all(
+            self.nodes
+                .iter()
+                .flatten()
+                .map(|g| tokio::time::timeout(timeout, g.extend(lease))),
+        )
+        .await;
+        let mut ok = 0;
+        let mut cause = None;
+        for answer in answers {
+            match answer {
+                Ok(Ok(())) => ok += 1,
+                Ok(Err(e)) => {
+                    cause.get_or_insert_with(|| e.to_string());
+                }
+                Err(_) => {
+                    cause.get_or_insert_with(|| format!("no answer within {timeout:?}"));
+                }
+            }
+        }
+        let elapsed = start.elapsed();
+        let drift = super::drift(lease);
+        if ok >= self.quorum && elapsed + drift < lease {
+            return Ok(());
+        }
+        Err(LockError::NoQuorum {
+            key: self.name.clone(),
+            op: "extend",
+            granted: ok,
+            needed: self.quorum,
+            nodes: self.nodes.len(),
+            cause,
+        })
+    }
+
+    /// Takes the same lock again as the same owner on every node that holds a copy (a
+    /// re-entered hold; no waiting); needs a quorum.
+    pub async fn reenter(&self) -> Result<RedlockGuard, LockError> {
+        let timeout = self.node_timeout;
+        let answers = join_all(self.nodes.iter().map(|g| async move {
+            match g {
+                Some(g) => Some(tokio::time::timeout(timeout, g.reenter()).await),
+                None => None,
+            }
+        }))
+        .await;
+        let mut cause = None;
+        let nodes: Vec<Option<LockGuard>> = answers
+            .into_iter()
+            .map(|a| match a {
+                Some(Ok(Ok(g))) => Some(g),
+                Some(Ok(Err(e))) => {
+                    cause.get_or_insert_with(|| e.to_string());
+                    None
+                }
+                Some(Err(_)) => {
+                    cause.get_or_insert_with(|| format!("no answer within {timeout:?}"));
+                    None
+                }
+                None => None,
+            })
+            .collect();
+        let granted = nodes.iter().flatten().count();
+        if granted < self.quorum {
+            // Dropping the copies we got gives them back.
+            return Err(LockError::NoQuorum {
+                key: self.name.clone(),
+                op: "reenter",
+                granted,
+                needed: self.quorum,
+                nodes: nodes.len(),
+                cause,
+            });
+        }
+        Ok(RedlockGuard {
+            name: self.name.clone(),
+            nodes,
+            quorum: self.quorum,
+            drift: self.drift,
+            node_timeout: self.node_timeout,
+        })
+    }
+
+    /// Lets every copy run out on its own (no release, no renewal): an anti-resubmit
+    /// window, as [`LockGuard::hold_until_expiry`].
+    pub fn hold_until_expiry(mut self) {
+        for guard in self.nodes.iter_mut().filter_map(Option::take) {
+            guard.hold_until_expiry();
+        }
+    }
+}

@@ -1,0 +1,469 @@
+//! `Redlock`: one lock over N independent Redis masters, granted by a majority.
+//!
+//! Each node is an ordinary [`LockClient`], so every node runs the same scripts as a
+//! single-node lock (reentrant hash, lease, release message) and keeps its own
+//! watchdog; this module adds the quorum on top: parallel fan-out with a per-node
+//! timeout, the validity computation, and the aggregate lost signal.
+
+mod guard;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use redis::IntoConnectionInfo;
+
+pub use guard::RedlockGuard;
+
+use crate::client::Request;
+use crate::config::{LockConfig, LockOptions, check_lease};
+use crate::key::{self, LockKeys, LockName};
+use crate::notify::Subscription;
+use crate::owner::{ClientId, LockScope};
+use crate::{Lease, LockClient, LockError, LockGuard};
+
+/// The default per-node time limit of one Redlock request.
+pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// A lock over N independent Redis masters (the Redlock algorithm), with the same
+/// guard API as [`LockClient`]: reentrancy per [`LockScope`], fixed or
+/// watchdog-renewed leases, [`RedlockGuard::lost`], and distinct release results.
+///
+/// Behavior:
+/// - **Acquire** asks every node in parallel, each within the per-node timeout
+///   ([`with_node_timeout`](Self::with_node_timeout), default 200 ms; keep it small
+///   against the lease). It is granted when a quorum of N/2 + 1 nodes granted and some
+///   validity is left: validity = lease - elapsed - drift, drift = lease x 0.01 + 2 ms,
+///   elapsed measured on the monotonic clock from before the first request to the last
+///   answer. Otherwise every node that granted is released at once (the nodes that did
+///   not answer in time release in the background), and the attempt is retried with
+///   jittered backoff inside the wait budget; waiters also wake on the release message
+///   of a node that answered.
+/// - **Errors** say how many nodes agreed and how many were needed
+///   ([`LockError::NoQuorum`]); a quorum granted too late gives
+///   [`LockError::ValidityExhausted`]; a lock held by another owner gives
+///   [`LockError::Busy`] / [`LockError::Timeout`] as on one node.
+/// - **Renewal**: each node's watchdog renews its copy; the lock counts as lost (and
+///   [`RedlockGuard::lost`] resolves) as soon as more than N - quorum copies are lost.
+///   [`RedlockGuard::extend`] and [`RedlockGuard::release`] need a quorum too.
+/// - **Fencing tokens are not promised across nodes**: each node has its own counter,
+///   and the nodes of two successive grants may differ, so no combination of them is
+///   guaranteed to grow. [`RedlockGuard::fencing_token`] is the token of one designated
+///   node (the first), present only when that node granted: sound as long as that node
+///   never loses its counter (persistence with `appendfsync always`), and a grant
+///   without it has no token to write with.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lock_core::LockError> {
+/// use lock_core::{LockConfig, Redlock};
+///
+/// let redlock = Redlock::open(
+///     [
+///         "redis://10.0.0.1:6379/",
+///         "redis://10.0.0.2:6379/",
+///         "redis://10.0.0.3:6379/",
+///         "redis://10.0.0.4:6379/",
+///         "redis://10.0.0.5:6379/",
+///     ],
+///     LockConfig::new(),
+/// )?;
+/// let guard = redlock.lock(("order", 42_u64)).await?; // 3 of 5 must grant
+/// tokio::select! {
+///     _ = guard.lost() => { /* a majority of the copies is gone: stop */ }
+///     _ = async { /* the critical section */ } => {}
+/// }
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Redlock {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    nodes: Vec<LockClient>,
+    config: LockConfig,
+    id_hex: String,
+    node_timeout: Duration,
+}
+
+impl std::fmt::Debug for Redlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Redlock")
+            .field("nodes", &self.inner.nodes.len())
+            .field("quorum", &self.quorum())
+            .field("node_timeout", &self.inner.node_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the nodes answered to one acquire attempt.
+struct Round {
+    guards: Vec<Option<LockGuard>>,
+    granted: usize,
+    /// Nodes that answered "held by another owner", and the shortest remaining lease.
+    busy: usize,
+    retry_after: Option<Duration>,
+    /// A node that answered (for the release subscription).
+    answered: Option<usize>,
+    cause: Option<String>,
+    elapsed: Duration,
+}
+
+impl Redlock {
+    /// A Redlock over `nodes`, one [`LockClient`] per independent master. Lease, wait
+    /// budget, backoff and namespace come from the first node's [`LockConfig`]; give
+    /// every node the same config (each node's watchdog renews on its own period).
+    pub fn new(nodes: Vec<LockClient>) -> Result<Self, LockError> {
+        let Some(first) = nodes.first() else {
+            return Err(LockError::InvalidConfig(
+                "a Redlock needs at least one node (3 or 5 independent masters are usual)"
+                    .into(),
+            ));
+        };
+        let config = first.config().clone();
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                nodes,
+                id_hex: ClientId::random()?.to_hex(),
+                node_timeout: DEFAULT_NODE_TIMEOUT,
+            }),
+        })
+    }
+
+    /// Opens one [`LockClient`] per URL with `config` (lazily: a node that is down now
+    /// is tried again on every call) and builds the Redlock over them.
+    pub fn open<I>(urls: I, config: LockConfig) -> Result<Self, LockError>
+    where
+        I: IntoIterator,
+        I::Item: IntoConnectionInfo,
+    {
+        let nodes = urls
+            .into_iter()
+            .map(|url| LockClient::open_lazy(url, config.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::new(nodes)
+    }
+
+    /// Sets the time limit of each node's answer (default 200 ms). It bounds how long
+    /// a dead or paused node can delay an acquisition, and it eats into the validity.
+    pub fn with_node_timeout(mut self, timeout: Duration) -> Result<Self, LockError> {
+        if timeout.is_zero() {
+            return Err(LockError::InvalidConfig(
+                "the Redlock per-node timeout must be above zero".into(),
+            ));
+        }
+        match Arc::get_mut(&mut self.inner) {
+            Some(inner) => inner.node_timeout = timeout,
+            None => {
+                let i = &self.inner;
+                self.inner = Arc::new(Inner {
+                    nodes: i.nodes.clone(),
+                    config: i.config.clone(),
+                    id_hex: i.id_hex.clone(),
+                    node_timeout: timeout,
+                });
+            }
+        }
+        Ok(self)
+    }
+
+    /// Nodes that must agree: N/2 + 1.
+    pub fn quorum(&self) -> usize {
+        self.inner.nodes.len() / 2 + 1
+    }
+
+    /// The nodes, in the order given.
+    pub fn nodes(&self) -> &[LockClient] {
+        &self.inner.nodes
+    }
+
+    /// The per-node time limit.
+    pub fn node_timeout(&self) -> Duration {
+        self.inner.node_timeout
+    }
+
+    /// Takes the lock if a quorum grants it now; [`LockError::Busy`] if another owner
+    /// holds it.
+    pub async fn try_lock<N: LockName>(&self, name: N) -> Result<RedlockGuard, LockError> {
+        self.acquire(name, LockOptions::new().wait(Duration::ZERO))
+            .await
+    }
+
+    /// Takes the lock, retrying within the config's wait budget.
+    pub async fn lock<N: LockName>(&self, name: N) -> Result<RedlockGuard, LockError> {
+        self.acquire(name, LockOptions::new()).await
+    }
+
+    /// Takes the lock with per-call options (lease, wait, scope, delimiter, max hold).
+    pub async fn acquire<N: LockName>(
+        &self,
+        name: N,
+        options: LockOptions,
+    ) -> Result<RedlockGuard, LockError> {
+        let c = &self.inner.config;
+        let delimiter = match options.delimiter {
+            Some(d) => {
+                key::validate_delimiter(d)?;
+                d
+            }
+            None => &c.delimiter,
+        };
+        let keys = self
+            .inner
+            .nodes
+            .iter()
+            .map(|n| key::lock_keys(&n.config().namespace, delimiter, &name))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (lease, watchdog) = match options.lease.unwrap_or(c.lease) {
+            Lease::Fixed(d) => {
+                check_lease("lease", d)?;
+                (d, false)
+            }
+            Lease::Watchdog => (c.watchdog_lease, true),
+        };
+        let scope = options
+            .scope
+            .or_else(LockScope::current)
+            .unwrap_or_default();
+        let owner = scope.owner(&self.inner.id_hex);
+        let wait = options.wait.unwrap_or(c.wait);
+        let max_hold = options.max_hold.or(c.max_hold);
+        let requests: Vec<Request> = keys
+            .into_iter()
+            .map(|keys| Request {
+                keys,
+                owner: owner.clone(),
+                lease,
+                watchdog,
+                max_hold,
+            })
+            .collect();
+        let span = tracing::debug_span!("redlock.acquire", lock = %requests[0].keys.name, ?wait);
+        tracing::Instrument::instrument(self.acquire_requests(requests, wait), span).await
+    }
+
+    async fn acquire_requests(
+        &self,
+        requests: Vec<Request>,
+        wait: Duration,
+    ) -> Result<RedlockGuard, LockError> {
+        let started = Instant::now();
+        let deadline = started
+            .checked_add(wait)
+            .unwrap_or(started + crate::config::MAX_LEASE);
+        let lease = requests[0].lease;
+        let name = requests[0].keys.name.clone();
+        let mut subscription: Option<Subscription> = None;
+        let mut retries = 0u32;
+        loop {
+            let notify = subscription.as_ref().map(Subscription::notify);
+            let mut notified = notify.as_deref().map(|n| Box::pin(n.notified()));
+            if let Some(n) = notified.as_mut() {
+                n.as_mut().enable();
+            }
+            let round = self.round(&requests).await;
+            let failure = match self.judge(round, lease, &name).await {
+                Ok(guard) => {
+                    tracing::debug!(lock = %name, waited = ?started.elapsed(), valid_for = ?guard.valid_for(), "redlock granted");
+                    return Ok(guard);
+                }
+                Err(failure) => failure,
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(failure.into_error(wait, started.elapsed()));
+            }
+            if subscription.is_none()
+                && let Some(i) = failure.answered
+            {
+                let node = &self.inner.nodes[i];
+                let limit = (deadline - now).min(self.inner.node_timeout);
+                subscription = Some(
+                    node.inner
+                        .hub
+                        .subscribe(&requests[i].keys.channel, limit)
+                        .await,
+                );
+                continue;
+            }
+            let pause = self
+                .inner
+                .config
+                .backoff
+                .delay(retries)
+                .min(failure.retry_after.unwrap_or(Duration::MAX))
+                .min(deadline.saturating_duration_since(Instant::now()))
+                .max(Duration::from_millis(1));
+            retries = retries.saturating_add(1);
+            match notified {
+                Some(n) => {
+                    tokio::select! {
+                        _ = n => {}
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
+                None => tokio::time::sleep(pause).await,
+            }
+        }
+    }
+
+    /// One attempt: every node in parallel, each within the node timeout.
+    async fn round(&self, requests: &[Request]) -> Round {
+        let timeout = self.inner.node_timeout;
+        let started = Instant::now();
+        let asks = self.inner.nodes.iter().zip(requests).map(|(node, req)| {
+            // An answer that comes too late is dropped mid-request; the node client then
+            // undoes the possible grant in the background.
+            tokio::time::timeout(timeout, node.acquire_request(req, Duration::ZERO))
+        });
+        let answers = join_all(asks).await;
+        let elapsed = started.elapsed();
+        let mut round = Round {
+            guards: Vec::with_capacity(answers.len()),
+            granted: 0,
+            busy: 0,
+            retry_after: None,
+            answered: None,
+            cause: None,
+            elapsed,
+        };
+        for (i, answer) in answers.into_iter().enumerate() {
+            let guard = match answer {
+                Ok(Ok(guard)) => {
+                    round.granted += 1;
+                    round.answered.get_or_insert(i);
+                    Some(guard)
+                }
+                Ok(Err(LockError::Busy { retry_after, .. })) => {
+                    round.busy += 1;
+                    round.answered.get_or_insert(i);
+                    round.retry_after =
+                        Some(round.retry_after.map_or(retry_after, |r| r.min(retry_after)));
+                    None
+                }
+                Ok(Err(e)) => {
+                    round.cause.get_or_insert_with(|| format!("node {i}: {e}"));
+                    None
+                }
+                Err(_) => {
+                    round
+                        .cause
+                        .get_or_insert_with(|| format!("node {i}: no answer within {timeout:?}"));
+                    None
+                }
+            };
+            round.guards.push(guard);
+        }
+        round
+    }
+
+    /// Grants the round's guards as one Redlock guard, or gives them back.
+    async fn judge(&self, round: Round, lease: Duration, name: &str) -> Result<RedlockGuard, Failure> {
+        let quorum = self.quorum();
+        let drift = drift(lease);
+        let validity = lease.checked_sub(round.elapsed + drift).unwrap_or_default();
+        let failure = Failure {
+            key: name.to_owned(),
+            nodes: self.inner.nodes.len(),
+            quorum,
+            granted: round.granted,
+            busy: round.busy,
+            retry_after: round.retry_after,
+            answered: round.answered,
+            cause: round.cause,
+            elapsed: round.elapsed,
+            lease,
+            too_late: round.granted >= quorum,
+        };
+        if round.granted >= quorum && !validity.is_zero() {
+            return Ok(RedlockGuard::new(
+                name.to_owned(),
+                round.guards,
+                quorum,
+                drift,
+                self.inner.node_timeout,
+            ));
+        }
+        // Give back every copy we got before trying again, so that our own next attempt
+        // cannot race with these releases.
+        let timeout = self.inner.node_timeout;
+        let releases = round
+            .guards
+            .into_iter()
+            .flatten()
+            .map(|g| tokio::time::timeout(timeout, g.release()));
+        join_all(releases).await;
+        tracing::debug!(lock = %name, granted = failure.granted, needed = quorum, busy = failure.busy, elapsed = ?failure.elapsed, "redlock attempt failed");
+        Err(failure)
+    }
+}
+
+/// The clock drift allowance of the Redlock algorithm: 1% of the lease plus 2 ms.
+pub(crate) fn drift(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
+/// Why an attempt did not grant.
+struct Failure {
+    key: String,
+    nodes: usize,
+    quorum: usize,
+    granted: usize,
+    busy: usize,
+    retry_after: Option<Duration>,
+    answered: Option<usize>,
+    cause: Option<String>,
+    elapsed: Duration,
+    lease: Duration,
+    too_late: bool,
+}
+
+impl Failure {
+    fn into_error(self, wait: Duration, waited: Duration) -> LockError {
+        if self.too_late {
+            return LockError::ValidityExhausted {
+                key: self.key,
+                elapsed: self.elapsed,
+                lease: self.lease,
+            };
+        }
+        // Enough nodes answered that the quorum was only missed because others hold
+        // the lock: contention, as on one node.
+        if self.busy > 0 && self.granted + self.busy >= self.quorum {
+            return if wait.is_zero() {
+                LockError::Busy {
+                    key: self.key,
+                    retry_after: self.retry_after.unwrap_or_default(),
+                }
+            } else {
+                LockError::Timeout {
+                    key: self.key,
+                    waited,
+                }
+            };
+        }
+        LockError::NoQuorum {
+            key: self.key,
+            op: "acquire",
+            granted: self.granted,
+            needed: self.quorum,
+            nodes: self.nodes,
+            cause: self.cause,
+        }
+    }
+}
+
+impl Redlock {
+    /// The Redis keys of the lock `name` on each node, in node order (each node may
+    /// have its own namespace).
+    pub fn keys<N: LockName>(&self, name: N) -> Result<Vec<LockKeys>, LockError> {
+        let delimiter = &self.inner.config.delimiter;
+        self.inner
+            .nodes
+            .iter()
+            .map(|n| key::lock_keys(&n.config().namespace, delimiter, &name))
+            .collect()
+    }
+}
