@@ -56,6 +56,7 @@ mod ids;
 mod macro_bench;
 mod measure;
 mod ratelimit;
+mod redlock;
 mod uncontended;
 
 use std::time::Duration;
@@ -65,13 +66,15 @@ use lock_tests::RedisServer;
 use crate::measure::{BoxError, Timing};
 
 const USAGE: &str =
-    "usage: lock-bench [lock|macro|ratelimit|ids|idempotency] [--seconds N] [--rounds N]
+    "usage: lock-bench [lock|macro|ratelimit|ids|idempotency|redlock] [--seconds N] [--rounds N]
   lock          lock-core against the floor and rslock (the default)
   macro         an #[cache_lock] fn against the same work by hand
   ratelimit     GCRA decisions against a trivial one-key script
   ids           order ids per second: one script call per id against segment mode
   idempotency   POSTs/s over HTTP behind IdempotencyLayer against the same Redis
                 round trips by hand (fresh keys, and replays)
+  redlock       a Redlock over 5 local masters against single-node locking and
+                rslock over the same masters (latency p50/p99, throughput)
   --seconds N   measured seconds per round of each implementation (default 2)
   --rounds N    interleaved rounds per implementation; medians are reported (default 3)";
 
@@ -135,14 +138,35 @@ fn parse_args() -> Result<Args, BoxError> {
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let args = parse_args()?;
-    if !["lock", "macro", "ratelimit", "ids", "idempotency"].contains(&args.bench.as_str()) {
+    if ![
+        "lock",
+        "macro",
+        "ratelimit",
+        "ids",
+        "idempotency",
+        "redlock",
+    ]
+    .contains(&args.bench.as_str())
+    {
         return Err(format!(
-            "unknown benchmark {:?}; available: lock, macro, ratelimit, ids, idempotency",
+            "unknown benchmark {:?}; available: lock, macro, ratelimit, ids, idempotency, \
+             redlock",
             args.bench
         )
         .into());
     }
     let timing = Timing::new(Duration::from_secs_f64(args.seconds));
+    if args.bench == "redlock" {
+        println!(
+            "bench redlock: {} rounds of {} s per measurement, medians reported (about {:.0} s in all)",
+            args.rounds,
+            args.seconds,
+            timing
+                .estimate(redlock::MEASUREMENTS, args.rounds)
+                .as_secs_f64()
+        );
+        return redlock::run(timing, args.rounds).await;
+    }
     let server = RedisServer::start();
     let url = server.url();
     let measurements = match args.bench.as_str() {

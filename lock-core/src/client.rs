@@ -217,7 +217,11 @@ impl LockClient {
         Self::build(conn, pubsub, config)
     }
 
-    fn build(conn: Conn, pubsub: Vec<redis::Client>, config: LockConfig) -> Result<Self, LockError> {
+    fn build(
+        conn: Conn,
+        pubsub: Vec<redis::Client>,
+        config: LockConfig,
+    ) -> Result<Self, LockError> {
         let id = ClientId::random()?;
         let id_hex = id.to_hex();
         Ok(Self {

@@ -333,6 +333,34 @@ fn escaped_name<N: LockName + ?Sized>(delimiter: &str, name: &N) -> Result<Strin
     Ok(w.out)
 }
 
+/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag (the text
+/// between the first `{` and the next `}`, when not empty), or of the whole key, modulo
+/// 16384. The watchdog uses it to batch renewals per slot on a cluster.
+pub(crate) fn cluster_slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &bytes[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16_xmodem(tagged.unwrap_or(bytes)) % 16384
+}
+
+fn crc16_xmodem(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in data {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -340,10 +368,16 @@ mod tests {
         // The CRC-16/XMODEM check value from the catalogue of CRC parameters.
         assert_eq!(super::crc16_xmodem(b"123456789"), 0x31C3);
         // The Redis Cluster specification: only the tag counts, an empty tag does not.
-        assert_eq!(cluster_slot("{user1000}.following"), cluster_slot("user1000"));
+        assert_eq!(
+            cluster_slot("{user1000}.following"),
+            cluster_slot("user1000")
+        );
         assert_eq!(cluster_slot("a{user1000}b"), cluster_slot("user1000"));
         assert_ne!(cluster_slot("{}user1000"), cluster_slot("user1000"));
-        assert_eq!(cluster_slot("{}user1000"), super::crc16_xmodem(b"{}user1000") % 16384);
+        assert_eq!(
+            cluster_slot("{}user1000"),
+            super::crc16_xmodem(b"{}user1000") % 16384
+        );
         let keys = lock_keys("lock", ":", &("order", 7_u64)).unwrap();
         assert_eq!(cluster_slot(&keys.hash), cluster_slot(&keys.fence));
         assert_eq!(cluster_slot(&keys.hash), cluster_slot(&keys.channel));
@@ -427,32 +461,4 @@ mod tests {
         );
         assert_eq!(keys(&["x"; 3]).hash, "lock:{x:x:x}");
     }
-}
-
-/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag (the text
-/// between the first `{` and the next `}`, when not empty), or of the whole key, modulo
-/// 16384. The watchdog uses it to batch renewals per slot on a cluster.
-pub(crate) fn cluster_slot(key: &str) -> u16 {
-    let bytes = key.as_bytes();
-    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
-        let rest = &bytes[open + 1..];
-        let close = rest.iter().position(|&b| b == b'}')?;
-        (close > 0).then(|| &rest[..close])
-    });
-    crc16_xmodem(tagged.unwrap_or(bytes)) % 16384
-}
-
-fn crc16_xmodem(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &byte in data {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
 }

@@ -3,7 +3,7 @@
 //! `lock-core` is the engine of the workspace: the `#[cache_lock]` macro (`lock-macros`)
 //! and the tower layers (`lock-tower`) are built on it.
 //!
-//! What a lock gives you, on one Redis node:
+//! What a lock gives you, on one Redis node (and, below, on a cluster or N masters):
 //! - **Mutual exclusion across processes**: one owner at a time per lock name, taken and
 //!   given back by Lua scripts (`lua/` in the repository), each one atomic.
 //! - **Reentrancy without threads**: a [`LockScope`] (tokio task-local or passed
@@ -28,6 +28,10 @@
 //!   request fingerprint and an in-flight lease, then stores the response for replay or
 //!   frees the key ([`Begin`], [`Claim`]); [`LockClient::one_time_tokens`] issues tokens
 //!   that exactly one consumer can use.
+//! - **Beyond one Redis**: [`LockClient::open_cluster`] runs all of the above on a Redis
+//!   Cluster (one hash tag per lock, redirections and failovers followed, renewals
+//!   batched per slot); [`Redlock`] takes one lock on a quorum of N independent
+//!   masters, with the same guard API ([`RedlockGuard`]).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -94,6 +98,6 @@ pub use ids::{IdGenerator, OrderId};
 pub use key::{KeyPart, LockKeys, LockName};
 pub use owner::{ClientId, LockScope};
 pub use rate::{Decision, LimitRule, RateLimit, RateLimiter, RuleDecision, RuleLimiter};
-pub use scripts::SOURCES as SCRIPT_SOURCES;
 pub use redlock::{DEFAULT_NODE_TIMEOUT, Redlock, RedlockGuard};
+pub use scripts::SOURCES as SCRIPT_SOURCES;
 pub use semaphore::{MAX_PERMITS_PER_ACQUIRE, Permits, Semaphore, SemaphoreOptions};

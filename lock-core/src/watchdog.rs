@@ -104,7 +104,11 @@ async fn tick(inner: &Arc<Inner>) -> Option<Instant> {
     }
     let batches = batches(&due, inner.conn.is_cluster());
     let renewals = batches.iter().map(|b| renew(inner, b, period));
-    for at in futures_util::future::join_all(renewals).await.into_iter().flatten() {
+    for at in futures_util::future::join_all(renewals)
+        .await
+        .into_iter()
+        .flatten()
+    {
         earliest(at);
     }
     if !due.is_empty() {

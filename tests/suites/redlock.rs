@@ -52,7 +52,10 @@ where
 {
     let deadline = Instant::now() + within;
     while !cond().await {
-        assert!(Instant::now() < deadline, "{what} did not happen within {within:?}");
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not happen within {within:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -68,7 +71,15 @@ async fn two_processes_keep_mutual_exclusion_while_two_of_five_masters_die() {
     let lock_urls = urls(&nodes).join(",");
     let spawn = || {
         Command::new(env!("CARGO_BIN_EXE_lock-worker"))
-            .args(["redlock-count", &data.url(), &lock_urls, "8", "120", "3", "300"])
+            .args([
+                "redlock-count",
+                &data.url(),
+                &lock_urls,
+                "8",
+                "120",
+                "3",
+                "300",
+            ])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -78,17 +89,21 @@ async fn two_processes_keep_mutual_exclusion_while_two_of_five_masters_die() {
 
     // Kill two masters once the run is well under way.
     let mut conn = data.connection().await;
-    poll_until("100 increments before the kill", Duration::from_secs(60), || {
-        let mut conn = conn.clone();
-        async move {
-            let mut total = 0u64;
-            for k in 0..3 {
-                let v: Option<u64> = conn.get(format!("counter:{k}")).await.unwrap();
-                total += v.unwrap_or(0);
+    poll_until(
+        "100 increments before the kill",
+        Duration::from_secs(60),
+        || {
+            let mut conn = conn.clone();
+            async move {
+                let mut total = 0u64;
+                for k in 0..3 {
+                    let v: Option<u64> = conn.get(format!("counter:{k}")).await.unwrap();
+                    total += v.unwrap_or(0);
+                }
+                total >= 100
             }
-            total >= 100
-        }
-    })
+        },
+    )
     .await;
     nodes[1].kill();
     nodes[3].kill();
@@ -114,7 +129,10 @@ async fn two_processes_keep_mutual_exclusion_while_two_of_five_masters_die() {
             .find_map(|l| l.strip_prefix("done "))
             .unwrap_or_else(|| panic!("no result line in {text:?}"));
         let (counts, failed) = line.split_once(" failed ").expect("failed count");
-        assert_eq!(failed, "0", "with 3 of 5 masters up every acquisition must succeed");
+        assert_eq!(
+            failed, "0",
+            "with 3 of 5 masters up every acquisition must succeed"
+        );
         for (k, n) in counts.split(' ').enumerate() {
             acquired[k] += n.parse::<u64>().unwrap();
         }
@@ -125,7 +143,10 @@ async fn two_processes_keep_mutual_exclusion_while_two_of_five_masters_die() {
         let v: Option<u64> = conn.get(format!("counter:{k}")).await.unwrap();
         *c = v.unwrap_or(0);
     }
-    assert_eq!(counters, acquired, "a lost update means two holders overlapped");
+    assert_eq!(
+        counters, acquired,
+        "a lost update means two holders overlapped"
+    );
     assert!(
         killed_at < acquired.iter().sum::<u64>(),
         "the kill must happen mid-run (at {killed_at} increments)"
@@ -150,7 +171,11 @@ async fn two_processes_keep_mutual_exclusion_while_two_of_five_masters_die() {
     );
     // The two live masters gave their copies back after every failed round.
     for i in [0, 2] {
-        assert_eq!(lock_hashes(&nodes[i]).await, Vec::<String>::new(), "node {i}");
+        assert_eq!(
+            lock_hashes(&nodes[i]).await,
+            Vec::<String>::new(),
+            "node {i}"
+        );
     }
 
     // Restart the three; whatever copies a worker left behind expire with their lease
@@ -168,18 +193,22 @@ async fn two_processes_keep_mutual_exclusion_while_two_of_five_masters_die() {
     }
     // And the Redlock works again with all five (each restarted node's connection is
     // re-established by the first call that finds it broken).
-    poll_until("a grant by all five masters", Duration::from_secs(5), || async {
-        match redlock.try_lock("quorum-gone").await {
-            Ok(guard) => {
-                let copies = guard.copies();
-                assert_eq!(guard.release().await.unwrap(), Released::Unlocked);
-                copies == NODES
+    poll_until(
+        "a grant by all five masters",
+        Duration::from_secs(5),
+        || async {
+            match redlock.try_lock("quorum-gone").await {
+                Ok(guard) => {
+                    let copies = guard.copies();
+                    assert_eq!(guard.release().await.unwrap(), Released::Unlocked);
+                    copies == NODES
+                }
+                // The first call to a restarted node still reports the old failure.
+                Err(e) if e.is_no_quorum() => false,
+                Err(e) => panic!("{e}"),
             }
-            // The first call to a restarted node still reports the old failure.
-            Err(e) if e.is_no_quorum() => false,
-            Err(e) => panic!("{e}"),
-        }
-    })
+        },
+    )
     .await;
 }
 
@@ -191,7 +220,13 @@ async fn a_paused_master_costs_at_most_the_node_timeout() {
     let node_timeout = Duration::from_millis(150);
     let redlock = redlock(&nodes, node_timeout.as_millis() as u64).await;
     // Warm every connection first.
-    redlock.try_lock("warm").await.unwrap().release().await.unwrap();
+    redlock
+        .try_lock("warm")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 
     nodes[2].pause();
     let started = Instant::now();
@@ -201,7 +236,10 @@ async fn a_paused_master_costs_at_most_the_node_timeout() {
     assert!(guard.is_held());
     // Bounded by the node timeout (150 ms), far below the 5 s command timeout.
     assert!(took < Duration::from_secs(1), "acquire took {took:?}");
-    assert!(took >= node_timeout, "the paused node was waited for: {took:?}");
+    assert!(
+        took >= node_timeout,
+        "the paused node was waited for: {took:?}"
+    );
     assert_eq!(guard.release().await.unwrap(), Released::Unlocked);
     nodes[2].resume();
 }
@@ -212,11 +250,21 @@ async fn a_paused_master_costs_at_most_the_node_timeout() {
 async fn a_slow_node_shortens_validity_and_an_overlong_grant_is_refused() {
     let nodes = masters(NODES);
     let redlock = redlock(&nodes, 300).await;
-    redlock.try_lock("warm").await.unwrap().release().await.unwrap();
+    redlock
+        .try_lock("warm")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     nodes[4].pause();
 
     let lease = Duration::from_millis(1000);
-    let opts = || LockOptions::new().wait(Duration::ZERO).lease(Lease::Fixed(lease));
+    let opts = || {
+        LockOptions::new()
+            .wait(Duration::ZERO)
+            .lease(Lease::Fixed(lease))
+    };
     let guard = redlock.acquire("short", opts()).await.unwrap();
     let valid = guard.valid_for();
     // 300 ms waited for the paused node, and 12 ms of drift allowance.
@@ -232,7 +280,9 @@ async fn a_slow_node_shortens_validity_and_an_overlong_grant_is_refused() {
     let err = redlock
         .acquire(
             "too-late",
-            LockOptions::new().wait(Duration::ZERO).lease(Lease::Fixed(lease)),
+            LockOptions::new()
+                .wait(Duration::ZERO)
+                .lease(Lease::Fixed(lease)),
         )
         .await
         .expect_err("a grant older than its lease");
@@ -241,7 +291,11 @@ async fn a_slow_node_shortens_validity_and_an_overlong_grant_is_refused() {
         "{err}"
     );
     for (i, node) in nodes.iter().enumerate().take(4) {
-        assert_eq!(lock_hashes(node).await, Vec::<String>::new(), "node {i} kept a copy");
+        assert_eq!(
+            lock_hashes(node).await,
+            Vec::<String>::new(),
+            "node {i} kept a copy"
+        );
     }
     nodes[4].resume();
 }

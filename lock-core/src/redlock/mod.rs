@@ -117,8 +117,7 @@ impl Redlock {
     pub fn new(nodes: Vec<LockClient>) -> Result<Self, LockError> {
         let Some(first) = nodes.first() else {
             return Err(LockError::InvalidConfig(
-                "a Redlock needs at least one node (3 or 5 independent masters are usual)"
-                    .into(),
+                "a Redlock needs at least one node (3 or 5 independent masters are usual)".into(),
             ));
         };
         let config = first.config().clone();
@@ -339,8 +338,11 @@ impl Redlock {
                 Ok(Err(LockError::Busy { retry_after, .. })) => {
                     round.busy += 1;
                     round.answered.get_or_insert(i);
-                    round.retry_after =
-                        Some(round.retry_after.map_or(retry_after, |r| r.min(retry_after)));
+                    round.retry_after = Some(
+                        round
+                            .retry_after
+                            .map_or(retry_after, |r| r.min(retry_after)),
+                    );
                     None
                 }
                 Ok(Err(e)) => {
@@ -360,7 +362,12 @@ impl Redlock {
     }
 
     /// Grants the round's guards as one Redlock guard, or gives them back.
-    async fn judge(&self, round: Round, lease: Duration, name: &str) -> Result<RedlockGuard, Failure> {
+    async fn judge(
+        &self,
+        round: Round,
+        lease: Duration,
+        name: &str,
+    ) -> Result<RedlockGuard, Failure> {
         let quorum = self.quorum();
         let drift = drift(lease);
         let validity = lease.checked_sub(round.elapsed + drift).unwrap_or_default();

@@ -12,6 +12,12 @@
 //!   2 s, per-node timeout 300 ms) and the counters on DATA_URL. Acquisitions that fail
 //!   for want of a quorum are retried; prints `done <per key...> failed <n>` where
 //!   `failed` counts acquire errors (the critical section did not run then).
+//! `lock-worker cluster-count SEED_URLS TASKS ITERS KEYS SLEEP_US`
+//!   As `count`, with a `LockClient` on the Redis Cluster reached through the
+//!   comma-separated SEED_URLS, counters on the cluster too. Redis errors (a failover
+//!   under way) are retried. Prints `done <per key...> lost <n> errors <m>`: `lost`
+//!   counts critical sections whose lock was reported lost (`is_held()` false after
+//!   the write, or a release answering expired / not owner), `errors` Redis errors.
 //! `lock-worker rate URL KEY RATE_PER_S BURST MILLIS`
 //!   Checks KEY against a GCRA limit as fast as it can for MILLIS ms; prints
 //!   `admitted <n> refused <m>`.
@@ -30,6 +36,7 @@ async fn main() {
         Some("hold") => hold(&args[1..]).await,
         Some("rate") => rate(&args[1..]).await,
         Some("redlock-count") => redlock_count(&args[1..]).await,
+        Some("cluster-count") => cluster_count(&args[1..]).await,
         _ => Err("usage: lock-worker count|hold ...".into()),
     };
     if let Err(e) = result {
@@ -210,4 +217,98 @@ async fn redlock_count(args: &[String]) -> Res {
     let line: Vec<String> = totals.iter().map(u64::to_string).collect();
     println!("done {} failed {failed}", line.join(" "));
     Ok(())
+}
+
+async fn cluster_count(args: &[String]) -> Res {
+    let seeds: String = arg(args, 0)?;
+    let (tasks, iters, keys, sleep_us): (usize, usize, usize, u64) =
+        (arg(args, 1)?, arg(args, 2)?, arg(args, 3)?, arg(args, 4)?);
+    let config = LockConfig::new()
+        .with_wait(Duration::from_secs(60))
+        .with_watchdog_lease(Duration::from_secs(3))
+        .with_command_timeout(Duration::from_secs(2));
+    let client = LockClient::open_cluster(seeds.split(','), config).await?;
+    let data = redis::cluster::ClusterClient::builder(seeds.split(','))
+        .retries(10)
+        .build()?
+        .get_async_connection()
+        .await?;
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let (client, conn) = (client.clone(), data.clone());
+        handles.push(tokio::spawn(async move {
+            let mut per_key = vec![0u64; keys];
+            let (mut lost, mut errors) = (0u64, 0u64);
+            let mut i = 0;
+            while i < iters {
+                let k = (t + i) % keys;
+                let guard = match client.acquire(("counter", k), LockOptions::new()).await {
+                    Ok(g) => g,
+                    Err(e) if e.is_redis() => {
+                        errors += 1;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                let counter = format!("counter:{k}");
+                let v: Option<u64> = retry(&mut errors, || {
+                    let (mut c, key) = (conn.clone(), counter.clone());
+                    async move { c.get(key).await }
+                })
+                .await?;
+                tokio::time::sleep(Duration::from_micros(sleep_us)).await;
+                let next = v.unwrap_or(0) + 1;
+                let () = retry(&mut errors, || {
+                    let (mut c, key) = (conn.clone(), counter.clone());
+                    async move { c.set(key, next).await }
+                })
+                .await?;
+                let mut was_lost = !guard.is_held();
+                match guard.release().await {
+                    Ok(_) => {}
+                    Err(e) if e.is_lost() => was_lost = true,
+                    Err(e) if e.is_redis() => errors += 1,
+                    Err(e) => return Err(e),
+                }
+                lost += u64::from(was_lost);
+                per_key[k] += 1;
+                i += 1;
+            }
+            Ok::<_, LockError>((per_key, lost, errors))
+        }));
+    }
+    let mut totals = vec![0u64; keys];
+    let (mut lost, mut errors) = (0, 0);
+    for h in handles {
+        let (per_key, l, e) = h.await??;
+        lost += l;
+        errors += e;
+        for (k, n) in per_key.into_iter().enumerate() {
+            totals[k] += n;
+        }
+    }
+    let line: Vec<String> = totals.iter().map(u64::to_string).collect();
+    println!("done {} lost {lost} errors {errors}", line.join(" "));
+    Ok(())
+}
+
+/// Retries a cluster command through a failover (up to ~10 s), counting the errors.
+async fn retry<T, F, Fut>(errors: &mut u64, mut op: F) -> Result<T, LockError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = redis::RedisResult<T>>,
+{
+    let mut attempts = 0;
+    loop {
+        match op().await {
+            Ok(v) => return Ok(v),
+            Err(_) if attempts < 200 => {
+                *errors += 1;
+                attempts += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
