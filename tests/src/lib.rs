@@ -39,11 +39,17 @@
 //! assert!(server.log().contains("Ready to accept connections"));
 //! ```
 
+mod cluster;
+mod masters;
 mod monitor;
 mod port;
 mod process;
 mod server;
 
+pub use cluster::{
+    CLUSTER_NODE_TIMEOUT, CLUSTER_SLOTS, ClusterNode, FailoverMode, RedisCluster, Role, key_slot,
+};
+pub use masters::RedisMasters;
 pub use monitor::Monitor;
 pub use port::free_port;
 pub use server::RedisServer;

@@ -62,18 +62,41 @@ impl RedisServer {
     /// `--appendonly no`), so they can override the persistence settings;
     /// do not override `--port`, `--bind`, `--dir` or `--logfile`.
     pub fn start_with_args(args: &[&str]) -> RedisServer {
-        let bin = std::env::var_os("REDIS_SERVER_BIN").unwrap_or_else(|| "redis-server".into());
-        Self::start_with(bin, args)
+        Self::start_with(default_bin(), args)
     }
 
     /// Like [`start_with_args`](Self::start_with_args) with an explicit
     /// binary instead of `$REDIS_SERVER_BIN` / `redis-server`.
     pub fn start_with(bin: impl AsRef<OsStr>, args: &[&str]) -> RedisServer {
-        let bin = bin.as_ref().to_os_string();
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        Self::start_configured(bin.as_ref().to_os_string(), |_port| args.clone())
+    }
+
+    /// Starts `count` independent servers (see [`start`](Self::start)) in
+    /// parallel, one thread each, so starting five costs about as much as
+    /// starting one. Same as [`RedisMasters::start`](crate::RedisMasters::start).
+    ///
+    /// # Panics
+    ///
+    /// Like [`start`](Self::start) if any of them does not come up; the
+    /// others are killed first.
+    pub fn start_many(count: usize) -> crate::RedisMasters {
+        crate::RedisMasters::start(count)
+    }
+
+    /// The workhorse behind every constructor: `args_for_port` computes the
+    /// extra arguments for the port being tried (a cluster node names its
+    /// config file after its port and needs a second, bus, port). It is called
+    /// again with a fresh port if the first one turns out to be taken; the
+    /// arguments of the successful attempt are kept for [`restart`](Self::restart).
+    pub(crate) fn start_configured(
+        bin: OsString,
+        args_for_port: impl Fn(u16) -> Vec<String>,
+    ) -> RedisServer {
         let dir = TempDir::new("lock-tests-redis");
         for attempt in 1..=START_ATTEMPTS {
             let port = free_port();
+            let args = args_for_port(port);
             match launch(&bin, &args, port, &dir, Instant::now() + READY_TIMEOUT) {
                 Ok(child) => {
                     return RedisServer {
@@ -195,6 +218,17 @@ impl RedisServer {
         await_stopped(pid, false, Duration::from_secs(5));
     }
 
+    /// Whether the process is running, i.e. it was not [`kill`](Self::kill)ed
+    /// (or was [`restart`](Self::restart)ed since). A paused server is running.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Whether the process is frozen by [`pause`](Self::pause).
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::SeqCst)
+    }
+
     /// Process id of the current server process (or of the last one, if killed).
     pub fn pid(&self) -> u32 {
         self.pid
@@ -203,6 +237,11 @@ impl RedisServer {
     /// The server's log file so far (all runs, restarts included).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join(LOG_FILE)).unwrap_or_default()
+    }
+
+    /// The extra arguments it runs with (after the harness's own).
+    pub(crate) fn args(&self) -> &[String] {
+        &self.args
     }
 
     fn running_pid(&self, what: &str) -> u32 {
@@ -228,6 +267,38 @@ impl Drop for RedisServer {
             eprintln!("{}", diagnostics(self.port, &self.dir));
         }
     }
+}
+
+/// `$REDIS_SERVER_BIN`, or `redis-server` (looked up on `PATH`).
+pub(crate) fn default_bin() -> OsString {
+    std::env::var_os("REDIS_SERVER_BIN").unwrap_or_else(|| "redis-server".into())
+}
+
+/// Runs `start(i)` for every `i in 0..count` on its own thread and returns
+/// the servers in order. If any start panics, the servers that did come up
+/// are dropped (killed) and the first panic is resumed on this thread.
+pub(crate) fn start_parallel(
+    count: usize,
+    start: impl Fn(usize) -> RedisServer + Sync,
+) -> Vec<RedisServer> {
+    let start = &start;
+    let results: Vec<std::thread::Result<RedisServer>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..count).map(|i| scope.spawn(move || start(i))).collect();
+        handles.into_iter().map(|handle| handle.join()).collect()
+    });
+    let mut servers = Vec::with_capacity(count);
+    let mut failure = None;
+    for result in results {
+        match result {
+            Ok(server) => servers.push(server),
+            Err(payload) => failure = failure.or(Some(payload)),
+        }
+    }
+    if let Some(payload) = failure {
+        drop(servers);
+        std::panic::resume_unwind(payload);
+    }
+    servers
 }
 
 /// Spawns one server process on `port` and waits until it answers `PING`.
