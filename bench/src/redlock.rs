@@ -13,7 +13,7 @@
 use std::time::{Duration, Instant};
 
 use lock_core::{Lease, LockClient, LockConfig, LockOptions, Redlock};
-use lock_tests::RedisServer;
+use lock_tests::RedisMasters;
 use redis::aio::ConnectionManager;
 
 use crate::measure::{
@@ -97,15 +97,8 @@ async fn latency(cycle: &Cycle, warm: Duration, measure: Duration) -> Result<(f6
 }
 
 pub async fn run(timing: Timing, rounds: usize) -> Result<(), BoxError> {
-    let servers: Vec<RedisServer> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..NODES).map(|_| s.spawn(RedisServer::start)).collect();
-        handles
-            .into_iter()
-            .map(|h| h.join())
-            .collect::<Result<_, _>>()
-    })
-    .map_err(|_| "starting the redis-servers failed")?;
-    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let servers = RedisMasters::start(NODES);
+    let urls = servers.urls();
     println!("bench redlock: {NODES} masters at {}", urls.join(" "));
     let config = LockConfig::new();
     let single = LockClient::open_with_config(urls[0].as_str(), config.clone()).await?;

@@ -6,17 +6,13 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lock_core::{Lease, LockConfig, LockOptions, LockScope, Redlock, Released};
-use lock_tests::RedisServer;
+use lock_tests::{RedisMasters, RedisServer};
 use redis::AsyncCommands;
 
 const NODES: usize = 5;
 
-/// Starts `n` independent masters in parallel.
-fn masters(n: usize) -> Vec<RedisServer> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..n).map(|_| s.spawn(RedisServer::start)).collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
+fn masters(n: usize) -> RedisMasters {
+    RedisMasters::start(n)
 }
 
 fn urls(servers: &[RedisServer]) -> Vec<String> {
@@ -346,7 +342,7 @@ async fn reentrant_holds_and_release_results() {
             let outer = redlock.lock("account").await.unwrap();
             let inner = redlock.lock("account").await.unwrap();
             let hash = &redlock.keys("account").unwrap()[0].hash;
-            for node in &nodes {
+            for node in nodes.iter() {
                 let mut conn = node.connection().await;
                 let holds: Vec<u32> = conn.hvals(hash).await.unwrap();
                 assert_eq!(holds, vec![2], "two holds of one owner on every node");
@@ -363,7 +359,7 @@ async fn reentrant_holds_and_release_results() {
             assert_eq!(outer.release().await.unwrap(), Released::Unlocked);
         })
         .await;
-    for node in &nodes {
+    for node in nodes.iter() {
         assert!(lock_hashes(node).await.is_empty());
     }
 

@@ -1,0 +1,244 @@
+//! `LockClient` on a real 3-master Redis Cluster (with replicas): mutual exclusion
+//! across processes with locks on every master and a failover mid-run, waiters woken
+//! across nodes, watchdog renewals batched per slot, and a lock lost in a failover
+//! reported through `lost()`.
+
+use std::collections::BTreeSet;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lock_core::{LockClient, LockConfig, LockOptions};
+use lock_tests::{FailoverMode, RedisCluster};
+use redis::AsyncCommands;
+
+fn config() -> LockConfig {
+    LockConfig::new()
+        .with_wait(Duration::from_secs(10))
+        .with_command_timeout(Duration::from_secs(2))
+}
+
+async fn client(cluster: &RedisCluster, config: LockConfig) -> LockClient {
+    LockClient::open_cluster(cluster.master_urls(), config)
+        .await
+        .expect("cluster client")
+}
+
+async fn poll_until<F, Fut>(what: &str, within: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    while !cond().await {
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not happen within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+const KEYS: usize = 6;
+
+/// Two worker processes x 8 tasks count under cluster locks whose keys live on all
+/// three masters; one master is failed over (CLUSTER FAILOVER on its replica) while
+/// they run. The clients keep working, and every increment survives unless a lost
+/// lock was reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_keep_mutual_exclusion_through_a_failover() {
+    let cluster = RedisCluster::start(3, 1);
+    let probe = client(&cluster, config()).await;
+    let masters: BTreeSet<usize> = (0..KEYS)
+        .map(|k| cluster.master_for_key(probe.keys(("counter", k)).unwrap().hash))
+        .collect();
+    assert_eq!(
+        masters.len(),
+        3,
+        "the lock keys must be spread over all masters"
+    );
+
+    let seeds = cluster.master_urls().join(",");
+    let spawn = || {
+        Command::new(env!("CARGO_BIN_EXE_lock-worker"))
+            .args([
+                "cluster-count",
+                &seeds,
+                "8",
+                "150",
+                &KEYS.to_string(),
+                "300",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn lock-worker")
+    };
+    let workers = [spawn(), spawn()];
+
+    let mut data = cluster.connection().await;
+    let total = |mut conn: redis::cluster_async::ClusterConnection| async move {
+        let mut total = 0u64;
+        for k in 0..KEYS {
+            let v: Option<u64> = conn.get(format!("counter:{k}")).await.unwrap_or(None);
+            total += v.unwrap_or(0);
+        }
+        total
+    };
+    poll_until(
+        "200 increments before the failover",
+        Duration::from_secs(60),
+        || {
+            let f = total(data.clone());
+            async move { f.await >= 200 }
+        },
+    )
+    .await;
+    // Fail over the master of lock key 0.
+    let master = cluster.master_for_key(probe.keys(("counter", 0)).unwrap().hash);
+    let replica = cluster.replica_of(master);
+    let before = total(data.clone()).await;
+    cluster.failover(replica, FailoverMode::Coordinated);
+    assert_eq!(
+        cluster.master_for_key(probe.keys(("counter", 0)).unwrap().hash),
+        replica
+    );
+
+    let mut acquired = vec![0u64; KEYS];
+    let mut lost = 0u64;
+    for w in workers {
+        let out = tokio::task::spawn_blocking(move || w.wait_with_output())
+            .await
+            .unwrap()
+            .expect("worker output");
+        assert!(out.status.success(), "worker failed: {:?}", out.status);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("done "))
+            .unwrap_or_else(|| panic!("no result line in {text:?}"));
+        let (counts, rest) = line.split_once(" lost ").expect("lost count");
+        let (l, _errors) = rest.split_once(" errors ").expect("error count");
+        lost += l.parse::<u64>().unwrap();
+        for (k, n) in counts.split(' ').enumerate() {
+            acquired[k] += n.parse::<u64>().unwrap();
+        }
+    }
+    let sum: u64 = acquired.iter().sum();
+    assert_eq!(sum, 2 * 8 * 150);
+    assert!(
+        before < sum,
+        "the failover must happen mid-run ({before} of {sum})"
+    );
+    let mut counters = vec![0u64; KEYS];
+    for (k, c) in counters.iter_mut().enumerate() {
+        let v: Option<u64> = data.get(format!("counter:{k}")).await.unwrap();
+        *c = v.unwrap_or(0);
+    }
+    // A coordinated failover loses no write, so no lock should be lost; if one was, it
+    // must have been reported, and only then may an update be missing.
+    let missing: u64 = acquired
+        .iter()
+        .zip(&counters)
+        .map(|(a, c)| a.saturating_sub(*c))
+        .sum();
+    assert!(
+        missing <= lost,
+        "{missing} lost updates but only {lost} lost locks reported: {counters:?} vs {acquired:?}"
+    );
+    assert_eq!(lost, 0, "a coordinated failover must not lose a lock");
+}
+
+/// A waiter on one client is woken by a release made through another, on a lock that
+/// lives on some master: the release message crosses the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_a_waiter_of_another_client() {
+    let cluster = RedisCluster::start(3, 0);
+    let a = client(&cluster, config()).await;
+    let b = client(&cluster, config()).await;
+    for name in ["wake-a", "wake-b", "wake-c"] {
+        let guard = a.try_lock(name).await.unwrap();
+        let waiter = {
+            let b = b.clone();
+            tokio::spawn(async move {
+                let g = b.lock(name).await.unwrap();
+                let at = Instant::now();
+                g.release().await.unwrap();
+                at
+            })
+        };
+        // Long enough for the waiter's backoff to grow towards its 1 s maximum.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let released = Instant::now();
+        guard.release().await.unwrap();
+        let granted = waiter.await.unwrap();
+        let handoff = granted.saturating_duration_since(released);
+        assert!(
+            handoff < Duration::from_millis(150),
+            "waiter of {name} woken {handoff:?} after the release: no pub/sub wake-up"
+        );
+    }
+}
+
+/// Watchdog renewals of locks in many slots (one script call per slot): 12 locks on a
+/// 1 s lease, held for 3 s, all still held and still refused to others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdog_renews_locks_spread_over_slots() {
+    let cluster = RedisCluster::start(3, 0);
+    let config = config().with_watchdog_lease(Duration::from_secs(1));
+    let a = client(&cluster, config.clone()).await;
+    let b = client(&cluster, config).await;
+    let mut guards = Vec::new();
+    for i in 0..12u32 {
+        guards.push(a.try_lock(("renewed", i)).await.unwrap());
+    }
+    let slots: BTreeSet<usize> = (0..12u32)
+        .map(|i| cluster.master_for_key(a.keys(("renewed", i)).unwrap().hash))
+        .collect();
+    assert_eq!(slots.len(), 3, "locks on every master");
+    let held_for = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < held_for {
+        for g in &guards {
+            assert!(g.is_held(), "{} lost while renewed", g.name());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for i in 0..12u32 {
+        assert!(b.try_lock(("renewed", i)).await.unwrap_err().is_busy());
+    }
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}
+
+/// Replication is asynchronous: a lock written to a master that fails over before its
+/// replica got it is gone. Another owner can then take it; the first holder is told
+/// through `lost()` at its next renewal, and its release says it no longer owns it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_lost_in_a_failover_fires_lost() {
+    let cluster = RedisCluster::start(3, 1);
+    let config = config().with_watchdog_lease(Duration::from_millis(1500));
+    let a = client(&cluster, config.clone()).await;
+    let b = client(&cluster, config).await;
+    let hash = a.keys("fragile").unwrap().hash;
+    let master = cluster.master_for_key(&hash);
+    let replica = cluster.replica_of(master);
+    cluster.break_replication(replica);
+
+    let guard = a.try_lock("fragile").await.unwrap();
+    assert!(b.try_lock("fragile").await.unwrap_err().is_busy());
+    // The replica never saw the lock; promote it anyway.
+    cluster.failover(replica, FailoverMode::Takeover);
+    assert_eq!(cluster.master_for_key(&hash), replica);
+
+    let taken = b
+        .acquire("fragile", LockOptions::new().wait(Duration::from_secs(5)))
+        .await
+        .expect("the lock vanished with the failover, so another owner gets it");
+    tokio::time::timeout(Duration::from_secs(3), guard.lost())
+        .await
+        .expect("the first holder learns of the loss at its next renewal");
+    assert!(!guard.is_held());
+    let err = guard.release().await.unwrap_err();
+    assert!(err.is_not_owner(), "{err}");
+    taken.release().await.unwrap();
+}
