@@ -118,6 +118,11 @@ pub struct ClusterNode {
 /// failovers; [`nodes`](Self::nodes), [`master_for_key`](Self::master_for_key)
 /// and [`replica_of`](Self::replica_of) ask the servers.
 ///
+/// Every method except [`connection`](Self::connection) is blocking (fresh
+/// admin connections, polling every 20 ms up to a deadline), like
+/// [`RedisServer::start`]; use a multi-threaded runtime when a cluster
+/// connection must make progress meanwhile.
+///
 /// Dropping it kills every process and removes the directories (printing
 /// every node's log if the test is panicking).
 ///

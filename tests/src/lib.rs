@@ -24,6 +24,22 @@
 //! records every command the server executes, to assert that some kind of
 //! traffic did (or did not) happen.
 //!
+//! Several servers:
+//!
+//! * [`RedisMasters`] (or [`RedisServer::start_many`]): `n` independent
+//!   servers started in parallel, each a [`RedisServer`] with all of the
+//!   above, for algorithms that lock on several masters;
+//! * [`RedisCluster`]: a real Redis Cluster (`--cluster-enabled yes`) of
+//!   masters with optional replicas, formed with `CLUSTER ADDSLOTSRANGE` /
+//!   `MEET` / `REPLICATE` and waited for until every node reports
+//!   `cluster_state:ok`. It tells which master serves a key
+//!   ([`RedisCluster::master_for_key`], [`key_slot`]), promotes replicas
+//!   ([`RedisCluster::failover`] with a [`FailoverMode`]), kills, restarts and
+//!   pauses nodes, and can cut a replica off its master
+//!   ([`RedisCluster::break_replication`]) so that a `TAKEOVER` loses the
+//!   writes made meanwhile. [`RedisCluster::connection`] is a
+//!   `redis::cluster_async::ClusterConnection` that follows `MOVED`.
+//!
 //! The binary is taken from the `REDIS_SERVER_BIN` environment variable, or
 //! `redis-server` on `PATH` (`scripts/ensure-redis` installs it). Starting and
 //! restarting block the calling thread until the server answers `PING`,

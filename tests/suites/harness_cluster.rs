@@ -342,3 +342,21 @@ async fn paused_replica_is_waited_for_after_resume() {
     cluster.wait_stable();
     assert_eq!(cluster.nodes()[replica].role, Role::Replica { master: 0 });
 }
+
+#[test]
+fn a_node_that_does_not_start_names_its_port_and_log() {
+    let result = std::panic::catch_unwind(|| {
+        RedisCluster::start_with_args(2, 1, &["--no-such-directive", "1"])
+    });
+    let payload = result.expect_err("starting the cluster should have panicked");
+    let message = payload
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_else(|| panic!("panic payload is not a String"));
+    assert!(
+        message.contains("did not come up on 127.0.0.1:"),
+        "{message}"
+    );
+    assert!(message.contains("no-such-directive"), "{message}");
+    assert!(message.contains("redis-server log, port"), "{message}");
+}
