@@ -145,33 +145,44 @@ impl RedlockGuard {
     /// Gives back every copy; the answer of a quorum decides the result.
     pub async fn release(mut self) -> Result<Released, LockError> {
         let timeout = self.node_timeout;
-        let guards: Vec<LockGuard> = self.nodes.iter_mut().filter_map(Option::take).collect();
-        let answers = join_all(
-            guards
-                .into_iter()
-                .map(|g| tokio::time::timeout(timeout, g.release())),
-        )
-        .await;
+        let q = self.quorum;
+        // Each copy is released in its own task, so the answer can come as soon as a
+        // quorum agrees; the slower copies finish in the background.
+        let mut answers: FuturesUnordered<_> = self
+            .nodes
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, g)| g.take().map(|g| (i, g)))
+            .map(|(i, g)| {
+                let task = tokio::spawn(tokio::time::timeout(timeout, g.release()));
+                async move { (i, task.await) }
+            })
+            .collect();
         let mut unlocked = 0;
         let mut still: Vec<u32> = Vec::new();
         let mut expired = 0;
         let mut taken = 0;
         let mut cause = None;
-        for (i, answer) in answers.into_iter().enumerate() {
+        while let Some((i, answer)) = answers.next().await {
             match answer {
-                Ok(Ok(Released::StillHeld { holds_left })) => still.push(holds_left),
-                Ok(Ok(_)) => unlocked += 1,
-                Ok(Err(e)) if e.is_not_owner() => taken += 1,
-                Ok(Err(e)) if e.is_expired() => expired += 1,
-                Ok(Err(e)) => {
+                Ok(Ok(Ok(Released::StillHeld { holds_left }))) => still.push(holds_left),
+                Ok(Ok(Ok(_))) => unlocked += 1,
+                Ok(Ok(Err(e))) if e.is_not_owner() => taken += 1,
+                Ok(Ok(Err(e))) if e.is_expired() => expired += 1,
+                Ok(Ok(Err(e))) => {
                     cause.get_or_insert_with(|| format!("copy {i}: {e}"));
                 }
-                Err(_) => {
+                Ok(Err(_)) => {
                     cause.get_or_insert_with(|| format!("copy {i}: no answer within {timeout:?}"));
                 }
+                Err(e) => {
+                    cause.get_or_insert_with(|| format!("copy {i}: release task failed: {e}"));
+                }
+            }
+            if unlocked >= q || still.len() >= q {
+                break;
             }
         }
-        let q = self.quorum;
         let key = || self.name.clone();
         if still.len() >= q {
             let holds_left = still.iter().copied().min().unwrap_or(1);
