@@ -22,7 +22,9 @@
 //! [`store`] (SQLite), [`load`] (the load generator and its verdict), [`instances`]
 //! (starting service processes for the load generator, the tests and the benchmark).
 
+pub mod instances;
 mod keys;
+pub mod load;
 mod order;
 mod problem;
 mod routes;
