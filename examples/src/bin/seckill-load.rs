@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use lock_examples::seckill::instances::{BoxError, Instance, server_binary};
+use lock_examples::seckill::instances::{BoxError, Instance, server_binary, shutdown_signal};
 use lock_examples::seckill::load::{self, LoadConfig, Verdict};
 use lock_tests::RedisServer;
 
@@ -144,7 +144,7 @@ async fn main() -> ExitCode {
         };
         tokio::select! {
             v = run => v,
-            _ = tokio::signal::ctrl_c() => Err("interrupted".into()),
+            _ = shutdown_signal() => Err("interrupted".into()),
         }
     }
     .await;

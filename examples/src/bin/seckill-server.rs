@@ -12,6 +12,7 @@
 
 use std::time::Duration;
 
+use lock_examples::seckill::instances::shutdown_signal;
 use lock_examples::seckill::server::{self, ServerConfig};
 
 const USAGE: &str = "usage: seckill-server [--listen ADDR] [--redis URL] [--db PATH]
@@ -61,21 +62,6 @@ fn parse_args() -> Result<ServerConfig, BoxError> {
         }
     }
     Ok(config)
-}
-
-async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
-    }
 }
 
 #[tokio::main]
