@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use lock_core::{Lease, LockClient, LockConfig, LockOptions};
 
 use crate::measure::{BoxError, BoxFut, Timing, median, round_order, rounds_list};
+use crate::report::Figure;
 
 /// Tasks contending for the key.
 const TASKS: usize = 64;
@@ -143,7 +144,7 @@ fn rslock(url: &str) -> HotCycle {
 
 /// Measures lock-core with 1 and 4 clients and rslock, `rounds` interleaved rounds
 /// each; prints the medians, the per-round rates and the ratios of the medians.
-pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<(), BoxError> {
+pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>, BoxError> {
     let impls = [
         Impl {
             name: "ours_1_clients",
@@ -198,5 +199,18 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<(), BoxErro
         "ratio hot_handoff_p50_ours_1_client_vs_rslock {:.2}",
         peer.p50_us / one.p50_us
     );
-    Ok(())
+    Ok(vec![
+        Figure::vs(
+            "hot_handoffs_ours_1_client_vs_rslock",
+            one.handoffs_per_s,
+            peer.handoffs_per_s,
+            "handoffs/s",
+        ),
+        Figure::vs(
+            "hot_handoffs_ours_4_clients_vs_rslock",
+            four.handoffs_per_s,
+            peer.handoffs_per_s,
+            "handoffs/s",
+        ),
+    ])
 }

@@ -31,6 +31,7 @@ use redis::aio::ConnectionManager;
 use crate::measure::{
     BoxError, Cycle, Timing, cycle, measure_rounds, median, median_rates, rounds_list,
 };
+use crate::report::Figure;
 
 /// Requests in flight at once.
 const TASKS: usize = 32;
@@ -150,7 +151,7 @@ fn requests(client: &HttpClient, addr: SocketAddr, prefix: &'static str, replay:
     })
 }
 
-pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<(), BoxError> {
+pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>, BoxError> {
     let lock_client = LockClient::open(url).await?;
     let conn = ConnectionManager::new(redis::Client::open(url)?).await?;
     let mut probe = conn.clone();
@@ -194,5 +195,20 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<(), BoxErro
         "ratio idempotency_replay_ours_vs_by_hand {:.2}",
         rates[3] / rates[2]
     );
-    Ok(())
+    Ok(vec![
+        Figure::vs(
+            "idempotency_fresh_ours_vs_by_hand",
+            rates[1],
+            rates[0],
+            "requests/s",
+        )
+        .target(0.8),
+        Figure::vs(
+            "idempotency_replay_ours_vs_by_hand",
+            rates[3],
+            rates[2],
+            "requests/s",
+        )
+        .target(0.8),
+    ])
 }

@@ -13,6 +13,7 @@ use redis::aio::ConnectionManager;
 use crate::measure::{
     BoxError, Cycle, Timing, cycle, measure_rounds, median, median_rates, rounds_list,
 };
+use crate::report::Figure;
 
 /// Tasks taking ids at once.
 const TASKS: usize = 64;
@@ -29,7 +30,7 @@ fn next_ids(ids: IdGenerator) -> Cycle {
     })
 }
 
-pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<(), BoxError> {
+pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>, BoxError> {
     let client = LockClient::open(url).await?;
     let mut probe = ConnectionManager::new(redis::Client::open(url)?).await?;
     let per_id = IdGenerator::new(&client, "bench-ids", IdConfig::new())?;
@@ -56,5 +57,7 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<(), BoxErro
         );
     }
     println!("ratio segment_vs_per_id {:.1}", rates[1] / rates[0]);
-    Ok(())
+    Ok(vec![
+        Figure::vs("segment_vs_per_id", rates[1], rates[0], "ids/s").target(20.0),
+    ])
 }

@@ -8,6 +8,7 @@ use lock_macros::cache_lock;
 use redis::aio::ConnectionManager;
 
 use crate::measure::{BoxError, Cycle, Timing, cycle, measure_rounds, median_rates, rounds_list};
+use crate::report::Figure;
 
 /// The body both versions run: trivial, so the lock's cost is what shows.
 fn work(id: u64) -> u64 {
@@ -30,7 +31,8 @@ async fn by_hand(client: &LockClient, id: u64) -> Result<u64, LockError> {
     result
 }
 
-pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<(), BoxError> {
+pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>, BoxError> {
+    let mut figures = Vec::new();
     let client = LockClient::open(url).await?;
     let mut probe = ConnectionManager::new(redis::Client::open(url)?).await?;
     let impls: [(&str, Cycle); 2] = [
@@ -70,6 +72,15 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<(), BoxErro
             "ratio macro_vs_by_hand_{tasks}_tasks {:.2}",
             rates[1] / rates[0]
         );
+        figures.push(
+            Figure::vs(
+                format!("macro_vs_by_hand_{tasks}_tasks"),
+                rates[1],
+                rates[0],
+                "calls/s",
+            )
+            .target(0.95),
+        );
     }
-    Ok(())
+    Ok(figures)
 }

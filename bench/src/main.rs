@@ -49,6 +49,13 @@
 //!   (above 1 = ours hands over faster).
 //!
 //! Options: `--seconds N` per measurement (default 2), `--rounds N` (default 3).
+//!
+//! # Every benchmark at once
+//!
+//! `scripts/bench all` runs every benchmark of [`BENCHES`] in turn (each on its own
+//! redis-server, with the same `--seconds` and `--rounds`), prints each one's lines as
+//! it goes, and ends with one markdown table: bench, figure, value, baseline, ratio and
+//! target. A benchmark joins the table by one line in [`BENCHES`].
 
 mod hot;
 mod idempotency;
@@ -57,38 +64,108 @@ mod macro_bench;
 mod measure;
 mod ratelimit;
 mod redlock;
+mod report;
+mod seckill;
 mod uncontended;
 
 use std::time::Duration;
 
 use lock_tests::RedisServer;
 
-use crate::measure::{BoxError, Timing};
+use crate::measure::{BoxError, BoxFut, Timing};
+use crate::report::Figure;
 
-const USAGE: &str =
-    "usage: lock-bench [lock|macro|ratelimit|ids|idempotency|redlock] [--seconds N] [--rounds N]
-  lock          lock-core against the floor and rslock (the default)
-  macro         an #[cache_lock] fn against the same work by hand
-  ratelimit     GCRA decisions against a trivial one-key script
-  ids           order ids per second: one script call per id against segment mode
-  idempotency   POSTs/s over HTTP behind IdempotencyLayer against the same Redis
-                round trips by hand (fresh keys, and replays)
-  redlock       a Redlock over 5 local masters against single-node locking and
-                rslock over the same masters (latency p50/p99, throughput)
-  --seconds N   measured seconds per round of each implementation (default 2)
-  --rounds N    interleaved rounds per implementation; medians are reported (default 3)";
+/// One benchmark: its name on the command line, what it compares, how many
+/// implementations it measures per round (for the time estimate), and its entry point
+/// (`run(redis_url, timing, rounds)`, returning the figures for the `all` table).
+struct Bench {
+    name: &'static str,
+    about: &'static str,
+    measurements: usize,
+    run: fn(String, Timing, usize) -> BoxFut<Vec<Figure>>,
+}
+
+/// Every benchmark, in the order `all` runs them.
+const BENCHES: &[Bench] = &[
+    Bench {
+        name: "lock",
+        about: "lock-core against the floor and rslock (the default)",
+        measurements: MEASUREMENTS,
+        run: |url, t, r| {
+            Box::pin(async move {
+                let mut figures = uncontended::run(&url, t, r).await?;
+                figures.extend(hot::run(&url, t, r).await?);
+                Ok(figures)
+            })
+        },
+    },
+    Bench {
+        name: "macro",
+        about: "an #[cache_lock] fn against the same work by hand",
+        measurements: MACRO_MEASUREMENTS,
+        run: |url, t, r| Box::pin(async move { macro_bench::run(&url, t, r).await }),
+    },
+    Bench {
+        name: "ratelimit",
+        about: "GCRA decisions against a trivial one-key script",
+        measurements: 2,
+        run: |url, t, r| Box::pin(async move { ratelimit::run(&url, t, r).await }),
+    },
+    Bench {
+        name: "ids",
+        about: "order ids per second: one script call per id against segment mode",
+        measurements: ids::MEASUREMENTS,
+        run: |url, t, r| Box::pin(async move { ids::run(&url, t, r).await }),
+    },
+    Bench {
+        name: "idempotency",
+        about: "POSTs/s behind IdempotencyLayer against the same Redis round trips by hand",
+        measurements: idempotency::MEASUREMENTS,
+        run: |url, t, r| Box::pin(async move { idempotency::run(&url, t, r).await }),
+    },
+    Bench {
+        name: "redlock",
+        about: "a Redlock over 5 local masters against single-node locking and rslock over \
+                the same masters (latency p50/p99, throughput)",
+        measurements: redlock::MEASUREMENTS,
+        run: |url, t, r| Box::pin(async move { redlock::run(&url, t, r).await }),
+    },
+    Bench {
+        name: "seckill",
+        about: "the demo's flash sale (2 instances, 2000 buyers): requests/s, p99",
+        measurements: 0,
+        run: |url, t, r| Box::pin(async move { seckill::run(&url, t, r).await }),
+    },
+];
 
 /// Uncontended implementations times concurrencies, plus the hot-key implementations.
 const MEASUREMENTS: usize = 5 * 2 + 3;
 /// `macro`: two implementations times two concurrencies.
 const MACRO_MEASUREMENTS: usize = 2 * 2;
 
+fn usage() -> String {
+    let mut names: Vec<&str> = BENCHES.iter().map(|b| b.name).collect();
+    names.push("all");
+    let mut out = format!(
+        "usage: lock-bench [{}] [--seconds N] [--rounds N]\n",
+        names.join("|")
+    );
+    for b in BENCHES {
+        out.push_str(&format!("  {:<13} {}\n", b.name, b.about));
+    }
+    out.push_str(
+        "  all           every benchmark above, then one markdown table of the figures
+  --seconds N   measured seconds per round of each implementation (default 2)
+  --rounds N    interleaved rounds per implementation; medians are reported (default 3)",
+    );
+    out
+}
+
 struct Args {
     bench: String,
     seconds: f64,
     rounds: usize,
 }
-
 fn parse_args() -> Result<Args, BoxError> {
     let mut args = Args {
         bench: "lock".to_string(),
@@ -119,7 +196,7 @@ fn parse_args() -> Result<Args, BoxError> {
                     })?;
             }
             "-h" | "--help" => {
-                println!("{USAGE}");
+                println!("{}", usage());
                 std::process::exit(0);
             }
             a if a.starts_with('-') => {
@@ -135,68 +212,46 @@ fn parse_args() -> Result<Args, BoxError> {
     Ok(args)
 }
 
-#[tokio::main]
-async fn main() -> Result<(), BoxError> {
-    let args = parse_args()?;
-    if ![
-        "lock",
-        "macro",
-        "ratelimit",
-        "ids",
-        "idempotency",
-        "redlock",
-    ]
-    .contains(&args.bench.as_str())
-    {
-        return Err(format!(
-            "unknown benchmark {:?}; available: lock, macro, ratelimit, ids, idempotency, \
-             redlock",
-            args.bench
-        )
-        .into());
-    }
-    let timing = Timing::new(Duration::from_secs_f64(args.seconds));
-    if args.bench == "redlock" {
-        println!(
-            "bench redlock: {} rounds of {} s per measurement, medians reported (about {:.0} s in all)",
-            args.rounds,
-            args.seconds,
-            timing
-                .estimate(redlock::MEASUREMENTS, args.rounds)
-                .as_secs_f64()
-        );
-        return redlock::run(timing, args.rounds).await;
-    }
+/// Runs `bench` on a redis-server of its own and returns its figures.
+async fn run_one(bench: &Bench, args: &Args, timing: Timing) -> Result<Vec<Figure>, BoxError> {
     let server = RedisServer::start();
     let url = server.url();
-    let measurements = match args.bench.as_str() {
-        "macro" => MACRO_MEASUREMENTS,
-        "ratelimit" => 2,
-        "ids" => ids::MEASUREMENTS,
-        "idempotency" => idempotency::MEASUREMENTS,
-        _ => MEASUREMENTS,
-    };
     println!(
         "bench {}: redis-server at {url}, {} rounds of {} s per measurement, \
          medians reported (about {:.0} s in all)",
-        args.bench,
+        bench.name,
         args.rounds,
         args.seconds,
-        timing.estimate(measurements, args.rounds).as_secs_f64()
+        timing
+            .estimate(bench.measurements, args.rounds)
+            .as_secs_f64()
     );
-    if args.bench == "macro" {
-        return macro_bench::run(&url, timing, args.rounds).await;
+    (bench.run)(url, timing, args.rounds).await
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let args = parse_args()?;
+    let timing = Timing::new(Duration::from_secs_f64(args.seconds));
+    if args.bench == "all" {
+        let mut rows = Vec::new();
+        for bench in BENCHES {
+            let figures = run_one(bench, &args, timing).await?;
+            rows.extend(figures.into_iter().map(|f| (bench.name, f)));
+            println!();
+        }
+        println!("{}", report::table(&rows));
+        return Ok(());
     }
-    if args.bench == "ratelimit" {
-        return ratelimit::run(&url, timing, args.rounds).await;
-    }
-    if args.bench == "ids" {
-        return ids::run(&url, timing, args.rounds).await;
-    }
-    if args.bench == "idempotency" {
-        return idempotency::run(&url, timing, args.rounds).await;
-    }
-    uncontended::run(&url, timing, args.rounds).await?;
-    hot::run(&url, timing, args.rounds).await?;
+    let Some(bench) = BENCHES.iter().find(|b| b.name == args.bench) else {
+        let names: Vec<&str> = BENCHES.iter().map(|b| b.name).collect();
+        return Err(format!(
+            "unknown benchmark {:?}; available: {}, all",
+            args.bench,
+            names.join(", ")
+        )
+        .into());
+    };
+    run_one(bench, &args, timing).await?;
     Ok(())
 }

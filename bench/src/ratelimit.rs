@@ -7,10 +7,11 @@ use redis::aio::ConnectionManager;
 use crate::measure::{
     BoxError, Cycle, Timing, cycle, measure_rounds, median, median_rates, rounds_list,
 };
+use crate::report::Figure;
 
 const TRIVIAL: &str = "#!lua\nreturn redis.call('EXISTS', KEYS[1])";
 
-pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<(), BoxError> {
+pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>, BoxError> {
     let client = LockClient::open(url).await?;
     let conn = ConnectionManager::new(redis::Client::open(url)?).await?;
     let mut probe = conn.clone();
@@ -62,5 +63,13 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<(), BoxErro
         "ratio ratelimit_ours_vs_floor_{tasks}_tasks {:.2}",
         rates[1] / rates[0]
     );
-    Ok(())
+    Ok(vec![
+        Figure::vs(
+            format!("ratelimit_ours_vs_floor_{tasks}_tasks"),
+            rates[1],
+            rates[0],
+            "decisions/s",
+        )
+        .target(0.9),
+    ])
 }

@@ -10,6 +10,7 @@ use redis::aio::ConnectionManager;
 use crate::measure::{
     BoxError, Cycle, Timing, cycle, measure_rounds, median, median_rates, rounds_list,
 };
+use crate::report::Figure;
 
 /// Concurrencies measured: tasks running cycles at the same time.
 const CONCURRENCIES: [usize; 2] = [1, 64];
@@ -156,7 +157,8 @@ async fn impls(url: &str, conn: &ConnectionManager) -> Result<[Impl; 5], BoxErro
 
 /// Measures every implementation at 1 and 64 tasks, `rounds` interleaved rounds each;
 /// prints the medians, the per-round rates and the ratios of the medians.
-pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<(), BoxError> {
+pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>, BoxError> {
+    let mut figures = Vec::new();
     let conn = ConnectionManager::new(redis::Client::open(url)?).await?;
     let impls = impls(url, &conn).await?;
     let mut probe = conn.clone();
@@ -189,6 +191,31 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<(), BoxErro
         ratio("our_scripts_raw_vs_floor", RAW, FLOOR);
         ratio("ours_watchdog_vs_floor", WATCHDOG, FLOOR);
         ratio("ours_vs_rslock", OURS, RSLOCK);
+        let unit = "cycles/s";
+        figures.push(
+            Figure::vs(
+                format!("ours_vs_floor_{tasks}_tasks"),
+                rates[OURS],
+                rates[FLOOR],
+                unit,
+            )
+            .target(0.9),
+        );
+        figures.push(Figure::vs(
+            format!("ours_watchdog_vs_floor_{tasks}_tasks"),
+            rates[WATCHDOG],
+            rates[FLOOR],
+            unit,
+        ));
+        figures.push(
+            Figure::vs(
+                format!("ours_vs_rslock_{tasks}_tasks"),
+                rates[OURS],
+                rates[RSLOCK],
+                unit,
+            )
+            .target(1.3),
+        );
     }
-    Ok(())
+    Ok(figures)
 }

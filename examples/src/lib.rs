@@ -1,0 +1,10 @@
+//! Runnable programs built on the workspace crates.
+//!
+//! - [`seckill`]: the flash-sale service (`seckill-server`) and its load generator
+//!   (`seckill-load`), the main job `scripts/demo` runs.
+//! - `lock-demo` (a binary only): two OS processes taking turns on one lock.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
+pub mod seckill;

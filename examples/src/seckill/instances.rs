@@ -1,0 +1,117 @@
+//! Starting `seckill-server` processes (for the load generator, the tests and the
+//! benchmark).
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// Errors of this module and of the load generator.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How long a starting instance gets to print its address.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The `seckill-server` binary built beside the running program (`target/<profile>/`,
+/// also from a test binary in `target/<profile>/deps/`).
+pub fn server_binary() -> Result<PathBuf, BoxError> {
+    let exe = std::env::current_exe()?;
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let bin = dir.join("seckill-server");
+    if bin.is_file() {
+        Ok(bin)
+    } else {
+        Err(format!(
+            "{} not found: build it with `cargo build --release -p lock-examples` \
+             (or pass --server-bin PATH)",
+            bin.display()
+        )
+        .into())
+    }
+}
+
+/// One `seckill-server` child process on a port of its own; killed on drop.
+#[derive(Debug)]
+pub struct Instance {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+}
+
+impl Instance {
+    /// Starts `bin` on `127.0.0.1` (a free port) against `redis` and the SQLite file
+    /// `db`, with `extra` arguments, and waits until it listens. Its log goes to this
+    /// process's stderr (`RUST_LOG`, default `warn`).
+    pub async fn spawn(
+        bin: &Path,
+        redis: &str,
+        db: &Path,
+        extra: &[&str],
+    ) -> Result<Instance, BoxError> {
+        let mut child = Command::new(bin)
+            .args(["--listen", "127.0.0.1:0", "--redis", redis, "--db"])
+            .arg(db)
+            .args(extra)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+        let stdout = child.stdout.take().ok_or("no stdout pipe")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let first = tokio::time::timeout(START_TIMEOUT, lines.next_line()).await;
+        let url = match first {
+            Ok(Ok(Some(line))) => line
+                .split_once("listening on ")
+                .map(|(_, url)| url.trim().to_string()),
+            _ => None,
+        };
+        let Some(url) = url else {
+            let _ = child.kill().await;
+            let status = child.wait().await.ok();
+            return Err(format!(
+                "{} did not start (exit status {status:?}); its log is above",
+                bin.display()
+            )
+            .into());
+        };
+        // Keep the pipe drained so the child never blocks on a full stdout.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(Instance { child, url })
+    }
+
+    /// Kills the process (SIGKILL) and waits for it.
+    pub async fn kill(&mut self) {
+        let _ = self.child.kill().await;
+    }
+
+    /// Its exit status, if it has exited.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+pub async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}

@@ -1,0 +1,34 @@
+//! The seckill (flash-sale) service: vouchers with a stock, one order per user, no
+//! oversell, with every piece of the library in its place.
+//!
+//! The order path (`POST /vouchers/{id}/orders`), from the outside in:
+//!
+//! 1. `X-User-Id` checked (a stand-in for authentication; missing or malformed: 400);
+//! 2. [`RateLimitLayer`](lock_tower::rate_limit::RateLimitLayer): GCRA per user (429);
+//! 3. [`IdempotencyLayer`](lock_tower::idempotency::IdempotencyLayer): a retry with the
+//!    same `Idempotency-Key` gets the first response replayed;
+//! 4. `#[cache_lock]` keyed by voucher and user: a concurrent duplicate of the same
+//!    user's order is refused before it does any work (409 `lock-busy`);
+//! 5. an order id from the [`IdGenerator`](lock_core::IdGenerator) (segment mode);
+//! 6. `lua/seckill_take.lua`, one atomic script: sale window, stock and buyer set
+//!    checked, stock decremented, buyer recorded and the order appended to a Redis
+//!    Stream. Oversell and double orders are impossible here even without the lock;
+//! 7. 201 with the order id. A worker in every instance (a consumer group on the
+//!    stream: the seed's queue for peak shaving) writes the order into SQLite, whose
+//!    UNIQUE (voucher_id, user_id) index is the seed's last safeguard, then XACKs it;
+//!    entries a crashed worker left pending are claimed by another after an idle time.
+//!
+//! Modules: [`server`] (configuration, router, start-up), [`worker`] (stream to SQLite),
+//! [`store`] (SQLite), [`load`] (the load generator and its verdict), [`instances`]
+//! (starting service processes for the load generator, the tests and the benchmark).
+
+pub mod instances;
+mod keys;
+pub mod load;
+mod order;
+mod problem;
+mod routes;
+pub mod server;
+pub mod store;
+mod voucher;
+pub mod worker;

@@ -1,0 +1,182 @@
+//! The order path: one order per user under `#[cache_lock]`, stock taken by one atomic
+//! script that also queues the order.
+
+use std::sync::LazyLock;
+
+use lock_core::OrderId;
+use lock_macros::cache_lock;
+use redis::Value;
+
+use super::keys;
+use super::problem::{AppError, Problem};
+use super::server::App;
+
+/// `lua/seckill_take.lua`: window, stock and buyer checks, decrement, buyer record and
+/// stream append in one step.
+static TAKE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/seckill_take.lua")));
+
+/// What the stock script decided.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Take {
+    /// Sold: the order is in the stream under `entry`.
+    Taken {
+        entry: String,
+        stock_left: i64,
+    },
+    NoVoucher,
+    NotStarted {
+        begins_at_ms: i64,
+    },
+    Ended {
+        ends_at_ms: i64,
+    },
+    AlreadyOrdered,
+    SoldOut,
+}
+
+/// An accepted order.
+#[derive(Debug)]
+pub(crate) struct Placed {
+    pub(crate) order_id: OrderId,
+}
+
+/// Places the order of `user_id` for `voucher_id`.
+///
+/// The lock makes a user's concurrent duplicates (double clicks, two tabs, a retry with
+/// a fresh key) fail fast with 409 `lock-busy` instead of all running the script; the
+/// script alone already guarantees one order per user and no oversell.
+#[cache_lock(prefix = "seckill-order", key = (voucher_id, user_id), expire = "10s", client = app.locks)]
+pub(crate) async fn place_order(
+    app: &App,
+    voucher_id: i64,
+    user_id: i64,
+) -> Result<Placed, AppError> {
+    let order_id = app.ids.next_id().await?;
+    let mut conn = app.redis.clone();
+    let reply: Value = TAKE
+        .key(keys::voucher(voucher_id))
+        .key(keys::buyers(voucher_id))
+        .key(keys::STREAM)
+        .arg(voucher_id)
+        .arg(user_id)
+        .arg(order_id.get())
+        .invoke_async(&mut conn)
+        .await
+        .map_err(|e| Problem::unavailable("the stock service", &e))?;
+    let take = parse_take(&reply).ok_or_else(|| {
+        Problem::unavailable(
+            "the stock script",
+            &format!("unexpected reply from seckill_take.lua: {reply:?}"),
+        )
+    })?;
+    use axum::http::StatusCode;
+    let refuse = |status, kind, detail: String| Err(Problem::new(status, kind, detail).into());
+    match take {
+        Take::Taken { entry, stock_left } => {
+            tracing::debug!(%order_id, voucher_id, user_id, %entry, stock_left, "order taken");
+            Ok(Placed { order_id })
+        }
+        Take::NoVoucher => {
+            Err(Problem::not_found(format!("there is no voucher {voucher_id}")).into())
+        }
+        Take::NotStarted { begins_at_ms } => refuse(
+            StatusCode::FORBIDDEN,
+            "not-active",
+            format!(
+                "the sale of voucher {voucher_id} begins at {}",
+                super::voucher::format_ms(begins_at_ms)
+            ),
+        ),
+        Take::Ended { ends_at_ms } => refuse(
+            StatusCode::FORBIDDEN,
+            "not-active",
+            format!(
+                "the sale of voucher {voucher_id} ended at {}",
+                super::voucher::format_ms(ends_at_ms)
+            ),
+        ),
+        Take::AlreadyOrdered => refuse(
+            StatusCode::CONFLICT,
+            "already-ordered",
+            format!("user {user_id} already has an order for voucher {voucher_id}; one per user"),
+        ),
+        Take::SoldOut => refuse(
+            StatusCode::GONE,
+            "sold-out",
+            format!("voucher {voucher_id} is sold out"),
+        ),
+    }
+}
+
+/// Reads the script's reply (see the header of `lua/seckill_take.lua`); `None` for
+/// anything the script never returns.
+pub(crate) fn parse_take(reply: &Value) -> Option<Take> {
+    let Value::Array(items) = reply else {
+        return None;
+    };
+    let text = |i: usize| match items.get(i)? {
+        Value::BulkString(b) => std::str::from_utf8(b).ok().map(str::to_owned),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(n) => Some(n.to_string()),
+        _ => None,
+    };
+    let int = |i: usize| text(i)?.parse::<i64>().ok();
+    Some(match text(0)?.as_str() {
+        "ok" => Take::Taken {
+            entry: text(1)?,
+            stock_left: int(2)?,
+        },
+        "no-voucher" => Take::NoVoucher,
+        "not-started" => Take::NotStarted {
+            begins_at_ms: int(1)?,
+        },
+        "ended" => Take::Ended {
+            ends_at_ms: int(1)?,
+        },
+        "already-ordered" => Take::AlreadyOrdered,
+        "sold-out" => Take::SoldOut,
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn parses_every_reply_and_refuses_others() {
+        let ok = Value::Array(vec![bulk("ok"), bulk("1-0"), Value::Int(4)]);
+        assert_eq!(
+            parse_take(&ok),
+            Some(Take::Taken {
+                entry: "1-0".into(),
+                stock_left: 4
+            })
+        );
+        let ended = Value::Array(vec![bulk("ended"), bulk("1700000000000")]);
+        assert_eq!(
+            parse_take(&ended),
+            Some(Take::Ended {
+                ends_at_ms: 1_700_000_000_000
+            })
+        );
+        assert_eq!(
+            parse_take(&Value::Array(vec![bulk("sold-out")])),
+            Some(Take::SoldOut)
+        );
+        for bad in [
+            Value::Nil,
+            Value::Int(1),
+            Value::Array(vec![]),
+            Value::Array(vec![bulk("ok")]),
+            Value::Array(vec![bulk("what")]),
+        ] {
+            assert_eq!(parse_take(&bad), None, "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! The HTTP API: routes, handlers and the checks of what clients send.
+
+use axum::Json;
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, Request, State};
+use axum::http::header::LOCATION;
+use axum::http::{HeaderMap, HeaderName, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use lock_core::{IdempotencyStore, RateLimiter};
+use lock_tower::idempotency::IdempotencyLayer;
+use lock_tower::rate_limit::{HeaderKey, RateLimitLayer};
+use serde_json::json;
+
+use super::order;
+use super::problem::{AppError, Problem};
+use super::server::App;
+use super::voucher;
+use super::worker;
+
+/// The header naming the buyer (a stand-in for authentication).
+const USER_HEADER: &str = "x-user-id";
+
+/// The service's routes; see the README for the API.
+pub(crate) fn router(app: App, limiter: RateLimiter, idempotency: IdempotencyStore) -> Router {
+    // Outermost first: who is it (400), too fast (429), a retry (replayed), then the
+    // handler with its lock.
+    let place_order = post::<_, _, App>(create_order)
+        .layer::<_, std::convert::Infallible>(
+            IdempotencyLayer::new(idempotency)
+                .require_key(true)
+                .principal(user_principal),
+        )
+        .layer::<_, std::convert::Infallible>(RateLimitLayer::new(
+            limiter,
+            HeaderKey(HeaderName::from_static(USER_HEADER)),
+        ))
+        .layer::<_, std::convert::Infallible>(middleware::from_fn(require_user));
+    Router::new()
+        .route("/vouchers", post(create_voucher))
+        .route("/vouchers/{id}", get(get_voucher))
+        .route("/vouchers/{id}/orders", get(list_orders).merge(place_order))
+        .route("/orders/{order_id}", get(get_order))
+        .route("/healthz", get(healthz))
+        .with_state(app)
+}
+
+/// The buyer of a request: `X-User-Id`, a whole number from 1 to `i64::MAX`.
+fn user_id(headers: &HeaderMap) -> Result<i64, Problem> {
+    let raw = headers.get(USER_HEADER).ok_or_else(|| {
+        Problem::bad_request(
+            "missing-user-id",
+            "send the buyer's id in the X-User-Id header (a whole number, 1 or more)",
+        )
+    })?;
+    raw.to_str()
+        .ok()
+        .map(str::trim)
+        .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|s| s.parse::<i64>().ok())
+        .filter(|id| *id >= 1)
+        .ok_or_else(|| {
+            Problem::bad_request(
+                "invalid-user-id",
+                format!(
+                    "X-User-Id must be a whole number from 1 to {}, got {:?}",
+                    i64::MAX,
+                    String::from_utf8_lossy(raw.as_bytes())
+                ),
+            )
+        })
+}
+
+/// The idempotency principal: the buyer, so one user can never replay another's order.
+fn user_principal(request: &Request<Body>) -> Option<String> {
+    user_id(request.headers()).ok().map(|id| id.to_string())
+}
+
+/// Refuses an order without a valid `X-User-Id` before it reaches the rate limiter.
+async fn require_user(request: Request, next: Next) -> Response {
+    match user_id(request.headers()) {
+        Ok(_) => next.run(request).await,
+        Err(problem) => problem.into_response(),
+    }
+}
+
+/// A numeric id from the path: 400 if it is not one.
+fn path_id(path: Result<Path<String>, PathRejection>, what: &str) -> Result<i64, Problem> {
+    let raw = path
+        .map_err(|e| Problem::bad_request("invalid-id", format!("bad {what} id: {e}")))?
+        .0;
+    raw.parse::<i64>()
+        .ok()
+        .filter(|id| *id >= 1)
+        .ok_or_else(|| {
+            Problem::bad_request(
+                "invalid-id",
+                format!("a {what} id is a whole number, 1 or more; got {raw:?}"),
+            )
+        })
+}
+
+fn db_unavailable(e: rusqlite::Error) -> Problem {
+    Problem::unavailable("the orders database", &e)
+}
+
+fn redis_unavailable(e: redis::RedisError) -> Problem {
+    Problem::unavailable("Redis", &e)
+}
+
+/// `POST /vouchers` `{"stock": N, "begins_at"?, "ends_at"?}` -> 201 `{"id": ...}`.
+async fn create_voucher(State(app): State<App>, body: Bytes) -> Result<Response, AppError> {
+    let spec = voucher::parse_new_voucher(&body)?;
+    let id = voucher::create(&mut app.redis.clone(), &spec)
+        .await
+        .map_err(redis_unavailable)?;
+    tracing::info!(id, stock = spec.stock, "voucher created");
+    Ok((
+        StatusCode::CREATED,
+        [(LOCATION, format!("/vouchers/{id}"))],
+        Json(json!({ "id": id })),
+    )
+        .into_response())
+}
+
+/// `GET /vouchers/{id}` -> `{"id", "stock_left", "sold"}`.
+async fn get_voucher(
+    State(app): State<App>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Response, AppError> {
+    let id = path_id(path, "voucher")?;
+    match voucher::state(&mut app.redis.clone(), id)
+        .await
+        .map_err(redis_unavailable)?
+    {
+        Some(state) => Ok(Json(state).into_response()),
+        None => Err(Problem::not_found(format!("there is no voucher {id}")).into()),
+    }
+}
+
+/// `POST /vouchers/{id}/orders` (headers `X-User-Id`, `Idempotency-Key`) -> 201
+/// `{"order_id": ...}`; see [`order::place_order`] for the refusals.
+async fn create_order(
+    State(app): State<App>,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+) -> Result<Response, AppError> {
+    let voucher_id = path_id(path, "voucher")?;
+    let user_id = user_id(&headers)?;
+    let placed = order::place_order(&app, voucher_id, user_id).await?;
+    let id = placed.order_id.get().to_string();
+    Ok((
+        StatusCode::CREATED,
+        [(LOCATION, format!("/orders/{id}"))],
+        Json(json!({ "order_id": id })),
+    )
+        .into_response())
+}
+
+/// `GET /orders/{order_id}` -> the order, once the worker has persisted it.
+async fn get_order(
+    State(app): State<App>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Response, AppError> {
+    let id = path_id(path, "order")?;
+    match app.store.order(id).await.map_err(db_unavailable)? {
+        Some(order) => Ok(Json(order).into_response()),
+        None => Err(Problem::not_found(format!(
+            "no order {id} in the database (an accepted order is written moments after its 201)"
+        ))
+        .into()),
+    }
+}
+
+/// `GET /vouchers/{id}/orders` -> `{"voucher_id", "orders": [...]}` from the database.
+async fn list_orders(
+    State(app): State<App>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Response, AppError> {
+    let id = path_id(path, "voucher")?;
+    let orders = app.store.voucher_orders(id).await.map_err(db_unavailable)?;
+    if orders.is_empty()
+        && voucher::state(&mut app.redis.clone(), id)
+            .await
+            .map_err(redis_unavailable)?
+            .is_none()
+    {
+        return Err(Problem::not_found(format!("there is no voucher {id}")).into());
+    }
+    Ok(Json(json!({ "voucher_id": id, "orders": orders })).into_response())
+}
+
+/// `GET /healthz` -> 200 with the worker's figures and the stream backlog; 503 when
+/// Redis is unreachable or the worker has stopped.
+async fn healthz(State(app): State<App>) -> Result<Response, AppError> {
+    let backlog = worker::backlog(&mut app.redis.clone())
+        .await
+        .map_err(redis_unavailable)?;
+    let worker = app.worker.snapshot();
+    let status = if worker.running {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = json!({
+        "status": if worker.running { "ok" } else { "worker-stopped" },
+        "worker": worker,
+        "stream": backlog,
+    });
+    Ok((status, Json(body)).into_response())
+}

@@ -1,0 +1,190 @@
+//! The service: configuration, shared state, the router and start-up.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use lock_core::ids::{IdConfig, IdMode};
+use lock_core::{IdGenerator, LockClient, LockConfig, RateLimit};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::watch;
+
+use super::routes;
+use super::store::OrderStore;
+use super::worker::{self, Worker, WorkerConfig, WorkerStats};
+
+/// Time limit of every Redis call on the request path.
+const REDIS_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What `seckill-server` is started with. Every field has a default (see
+/// [`ServerConfig::new`]).
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Address to listen on (default `127.0.0.1:8080`; port 0 picks a free one).
+    pub listen: SocketAddr,
+    /// The Redis shared by all instances (default `redis://127.0.0.1:6379/`).
+    pub redis: String,
+    /// The SQLite file shared by all instances on the machine (default `seckill.db`).
+    pub db: PathBuf,
+    /// Orders per second one user may send, on average (default 2).
+    pub user_rate: u32,
+    /// How many orders one user may send at once (default 4).
+    pub user_burst: u32,
+    /// The stream worker's settings.
+    pub worker: WorkerConfig,
+}
+
+impl ServerConfig {
+    /// Every default; the worker's consumer name is unique to this process.
+    pub fn new() -> Self {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or_default();
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            redis: "redis://127.0.0.1:6379/".into(),
+            db: PathBuf::from("seckill.db"),
+            user_rate: 2,
+            user_burst: 4,
+            worker: WorkerConfig::new(format!("worker-{}-{nanos:08x}", std::process::id())),
+        }
+    }
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// What every handler shares; cheap to clone.
+#[derive(Clone, Debug)]
+pub(crate) struct App {
+    /// Locks (`#[cache_lock]`), ids, the rate limiter and idempotency records.
+    pub(crate) locks: LockClient,
+    /// Stock script, vouchers and stream statistics.
+    pub(crate) redis: ConnectionManager,
+    pub(crate) ids: IdGenerator,
+    pub(crate) store: OrderStore,
+    pub(crate) worker: std::sync::Arc<WorkerStats>,
+}
+
+async fn connection(
+    client: &redis::Client,
+    response_timeout: Duration,
+) -> Result<ConnectionManager, redis::RedisError> {
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(REDIS_TIMEOUT))
+        .set_response_timeout(Some(response_timeout))
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_secs(1));
+    ConnectionManager::new_with_config(client.clone(), config).await
+}
+
+/// A running instance: its address, and the handle that stops it.
+#[derive(Debug)]
+pub struct Running {
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    serve: tokio::task::JoinHandle<std::io::Result<()>>,
+    worker: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Stops accepting requests, lets those in flight finish, stops the worker after its
+    /// current batch, and waits for both.
+    pub async fn stop(self) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let _ = self.shutdown.send(true);
+        self.serve.await??;
+        self.worker.await?;
+        Ok(())
+    }
+
+    /// Waits until the server stops by itself (an I/O error) or `signal` resolves, then
+    /// stops it.
+    pub async fn until(
+        self,
+        signal: impl Future<Output = ()>,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        signal.await;
+        tracing::info!("shutting down");
+        self.stop().await
+    }
+}
+
+/// Connects to Redis and SQLite, starts the worker and the HTTP server.
+pub async fn start(
+    config: ServerConfig,
+) -> Result<Running, Box<dyn std::error::Error + Send + Sync>> {
+    let client = redis::Client::open(config.redis.as_str())
+        .map_err(|e| format!("--redis {:?}: {e}", config.redis))?;
+    let unreachable = |e: redis::RedisError| {
+        format!(
+            "cannot reach Redis at {}: {e} (start redis-server, or pass --redis URL)",
+            config.redis
+        )
+    };
+    let redis = connection(&client, REDIS_TIMEOUT)
+        .await
+        .map_err(unreachable)?;
+    let worker_conn = connection(&client, Duration::from_secs(3))
+        .await
+        .map_err(unreachable)?;
+    let locks = LockClient::from_client(
+        client.clone(),
+        LockConfig::new().with_command_timeout(REDIS_TIMEOUT),
+    )
+    .await?;
+    let ids = IdGenerator::new(
+        &locks,
+        "seckill-order",
+        IdConfig::new().with_mode(IdMode::Segment { block: 1_000 }),
+    )?;
+    let store = OrderStore::open(&config.db)
+        .map_err(|e| format!("cannot open the database {}: {e}", config.db.display()))?;
+    worker::ensure_group(&mut redis.clone())
+        .await
+        .map_err(unreachable)?;
+
+    let worker = Worker::new(worker_conn, store.clone(), config.worker.clone());
+    let limiter = locks.rate_limiter(
+        "seckill-orders",
+        RateLimit::per_second(config.user_rate).with_burst(config.user_burst),
+    );
+    let idempotency = locks.idempotency_store("seckill-orders");
+    let app = App {
+        locks,
+        redis,
+        ids,
+        store,
+        worker: worker.stats(),
+    };
+    let router: Router = routes::router(app, limiter, idempotency);
+
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    let addr = listener.local_addr()?;
+    let (shutdown, rx) = watch::channel(false);
+    let worker = tokio::spawn(worker.run(rx.clone()));
+    let mut stop = rx;
+    let serve = tokio::spawn(async move {
+        axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })
+        .await
+    });
+    Ok(Running {
+        addr,
+        shutdown,
+        serve,
+        worker,
+    })
+}

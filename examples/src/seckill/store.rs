@@ -1,0 +1,244 @@
+//! The orders database: an embedded SQLite file shared by every instance on the machine.
+//!
+//! Behavior:
+//! - Table `orders` (order_id primary key, voucher_id, user_id, created_ms,
+//!   stream_entry, persisted_ms) with a UNIQUE index on (voucher_id, user_id): the
+//!   seed's last safeguard for "one order per user", independent of Redis.
+//! - Writes are idempotent: [`OrderStore::insert_batch`] uses `ON CONFLICT DO NOTHING`,
+//!   so a stream entry persisted twice (a worker that crashed between the commit and
+//!   its XACK, a re-delivered stream) never becomes a second row.
+//! - WAL journal and a busy timeout, so several processes can write the same file.
+//! - Every call runs on tokio's blocking pool; the connection sits behind a mutex.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::Serialize;
+
+use super::voucher::format_ms;
+
+/// How long a write waits for another process's write transaction.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most orders `GET /vouchers/{id}/orders` returns.
+pub const MAX_LISTED: i64 = 100_000;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS orders (
+    order_id     INTEGER PRIMARY KEY,
+    voucher_id   INTEGER NOT NULL,
+    user_id      INTEGER NOT NULL,
+    created_ms   INTEGER NOT NULL,
+    stream_entry TEXT    NOT NULL,
+    persisted_ms INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS orders_one_per_user ON orders (voucher_id, user_id);
+";
+
+/// An order as the stream carries it and the database keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewOrder {
+    /// The order id (an [`OrderId`](lock_core::OrderId)'s raw value).
+    pub order_id: i64,
+    /// The voucher bought.
+    pub voucher_id: i64,
+    /// The buyer.
+    pub user_id: i64,
+    /// When the stock was taken, Unix milliseconds on the Redis server's clock.
+    pub created_ms: i64,
+    /// The stream entry id it came from.
+    pub stream_entry: String,
+}
+
+/// A persisted order, as the API shows it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Order {
+    /// The order id, as a string (64-bit ids do not fit a JavaScript number).
+    pub order_id: String,
+    /// The voucher bought.
+    pub voucher_id: i64,
+    /// The buyer.
+    pub user_id: i64,
+    /// When the stock was taken (RFC 3339, UTC).
+    pub created_at: String,
+}
+
+/// Result of [`OrderStore::insert_batch`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Inserted {
+    /// New rows.
+    pub new: usize,
+    /// Orders already in the table (a re-delivery): left as they were.
+    pub already_there: usize,
+}
+
+/// The SQLite orders database; cheap to clone (clones share the connection).
+#[derive(Debug, Clone)]
+pub struct OrderStore {
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl OrderStore {
+    /// Opens (creating if needed) the database at `path` and its schema.
+    pub fn open(path: &Path) -> Result<Self, rusqlite::Error> {
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.execute_batch(SCHEMA)?;
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    async fn with<T, F>(&self, f: F) -> Result<T, rusqlite::Error>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, rusqlite::Error> + Send + 'static,
+    {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            // A panic while holding the lock leaves SQLite consistent (the transaction
+            // rolls back on drop), so a poisoned mutex is still usable.
+            let mut conn = conn.lock().unwrap_or_else(PoisonError::into_inner);
+            f(&mut conn)
+        })
+        .await
+        .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?
+    }
+
+    /// Inserts `orders` in one transaction; orders already present are left alone.
+    pub async fn insert_batch(&self, orders: Vec<NewOrder>) -> Result<Inserted, rusqlite::Error> {
+        self.with(move |conn| {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as i64)
+                .unwrap_or_default();
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let mut inserted = Inserted::default();
+            {
+                let mut stmt = tx.prepare_cached(
+                    "INSERT INTO orders (order_id, voucher_id, user_id, created_ms, stream_entry, persisted_ms)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
+                )?;
+                for o in &orders {
+                    let n = stmt.execute(params![
+                        o.order_id,
+                        o.voucher_id,
+                        o.user_id,
+                        o.created_ms,
+                        o.stream_entry,
+                        now
+                    ])?;
+                    if n == 1 {
+                        inserted.new += 1;
+                    } else {
+                        inserted.already_there += 1;
+                    }
+                }
+            }
+            tx.commit()?;
+            Ok(inserted)
+        })
+        .await
+    }
+
+    /// The order `order_id`, once persisted.
+    pub async fn order(&self, order_id: i64) -> Result<Option<Order>, rusqlite::Error> {
+        self.with(move |conn| {
+            conn.prepare_cached(
+                "SELECT order_id, voucher_id, user_id, created_ms FROM orders WHERE order_id = ?1",
+            )?
+            .query_row([order_id], row_to_order)
+            .optional()
+        })
+        .await
+    }
+
+    /// The persisted orders of `voucher_id` (at most [`MAX_LISTED`]), by order id.
+    pub async fn voucher_orders(&self, voucher_id: i64) -> Result<Vec<Order>, rusqlite::Error> {
+        self.with(move |conn| {
+            conn.prepare_cached(
+                "SELECT order_id, voucher_id, user_id, created_ms FROM orders
+                 WHERE voucher_id = ?1 ORDER BY order_id LIMIT ?2",
+            )?
+            .query_map([voucher_id, MAX_LISTED], row_to_order)?
+            .collect()
+        })
+        .await
+    }
+
+    /// Number of rows in `orders` (all vouchers).
+    pub async fn count(&self) -> Result<i64, rusqlite::Error> {
+        self.with(|conn| conn.query_row("SELECT COUNT(*) FROM orders", [], |r| r.get(0)))
+            .await
+    }
+}
+
+fn row_to_order(r: &rusqlite::Row<'_>) -> Result<Order, rusqlite::Error> {
+    Ok(Order {
+        order_id: r.get::<_, i64>(0)?.to_string(),
+        voucher_id: r.get(1)?,
+        user_id: r.get(2)?,
+        created_at: format_ms(r.get(3)?),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn order(order_id: i64, user_id: i64) -> NewOrder {
+        NewOrder {
+            order_id,
+            voucher_id: 1,
+            user_id,
+            created_ms: 1_735_689_601_000,
+            stream_entry: format!("{order_id}-0"),
+        }
+    }
+
+    #[tokio::test]
+    async fn inserts_are_idempotent_and_one_per_user() {
+        let dir = std::env::temp_dir().join(format!("seckill-store-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("orders.db");
+        let _ = std::fs::remove_file(&path);
+        let store = OrderStore::open(&path).unwrap();
+        let first = store
+            .insert_batch(vec![order(10, 1), order(11, 2)])
+            .await
+            .unwrap();
+        assert_eq!(
+            first,
+            Inserted {
+                new: 2,
+                already_there: 0
+            }
+        );
+        // The same entries again (a re-delivery), and another order for user 1.
+        let again = store
+            .insert_batch(vec![order(10, 1), order(11, 2), order(12, 1), order(13, 3)])
+            .await
+            .unwrap();
+        assert_eq!(
+            again,
+            Inserted {
+                new: 1,
+                already_there: 3
+            }
+        );
+        assert_eq!(store.count().await.unwrap(), 3);
+        let listed = store.voucher_orders(1).await.unwrap();
+        let ids: Vec<_> = listed.iter().map(|o| o.order_id.as_str()).collect();
+        assert_eq!(ids, ["10", "11", "13"]);
+        assert_eq!(store.order(12).await.unwrap(), None);
+        assert_eq!(
+            store.order(13).await.unwrap().unwrap().created_at,
+            "2025-01-01T00:00:01Z"
+        );
+        drop(store);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

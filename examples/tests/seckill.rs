@@ -1,0 +1,228 @@
+//! The seckill scenario on real processes: a private redis-server, `seckill-server`
+//! instances on their own ports sharing one SQLite file, and the load generator.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use lock_examples::seckill::instances::Instance;
+use lock_examples::seckill::load::{self, Http, LoadConfig};
+use lock_examples::seckill::store::OrderStore;
+use lock_tests::RedisServer;
+use redis::Value;
+
+const STREAM: &str = "seckill:{seckill}:orders";
+const GROUP: &str = "persist";
+
+fn server_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_seckill-server"))
+}
+
+/// A directory for the test's database, removed on drop.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("seckill-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Dir(dir)
+    }
+
+    fn db(&self) -> PathBuf {
+        self.0.join("orders.db")
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Polls `GET /healthz` of every instance until `done` holds for their answers.
+async fn wait_health(
+    http: &Http,
+    urls: &[&str],
+    what: &str,
+    done: impl Fn(&[serde_json::Value]) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut answers = Vec::new();
+        for url in urls {
+            if let Ok(r) = http.get(&format!("{url}/healthz")).await {
+                answers.push(r.json());
+            }
+        }
+        if answers.len() == urls.len() && done(&answers) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {answers:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn drained(h: &serde_json::Value) -> bool {
+    h["stream"]["pending"] == 0 && h["stream"]["undelivered"] == false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flash_sale_on_two_instances_and_a_second_run_adds_no_duplicates() {
+    let redis = RedisServer::start();
+    let dir = Dir::new("sale");
+    let a = Instance::spawn(server_bin(), &redis.url(), &dir.db(), &[])
+        .await
+        .unwrap();
+    let b = Instance::spawn(server_bin(), &redis.url(), &dir.db(), &[])
+        .await
+        .unwrap();
+    let urls = [a.url.clone(), b.url.clone()];
+    let config = LoadConfig {
+        buyers: 300,
+        stock: 50,
+    };
+
+    let v = load::run(config, &urls).await.unwrap();
+    assert!(v.violations().is_empty(), "{v}");
+    assert_eq!((v.sold(), v.stock_left()), (Some(50), Some(0)), "{v}");
+    assert_eq!(
+        (v.accepted, v.rows, v.missing, v.oversold()),
+        (50, 50, 0, 0),
+        "{v}"
+    );
+    assert_eq!(
+        (v.users_two_orders_201, v.users_two_orders_rows),
+        (0, 0),
+        "{v}"
+    );
+    // Every kind of refusal happened: the scenario exercised each piece.
+    assert!(v.replays >= 30, "every same-key retry is a replay: {v}");
+    assert!(v.already_ordered + v.lock_busy > 0, "{v}");
+    assert!(v.sold_out > 0 && v.rate_limited > 0, "{v}");
+    let store = OrderStore::open(&dir.db()).unwrap();
+    assert_eq!(store.count().await.unwrap(), 50);
+
+    // The whole stream delivered again into the same database (as after a lost
+    // acknowledgement): every entry is read and written again, no row is added.
+    let mut conn = redis.connection().await;
+    let () = redis::cmd("XGROUP")
+        .arg(&["SETID", STREAM, GROUP, "0", "ENTRIESREAD", "0"][..])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let http = Http::new();
+    wait_health(&http, &[&a.url, &b.url], "the re-delivery", |hs| {
+        let dups: u64 = hs
+            .iter()
+            .filter_map(|h| h["worker"]["duplicates"].as_u64())
+            .sum();
+        dups >= 50 && hs.iter().all(drained)
+    })
+    .await;
+    assert_eq!(store.count().await.unwrap(), 50);
+
+    // A second sale against the same database: its own 50 rows, nothing else.
+    let v2 = load::run(config, &urls).await.unwrap();
+    assert!(v2.violations().is_empty(), "{v2}");
+    assert_ne!(v2.voucher(), v.voucher());
+    assert_eq!(store.count().await.unwrap(), 100);
+}
+
+/// `XPENDING` summary: how many entries are delivered but not acknowledged.
+async fn pending(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
+    let reply: Value = redis::cmd("XPENDING")
+        .arg(STREAM)
+        .arg(GROUP)
+        .query_async(conn)
+        .await
+        .unwrap();
+    match reply {
+        Value::Array(v) => match v.first() {
+            Some(Value::Int(n)) => *n,
+            other => panic!("XPENDING count: {other:?}"),
+        },
+        other => panic!("XPENDING: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_stream_loses_nothing() {
+    let redis = RedisServer::start();
+    let dir = Dir::new("crash");
+    let http = Http::new();
+    // Instance A's process exits once its worker has read 3 entries, before
+    // writing them: a crash with orders pending under its consumer.
+    let mut a = Instance::spawn(
+        server_bin(),
+        &redis.url(),
+        &dir.db(),
+        &["--crash-after-reads", "3"],
+    )
+    .await
+    .unwrap();
+    let created = http
+        .post_json(&format!("{}/vouchers", a.url), r#"{"stock": 20}"#.into())
+        .await
+        .unwrap();
+    let voucher = created.json()["id"].as_i64().unwrap();
+    let mut accepted = Vec::new();
+    for user in 1..=10 {
+        match http.order(&a.url, voucher, user, "k").await {
+            Ok(r) if r.status == 201 => {
+                accepted.push(r.json()["order_id"].as_str().unwrap().to_owned())
+            }
+            Ok(r) => panic!("unexpected answer {}: {:?}", r.status, r.body),
+            Err(_) => break, // A is gone
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.exited().is_none() {
+        assert!(Instant::now() < deadline, "instance A did not crash");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        accepted.len() >= 2,
+        "accepted before the crash: {accepted:?}"
+    );
+    let mut conn = redis.connection().await;
+    assert!(
+        pending(&mut conn).await >= 1,
+        "the crash left entries pending"
+    );
+
+    // Instance B claims what A left behind.
+    let b = Instance::spawn(
+        server_bin(),
+        &redis.url(),
+        &dir.db(),
+        &["--claim-idle-ms", "300"],
+    )
+    .await
+    .unwrap();
+    wait_health(&http, &[&b.url], "B to claim and drain", |hs| {
+        hs[0]["worker"]["claimed"].as_u64() >= Some(1) && drained(&hs[0])
+    })
+    .await;
+    for id in &accepted {
+        let r = http.get(&format!("{}/orders/{id}", b.url)).await.unwrap();
+        assert_eq!(
+            r.status, 200,
+            "order {id} accepted with 201 is in the database"
+        );
+    }
+    let queued: i64 = redis::cmd("XLEN")
+        .arg(STREAM)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let store = OrderStore::open(&dir.db()).unwrap();
+    assert_eq!(
+        store.count().await.unwrap(),
+        queued,
+        "every queued order is persisted"
+    );
+    assert_eq!(pending(&mut conn).await, 0);
+}
