@@ -416,3 +416,46 @@ async fn dropped_guard_releases_every_copy() {
     assert_eq!(guard.copies(), 3);
     guard.release().await.unwrap();
 }
+
+/// `extend` needs a quorum: it lengthens every copy while 3 of 5 answer, and fails with
+/// the quorum error once only 2 do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_needs_a_quorum() {
+    let mut nodes = masters(NODES);
+    let redlock = redlock(&nodes, 200).await;
+    let opts = LockOptions::new()
+        .wait(Duration::ZERO)
+        .lease(Lease::Fixed(Duration::from_millis(1000)));
+    let guard = redlock.acquire("extended", opts).await.unwrap();
+    assert!(guard.valid_for() <= Duration::from_millis(1000));
+    nodes[0].kill();
+    nodes[1].kill();
+    guard
+        .extend(Duration::from_secs(5))
+        .await
+        .expect("3 of 5 extend");
+    assert!(
+        guard.valid_for() > Duration::from_secs(4),
+        "extended validity: {:?}",
+        guard.valid_for()
+    );
+    let hash = &redlock.keys("extended").unwrap()[2].hash;
+    let mut conn = nodes[2].connection().await;
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(hash)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(pttl > 4000, "the copy on node 2 was extended: pttl {pttl}");
+
+    nodes[2].kill();
+    let err = guard
+        .extend(Duration::from_secs(5))
+        .await
+        .expect_err("2 of 5 cannot extend");
+    assert!(err.is_no_quorum(), "{err}");
+    assert!(
+        err.to_string().contains("2 of 5 nodes agreed, 3 needed"),
+        "{err}"
+    );
+}
