@@ -1,25 +1,23 @@
 #!lua
--- acquire.lua: take or re-enter a reentrant lock.
+-- acquire.lua: take a lock with a fresh grant (SET NX PX semantics) and its fencing token.
 --
--- KEYS[1]  lock hash  {owner -> hold count}, with a PEXPIRE lease
--- KEYS[2]  fencing counter of the lock (never expires; INCR on every fresh grant)
--- ARGV[1]  owner id (client id + scope counter)
+-- KEYS[1]  the lock: a string holding the grant's value, expiring with the lease
+-- KEYS[2]  the fencing counter of the lock's hash slot (shared by the slot's locks)
+-- KEYS[3]  the waiter marker of the lock (a release publishes only while it exists)
+-- ARGV[1]  the grant's value (unique to this grant: client id and grant number)
 -- ARGV[2]  lease in milliseconds
+-- ARGV[3]  when busy: how long past the holder's lease the waiter marker lasts, in
+--          milliseconds; 0 when the caller does not wait (no marker)
 --
--- Returns one of
---   {1, hold_count, fencing_token}   granted (hold_count == 1: fresh grant, > 1: re-entered)
---   {0, pttl_ms}                     held by another owner; pttl_ms is its remaining lease
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('HSET', KEYS[1], ARGV[1], 1)
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, 1, redis.call('INCR', KEYS[2])}
+-- Returns {code, value} (the reply convention of every lock script):
+--   {1, token}   granted; token is the fencing token of this grant
+--   {0, pttl}    busy: another grant holds the lock for pttl more milliseconds
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, redis.call('INCR', KEYS[2])}
 end
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-  local count = redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
-  -- Re-entering never shortens the lease the outer hold already has.
-  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  end
-  return {1, count, tonumber(redis.call('GET', KEYS[2]) or 0)}
+local pttl = redis.call('PTTL', KEYS[1])
+local linger = tonumber(ARGV[3])
+if linger > 0 then
+  redis.call('SET', KEYS[3], '1', 'PX', math.max(pttl, 0) + linger)
 end
-return {0, redis.call('PTTL', KEYS[1])}
+return {0, pttl}

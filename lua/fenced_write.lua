@@ -1,20 +1,23 @@
 #!lua
--- fenced_write.lua: write a value to a resource only if the writer's fencing token is not
--- older than the newest token the resource has seen (Kleppmann's fencing).
+-- fenced_write.lua: write a value to a resource only if the writer's fencing token is
+-- newer than every token the resource has accepted, or equal to the newest one and from
+-- the same holder (Kleppmann's fencing, safe when a failover hands a token out twice).
 --
 -- KEYS[1]  the resource's value (a string key)
--- KEYS[2]  the highest fencing token the resource has accepted
+-- KEYS[2]  the newest token the resource has accepted and its holder (a hash: t, h)
 -- ARGV[1]  the writer's fencing token (a positive integer)
--- ARGV[2]  the value to store
+-- ARGV[2]  the writer's holder id (unique per grant)
+-- ARGV[3]  the value to store
 --
--- Returns
---   {1, token}     written; the token is now the highest seen
---   {0, highest}   refused: a newer holder (token `highest`) has written already
+-- Returns {code, value} (the reply convention of every lock script):
+--   {1, token}     written; the token is now the newest seen
+--   {-2, newest}   refused: a newer token, or the same token from another holder, came first
 local token = tonumber(ARGV[1])
-local highest = tonumber(redis.call('GET', KEYS[2]) or 0)
-if token < highest then
-  return {0, highest}
+local seen = redis.call('HMGET', KEYS[2], 't', 'h')
+local newest = tonumber(seen[1] or 0)
+if token < newest or (token == newest and seen[2] ~= ARGV[2]) then
+  return {-2, newest}
 end
-redis.call('SET', KEYS[2], ARGV[1])
-redis.call('SET', KEYS[1], ARGV[2])
+redis.call('HSET', KEYS[2], 't', ARGV[1], 'h', ARGV[2])
+redis.call('SET', KEYS[1], ARGV[3])
 return {1, token}

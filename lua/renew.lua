@@ -1,24 +1,25 @@
 #!lua
--- renew.lua: extend the lease of one or many held locks in one call (watchdog batches, extend).
+-- renew.lua: set the lease of one or many grants in one call (watchdog batches, extend).
 --
--- KEYS[1..n]      lock hashes
--- ARGV[1..n]      owner id for each key, in the same order
+-- KEYS[1..n]      the locks
+-- ARGV[1..n]      the grant's value for each key, in the same order
 -- ARGV[n+1..2n]   new lease in milliseconds for each key
 --
--- Returns an array of n integers, one per key:
+-- Returns an array of n codes, one per key (the reply convention of every lock script):
 --   1    renewed
---   0    expired: the lock no longer exists
---   -1   not owner: another owner holds the lock now
+--   -1   expired: the lock no longer exists
+--   -2   not owner: another grant holds the lock now
 local n = #KEYS
 local out = {}
 for i = 1, n do
-  if redis.call('EXISTS', KEYS[i]) == 0 then
-    out[i] = 0
-  elseif redis.call('HEXISTS', KEYS[i], ARGV[i]) == 0 then
-    out[i] = -1
-  else
+  local value = redis.call('GET', KEYS[i])
+  if value == ARGV[i] then
     redis.call('PEXPIRE', KEYS[i], ARGV[n + i])
     out[i] = 1
+  elseif value then
+    out[i] = -2
+  else
+    out[i] = -1
   end
 end
 return out

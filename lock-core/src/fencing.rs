@@ -3,32 +3,49 @@
 use redis::ToRedisArgs;
 
 use crate::key::{self, LockName};
-use crate::scripts::FENCED_WRITE;
+use crate::store::scripts::{Code, FENCED_WRITE, code_value};
 use crate::{LockClient, LockError};
 
-/// A number that grows with every fresh grant of one lock.
+/// A number that grows with every fresh grant of one lock, and the grant it belongs to.
 ///
 /// A lock can be lost without its holder knowing (a long pause, a network partition):
-/// the resource it protects should remember the highest token it has seen and refuse
-/// writes carrying a lower one. [`LockClient::fenced_write`] does exactly that for a
+/// the resource it protects should remember the newest token it has seen and refuse
+/// writes carrying an older one. [`LockClient::fenced_write`] does exactly that for a
 /// value stored in Redis.
+///
+/// How the numbers are made: one counter per hash slot of the namespace (see
+/// [`key`](crate::key)), incremented by every fresh grant in that slot, in the same
+/// script that grants. A lock name always lives in the same slot, so its tokens only
+/// grow, and the counters stay bounded (at most 16384 per namespace) however many names
+/// are ever locked. The counter is replicated asynchronously like any key: after a
+/// failover, the promoted replica may hand out a number again. The token therefore also
+/// carries its grant's holder id, and a fenced write with a token equal to the newest
+/// seen is accepted only from that same holder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct FencingToken(u64);
+pub struct FencingToken {
+    token: u64,
+    holder: u64,
+}
 
 impl FencingToken {
-    pub(crate) fn new(v: u64) -> Self {
-        Self(v)
+    pub(crate) fn new(token: u64, holder: u64) -> Self {
+        Self { token, holder }
     }
 
     /// The token as a number.
     pub fn get(self) -> u64 {
-        self.0
+        self.token
+    }
+
+    /// The id of the grant this token was issued to (unique per grant).
+    pub fn holder(self) -> u64 {
+        self.holder
     }
 }
 
 impl std::fmt::Display for FencingToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
+        self.token.fmt(f)
     }
 }
 
@@ -38,7 +55,8 @@ impl std::fmt::Display for FencingToken {
 pub enum FencedWrite {
     /// Stored; this token is now the highest the resource has seen.
     Written,
-    /// Refused: a holder with the newer token `highest` has written already.
+    /// Refused: a newer token `highest`, or the same token from another holder, has
+    /// written already.
     Refused {
         /// The newest token the resource has accepted.
         highest: FencingToken,
@@ -46,9 +64,9 @@ pub enum FencedWrite {
 }
 
 impl LockClient {
-    /// Stores `value` for `resource` unless a write with a newer fencing token came first
-    /// (the script `lua/fenced_write.lua`). Equal tokens are accepted (the same holder
-    /// writing again).
+    /// Stores `value` for `resource` unless a write with a newer fencing token came
+    /// first, or one with the same token from another holder (the script
+    /// `lua/fenced_write.lua`). The same holder may write again with its token.
     pub async fn fenced_write<N: LockName, V: ToRedisArgs>(
         &self,
         resource: N,
@@ -57,16 +75,25 @@ impl LockClient {
     ) -> Result<FencedWrite, LockError> {
         let c = &self.inner.config;
         let (value_key, token_key) = key::fenced_keys(&c.namespace, &c.delimiter, &resource)?;
-        let mut inv = FENCED_WRITE.prepare_invoke();
-        inv.key(value_key).key(token_key).arg(token.0).arg(value);
-        let reply: Vec<u64> = self.inner.conn.invoke("fenced_write", &inv).await?;
-        match reply[..] {
-            [1, _] => Ok(FencedWrite::Written),
-            [0, highest] => Ok(FencedWrite::Refused {
-                highest: FencingToken(highest),
+        let value = value.to_redis_args();
+        let conn = &self.inner.conn;
+        let reply = conn
+            .eval(&FENCED_WRITE, conn.timeout(), |c| {
+                c.arg(2)
+                    .arg(&value_key)
+                    .arg(&token_key)
+                    .arg(token.token)
+                    .arg(token.holder)
+                    .arg(&value);
+            })
+            .await?;
+        match code_value("fenced_write", reply)? {
+            (Code::Done, _) => Ok(FencedWrite::Written),
+            (Code::NotOwner, highest) => Ok(FencedWrite::Refused {
+                highest: FencingToken::new(highest.max(0) as u64, 0),
             }),
-            _ => Err(LockError::UnexpectedReply(format!(
-                "fenced_write.lua returned {reply:?}"
+            other => Err(LockError::UnexpectedReply(format!(
+                "fenced_write.lua returned {other:?}"
             ))),
         }
     }

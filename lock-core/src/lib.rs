@@ -60,20 +60,16 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
-mod client;
-mod config;
-mod conn;
+mod cleanup;
 mod error;
 mod fencing;
 mod global;
-mod guard;
-mod held;
 #[cfg(feature = "axum")]
 pub mod http;
 mod idempotency;
 pub mod ids;
-pub mod key;
-mod notify;
+pub use store::key;
+mod lock;
 mod owner;
 #[doc(hidden)]
 pub mod __private {
@@ -83,21 +79,22 @@ pub mod __private {
 mod private;
 mod rate;
 mod redlock;
-mod scripts;
 mod semaphore;
-mod watchdog;
+mod store;
+mod traits;
+mod wait;
 
-pub use client::LockClient;
-pub use config::{Backoff, Lease, LockConfig, LockOptions, MAX_LEASE, MIN_LEASE};
 pub use error::LockError;
 pub use fencing::{FencedWrite, FencingToken};
 pub use global::{global, install_global};
-pub use guard::{LockGuard, Released};
+pub use lock::config::{Backoff, Lease, LockConfig, LockOptions, MAX_LEASE, MIN_LEASE};
+pub use lock::{LockClient, LockGuard, Released};
+pub use traits::{DistributedLock, HeldLock};
 pub use idempotency::{Begin, Claim, IdempotencyKeys, IdempotencyStore, OneTimeTokens};
 pub use ids::{IdGenerator, OrderId};
 pub use key::{KeyPart, LockKeys, LockName};
 pub use owner::{ClientId, LockScope};
 pub use rate::{Decision, LimitRule, RateLimit, RateLimiter, RuleDecision, RuleLimiter};
 pub use redlock::{DEFAULT_NODE_TIMEOUT, Redlock, RedlockGuard};
-pub use scripts::SOURCES as SCRIPT_SOURCES;
+pub use store::scripts::SOURCES as SCRIPT_SOURCES;
 pub use semaphore::{MAX_PERMITS_PER_ACQUIRE, Permits, Semaphore, SemaphoreOptions};

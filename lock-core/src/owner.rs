@@ -18,6 +18,13 @@ impl ClientId {
         Ok(Self(bytes))
     }
 
+    /// The low 64 bits of the id.
+    pub(crate) fn low64(&self) -> u64 {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&self.0[8..]);
+        u64::from_le_bytes(b)
+    }
+
     /// The id as 32 lowercase hex digits.
     pub fn to_hex(&self) -> String {
         use fmt::Write;
@@ -103,6 +110,11 @@ impl LockScope {
     /// Runs `fut` with this scope as the task's current scope.
     pub async fn run<F: Future>(self, fut: F) -> F::Output {
         CURRENT.scope(self, fut).await
+    }
+
+    /// The scope with number `id` (as returned by [`id`](Self::id)).
+    pub(crate) fn from_id(id: u64) -> Self {
+        Self { id }
     }
 
     /// The scope's number (unique in this process).

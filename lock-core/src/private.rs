@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-pub use crate::{KeyPart, LockClient, LockError, LockGuard};
+pub use crate::{DistributedLock, HeldLock, KeyPart, LockClient, LockError, LockGuard};
 pub use std::result::Result;
 
 use crate::key::{LockName, NameWriter};
@@ -38,15 +38,15 @@ impl LockName for MacroName<'_> {
     }
 }
 
-/// Takes the lock `prefix<delim>part<delim>...` for an annotated fn.
-pub async fn acquire(
-    client: &LockClient,
+/// Takes the lock `prefix<delim>part<delim>...` for an annotated fn, on any lock store.
+pub async fn acquire<L: DistributedLock>(
+    client: &L,
     prefix: &'static str,
     delimiter: &'static str,
     parts: &[&(dyn KeyPart + Sync)],
     lease: Option<Duration>,
     wait: Duration,
-) -> Result<LockGuard, LockError> {
+) -> Result<L::Guard, LockError> {
     let lease = lease.map_or(Lease::Watchdog, Lease::Fixed);
     let options = LockOptions::new()
         .lease(lease)
@@ -58,7 +58,7 @@ pub async fn acquire(
 /// Ends the lock of an annotated fn after its body: released (`on_return`) or kept until
 /// its lease runs out (`on_expiry`). A failed release does not change the fn's result;
 /// it is logged.
-pub async fn finish(guard: LockGuard, keep_until_expiry: bool) {
+pub async fn finish<G: HeldLock>(guard: G, keep_until_expiry: bool) {
     if keep_until_expiry {
         guard.hold_until_expiry();
     } else if let Err(e) = guard.release().await {

@@ -103,7 +103,7 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
     let vis = &func.vis;
     let body = quote! {
         ::lock_core::__private::scoped(async move {
-            let __cache_lock_client: &::lock_core::__private::LockClient = #client;
+            let __cache_lock_client = #client;
             let __cache_lock_guard = match ::lock_core::__private::acquire(
                 __cache_lock_client,
                 #prefix,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 
 use super::{IdempotencyKeys, IdempotencyStore};
-use crate::scripts::{IDEMPOTENCY_ABANDON, IDEMPOTENCY_COMPLETE, IDEMPOTENCY_EXTEND};
+use crate::store::scripts::{IDEMPOTENCY_ABANDON, IDEMPOTENCY_COMPLETE, IDEMPOTENCY_EXTEND};
 use crate::{LockClient, LockError};
 
 /// A claimed idempotency key (from [`Begin::New`](super::Begin::New)).

@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tracing::Instrument;
 
-use crate::config::{MAX_LEASE, check_lease};
+use crate::lock::config::{MAX_LEASE, check_lease};
 use crate::key::LockName;
-use crate::notify::{Turn, wait_for_turn};
+use crate::wait::{Turn, wait_for_turn};
 use crate::{LockClient, LockError};
 
 /// What [`IdempotencyStore::begin`] found.
@@ -151,8 +151,8 @@ impl IdempotencyStore {
     pub fn keys<N: LockName + ?Sized>(&self, key: &N) -> Result<IdempotencyKeys, LockError> {
         let keys = self.client.prefixed_keys(&self.name, key)?;
         Ok(IdempotencyKeys {
-            record: format!("{}:idempotency", keys.hash),
-            channel: format!("{}:idempotency-done", keys.hash),
+            record: format!("{}:idempotency", keys.key),
+            channel: format!("{}:idempotency-done", keys.key),
             name: keys.name,
         })
     }
@@ -216,7 +216,8 @@ impl IdempotencyStore {
         let started = Instant::now();
         let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
         let (keys, runtime) = (&keys, &runtime);
-        let turn = wait_for_turn(inner, &keys.channel, deadline, |subscribed| async move {
+        let listen = || Some((&inner.hub, keys.channel.as_str()));
+        let turn = wait_for_turn(&inner.config.backoff, listen, deadline, |subscribed| async move {
             Ok(
                 match self.attempt(keys, fingerprint, lease, runtime).await? {
                     Begin::InFlight { retry_after } => Turn::Retry(retry_after),

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::check_lease;
+use crate::lock::config::check_lease;
 use crate::key::{LockName, NameWriter};
 use crate::{LockClient, LockError};
 
@@ -153,7 +153,7 @@ mod tests {
         let keys = |scope: &str, token: &str| {
             crate::key::lock_keys("lock", ":", &Scoped { scope, token })
                 .unwrap()
-                .hash
+                .key
         };
         assert_ne!(keys("a:b", "c"), keys("a", "b:c"));
         assert_eq!(keys("a", "b"), "lock:{a:b}");

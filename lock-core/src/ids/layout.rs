@@ -181,7 +181,7 @@ mod tests {
             "lock:{order}:ids:2024-03-01"
         );
         let keys = key::lock_keys("lock", ":", "order").unwrap();
-        assert_eq!(day_key(&keys.hash, 19_723), "lock:{order}:ids:2024-01-01");
+        assert_eq!(day_key(&keys.key, 19_723), "lock:{order}:ids:2024-01-01");
     }
 
     #[test]

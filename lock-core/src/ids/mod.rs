@@ -14,7 +14,7 @@
 //!   (default 2024-01-01T00:00:00Z, [`DEFAULT_EPOCH`]); 31 bits last 68 years.
 //! - The sequence comes from a per-day Redis counter (INCR / INCRBY), one key per UTC day
 //!   of those seconds: `<namespace>:{<name>}:ids:<yyyy-mm-dd>` (built from
-//!   [`lock_keys`](crate::key::lock_keys)`(..).hash`, so a user's name cannot forge it).
+//!   [`lock_keys`](crate::key::lock_keys)`(..).key`, so a user's name cannot forge it).
 //!   The day's first id has sequence 1; `GET` on the key is the number of ids (and
 //!   reserved-but-unused ids, in segment mode) handed out that day.
 //!
@@ -34,7 +34,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::key::{self, LockName};
-use crate::scripts::NEXT_ID;
+use crate::store::scripts::NEXT_ID;
 use crate::{LockClient, LockError};
 
 use clock::{ClockStep, clock_step, system_now};
@@ -104,7 +104,7 @@ struct Gen {
     client: LockClient,
     /// The escaped name, for messages.
     name: String,
-    /// `lock_keys(..).hash` of the name; day keys are `<base>:ids:<yyyy-mm-dd>`.
+    /// `lock_keys(..).key` of the name; day keys are `<base>:ids:<yyyy-mm-dd>`.
     base: String,
     config: IdConfig,
     state: Mutex<State>,
@@ -146,7 +146,7 @@ impl IdGenerator {
             inner: Arc::new(Gen {
                 client: client.clone(),
                 name: keys.name,
-                base: keys.hash,
+                base: keys.key,
                 config,
                 state: Mutex::new(State {
                     last_secs: 0,

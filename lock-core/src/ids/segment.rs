@@ -19,7 +19,7 @@ use tokio::sync::futures::Notified;
 
 use super::{ClockStep, Gen, OrderId, clock_step, compose, day_key, exhausted, system_now};
 use crate::LockError;
-use crate::scripts::RESERVE_IDS;
+use crate::store::scripts::RESERVE_IDS;
 
 /// Numbers `first..=last` of one day's counter; empty once `next > last`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use std::time::Duration;
 pub use rule::{LimitRule, RuleDecision, RuleLimiter};
 
 use crate::key::{self, LockName, NameWriter};
-use crate::scripts::GCRA;
+use crate::store::scripts::GCRA;
 use crate::{LockClient, LockError};
 
 /// A quota: `rate` requests per `period`, with up to `burst` at once.
@@ -165,12 +165,12 @@ impl LockClient {
         name: &N,
         suffix: &str,
     ) -> Result<String, LockError> {
-        let hash = self.prefixed_keys(prefix, name)?.hash;
+        let hash = self.prefixed_keys(prefix, name)?.key;
         Ok(format!("{hash}:{suffix}"))
     }
 
     /// The lock keys of `name` under `prefix` (its first part): features that need more
-    /// than one key per name derive them all from `.hash`, so they share one hash tag.
+    /// than one key per name derive them all from `.key`, so they share one hash tag.
     pub(crate) fn prefixed_keys<N: LockName + ?Sized>(
         &self,
         prefix: &str,

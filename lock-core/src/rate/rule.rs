@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::key::LockName;
-use crate::scripts::LIMIT_RULE;
+use crate::store::scripts::LIMIT_RULE;
 use crate::{LockClient, LockError};
 
 /// At most `limit_count` calls per `seconds`; with `lock_count` set, a key that makes

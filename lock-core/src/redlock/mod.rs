@@ -15,11 +15,11 @@ use redis::IntoConnectionInfo;
 
 pub use guard::RedlockGuard;
 
-use crate::client::Request;
-use crate::config::{LockConfig, LockOptions, check_lease};
 use crate::key::{self, LockKeys, LockName};
-use crate::notify::Subscription;
-use crate::owner::{ClientId, LockScope};
+use crate::lock::Request;
+use crate::lock::config::{LockConfig, LockOptions, check_lease};
+use crate::owner::LockScope;
+use crate::wait::{Turn, wait_for_turn};
 use crate::{Lease, LockClient, LockError, LockGuard};
 
 /// The default per-node time limit of one Redlock request.
@@ -83,7 +83,6 @@ pub struct Redlock {
 struct Inner {
     nodes: Vec<LockClient>,
     config: LockConfig,
-    id_hex: String,
     node_timeout: Duration,
 }
 
@@ -125,7 +124,6 @@ impl Redlock {
             inner: Arc::new(Inner {
                 config,
                 nodes,
-                id_hex: ClientId::random()?.to_hex(),
                 node_timeout: DEFAULT_NODE_TIMEOUT,
             }),
         })
@@ -160,7 +158,6 @@ impl Redlock {
                 self.inner = Arc::new(Inner {
                     nodes: i.nodes.clone(),
                     config: i.config.clone(),
-                    id_hex: i.id_hex.clone(),
                     node_timeout: timeout,
                 });
             }
@@ -226,14 +223,13 @@ impl Redlock {
             .scope
             .or_else(LockScope::current)
             .unwrap_or_default();
-        let owner = scope.owner(&self.inner.id_hex);
         let wait = options.wait.unwrap_or(c.wait);
         let max_hold = options.max_hold.or(c.max_hold);
         let requests: Vec<Request> = keys
             .into_iter()
             .map(|keys| Request {
                 keys,
-                owner: owner.clone(),
+                scope: scope.clone(),
                 lease,
                 watchdog,
                 max_hold,
@@ -251,59 +247,51 @@ impl Redlock {
         let started = Instant::now();
         let deadline = started
             .checked_add(wait)
-            .unwrap_or(started + crate::config::MAX_LEASE);
+            .unwrap_or(started + crate::lock::config::MAX_LEASE);
         let lease = requests[0].lease;
         let name = requests[0].keys.name.clone();
-        let mut subscription: Option<Subscription> = None;
-        let mut retries = 0u32;
-        loop {
-            let notify = subscription.as_ref().map(Subscription::notify);
-            let mut notified = notify.as_deref().map(|n| Box::pin(n.notified()));
-            if let Some(n) = notified.as_mut() {
-                n.as_mut().enable();
-            }
+        // The first node that answered: its release message wakes us.
+        let answered = std::sync::atomic::AtomicUsize::new(usize::MAX);
+        let last = std::sync::Mutex::new(None::<Failure>);
+        let listen = || {
+            let i = answered.load(std::sync::atomic::Ordering::Relaxed);
+            let node = self.inner.nodes.get(i)?;
+            Some((&node.inner.hub, requests[i].keys.channel.as_str()))
+        };
+        let turn = wait_for_turn(&self.inner.config.backoff, listen, deadline, |_| async {
             let round = self.round(&requests).await;
-            let failure = match self.judge(round, lease, &name).await {
-                Ok(guard) => {
-                    tracing::debug!(lock = %name, waited = ?started.elapsed(), valid_for = ?guard.valid_for(), "redlock granted");
-                    return Ok(guard);
-                }
-                Err(failure) => failure,
-            };
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(failure.into_error(wait, started.elapsed()));
-            }
-            if subscription.is_none()
-                && let Some(i) = failure.answered
-            {
-                let node = &self.inner.nodes[i];
-                let limit = (deadline - now).min(self.inner.node_timeout);
-                subscription = Some(
-                    node.inner
-                        .hub
-                        .subscribe(&requests[i].keys.channel, limit)
-                        .await,
-                );
-                continue;
-            }
-            let pause = self
-                .inner
-                .config
-                .backoff
-                .delay(retries)
-                .min(failure.retry_after.unwrap_or(Duration::MAX))
-                .min(deadline.saturating_duration_since(Instant::now()))
-                .max(Duration::from_millis(1));
-            retries = retries.saturating_add(1);
-            match notified {
-                Some(n) => {
-                    tokio::select! {
-                        _ = n => {}
-                        _ = tokio::time::sleep(pause) => {}
+            match self.judge(round, lease, &name).await {
+                Ok(guard) => Ok(Turn::Done(guard)),
+                Err(failure) => {
+                    if let Some(i) = failure.answered {
+                        let _ = answered.compare_exchange(
+                            usize::MAX,
+                            i,
+                            std::sync::atomic::Ordering::Relaxed,
+                            std::sync::atomic::Ordering::Relaxed,
+                        );
                     }
+                    let hint = failure.retry_after.unwrap_or(Duration::MAX);
+                    *last.lock().unwrap_or_else(|e| e.into_inner()) = Some(failure);
+                    Ok(Turn::Retry(hint))
                 }
-                None => tokio::time::sleep(pause).await,
+            }
+        })
+        .await?;
+        match turn {
+            Ok(guard) => {
+                tracing::debug!(lock = %name, waited = ?started.elapsed(), valid_for = ?guard.valid_for(), "redlock granted");
+                Ok(guard)
+            }
+            Err(_) => {
+                let failure = last.into_inner().unwrap_or_else(|e| e.into_inner());
+                Err(match failure {
+                    Some(f) => f.into_error(wait, started.elapsed()),
+                    None => LockError::Timeout {
+                        key: name,
+                        waited: started.elapsed(),
+                    },
+                })
             }
         }
     }
@@ -315,7 +303,7 @@ impl Redlock {
         let asks = self.inner.nodes.iter().zip(requests).map(|(node, req)| {
             // An answer that comes too late is dropped mid-request; the node client then
             // undoes the possible grant in the background.
-            tokio::time::timeout(timeout, node.acquire_request(req, Duration::ZERO))
+            tokio::time::timeout(timeout, node.inner.acquire(req, Duration::ZERO))
         });
         let answers = join_all(asks).await;
         let elapsed = started.elapsed();
@@ -407,10 +395,7 @@ impl Redlock {
     }
 }
 
-/// The clock drift allowance of the Redlock algorithm: 1% of the lease plus 2 ms.
-pub(crate) fn drift(lease: Duration) -> Duration {
-    lease / 100 + Duration::from_millis(2)
-}
+pub(crate) use crate::lock::config::drift;
 
 /// Why an attempt did not grant.
 struct Failure {

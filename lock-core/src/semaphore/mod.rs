@@ -12,11 +12,11 @@ use tokio::runtime::Handle;
 use tracing::Instrument;
 
 use crate::LockError;
-use crate::client::LockClient;
-use crate::config::{MAX_LEASE, check_lease};
+use crate::LockClient;
+use crate::lock::config::{MAX_LEASE, check_lease};
 use crate::key::{self, LockName};
-use crate::notify::{Turn, wait_for_turn};
-use crate::scripts::SEMAPHORE_ACQUIRE;
+use crate::wait::{Turn, wait_for_turn};
+use crate::store::scripts::SEMAPHORE_ACQUIRE;
 
 /// Most permits one [`Semaphore::acquire`] call may take (each is one member of the
 /// semaphore's sorted set and one script argument).
@@ -170,8 +170,8 @@ impl LockClient {
         Ok(Semaphore {
             shared: Arc::new(Shared {
                 client: self.clone(),
-                key: format!("{}:semaphore", keys.hash),
-                channel: format!("{}:semaphore-released", keys.hash),
+                key: format!("{}:semaphore", keys.key),
+                channel: format!("{}:semaphore-released", keys.key),
                 name: keys.name,
                 limit: permits,
             }),
@@ -283,7 +283,8 @@ impl Semaphore {
         let inner = &self.shared.client.inner;
         let started = Instant::now();
         let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
-        let turn = wait_for_turn(inner, &self.shared.channel, deadline, |_| async {
+        let listen = || Some((&inner.hub, self.shared.channel.as_str()));
+        let turn = wait_for_turn(&inner.config.backoff, listen, deadline, |_| async {
             Ok(match self.attempt(n, lease, &runtime).await? {
                 Attempt::Granted(permits) => Turn::Done(permits),
                 Attempt::Busy(retry_after) => Turn::Retry(retry_after),

@@ -7,8 +7,8 @@ use tokio::runtime::Handle;
 
 use super::Semaphore;
 use crate::LockError;
-use crate::config::check_lease;
-use crate::scripts::{SEMAPHORE_EXTEND, SEMAPHORE_RELEASE};
+use crate::lock::config::check_lease;
+use crate::store::scripts::{SEMAPHORE_EXTEND, SEMAPHORE_RELEASE};
 
 /// Permits taken from a [`Semaphore`], each with its own id.
 ///

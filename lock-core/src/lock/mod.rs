@@ -1,23 +1,34 @@
-//! `LockClient`: the handle users hold; acquisition and waiting live here.
+//! The lock on one deployment: the client handle users hold ([`LockClient`]), its
+//! options, the registry of what each scope holds, the guard, the watchdog, and the
+//! acquisition protocol.
+//!
+//! Arrows point one way: `LockClient` (this file) and `acquire` build on `Core` (what a
+//! client and its guards share), which builds on the registry, the watchdog, the
+//! waiters ([`crate::wait`]) and the store ([`crate::store`]); the guard knows `Core`,
+//! never the client.
+
+mod acquire;
+pub(crate) mod config;
+pub(crate) mod core;
+mod guard;
+pub(crate) mod registry;
+mod watchdog;
+
+pub use guard::{LockGuard, Released};
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::IntoConnectionInfo;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use tokio::runtime::Handle;
 use tracing::Instrument;
 
-use crate::config::{LockConfig, LockOptions, check_lease};
-use crate::conn::Conn;
-use crate::guard::LockGuard;
-use crate::held::{Held, Registry};
+use self::config::{LockConfig, LockOptions, check_lease};
+use self::core::Core;
 use crate::key::{self, LockKeys, LockName};
-use crate::notify::{Hub, Turn, wait_for_turn};
 use crate::owner::{ClientId, LockScope};
-use crate::scripts::{ACQUIRE, RELEASE};
-use crate::watchdog::Watchdog;
-use crate::{FencingToken, Lease, LockError};
+use crate::store::{ClusterStore, Conn, SingleStore};
+use crate::{Lease, LockError};
 
 /// A handle on one Redis deployment for taking distributed locks.
 ///
@@ -42,7 +53,7 @@ use crate::{FencingToken, Lease, LockError};
 /// ```
 #[derive(Clone)]
 pub struct LockClient {
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) inner: Arc<Core>,
 }
 
 impl std::fmt::Debug for LockClient {
@@ -55,28 +66,14 @@ impl std::fmt::Debug for LockClient {
     }
 }
 
-pub(crate) struct Inner {
-    pub(crate) conn: Conn,
-    pub(crate) config: LockConfig,
-    pub(crate) id: ClientId,
-    pub(crate) id_hex: String,
-    pub(crate) registry: Registry,
-    pub(crate) hub: Hub,
-    pub(crate) watchdog: Watchdog,
-}
-
 /// What the caller wants, resolved against the config.
+#[derive(Debug, Clone)]
 pub(crate) struct Request {
     pub(crate) keys: LockKeys,
-    pub(crate) owner: String,
+    pub(crate) scope: LockScope,
     pub(crate) lease: Duration,
     pub(crate) watchdog: bool,
     pub(crate) max_hold: Option<Duration>,
-}
-
-enum Attempt {
-    Granted(LockGuard),
-    Busy(Duration),
 }
 
 impl LockClient {
@@ -135,7 +132,7 @@ impl LockClient {
         config: LockConfig,
     ) -> Result<Self, LockError> {
         config.validate()?;
-        let conn = Conn::single(manager, config.command_timeout);
+        let conn = Conn::new(SingleStore(manager), config.command_timeout);
         Self::build(conn, pubsub.into_iter().collect(), config)
     }
 
@@ -213,7 +210,7 @@ impl LockClient {
         config: LockConfig,
     ) -> Result<Self, LockError> {
         config.validate()?;
-        let conn = Conn::cluster(conn, config.command_timeout);
+        let conn = Conn::new(ClusterStore(conn), config.command_timeout);
         Self::build(conn, pubsub, config)
     }
 
@@ -222,18 +219,8 @@ impl LockClient {
         pubsub: Vec<redis::Client>,
         config: LockConfig,
     ) -> Result<Self, LockError> {
-        let id = ClientId::random()?;
-        let id_hex = id.to_hex();
         Ok(Self {
-            inner: Arc::new(Inner {
-                conn,
-                hub: Hub::new(pubsub, id_hex.clone(), config.command_timeout),
-                config,
-                id,
-                id_hex,
-                registry: Registry::default(),
-                watchdog: Watchdog::default(),
-            }),
+            inner: Arc::new(Core::new(conn, pubsub, config)?),
         })
     }
 
@@ -304,148 +291,18 @@ impl LockClient {
             .or_else(LockScope::current)
             .unwrap_or_default();
         let request = Request {
-            owner: scope.owner(&self.inner.id_hex),
             keys,
+            scope,
             lease,
             watchdog,
             max_hold: options.max_hold.or(c.max_hold),
         };
         let wait = options.wait.unwrap_or(c.wait);
         let span = tracing::debug_span!("lock.acquire", lock = %request.keys.name, ?wait);
-        self.acquire_request(&request, wait).instrument(span).await
-    }
-
-    pub(crate) async fn acquire_request(
-        &self,
-        req: &Request,
-        wait: Duration,
-    ) -> Result<LockGuard, LockError> {
-        let runtime = Handle::try_current().map_err(|_| {
-            LockError::InvalidConfig("locks must be taken inside a tokio runtime".into())
-        })?;
-        let started = Instant::now();
-        let deadline = started
-            .checked_add(wait)
-            .unwrap_or(started + crate::config::MAX_LEASE);
-        let turn = wait_for_turn(&self.inner, &req.keys.channel, deadline, |_| async {
-            Ok(match self.attempt(req, &runtime).await? {
-                Attempt::Granted(guard) => Turn::Done(guard),
-                Attempt::Busy(retry_after) => Turn::Retry(retry_after),
-            })
-        })
-        .await?;
-        match turn {
-            Ok(guard) => {
-                tracing::debug!(lock = %req.keys.name, token = guard.fencing_token().get(), waited = ?started.elapsed(), "lock granted");
-                Ok(guard)
-            }
-            Err(retry_after) if wait.is_zero() => Err(LockError::Busy {
-                key: req.keys.name.clone(),
-                retry_after,
-            }),
-            Err(_) => {
-                tracing::debug!(lock = %req.keys.name, ?wait, "lock wait timed out");
-                Err(LockError::Timeout {
-                    key: req.keys.name.clone(),
-                    waited: started.elapsed(),
-                })
-            }
-        }
-    }
-
-    /// One acquire script call.
-    async fn attempt(&self, req: &Request, runtime: &Handle) -> Result<Attempt, LockError> {
-        let (held, _) = self.inner.registry.begin(&req.keys, &req.owner, req.lease);
-        let mut pending = PendingAcquire {
-            client: self,
-            held: Some(held.clone()),
-            runtime,
-        };
-        let start = Instant::now();
-        let mut inv = ACQUIRE.prepare_invoke();
-        inv.key(&req.keys.hash)
-            .key(&req.keys.fence)
-            .arg(&req.owner)
-            .arg(req.lease.as_millis() as u64);
-        let reply: Vec<i64> = self.inner.conn.invoke("acquire", &inv).await?;
-        match reply[..] {
-            [1, count, token] if count >= 1 && token >= 1 => {
-                pending.held = None;
-                Ok(Attempt::Granted(self.grant(
-                    held,
-                    count,
-                    token as u64,
-                    start,
-                    req,
-                    runtime,
-                )))
-            }
-            [0, pttl] => {
-                pending.held = None;
-                self.inner.registry.abort(&held);
-                Ok(Attempt::Busy(Duration::from_millis(pttl.max(1) as u64)))
-            }
-            _ => Err(LockError::UnexpectedReply(format!(
-                "acquire.lua returned {reply:?}"
-            ))),
-        }
-    }
-
-    fn grant(
-        &self,
-        held: Arc<Held>,
-        count: i64,
-        token: u64,
-        start: Instant,
-        req: &Request,
-        runtime: &Handle,
-    ) -> LockGuard {
-        let stale = {
-            let st = held.state();
-            st.detached || (count == 1 && st.holds > 0)
-        };
-        let held = if stale {
-            self.inner.registry.renew_entry(&held)
-        } else {
-            held
-        };
-        let mut st = held.state();
-        st.pending = st.pending.saturating_sub(1);
-        st.holds += 1;
-        if st.holds == 1 {
-            st.token = token;
-            st.lease = req.lease;
-            st.watchdog = req.watchdog;
-            st.valid_until = start + req.lease;
-            st.next_renewal = req
-                .watchdog
-                .then(|| start + self.inner.config.watchdog_period());
-            st.renew_until = req.max_hold.and_then(|m| start.checked_add(m));
-        } else {
-            // The script never shortens the lease of a re-entered lock.
-            st.valid_until = st.valid_until.max(start + req.lease);
-        }
-        let due = st
-            .next_renewal
-            .unwrap_or(st.valid_until)
-            .min(st.valid_until);
-        let token = FencingToken::new(st.token);
-        drop(st);
-        self.inner.watchdog.schedule(&self.inner, due);
-        LockGuard::new(self.clone(), held, token, runtime.clone())
-    }
-
-    /// Sends a release script call; `mode` is "0" (one hold), "1" (all) or "peek".
-    pub(crate) async fn release_call(&self, held: &Held, mode: &str) -> Result<i64, LockError> {
-        let lease_ms = held.state().lease.as_millis() as u64;
-        let mut inv = RELEASE.prepare_invoke();
-        inv.key(&held.keys.hash)
-            .key(&held.keys.channel)
-            .arg(&held.owner)
-            .arg(lease_ms)
-            .arg(mode)
-            .arg(&self.inner.id_hex);
-        self.inner.conn.invoke("release", &inv).await
+        self.inner
+            .acquire(&request, wait)
+            .instrument(span)
+            .await
     }
 }
 
@@ -459,34 +316,3 @@ fn manager_config(t: Duration, retries: usize) -> ConnectionManagerConfig {
         .set_max_delay(Duration::from_secs(1))
 }
 
-/// Undoes an acquisition whose outcome is unknown (error, timeout, or the future was
-/// dropped mid-request): the script may have granted, so free it in the background
-/// unless the owner still holds the lock through other guards.
-struct PendingAcquire<'a> {
-    client: &'a LockClient,
-    held: Option<Arc<Held>>,
-    runtime: &'a Handle,
-}
-
-impl Drop for PendingAcquire<'_> {
-    fn drop(&mut self) {
-        let Some(held) = self.held.take() else {
-            return;
-        };
-        if self.client.inner.registry.abort(&held) {
-            let client = self.client.clone();
-            self.runtime.spawn(async move {
-                if let Err(e) = client.release_call(&held, "1").await {
-                    tracing::debug!(lock = %held.keys.name, error = %e, "cleanup of an unfinished acquire failed; the lease will free it");
-                }
-            });
-        }
-    }
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        // Let the watchdog task see the client is gone and exit.
-        self.watchdog.stop();
-    }
-}

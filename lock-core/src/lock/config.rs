@@ -209,6 +209,13 @@ impl LockConfig {
     }
 }
 
+/// The clock drift allowance subtracted from every lease the client counts on: 1% of
+/// the lease plus 2 ms (the Redlock algorithm's, used for one node too: the client's and
+/// the server's clocks may run at slightly different rates).
+pub(crate) fn drift(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
 pub(crate) fn check_lease(what: &str, lease: Duration) -> Result<(), LockError> {
     if lease < MIN_LEASE || lease > MAX_LEASE {
         return Err(LockError::InvalidConfig(format!(

@@ -5,16 +5,23 @@
 //! are joined with the delimiter and wrapped in a hash tag:
 //!
 //! ```text
-//! <namespace>:{<part><delim><part>...}            the lock hash {owner -> hold count}
-//! <namespace>:{<part><delim><part>...}:fence      its fencing counter
+//! <namespace>:{<part><delim><part>...}            the lock: a string holding the grant's value
+//! <namespace>:{<part><delim><part>...}:waiters    waiter marker: someone waits (expires)
 //! <namespace>:{<part><delim><part>...}:released   its release channel
 //! <namespace>:{<part><delim><part>...}:fenced-value / :fenced-token
 //!                                                  a fenced resource of that name
+//! <namespace>:fence:{<slot tag>}                  the fencing counter of one hash slot
 //! ```
 //!
 //! Because a part can hold neither braces nor the delimiter, user input cannot end the
 //! hash tag early, add a suffix, or shift a part boundary: two different part lists
 //! always give two different keys, and all keys of one lock share one cluster slot.
+//!
+//! Fencing counters are per hash slot, not per lock: `<slot tag>` is the shortest
+//! decimal number whose CRC16 lands in the lock's slot, so the counter sits in the
+//! lock's slot (one script can touch both on a Cluster), and at most 16384 counters
+//! exist per namespace however many lock names are ever used. A lock name always maps
+//! to the same slot, so its tokens still only grow.
 
 use std::fmt::Write as _;
 
@@ -232,10 +239,14 @@ impl NameWriter<'_> {
 pub struct LockKeys {
     /// The escaped, joined name (what error messages show).
     pub name: String,
-    /// The lock hash `{owner -> hold count}`.
-    pub hash: String,
-    /// The fencing counter.
+    /// The lock itself: a string holding the current grant's value, with the lease as
+    /// its expiry.
+    pub key: String,
+    /// The fencing counter of the lock's hash slot (shared with the other locks of
+    /// that slot).
     pub fence: String,
+    /// Present while someone waits for the lock: a release publishes only then.
+    pub waiters: String,
     /// The pub/sub channel a release is announced on.
     pub channel: String,
 }
@@ -281,13 +292,42 @@ pub fn lock_keys<N: LockName + ?Sized>(
     name: &N,
 ) -> Result<LockKeys, LockError> {
     let name = escaped_name(delimiter, name)?;
-    let hash = format!("{namespace}:{{{name}}}");
+    let key = format!("{namespace}:{{{name}}}");
     Ok(LockKeys {
-        fence: format!("{hash}:fence"),
-        channel: format!("{hash}:released"),
-        hash,
+        fence: fence_key(namespace, cluster_slot(&key)),
+        waiters: format!("{key}:waiters"),
+        channel: format!("{key}:released"),
+        key,
         name,
     })
+}
+
+/// The fencing counter of hash slot `slot` under `namespace`.
+pub(crate) fn fence_key(namespace: &str, slot: u16) -> String {
+    format!("{namespace}:fence:{{{}}}", slot_tag(slot))
+}
+
+/// The shortest decimal number whose CRC16 falls in `slot`: a hash tag that places a
+/// key in that slot. Computed once for all 16384 slots (a few milliseconds).
+pub(crate) fn slot_tag(slot: u16) -> u32 {
+    static TAGS: std::sync::LazyLock<Vec<u32>> = std::sync::LazyLock::new(|| {
+        let mut tags = vec![u32::MAX; 16384];
+        let mut missing = tags.len();
+        let mut n: u32 = 0;
+        let mut buf = String::new();
+        while missing > 0 {
+            buf.clear();
+            let _ = write!(buf, "{n}");
+            let s = usize::from(crc16_xmodem(buf.as_bytes()) % 16384);
+            if tags[s] == u32::MAX {
+                tags[s] = n;
+                missing -= 1;
+            }
+            n += 1;
+        }
+        tags
+    });
+    TAGS[usize::from(slot % 16384)]
 }
 
 /// The keys of a fenced resource: its value and the highest token it has accepted.
@@ -297,7 +337,7 @@ pub(crate) fn fenced_keys<N: LockName + ?Sized>(
     delimiter: &str,
     resource: &N,
 ) -> Result<(String, String), LockError> {
-    let base = lock_keys(namespace, delimiter, resource)?.hash;
+    let base = lock_keys(namespace, delimiter, resource)?.key;
     Ok((
         format!("{base}:fenced-value"),
         format!("{base}:fenced-token"),
@@ -379,8 +419,20 @@ mod tests {
             super::crc16_xmodem(b"{}user1000") % 16384
         );
         let keys = lock_keys("lock", ":", &("order", 7_u64)).unwrap();
-        assert_eq!(cluster_slot(&keys.hash), cluster_slot(&keys.fence));
-        assert_eq!(cluster_slot(&keys.hash), cluster_slot(&keys.channel));
+        assert_eq!(cluster_slot(&keys.key), cluster_slot(&keys.fence));
+        assert_eq!(cluster_slot(&keys.key), cluster_slot(&keys.channel));
+        assert_eq!(cluster_slot(&keys.key), cluster_slot(&keys.waiters));
+    }
+
+    #[test]
+    fn every_slot_has_a_fence_tag_in_it() {
+        for slot in 0..16384u16 {
+            let key = fence_key("ns", slot);
+            assert_eq!(cluster_slot(&key), slot, "{key}");
+        }
+        // Many names share a slot's counter: the counters are bounded by the slots.
+        let a = lock_keys("lock", ":", "a").unwrap();
+        assert_eq!(a.fence, fence_key("lock", cluster_slot(&a.key)));
     }
 
     use super::*;
@@ -392,24 +444,25 @@ mod tests {
     #[test]
     fn layout_shares_one_hash_tag() {
         let k = keys(&("order", 42_u64));
-        assert_eq!(k.hash, "lock:{order:42}");
-        assert_eq!(k.fence, "lock:{order:42}:fence");
+        assert_eq!(k.key, "lock:{order:42}");
+        assert_eq!(k.waiters, "lock:{order:42}:waiters");
+        assert!(k.fence.starts_with("lock:fence:{"), "{}", k.fence);
         assert_eq!(k.channel, "lock:{order:42}:released");
     }
 
     #[test]
     fn parts_cannot_forge_other_keys() {
         // Delimiter inside a part vs. two parts.
-        assert_ne!(keys(&("a:b",)).hash, keys(&("a", "b")).hash);
+        assert_ne!(keys(&("a:b",)).key, keys(&("a", "b")).key);
         // Braces cannot close the hash tag or reach another lock's fence key.
         let forged = keys("x}:fence");
-        assert_eq!(forged.hash, "lock:{x%7D%3Afence}");
-        assert_ne!(forged.hash, keys("x").fence);
+        assert_eq!(forged.key, "lock:{x%7D%3Afence}");
+        assert_ne!(forged.key, keys("x").waiters);
         // The escape character itself is escaped, so escapes cannot be forged.
-        assert_ne!(keys("%3A").hash, keys(":").hash);
+        assert_ne!(keys("%3A").key, keys(":").key);
         for k in [keys("{a}"), keys(&("}", "{")), keys("%7B")] {
-            assert_eq!(k.hash.matches('{').count(), 1, "{k:?}");
-            assert_eq!(k.hash.matches('}').count(), 1, "{k:?}");
+            assert_eq!(k.key.matches('{').count(), 1, "{k:?}");
+            assert_eq!(k.key.matches('}').count(), 1, "{k:?}");
         }
     }
 
@@ -417,8 +470,8 @@ mod tests {
     fn custom_delimiter_is_escaped_in_parts() {
         let a = lock_keys("ns", "/", &("a/b",)).unwrap();
         let b = lock_keys("ns", "/", &("a", "b")).unwrap();
-        assert_eq!(a.hash, "ns:{a%2Fb}");
-        assert_eq!(b.hash, "ns:{a/b}");
+        assert_eq!(a.key, "ns:{a%2Fb}");
+        assert_eq!(b.key, "ns:{a/b}");
     }
 
     #[test]
@@ -454,11 +507,11 @@ mod tests {
 
     #[test]
     fn key_parts_of_every_kind() {
-        assert_eq!(keys(&(1_i8, -2_i64, true, 'c')).hash, "lock:{1:-2:true:c}");
+        assert_eq!(keys(&(1_i8, -2_i64, true, 'c')).key, "lock:{1:-2:true:c}");
         assert_eq!(
-            keys(&vec![String::from("a"), "b".into()]).hash,
+            keys(&vec![String::from("a"), "b".into()]).key,
             "lock:{a:b}"
         );
-        assert_eq!(keys(&["x"; 3]).hash, "lock:{x:x:x}");
+        assert_eq!(keys(&["x"; 3]).key, "lock:{x:x:x}");
     }
 }

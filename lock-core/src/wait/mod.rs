@@ -18,6 +18,8 @@ use futures_util::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{Notify, mpsc, oneshot};
 
+use crate::Backoff;
+
 /// Local waiters per channel: how many subscriptions, and their wake-up.
 type Waiters = Arc<Mutex<HashMap<String, (usize, Arc<Notify>)>>>;
 
@@ -28,9 +30,11 @@ enum Command {
 
 pub(crate) struct Hub {
     waiters: Waiters,
-    commands: mpsc::UnboundedSender<Command>,
-    /// The actor's receiving end until the actor starts (lazily, on first subscribe).
-    start: Mutex<Option<(Vec<redis::Client>, mpsc::UnboundedReceiver<Command>)>>,
+    /// Where the pub/sub connection may go (empty: local wake-ups only).
+    clients: Vec<redis::Client>,
+    /// The actor's command channel; the actor starts on first subscribe, and again
+    /// if the runtime it ran on has ended (its receiver is then gone).
+    commands: Mutex<Option<mpsc::UnboundedSender<Command>>>,
     own_id: String,
     timeout: Duration,
 }
@@ -52,7 +56,7 @@ pub(crate) struct Subscription {
     channel: String,
     notify: Arc<Notify>,
     waiters: Waiters,
-    commands: mpsc::UnboundedSender<Command>,
+    commands: Option<mpsc::UnboundedSender<Command>>,
 }
 
 impl Subscription {
@@ -69,9 +73,9 @@ impl Drop for Subscription {
             if entry.0 == 0 {
                 map.remove(&self.channel);
                 drop(map);
-                let _ = self
-                    .commands
-                    .send(Command::Unsubscribe(std::mem::take(&mut self.channel)));
+                if let Some(commands) = &self.commands {
+                    let _ = commands.send(Command::Unsubscribe(std::mem::take(&mut self.channel)));
+                }
             }
         }
     }
@@ -82,14 +86,39 @@ impl Hub {
     /// cluster, where release messages are published cluster-wide); empty means local
     /// wake-ups and backoff only (the user gave us a bare connection).
     pub(crate) fn new(pubsub: Vec<redis::Client>, own_id: String, timeout: Duration) -> Self {
-        let (commands, rx) = mpsc::unbounded_channel();
         Self {
             waiters: Waiters::default(),
-            commands,
-            start: Mutex::new((!pubsub.is_empty()).then_some((pubsub, rx))),
+            clients: pubsub,
+            commands: Mutex::new(None),
             own_id,
             timeout,
         }
+    }
+
+    /// The running actor's command channel, starting it if needed.
+    fn actor(&self) -> Option<mpsc::UnboundedSender<Command>> {
+        if self.clients.is_empty() {
+            return None;
+        }
+        let mut commands = lock(&self.commands);
+        if let Some(tx) = commands.as_ref().filter(|tx| !tx.is_closed()) {
+            return Some(tx.clone());
+        }
+        let rt = tokio::runtime::Handle::try_current().ok()?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let actor = Actor {
+            clients: self.clients.clone(),
+            next_client: 0,
+            waiters: self.waiters.clone(),
+            own_id: self.own_id.clone(),
+            timeout: self.timeout,
+            conn: None,
+            subscribed: HashSet::new(),
+            retry_at: Instant::now(),
+        };
+        rt.spawn(actor.run(rx));
+        *commands = Some(tx.clone());
+        Some(tx)
     }
 
     /// Subscribes to `channel`; returns once the server confirmed it, or it failed, or
@@ -103,30 +132,18 @@ impl Hub {
             entry.0 += 1;
             entry.1.clone()
         };
+        let commands = self.actor();
         let sub = Subscription {
             channel: channel.to_owned(),
             notify,
             waiters: self.waiters.clone(),
-            commands: self.commands.clone(),
+            commands: commands.clone(),
         };
-        if let Some((clients, rx)) = lock(&self.start).take() {
-            let actor = Actor {
-                clients,
-                next_client: 0,
-                waiters: self.waiters.clone(),
-                own_id: self.own_id.clone(),
-                timeout: self.timeout,
-                conn: None,
-                subscribed: HashSet::new(),
-                retry_at: Instant::now(),
-            };
-            tokio::spawn(actor.run(rx));
-        }
         let (ack, done) = oneshot::channel();
-        if self
-            .commands
-            .send(Command::Subscribe(channel.to_owned(), ack))
-            .is_ok()
+        if let Some(commands) = commands
+            && commands
+                .send(Command::Subscribe(channel.to_owned(), ack))
+                .is_ok()
         {
             let _ = tokio::time::timeout(limit.min(self.timeout), done).await;
         }
@@ -297,16 +314,21 @@ pub(crate) enum Turn<T> {
 /// each attempt, so a message that arrives during it is not missed. `attempt` learns
 /// whether a subscription is active (a waiter woken by one message can pass the turn on
 /// with [`Hub::notify_local`]). Returns the last hint when the deadline passes.
-pub(crate) async fn wait_for_turn<T, F, Fut>(
-    inner: &crate::client::Inner,
-    channel: &str,
+///
+/// `listen` names the hub and channel to subscribe to after the first miss (asked only
+/// then; a Redlock picks a node that answered); `None` means backoff only.
+pub(crate) async fn wait_for_turn<'h, T, F, Fut, L>(
+    backoff: &Backoff,
+    listen: L,
     deadline: Instant,
     mut attempt: F,
 ) -> Result<Result<T, Duration>, crate::LockError>
 where
     F: FnMut(bool) -> Fut,
     Fut: std::future::Future<Output = Result<Turn<T>, crate::LockError>>,
+    L: Fn() -> Option<(&'h Hub, &'h str)>,
 {
+    let mut asked = false;
     let mut subscription: Option<Subscription> = None;
     let mut retries = 0u32;
     loop {
@@ -323,14 +345,15 @@ where
         if now >= deadline {
             return Ok(Err(hint));
         }
-        if subscription.is_none() {
-            tracing::trace!(channel, "waiting for a release message");
-            subscription = Some(inner.hub.subscribe(channel, deadline - now).await);
-            continue;
+        if !asked {
+            asked = true;
+            if let Some((hub, channel)) = listen() {
+                tracing::trace!(channel, "waiting for a release message");
+                subscription = Some(hub.subscribe(channel, deadline - now).await);
+                continue;
+            }
         }
-        let pause = inner
-            .config
-            .backoff
+        let pause = backoff
             .delay(retries)
             .min(hint)
             .min(deadline - now)

@@ -1,0 +1,205 @@
+//! The acquisition protocol: re-enter locally, or take a fresh grant in Redis (waiting
+//! for a release when busy), and undo a grant whose outcome is unknown.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::runtime::Handle;
+
+use super::Request;
+use super::config::{MAX_LEASE, drift};
+use super::core::Core;
+use super::guard::LockGuard;
+use super::registry::{Enter, Grant};
+use crate::cleanup::{self, OnDrop};
+use crate::store::scripts::{ACQUIRE, AcquireReply};
+use crate::wait::{Turn, wait_for_turn};
+use crate::{FencingToken, LockError};
+
+/// What a granted attempt brings back.
+struct Granted {
+    value: String,
+    seq: u64,
+    holder: u64,
+    token: u64,
+    valid_until: Instant,
+}
+
+impl Core {
+    /// Takes the lock for `req`, waiting up to `wait`.
+    pub(crate) async fn acquire(
+        self: &Arc<Self>,
+        req: &Request,
+        wait: Duration,
+    ) -> Result<LockGuard, LockError> {
+        let runtime = Handle::try_current().map_err(|_| {
+            LockError::InvalidConfig("locks must be taken inside a tokio runtime".into())
+        })?;
+        let started = Instant::now();
+        let deadline = started
+            .checked_add(wait)
+            .unwrap_or(started + MAX_LEASE);
+        let scope = req.scope.id();
+        let ticket = loop {
+            match self.registry.enter(&req.keys.key, scope, req.watchdog) {
+                Enter::Reentered(grant) => return self.reentered(grant, req, runtime).await,
+                Enter::Acquire(ticket) => break ticket,
+                Enter::Wait { ready, own_release } => {
+                    // Our own release finishes within one command timeout, whatever
+                    // the wait budget; another acquisition of the scope within ours.
+                    let until = if own_release {
+                        deadline.max(Instant::now() + self.conn.timeout())
+                    } else {
+                        deadline
+                    };
+                    if tokio::time::timeout_at(until.into(), ready).await.is_err() {
+                        return Err(self.miss(req, wait, started, Duration::ZERO));
+                    }
+                }
+            }
+        };
+        let linger = if wait.is_zero() {
+            0
+        } else {
+            // The waiter marker outlives the holder's lease by the longest sleep
+            // between two attempts, so a waiter is always marked while it waits.
+            (self.config.backoff.max + self.conn.timeout()).as_millis() as u64
+        };
+        let listen = || Some((&self.hub, req.keys.channel.as_str()));
+        let turn = wait_for_turn(&self.config.backoff, listen, deadline, |_| {
+            self.attempt(req, linger, &runtime)
+        })
+        .await?;
+        match turn {
+            Ok(g) => {
+                let grant = Arc::new(Grant::new(
+                    req.keys.clone(),
+                    scope,
+                    req.scope.owner(&self.id_hex),
+                    g.value,
+                    FencingToken::new(g.token, g.holder),
+                    g.seq,
+                    self.config.watchdog_lease,
+                    g.valid_until,
+                ));
+                if req.watchdog {
+                    let mut st = grant.state();
+                    st.watched = 1;
+                    st.next_renewal = Some(Instant::now() + self.watchdog_period());
+                    st.renew_until = req.max_hold.and_then(|m| Instant::now().checked_add(m));
+                }
+                ticket.fulfil(grant.clone());
+                self.watchdog.schedule(&grant);
+                tracing::debug!(lock = %req.keys.name, token = g.token, waited = ?started.elapsed(), "lock granted");
+                Ok(LockGuard::new(self.clone(), grant, req.watchdog, runtime))
+            }
+            Err(retry_after) => Err(self.miss(req, wait, started, retry_after)),
+        }
+    }
+
+    fn miss(&self, req: &Request, wait: Duration, started: Instant, retry_after: Duration) -> LockError {
+        if wait.is_zero() {
+            LockError::Busy {
+                key: req.keys.name.clone(),
+                retry_after,
+            }
+        } else {
+            tracing::debug!(lock = %req.keys.name, ?wait, "lock wait timed out");
+            LockError::Timeout {
+                key: req.keys.name.clone(),
+                waited: started.elapsed(),
+            }
+        }
+    }
+
+    /// One acquire script call with a fresh grant value.
+    async fn attempt(
+        self: &Arc<Self>,
+        req: &Request,
+        linger: u64,
+        runtime: &Handle,
+    ) -> Result<Turn<Granted>, LockError> {
+        let (value, holder, seq) = self.next_grant(req.scope.id());
+        let keys = &req.keys;
+        // Until the reply is in, the grant may exist: a cancelled or failed call is
+        // undone in the background (the value is this attempt's own).
+        let undo = OnDrop::new(|| {
+            let (core, keys, value) = (self.clone(), keys.clone(), value.clone());
+            let name = keys.name.clone();
+            cleanup::spawn(runtime, "undoing an unfinished acquisition", name, async move {
+                core.undo_call(&keys, &value).await
+            });
+        });
+        let lease = req.lease;
+        let sent = Instant::now();
+        let reply = self
+            .conn
+            .eval(&ACQUIRE, self.conn.timeout(), |c| {
+                c.arg(3)
+                    .arg(&keys.key)
+                    .arg(&keys.fence)
+                    .arg(&keys.waiters)
+                    .arg(&value)
+                    .arg(lease.as_millis() as u64)
+                    .arg(linger);
+            })
+            .await?;
+        let reply = AcquireReply::decode(reply)?;
+        match reply {
+            AcquireReply::Granted { token } => {
+                let valid_until = sent + lease - drift(lease);
+                if Instant::now() >= valid_until {
+                    // The reply came after the lease it granted: nothing of it can be
+                    // relied on, so give it back now rather than block everyone.
+                    tracing::warn!(lock = %keys.name, "grant arrived with no validity left; given back");
+                    let result = self.undo_call(keys, &value).await;
+                    undo.disarm();
+                    result?;
+                    return Ok(Turn::Retry(Duration::ZERO));
+                }
+                undo.disarm();
+                Ok(Turn::Done(Granted {
+                    value,
+                    seq,
+                    holder,
+                    token,
+                    valid_until,
+                }))
+            }
+            AcquireReply::Busy { pttl_ms } => {
+                undo.disarm();
+                Ok(Turn::Retry(Duration::from_millis(pttl_ms)))
+            }
+        }
+    }
+
+    /// The scope already holds the grant: one more hold, and a longer lease if this
+    /// hold asks for more than the grant has left.
+    async fn reentered(
+        self: &Arc<Self>,
+        grant: Arc<Grant>,
+        req: &Request,
+        runtime: Handle,
+    ) -> Result<LockGuard, LockError> {
+        let guard = LockGuard::new(self.clone(), grant.clone(), req.watchdog, runtime);
+        if req.watchdog {
+            let mut st = grant.state();
+            if st.next_renewal.is_none() {
+                // The first watched hold of a fixed-lease grant: renew from now on.
+                st.next_renewal = Some(Instant::now());
+                st.renew_until = req.max_hold.and_then(|m| Instant::now().checked_add(m));
+            }
+            drop(st);
+            self.watchdog.schedule(&grant);
+        } else {
+            let needed = Instant::now() + req.lease - drift(req.lease);
+            let short = grant.state().valid_until < needed;
+            if short {
+                // Dropping the guard on failure gives the hold back.
+                self.extend_grant(&grant, req.lease, true).await?;
+            }
+        }
+        tracing::debug!(lock = %req.keys.name, "lock re-entered");
+        Ok(guard)
+    }
+}

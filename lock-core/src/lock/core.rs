@@ -1,0 +1,204 @@
+//! `Core`: what a client and its guards share (connection, registry, watchdog, waiters),
+//! and the lock protocol's Redis calls.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::runtime::Handle;
+
+use super::config::{LockConfig, drift};
+use super::registry::{Grant, Loss, Registry};
+use super::watchdog::Watchdog;
+use crate::cleanup;
+use crate::key::LockKeys;
+use crate::owner::ClientId;
+use crate::store::Conn;
+use crate::store::scripts::{GrantReply, RELEASE, RENEW, codes};
+use crate::wait::Hub;
+use crate::{LockError, Released};
+
+pub(crate) struct Core {
+    pub(crate) conn: Conn,
+    pub(crate) config: LockConfig,
+    pub(crate) id: ClientId,
+    pub(crate) id_hex: String,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) hub: Hub,
+    pub(crate) watchdog: Watchdog,
+    grants: AtomicU64,
+}
+
+impl Core {
+    pub(crate) fn new(conn: Conn, pubsub: Vec<redis::Client>, config: LockConfig) -> Result<Self, LockError> {
+        let id = ClientId::random()?;
+        let id_hex = id.to_hex();
+        let registry = Arc::new(Registry::default());
+        Ok(Self {
+            hub: Hub::new(pubsub, id_hex.clone(), config.command_timeout),
+            watchdog: Watchdog::new(conn.clone(), registry.clone(), &config),
+            conn,
+            config,
+            id,
+            id_hex,
+            registry,
+            grants: AtomicU64::new(1),
+        })
+    }
+
+    /// A value and a holder id for a new grant: unique per grant (this client's random
+    /// id and a counter), so a release or renewal can only touch its own grant.
+    pub(crate) fn next_grant(&self, scope: u64) -> (String, u64, u64) {
+        let seq = self.grants.fetch_add(1, Ordering::Relaxed);
+        let value = format!("{}:{scope}:{seq:x}", self.id_hex);
+        // Distinct for every grant of this client (an odd multiplier is a bijection),
+        // unrelated between clients (their ids are random).
+        let holder = self.id.low64() ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (value, holder, seq)
+    }
+
+    /// Sends the release of `grant` (compare-and-delete; publishes if someone waits).
+    pub(crate) async fn release_call(&self, grant: &Grant) -> Result<GrantReply, LockError> {
+        let keys = &grant.keys;
+        let reply = self
+            .conn
+            .eval(&RELEASE, self.conn.timeout(), |c| {
+                c.arg(3)
+                    .arg(&keys.key)
+                    .arg(&keys.waiters)
+                    .arg(&keys.channel)
+                    .arg(&grant.value)
+                    .arg(&self.id_hex);
+            })
+            .await?;
+        let r = GrantReply::decode("release", reply)?;
+        if r == GrantReply::Done {
+            self.hub.notify_local(&keys.channel);
+        }
+        Ok(r)
+    }
+
+    /// Deletes a grant whose acquisition reply is unknown or came too late (value `value`).
+    pub(crate) async fn undo_call(&self, keys: &LockKeys, value: &str) -> Result<(), LockError> {
+        let reply = self
+            .conn
+            .eval(&RELEASE, self.conn.timeout(), |c| {
+                c.arg(3)
+                    .arg(&keys.key)
+                    .arg(&keys.waiters)
+                    .arg(&keys.channel)
+                    .arg(value)
+                    .arg(&self.id_hex);
+            })
+            .await?;
+        if GrantReply::decode("release", reply)? == GrantReply::Done {
+            self.hub.notify_local(&keys.channel);
+        }
+        Ok(())
+    }
+
+    /// Gives back the last hold of a live grant (`lost`: of a grant already lost, which
+    /// is deleted if still ours and reported as lost). Cancelled mid-call, the release
+    /// finishes in the background.
+    pub(crate) async fn release_last(
+        self: &Arc<Self>,
+        grant: &Arc<Grant>,
+        lost: Option<Loss>,
+        runtime: &Handle,
+    ) -> Result<Released, LockError> {
+        self.watchdog.unschedule(grant);
+        let background = cleanup::OnDrop::new(|| self.release_in_background(grant, lost, runtime));
+        let reply = self.release_call(grant).await;
+        background.disarm();
+        if lost.is_none() {
+            self.registry.released(&grant.keys.key);
+        }
+        let key = &grant.keys.key;
+        let name = &grant.keys.name;
+        match (reply?, lost) {
+            (GrantReply::Done, None) => {
+                tracing::debug!(lock = %name, "lock released");
+                Ok(Released::Unlocked)
+            }
+            (GrantReply::Done, Some(loss)) | (GrantReply::Expired, Some(loss)) => Err(loss.error(name)),
+            (GrantReply::Expired, None) => {
+                self.registry.lose(grant, Loss::Expired);
+                Err(Loss::Expired.error(name))
+            }
+            (GrantReply::NotOwner, _) => {
+                self.registry.lose(grant, Loss::TakenOver);
+                let _ = key;
+                Err(Loss::TakenOver.error(name))
+            }
+        }
+    }
+
+    /// [`release_last`](Self::release_last) as a background task (a dropped guard).
+    pub(crate) fn release_in_background(
+        self: &Arc<Self>,
+        grant: &Arc<Grant>,
+        lost: Option<Loss>,
+        runtime: &Handle,
+    ) {
+        self.watchdog.unschedule(grant);
+        let (core, grant, rt) = (self.clone(), grant.clone(), runtime.clone());
+        cleanup::spawn(runtime, "background release", grant.keys.name.clone(), async move {
+            core.release_last(&grant, lost, &rt).await.map(|_| ())
+        });
+    }
+
+    /// Sets the lease of `grant` to `lease` from now (one renew call). Never leaves the
+    /// lease shorter than what other holds rely on when `keep` is set.
+    pub(crate) async fn extend_grant(&self, grant: &Arc<Grant>, lease: Duration, keep: bool) -> Result<(), LockError> {
+        let name = &grant.keys.name;
+        let lease = {
+            let st = grant.state();
+            if let Some(loss) = st.lost {
+                return Err(loss.error(name));
+            }
+            if keep {
+                lease.max(st.valid_until.saturating_duration_since(Instant::now()) + drift(lease))
+            } else {
+                lease
+            }
+        };
+        let sent = Instant::now();
+        let reply = self
+            .conn
+            .eval(&RENEW, self.conn.timeout(), |c| {
+                c.arg(1).arg(&grant.keys.key).arg(&grant.value).arg(lease.as_millis() as u64);
+            })
+            .await?;
+        let code = codes("renew", reply, 1)?[0];
+        match GrantReply::from_code("renew", code)? {
+            GrantReply::Done => {
+                let mut st = grant.state();
+                if st.lost.is_none() {
+                    st.valid_until = sent + lease - drift(lease);
+                }
+                drop(st);
+                self.watchdog.schedule(grant);
+                Ok(())
+            }
+            GrantReply::Expired => {
+                self.registry.lose(grant, Loss::Expired);
+                Err(Loss::Expired.error(name))
+            }
+            GrantReply::NotOwner => {
+                self.registry.lose(grant, Loss::TakenOver);
+                Err(Loss::TakenOver.error(name))
+            }
+        }
+    }
+
+    pub(crate) fn watchdog_period(&self) -> Duration {
+        self.config.watchdog_period()
+    }
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        // Let the watchdog task see the client is gone and exit.
+        self.watchdog.stop();
+    }
+}

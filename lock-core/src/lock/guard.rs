@@ -1,0 +1,216 @@
+//! `LockGuard`: proof of holding a lock, with release, extend and the lost signal.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+
+use super::Request;
+use super::config::check_lease;
+use super::core::Core;
+use super::registry::{Grant, Plan};
+use crate::owner::LockScope;
+use crate::{FencingToken, LockError};
+
+/// What a successful [`LockGuard::release`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Released {
+    /// The lock is free: deleted in Redis, and waiters were told.
+    Unlocked,
+    /// This was a re-entered hold; the owner still holds the lock `holds_left` times
+    /// (counted by this client: nothing was sent to Redis).
+    StillHeld {
+        /// Holds of the same owner that remain.
+        holds_left: u32,
+    },
+}
+
+/// A held lock.
+///
+/// Behavior:
+/// - [`release`](Self::release) says what happened: [`Released::Unlocked`],
+///   [`Released::StillHeld`] (re-entered), or the errors [`LockError::Expired`] and
+///   [`LockError::NotOwner`] when the lease ran out before.
+/// - Dropped without `release` (early return, `?`, panic, a cancelled future), it stops
+///   its renewal at once and releases in the background on the runtime it was acquired
+///   on. Dropping never blocks.
+/// - When the lock is lost (renewal refused or failed until the lease ran out, or a
+///   fixed lease passed), [`is_held`](Self::is_held) turns false and
+///   [`lost`](Self::lost) resolves, so the critical section can stop.
+/// - [`fencing_token`](Self::fencing_token) grows with every fresh grant of this lock;
+///   hand it to the resource you write so it can refuse stale holders
+///   ([`LockClient::fenced_write`]).
+#[must_use = "dropping a LockGuard releases the lock at once"]
+pub struct LockGuard {
+    core: Arc<Core>,
+    grant: Arc<Grant>,
+    /// This hold asked for the watchdog lease.
+    watched: bool,
+    lost: watch::Receiver<bool>,
+    runtime: Handle,
+    done: bool,
+}
+
+impl std::fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("lock", &self.grant.keys.name)
+            .field("token", &self.grant.token)
+            .field("held", &self.is_held())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LockGuard {
+    pub(crate) fn new(core: Arc<Core>, grant: Arc<Grant>, watched: bool, runtime: Handle) -> Self {
+        let lost = grant.lost_tx.subscribe();
+        Self {
+            core,
+            grant,
+            watched,
+            lost,
+            runtime,
+            done: false,
+        }
+    }
+
+    /// The lock's name as stored (parts escaped and joined).
+    pub fn name(&self) -> &str {
+        &self.grant.keys.name
+    }
+
+    /// The fencing token of this grant (shared by re-entered holds).
+    pub fn fencing_token(&self) -> FencingToken {
+        self.grant.token
+    }
+
+    /// The owner id this guard holds the lock as (client id and scope).
+    pub fn owner(&self) -> &str {
+        &self.grant.owner
+    }
+
+    /// The value this grant wrote to the lock key in Redis (unique per grant; shared
+    /// by re-entered holds). For inspection and tooling.
+    pub fn grant_value(&self) -> &str {
+        &self.grant.value
+    }
+
+    /// True while the lease is known to be in force and the lock was not reported lost.
+    pub fn is_held(&self) -> bool {
+        !*self.lost.borrow() && Instant::now() < self.grant.state().valid_until
+    }
+
+    /// How long the lease is known to last from now (zero once lost): the lease less
+    /// the time its request took and a drift allowance of 1% + 2 ms, as confirmed by
+    /// the last grant, renewal or extension.
+    pub fn valid_for(&self) -> Duration {
+        if *self.lost.borrow() {
+            return Duration::ZERO;
+        }
+        self.grant
+            .state()
+            .valid_until
+            .saturating_duration_since(Instant::now())
+    }
+
+    /// Resolves when the lock is lost: a renewal or release found another grant or
+    /// none, or the lease the client can prove ran out (by its own clock, whatever a
+    /// renewal call is doing). Never resolves while the lock is held, so race it
+    /// against the critical section:
+    ///
+    /// ```no_run
+    /// # async fn demo(guard: lock_core::LockGuard) {
+    /// # async fn work() {}
+    /// tokio::select! {
+    ///     _ = guard.lost() => { /* stop: someone else may hold the lock now */ }
+    ///     _ = work() => {}
+    /// }
+    /// # }
+    /// ```
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.lost.clone();
+        async move {
+            // The sender lives as long as any guard: an error cannot happen while we wait.
+            let _ = rx.wait_for(|lost| *lost).await;
+        }
+    }
+
+    /// Gives back this hold. The last hold of the grant deletes it in Redis (only this
+    /// grant: a compare-and-delete of its value); other holds are counted locally.
+    /// Cancelled while the delete is in flight, the delete finishes in the background.
+    pub async fn release(mut self) -> Result<Released, LockError> {
+        self.done = true;
+        match self.core.registry.release(&self.grant, self.watched, true) {
+            Plan::StillHeld(holds_left) => Ok(Released::StillHeld { holds_left }),
+            Plan::Lost(loss) => Err(loss.error(&self.grant.keys.name)),
+            Plan::Last => self.core.release_last(&self.grant, None, &self.runtime).await,
+            Plan::LastLost(loss) => {
+                self.core
+                    .release_last(&self.grant, Some(loss), &self.runtime)
+                    .await
+            }
+        }
+    }
+
+    /// Lets the lock run out on its own: stops renewing it and never releases it, so it
+    /// stays taken until its lease passes (an anti-resubmit window; the
+    /// `release = "on_expiry"` mode of `#[cache_lock]`). With the watchdog lease that is
+    /// up to [`LockConfig::watchdog_lease`](crate::LockConfig::watchdog_lease) from the
+    /// last renewal.
+    pub fn hold_until_expiry(mut self) {
+        self.done = true;
+        // Local bookkeeping only: no release is sent.
+        if let Plan::Last | Plan::LastLost(_) =
+            self.core.registry.release(&self.grant, self.watched, false)
+        {
+            self.core.watchdog.unschedule(&self.grant);
+        }
+    }
+
+    /// Sets the lease to `lease` from now. While other holds of the same grant live,
+    /// the lease is never set shorter than what they were told. Fails with
+    /// [`LockError::Expired`] or [`LockError::NotOwner`] (and fires
+    /// [`lost`](Self::lost)) if the lock is gone.
+    pub async fn extend(&self, lease: Duration) -> Result<(), LockError> {
+        check_lease("lease", lease)?;
+        let shared = self.grant.state().holds > 1;
+        self.core.extend_grant(&self.grant, lease, shared).await
+    }
+
+    /// Takes the same lock again as the same owner (a re-entered hold; no waiting, no
+    /// round trip unless the lease must grow). Fails with the loss if the lock was lost.
+    pub async fn reenter(&self) -> Result<LockGuard, LockError> {
+        if let Some(loss) = self.grant.state().lost {
+            return Err(loss.error(&self.grant.keys.name));
+        }
+        let lease = self.grant.state().valid_until.saturating_duration_since(Instant::now());
+        let request = Request {
+            keys: self.grant.keys.clone(),
+            scope: LockScope::from_id(self.grant.scope),
+            lease: lease.max(super::config::MIN_LEASE),
+            watchdog: self.watched,
+            max_hold: None,
+        };
+        self.core.acquire(&request, Duration::ZERO).await
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        // Local bookkeeping now (renewal stops at once); the Redis call in the background.
+        match self.core.registry.release(&self.grant, self.watched, true) {
+            Plan::StillHeld(_) | Plan::Lost(_) => {}
+            Plan::Last => self.core.release_in_background(&self.grant, None, &self.runtime),
+            Plan::LastLost(loss) => {
+                self.core
+                    .release_in_background(&self.grant, Some(loss), &self.runtime)
+            }
+        }
+    }
+}

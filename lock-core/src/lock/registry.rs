@@ -1,0 +1,435 @@
+//! What this client holds: one [`Grant`] per lock granted by Redis, shared by every hold
+//! of its owner (scope), so reentrancy, renewal and the lost signal have one source of
+//! truth, and a re-entry costs no round trip.
+//!
+//! The registry also knows which acquisitions are in flight (a second acquisition of
+//! the same scope waits for the first instead of racing it) and which releases are in
+//! flight (an acquisition of a lock this client is still giving back waits for that,
+//! instead of finding its own old grant busy).
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::futures::OwnedNotified;
+use tokio::sync::{Notify, watch};
+
+use crate::key::LockKeys;
+use crate::{FencingToken, LockError};
+
+/// Why a grant was lost, as far as this client knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Loss {
+    /// The lease ran out (by the local clock, or Redis had no lock any more).
+    Expired,
+    /// Redis showed another grant.
+    TakenOver,
+}
+
+impl Loss {
+    pub(crate) fn error(self, key: &str) -> LockError {
+        let key = key.to_owned();
+        match self {
+            Self::Expired => LockError::Expired { key },
+            Self::TakenOver => LockError::NotOwner { key },
+        }
+    }
+}
+
+/// One grant: a value written to the lock key by one successful acquire.
+#[derive(Debug)]
+pub(crate) struct Grant {
+    pub(crate) keys: LockKeys,
+    pub(crate) scope: u64,
+    /// Owner id (client id and scope), for display.
+    pub(crate) owner: String,
+    /// The value in Redis: unique to this grant.
+    pub(crate) value: String,
+    pub(crate) token: FencingToken,
+    /// Unique per grant in this client (the watchdog's queue key).
+    pub(crate) seq: u64,
+    pub(crate) lost_tx: watch::Sender<bool>,
+    state: Mutex<GrantState>,
+}
+
+#[derive(Debug)]
+pub(crate) struct GrantState {
+    /// Holds (guards) alive.
+    pub(crate) holds: u32,
+    /// Holds that asked for the watchdog lease.
+    pub(crate) watched: u32,
+    /// The lease the watchdog applies.
+    pub(crate) watchdog_lease: Duration,
+    /// The lease is known to last at least until then (measured from before the
+    /// request that set it, less the drift allowance).
+    pub(crate) valid_until: Instant,
+    /// When the watchdog renews next (`None`: no watched hold, or the max-hold cap).
+    pub(crate) next_renewal: Option<Instant>,
+    /// The watchdog stops renewing after this (the max-hold cap).
+    pub(crate) renew_until: Option<Instant>,
+    /// A renewal call is in flight.
+    pub(crate) renewing: bool,
+    /// Released (last hold gone) or lost: nothing local may touch it again.
+    pub(crate) ended: bool,
+    /// Lost, and why.
+    pub(crate) lost: Option<Loss>,
+    /// Where the grant sits in the watchdog's queue.
+    pub(crate) queued: Option<Instant>,
+}
+
+impl Grant {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        keys: LockKeys,
+        scope: u64,
+        owner: String,
+        value: String,
+        token: FencingToken,
+        seq: u64,
+        watchdog_lease: Duration,
+        valid_until: Instant,
+    ) -> Self {
+        Self {
+            keys,
+            scope,
+            owner,
+            value,
+            token,
+            seq,
+            lost_tx: watch::Sender::new(false),
+            state: Mutex::new(GrantState {
+                holds: 1,
+                watched: 0,
+                watchdog_lease,
+                valid_until,
+                next_renewal: None,
+                renew_until: None,
+                renewing: false,
+                ended: false,
+                lost: None,
+                queued: None,
+            }),
+        }
+    }
+
+    pub(crate) fn state(&self) -> MutexGuard<'_, GrantState> {
+        // A poisoned lock only means another thread panicked mid-update; the fields
+        // are still the best information we have.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// True once the lost signal fired.
+    #[cfg(test)]
+    pub(crate) fn is_lost(&self) -> bool {
+        *self.lost_tx.borrow()
+    }
+}
+
+/// What a caller about to acquire must do.
+pub(crate) enum Enter<'a> {
+    /// The scope holds the lock: one more hold was counted on this grant.
+    Reentered(Arc<Grant>),
+    /// Wait for this, then ask again: the same scope is acquiring it right now
+    /// (`own_release == false`), or this client is still giving back a grant of it.
+    Wait {
+        ready: Pin<Box<OwnedNotified>>,
+        own_release: bool,
+    },
+    /// Go to Redis; the ticket stands for the acquisition in flight.
+    Acquire(Ticket<'a>),
+}
+
+/// How to give back one hold, decided locally.
+#[derive(Debug)]
+pub(crate) enum Plan {
+    /// Other holds remain: nothing to tell Redis.
+    StillHeld(u32),
+    /// The grant was lost and other holds remain.
+    Lost(Loss),
+    /// The last hold of a live grant: delete it in Redis.
+    Last,
+    /// The last hold of a lost grant: delete it in Redis if it is still ours, and
+    /// report the loss.
+    LastLost(Loss),
+}
+
+enum Slot {
+    Acquiring(Arc<Notify>),
+    Held(Arc<Grant>),
+}
+
+#[derive(Default)]
+struct Maps {
+    /// By (lock key, scope).
+    slots: HashMap<(String, u64), Slot>,
+    /// Releases in flight, by lock key: how many, and who waits for them.
+    releasing: HashMap<String, (u32, Arc<Notify>)>,
+}
+
+/// Every grant and in-flight acquisition of one client.
+#[derive(Default)]
+pub(crate) struct Registry {
+    maps: Mutex<Maps>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("entries", &self.len())
+            .finish()
+    }
+}
+
+fn armed(notify: &Arc<Notify>) -> Pin<Box<OwnedNotified>> {
+    let mut ready = Box::pin(notify.clone().notified_owned());
+    ready.as_mut().enable();
+    ready
+}
+
+impl Registry {
+    fn maps(&self) -> MutexGuard<'_, Maps> {
+        self.maps.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Re-enters the grant `scope` holds on `key`, or says what to wait for, or
+    /// registers an acquisition. `watched`: the new hold wants the watchdog lease.
+    pub(crate) fn enter(&self, key: &str, scope: u64, watched: bool) -> Enter<'_> {
+        let mut maps = self.maps();
+        let slot_key = (key.to_owned(), scope);
+        match maps.slots.get(&slot_key) {
+            Some(Slot::Held(grant)) => {
+                let mut st = grant.state();
+                if !st.ended {
+                    st.holds += 1;
+                    if watched {
+                        st.watched += 1;
+                    }
+                    drop(st);
+                    return Enter::Reentered(grant.clone());
+                }
+            }
+            Some(Slot::Acquiring(notify)) => {
+                return Enter::Wait {
+                    ready: armed(notify),
+                    own_release: false,
+                };
+            }
+            None => {}
+        }
+        if let Some((_, notify)) = maps.releasing.get(key) {
+            return Enter::Wait {
+                ready: armed(notify),
+                own_release: true,
+            };
+        }
+        let notify = Arc::new(Notify::new());
+        maps.slots.insert(slot_key.clone(), Slot::Acquiring(notify));
+        Enter::Acquire(Ticket {
+            registry: self,
+            slot_key: Some(slot_key),
+        })
+    }
+
+    /// Gives back one hold of `grant` and says what Redis must be told. With
+    /// `remote`, the caller will delete the grant in Redis: acquisitions of the same
+    /// lock by this client wait until it calls [`released`](Self::released).
+    pub(crate) fn release(&self, grant: &Arc<Grant>, watched: bool, remote: bool) -> Plan {
+        let mut maps = self.maps();
+        let mut st = grant.state();
+        st.holds = st.holds.saturating_sub(1);
+        if watched {
+            st.watched = st.watched.saturating_sub(1);
+            if st.watched == 0 {
+                st.next_renewal = None;
+            }
+        }
+        if let Some(loss) = st.lost {
+            return if st.holds == 0 {
+                Plan::LastLost(loss)
+            } else {
+                Plan::Lost(loss)
+            };
+        }
+        if st.holds > 0 {
+            return Plan::StillHeld(st.holds);
+        }
+        st.ended = true;
+        st.next_renewal = None;
+        drop(st);
+        Self::remove_if_same(&mut maps, grant);
+        if remote {
+            let entry = maps
+                .releasing
+                .entry(grant.keys.key.clone())
+                .or_insert_with(|| (0, Arc::new(Notify::new())));
+            entry.0 += 1;
+        }
+        Plan::Last
+    }
+
+    /// A release started by [`release`](Self::release) with `remote` is over.
+    pub(crate) fn released(&self, key: &str) {
+        let mut maps = self.maps();
+        if let Some(entry) = maps.releasing.get_mut(key) {
+            entry.0 -= 1;
+            if entry.0 == 0 {
+                let (_, notify) = maps.releasing.remove(key).expect("present");
+                notify.notify_waiters();
+            }
+        }
+    }
+
+    /// Marks `grant` lost (once): detaches it and fires its lost signal. Returns true
+    /// if this call marked it.
+    pub(crate) fn lose(&self, grant: &Arc<Grant>, loss: Loss) -> bool {
+        let mut maps = self.maps();
+        let mut st = grant.state();
+        if st.lost.is_some() {
+            return false;
+        }
+        st.lost = Some(loss);
+        st.next_renewal = None;
+        let was_held = !st.ended;
+        st.ended = true;
+        drop(st);
+        if was_held {
+            Self::remove_if_same(&mut maps, grant);
+        }
+        drop(maps);
+        grant.lost_tx.send_replace(true);
+        true
+    }
+
+    /// Grants and acquisitions in flight.
+    pub(crate) fn len(&self) -> usize {
+        self.maps().slots.len()
+    }
+
+    fn remove_if_same(maps: &mut Maps, grant: &Arc<Grant>) {
+        let slot_key = (grant.keys.key.clone(), grant.scope);
+        if matches!(maps.slots.get(&slot_key), Some(Slot::Held(g)) if Arc::ptr_eq(g, grant)) {
+            maps.slots.remove(&slot_key);
+        }
+    }
+}
+
+/// An acquisition in flight. Dropped without [`fulfil`](Self::fulfil) (busy, error,
+/// cancelled), it unregisters and wakes the same scope's waiting acquisitions.
+pub(crate) struct Ticket<'a> {
+    registry: &'a Registry,
+    slot_key: Option<(String, u64)>,
+}
+
+impl Ticket<'_> {
+    /// The acquisition was granted: `grant` is what the scope holds now.
+    pub(crate) fn fulfil(mut self, grant: Arc<Grant>) {
+        let Some(slot_key) = self.slot_key.take() else {
+            return;
+        };
+        let mut maps = self.registry.maps();
+        if let Some(Slot::Acquiring(notify)) = maps.slots.insert(slot_key, Slot::Held(grant)) {
+            notify.notify_waiters();
+        }
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        let Some(slot_key) = self.slot_key.take() else {
+            return;
+        };
+        let mut maps = self.registry.maps();
+        if matches!(maps.slots.get(&slot_key), Some(Slot::Acquiring(_)))
+            && let Some(Slot::Acquiring(notify)) = maps.slots.remove(&slot_key)
+        {
+            notify.notify_waiters();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::lock_keys;
+
+    fn grant(reg: &Registry, scope: u64) -> Arc<Grant> {
+        let keys = lock_keys("t", ":", "x").unwrap();
+        let Enter::Acquire(ticket) = reg.enter(&keys.key, scope, false) else {
+            panic!("expected a fresh acquisition");
+        };
+        let g = Arc::new(Grant::new(
+            keys,
+            scope,
+            format!("c:{scope}"),
+            "v".into(),
+            FencingToken::new(1, 1),
+            1,
+            Duration::from_secs(30),
+            Instant::now() + Duration::from_secs(30),
+        ));
+        ticket.fulfil(g.clone());
+        g
+    }
+
+    #[test]
+    fn reentry_counts_locally_and_the_last_hold_releases() {
+        let reg = Registry::default();
+        let g = grant(&reg, 1);
+        let Enter::Reentered(same) = reg.enter(&g.keys.key, 1, false) else {
+            panic!("same scope must re-enter");
+        };
+        assert!(Arc::ptr_eq(&same, &g));
+        assert!(matches!(reg.enter(&g.keys.key, 2, false), Enter::Acquire(_)));
+        assert!(matches!(reg.release(&g, false, true), Plan::StillHeld(1)));
+        assert!(matches!(reg.release(&g, false, true), Plan::Last));
+        // The release is in flight: the same scope waits for it, not for Redis.
+        assert!(matches!(
+            reg.enter(&g.keys.key, 1, false),
+            Enter::Wait {
+                own_release: true,
+                ..
+            }
+        ));
+        reg.released(&g.keys.key);
+        assert!(matches!(reg.enter(&g.keys.key, 1, false), Enter::Acquire(_)));
+        assert_eq!(reg.len(), 0, "dropped tickets unregister");
+    }
+
+    #[test]
+    fn a_concurrent_acquisition_of_the_same_scope_waits() {
+        let reg = Registry::default();
+        let keys = lock_keys("t", ":", "y").unwrap();
+        let first = reg.enter(&keys.key, 7, false);
+        assert!(matches!(first, Enter::Acquire(_)));
+        assert!(matches!(
+            reg.enter(&keys.key, 7, false),
+            Enter::Wait {
+                own_release: false,
+                ..
+            }
+        ));
+        drop(first);
+        assert!(matches!(reg.enter(&keys.key, 7, false), Enter::Acquire(_)));
+    }
+
+    #[test]
+    fn a_lost_grant_is_detached_and_reports_its_loss() {
+        let reg = Registry::default();
+        let g = grant(&reg, 1);
+        assert!(matches!(reg.enter(&g.keys.key, 1, false), Enter::Reentered(_)));
+        assert!(reg.lose(&g, Loss::TakenOver));
+        assert!(!reg.lose(&g, Loss::Expired), "fires once");
+        assert!(g.is_lost());
+        assert!(matches!(
+            reg.release(&g, false, true),
+            Plan::Lost(Loss::TakenOver)
+        ));
+        assert!(matches!(
+            reg.release(&g, false, true),
+            Plan::LastLost(Loss::TakenOver)
+        ));
+        // A new acquisition in the scope starts a fresh grant.
+        assert!(matches!(reg.enter(&g.keys.key, 1, false), Enter::Acquire(_)));
+    }
+}

@@ -1,0 +1,317 @@
+//! One lease scheduler per client: renews every watched grant in batches (one script
+//! call per batch, per hash slot on a Cluster) and fires the lost signal of any grant
+//! whose lease ran out by the local clock.
+//!
+//! The scheduler never waits on Redis: renewals run as their own tasks, so a renewal
+//! stuck on a paused server or a silent network cannot delay the lost signal, which
+//! fires at the end of the lease the client can prove (`valid_until`), on the
+//! scheduler's own timer. Each renewal call is bounded by the time left on the leases
+//! it would extend.
+//!
+//! The queue holds one entry per grant (its next due time: the renewal, or the end of
+//! the lease); entries are removed when a grant is released, so the queue is bounded
+//! by what is held. The task is started on the runtime of the call that needs it and
+//! started again if that runtime has ended.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use super::config::{LockConfig, drift};
+use super::registry::{Grant, Loss, Registry};
+use crate::store::Conn;
+use crate::store::scripts::{GrantReply, RENEW, codes};
+
+/// At most this many locks per renewal call, so one script never blocks Redis for long.
+const MAX_BATCH: usize = 512;
+
+pub(crate) struct Watchdog {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    conn: Conn,
+    registry: Arc<Registry>,
+    period: Duration,
+    wake: Arc<Notify>,
+    queue: Mutex<Queue>,
+}
+
+#[derive(Default)]
+struct Queue {
+    due: BTreeMap<(Instant, u64), Weak<Grant>>,
+    /// When the task plans to wake next (`None`: idle).
+    planned: Option<Instant>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Watchdog {
+    pub(crate) fn new(conn: Conn, registry: Arc<Registry>, config: &LockConfig) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                conn,
+                registry,
+                period: config.watchdog_period(),
+                wake: Arc::new(Notify::new()),
+                queue: Mutex::new(Queue::default()),
+            }),
+        }
+    }
+
+    /// (Re)places `grant` in the queue at its next due time, and makes sure the task
+    /// runs (on this runtime if the one it ran on has ended) and wakes for it.
+    pub(crate) fn schedule(&self, grant: &Arc<Grant>) {
+        self.shared.place(grant);
+        let mut q = self.shared.queue();
+        if q.task.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                let weak = Arc::downgrade(&self.shared);
+                q.task = Some(rt.spawn(run(weak, self.shared.wake.clone())));
+                self.shared.wake.notify_one();
+            }
+            Err(_) => tracing::warn!("lock watchdog: no tokio runtime to run on"),
+        }
+    }
+
+    /// Takes `grant` out of the queue (released).
+    pub(crate) fn unschedule(&self, grant: &Grant) {
+        let mut q = self.shared.queue();
+        if let Some(at) = grant.state().queued.take() {
+            q.due.remove(&(at, grant.seq));
+        }
+    }
+
+    pub(crate) fn stop(&self) {
+        self.shared.wake.notify_one();
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // The task can no longer upgrade its handle: wake it so it sees that and exits.
+        self.wake.notify_one();
+    }
+}
+
+impl Shared {
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One pass: fire lost signals, start the renewals that are due; returns when to
+    /// look again.
+    fn tick(self: &Arc<Self>) -> Option<Instant> {
+        let now = Instant::now();
+        let slack = self.period / 4;
+        let mut q = self.queue();
+        let mut renew: Vec<Arc<Grant>> = Vec::new();
+        let mut reschedule: Vec<Arc<Grant>> = Vec::new();
+        // Everything due now, plus renewals due soon (batched with these).
+        let candidates: Vec<((Instant, u64), Weak<Grant>)> = q
+            .due
+            .range(..=(now + slack, u64::MAX))
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        for (at, weak) in candidates {
+            let Some(grant) = weak.upgrade() else {
+                q.due.remove(&at);
+                continue;
+            };
+            let mut st = grant.state();
+            if st.ended {
+                q.due.remove(&at);
+                st.queued = None;
+                continue;
+            }
+            if now >= st.valid_until {
+                q.due.remove(&at);
+                st.queued = None;
+                drop(st);
+                if self.registry.lose(&grant, Loss::Expired) {
+                    tracing::warn!(lock = %grant.keys.name, owner = %grant.owner, "lock lost: its lease ran out before a renewal confirmed more");
+                }
+                continue;
+            }
+            if st.renew_until.is_some_and(|cap| now >= cap) {
+                // Max hold reached: stop renewing, the lease runs out on its own.
+                st.next_renewal = None;
+            }
+            let renewal_due = !st.renewing && st.next_renewal.is_some_and(|r| r <= now + slack);
+            if renewal_due {
+                st.renewing = true;
+                q.due.remove(&at);
+                st.queued = None;
+                drop(st);
+                renew.push(grant.clone());
+                reschedule.push(grant);
+            } else if at.0 <= now {
+                // Due, but neither expired nor up for renewal (e.g. a renewal in
+                // flight): move to its real next time.
+                q.due.remove(&at);
+                st.queued = None;
+                drop(st);
+                reschedule.push(grant);
+            }
+        }
+        drop(q);
+        for grant in &reschedule {
+            self.place(grant);
+        }
+        if !renew.is_empty() {
+            for batch in self.batches(renew) {
+                let shared = self.clone();
+                tokio::spawn(async move { shared.renew(batch).await });
+            }
+        }
+        let mut q = self.queue();
+        let next = q.due.first_key_value().map(|((at, _), _)| *at);
+        q.planned = next;
+        next
+    }
+
+    /// Queues `grant` at its next due time (the task is running: it calls this).
+    fn place(&self, grant: &Arc<Grant>) {
+        let mut q = self.queue();
+        let mut st = grant.state();
+        if let Some(old) = st.queued.take() {
+            q.due.remove(&(old, grant.seq));
+        }
+        if st.ended {
+            return;
+        }
+        let due = match st.next_renewal {
+            Some(at) if !st.renewing => at.min(st.valid_until),
+            _ => st.valid_until,
+        };
+        st.queued = Some(due);
+        drop(st);
+        q.due.insert((due, grant.seq), Arc::downgrade(grant));
+        if q.planned.is_none_or(|p| due < p) {
+            q.planned = Some(due);
+            self.wake.notify_one();
+        }
+    }
+
+    /// Splits the due grants into script calls of at most [`MAX_BATCH`] keys, one group
+    /// per hash slot on a Cluster (a script's keys must share a slot).
+    fn batches(&self, due: Vec<Arc<Grant>>) -> Vec<Vec<Arc<Grant>>> {
+        let mut by_group: BTreeMap<u16, Vec<Arc<Grant>>> = BTreeMap::new();
+        for grant in due {
+            by_group
+                .entry(self.conn.group(&grant.keys.key))
+                .or_default()
+                .push(grant);
+        }
+        let mut out = Vec::new();
+        for (_, mut grants) in by_group {
+            while grants.len() > MAX_BATCH {
+                let rest = grants.split_off(MAX_BATCH);
+                out.push(std::mem::replace(&mut grants, rest));
+            }
+            out.push(grants);
+        }
+        out
+    }
+
+    /// Renews one batch; the call is bounded by the longest lease left in it.
+    async fn renew(self: Arc<Self>, batch: Vec<Arc<Grant>>) {
+        let sent = Instant::now();
+        let mut leases = Vec::with_capacity(batch.len());
+        let mut left = Duration::ZERO;
+        for grant in &batch {
+            let st = grant.state();
+            let remaining = st.valid_until.saturating_duration_since(sent);
+            left = left.max(remaining);
+            // Never shorten what the grant's other holds rely on.
+            leases.push(st.watchdog_lease.max(remaining + drift(remaining)));
+        }
+        let reply = self
+            .conn
+            .eval(&RENEW, left.max(Duration::from_millis(1)), |c| {
+                c.arg(batch.len());
+                for grant in &batch {
+                    c.arg(&grant.keys.key);
+                }
+                for grant in &batch {
+                    c.arg(&grant.value);
+                }
+                for lease in &leases {
+                    c.arg(lease.as_millis() as u64);
+                }
+            })
+            .await
+            .and_then(|r| codes("renew", r, batch.len()));
+        match reply {
+            Ok(codes) => {
+                tracing::trace!(locks = batch.len(), "watchdog renewed");
+                for ((grant, code), lease) in batch.iter().zip(codes).zip(leases) {
+                    let outcome = GrantReply::from_code("renew", code);
+                    match outcome {
+                        Ok(GrantReply::Done) => {
+                            let mut st = grant.state();
+                            st.renewing = false;
+                            if st.lost.is_none() {
+                                st.valid_until = st.valid_until.max(sent + lease - drift(lease));
+                                if st.next_renewal.is_some() {
+                                    st.next_renewal = Some(sent + self.period);
+                                }
+                            }
+                        }
+                        Ok(GrantReply::NotOwner) => {
+                            grant.state().renewing = false;
+                            if self.registry.lose(grant, Loss::TakenOver) {
+                                tracing::warn!(lock = %grant.keys.name, "lock lost: taken over by another owner");
+                            }
+                        }
+                        _ => {
+                            grant.state().renewing = false;
+                            if self.registry.lose(grant, Loss::Expired) {
+                                tracing::warn!(lock = %grant.keys.name, "lock lost: it expired before renewal");
+                            }
+                        }
+                    }
+                    self.place(grant);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(locks = batch.len(), error = %e, "watchdog renewal failed; retrying");
+                let retry = Instant::now() + (self.period / 4).min(Duration::from_secs(1));
+                for grant in &batch {
+                    let mut st = grant.state();
+                    st.renewing = false;
+                    if st.next_renewal.is_some() {
+                        st.next_renewal = Some(retry);
+                    }
+                    drop(st);
+                    self.place(grant);
+                }
+            }
+        }
+    }
+}
+
+async fn run(shared: Weak<Shared>, wake: Arc<Notify>) {
+    loop {
+        let Some(s) = shared.upgrade() else {
+            return;
+        };
+        let next = s.tick();
+        // Wait without keeping the client alive.
+        drop(s);
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    _ = wake.notified() => {}
+                    _ = tokio::time::sleep_until(at.into()) => {}
+                }
+            }
+            None => wake.notified().await,
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! The seam to a Redis deployment: the one place that talks to Redis.
+//!
+//! [`Store`] is what the rest of the crate needs from a deployment: run a script, run a
+//! plain command, tell where pub/sub connections may go, and say which keys may share
+//! one script call (one hash slot on a Cluster, anything on one node). It has two
+//! implementations: [`single`] (one node, a reconnecting `ConnectionManager`) and
+//! [`cluster`] (a Redis Cluster, redis-rs `cluster-async`). [`Conn`] wraps a store with
+//! the per-call time limit and typed replies; the watchdog's batching, the waiting loop
+//! and the Redlock fan-out are written once against it.
+
+mod cluster;
+pub mod key;
+pub(crate) mod scripts;
+mod single;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::{Cmd, FromRedisValue, ScriptInvocation, Value};
+
+use crate::LockError;
+
+pub(crate) use cluster::ClusterStore;
+pub(crate) use single::SingleStore;
+
+/// A boxed reply future (the seam is object-safe).
+pub(crate) type Reply<'a> = Pin<Box<dyn Future<Output = redis::RedisResult<Value>> + Send + 'a>>;
+
+/// A Redis deployment.
+pub(crate) trait Store: Send + Sync + 'static {
+    /// Runs one command (a script call is an `EVALSHA`/`EVAL` command).
+    fn query<'a>(&'a self, cmd: &'a Cmd) -> Reply<'a>;
+    /// Runs a script invocation (EVALSHA, loading the script on NOSCRIPT).
+    fn invoke<'a>(&'a self, invocation: &'a ScriptInvocation<'a>) -> Reply<'a>;
+    /// Which keys may go into one multi-key script call: the key's hash slot on a
+    /// Cluster, the same group for every key on one node.
+    fn group(&self, key: &str) -> u16;
+}
+
+/// A store plus the per-call time limit; cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Conn {
+    store: Arc<dyn Store>,
+    timeout: Duration,
+}
+
+impl Conn {
+    pub(crate) fn new(store: impl Store, timeout: Duration) -> Self {
+        Self {
+            store: Arc::new(store),
+            timeout,
+        }
+    }
+
+    /// The configured per-call time limit.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The batch group of `key` (see [`Store::group`]).
+    pub(crate) fn group(&self, key: &str) -> u16 {
+        self.store.group(key)
+    }
+
+    /// Runs a script invocation (EVALSHA, reloading on NOSCRIPT) within the time limit.
+    pub(crate) async fn invoke<T: FromRedisValue>(
+        &self,
+        op: &'static str,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, LockError> {
+        let value = limit(op, self.timeout, self.store.invoke(invocation)).await?;
+        decode(op, value)
+    }
+
+    /// Runs one plain command within the time limit.
+    pub(crate) async fn query<T: FromRedisValue>(
+        &self,
+        op: &'static str,
+        cmd: &Cmd,
+    ) -> Result<T, LockError> {
+        let value = limit(op, self.timeout, self.store.query(cmd)).await?;
+        decode(op, value)
+    }
+
+    /// Runs `script` with the keys and arguments `fill` appends (`numkeys` first), as
+    /// `EVALSHA`, and as `EVAL` of the source if the server lost the script (restart,
+    /// `SCRIPT FLUSH`); within `within` (at most the configured time limit).
+    pub(crate) async fn eval(
+        &self,
+        script: &scripts::Lua,
+        within: Duration,
+        fill: impl Fn(&mut Cmd),
+    ) -> Result<Value, LockError> {
+        let within = within.min(self.timeout);
+        let call = async {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(script.sha());
+            fill(&mut cmd);
+            match self.store.query(&cmd).await {
+                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                    let mut cmd = redis::cmd("EVAL");
+                    cmd.arg(script.source());
+                    fill(&mut cmd);
+                    self.store.query(&cmd).await
+                }
+                other => other,
+            }
+        };
+        limit(script.op(), within, call).await
+    }
+}
+
+async fn limit(
+    op: &'static str,
+    after: Duration,
+    call: impl Future<Output = redis::RedisResult<Value>>,
+) -> Result<Value, LockError> {
+    match tokio::time::timeout(after, call).await {
+        Ok(reply) => Ok(reply?),
+        Err(_) => Err(LockError::RedisTimeout { op, after }),
+    }
+}
+
+fn decode<T: FromRedisValue>(op: &'static str, value: Value) -> Result<T, LockError> {
+    T::from_redis_value(value)
+        .map_err(|e| LockError::UnexpectedReply(format!("{op}: {e}")))
+}

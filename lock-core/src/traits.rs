@@ -1,0 +1,170 @@
+//! The public lock trait: what every lock store offers, so code (and `#[cache_lock]`)
+//! can be written once for a [`LockClient`](crate::LockClient) on one Redis or a
+//! Cluster, a [`Redlock`](crate::Redlock) over N masters, and other stores.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::key::LockName;
+use crate::{FencingToken, LockError, LockOptions, Released};
+
+/// A store of distributed locks.
+///
+/// Behavior every implementation keeps:
+/// - [`acquire`](Self::acquire) waits up to the options' budget (else the store's
+///   default) and fails with [`LockError::Busy`] (no wait) or [`LockError::Timeout`];
+///   a store failure is an error of its own ([`LockError::is_redis`] on Redis).
+/// - Acquisitions in one [`LockScope`](crate::LockScope) re-enter.
+/// - The guard ([`HeldLock`]) reports loss, validity and release results the same way.
+///
+/// ```no_run
+/// use lock_core::{DistributedLock, HeldLock, LockError};
+///
+/// async fn once_at_a_time<L: DistributedLock>(locks: &L) -> Result<(), LockError> {
+///     let guard = locks.try_lock_named("nightly-report").await?;
+///     // ... the work; stop if guard.lost() resolves ...
+///     guard.release().await?;
+///     Ok(())
+/// }
+/// ```
+pub trait DistributedLock: Send + Sync {
+    /// The guard of a held lock.
+    type Guard: HeldLock;
+
+    /// Takes the lock `name` with per-call options.
+    fn acquire<N: LockName + Send + Sync>(
+        &self,
+        name: N,
+        options: LockOptions,
+    ) -> impl Future<Output = Result<Self::Guard, LockError>> + Send;
+
+    /// Takes the lock if it is free (or re-enters it); [`LockError::Busy`] otherwise.
+    fn try_lock_named<N: LockName + Send + Sync>(
+        &self,
+        name: N,
+    ) -> impl Future<Output = Result<Self::Guard, LockError>> + Send {
+        self.acquire(name, LockOptions::new().wait(Duration::ZERO))
+    }
+
+    /// Takes the lock, waiting up to the store's default budget.
+    fn lock_named<N: LockName + Send + Sync>(
+        &self,
+        name: N,
+    ) -> impl Future<Output = Result<Self::Guard, LockError>> + Send {
+        self.acquire(name, LockOptions::new())
+    }
+}
+
+/// A held lock, whatever its store.
+pub trait HeldLock: Send + Sync + 'static {
+    /// The lock's name as stored.
+    fn name(&self) -> &str;
+    /// True while the lock is known to be held.
+    fn is_held(&self) -> bool;
+    /// How long the lock is known to stay held from now (zero once lost).
+    fn valid_for(&self) -> Duration;
+    /// The fencing token of this grant, where the store issues one.
+    fn token(&self) -> Option<FencingToken>;
+    /// Resolves when the lock is lost; never while it is held.
+    fn lost(&self) -> impl Future<Output = ()> + Send + 'static;
+    /// Gives back this hold.
+    fn release(self) -> impl Future<Output = Result<Released, LockError>> + Send;
+    /// Keeps the lock until its lease runs out (no release, no renewal).
+    fn hold_until_expiry(self);
+}
+
+impl DistributedLock for crate::LockClient {
+    type Guard = crate::LockGuard;
+
+    fn acquire<N: LockName + Send + Sync>(
+        &self,
+        name: N,
+        options: LockOptions,
+    ) -> impl Future<Output = Result<Self::Guard, LockError>> + Send {
+        crate::LockClient::acquire(self, name, options)
+    }
+}
+
+impl HeldLock for crate::LockGuard {
+    fn name(&self) -> &str {
+        crate::LockGuard::name(self)
+    }
+    fn is_held(&self) -> bool {
+        crate::LockGuard::is_held(self)
+    }
+    fn valid_for(&self) -> Duration {
+        crate::LockGuard::valid_for(self)
+    }
+    fn token(&self) -> Option<FencingToken> {
+        Some(self.fencing_token())
+    }
+    fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        crate::LockGuard::lost(self)
+    }
+    fn release(self) -> impl Future<Output = Result<Released, LockError>> + Send {
+        crate::LockGuard::release(self)
+    }
+    fn hold_until_expiry(self) {
+        crate::LockGuard::hold_until_expiry(self)
+    }
+}
+
+impl DistributedLock for crate::Redlock {
+    type Guard = crate::RedlockGuard;
+
+    fn acquire<N: LockName + Send + Sync>(
+        &self,
+        name: N,
+        options: LockOptions,
+    ) -> impl Future<Output = Result<Self::Guard, LockError>> + Send {
+        crate::Redlock::acquire(self, name, options)
+    }
+}
+
+impl HeldLock for crate::RedlockGuard {
+    fn name(&self) -> &str {
+        crate::RedlockGuard::name(self)
+    }
+    fn is_held(&self) -> bool {
+        crate::RedlockGuard::is_held(self)
+    }
+    fn valid_for(&self) -> Duration {
+        crate::RedlockGuard::valid_for(self)
+    }
+    fn token(&self) -> Option<FencingToken> {
+        self.fencing_token()
+    }
+    fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        crate::RedlockGuard::lost(self)
+    }
+    fn release(self) -> impl Future<Output = Result<Released, LockError>> + Send {
+        crate::RedlockGuard::release(self)
+    }
+    fn hold_until_expiry(self) {
+        crate::RedlockGuard::hold_until_expiry(self)
+    }
+}
+
+impl<T: DistributedLock + ?Sized> DistributedLock for &T {
+    type Guard = T::Guard;
+
+    fn acquire<N: LockName + Send + Sync>(
+        &self,
+        name: N,
+        options: LockOptions,
+    ) -> impl Future<Output = Result<Self::Guard, LockError>> + Send {
+        (**self).acquire(name, options)
+    }
+}
+
+impl<T: DistributedLock + ?Sized> DistributedLock for std::sync::Arc<T> {
+    type Guard = T::Guard;
+
+    fn acquire<N: LockName + Send + Sync>(
+        &self,
+        name: N,
+        options: LockOptions,
+    ) -> impl Future<Output = Result<Self::Guard, LockError>> + Send {
+        (**self).acquire(name, options)
+    }
+}
