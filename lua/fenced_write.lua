@@ -11,12 +11,13 @@
 --
 -- Returns {code, value} (the reply convention of every lock script):
 --   {1, token}     written; the token is now the newest seen
---   {-2, newest}   refused: a newer token, or the same token from another holder, came first
+--   {-2, newest, holder}   refused: a newer token, or the same token from another holder,
+--                          came first (holder: the newest token's holder id, as given)
 local token = tonumber(ARGV[1])
 local seen = redis.call('HMGET', KEYS[2], 't', 'h')
 local newest = tonumber(seen[1] or 0)
 if token < newest or (token == newest and seen[2] ~= ARGV[2]) then
-  return {-2, newest}
+  return {-2, newest, seen[2] or '0'}
 end
 redis.call('HSET', KEYS[2], 't', ARGV[1], 'h', ARGV[2])
 redis.call('SET', KEYS[1], ARGV[3])

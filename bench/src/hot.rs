@@ -1,36 +1,81 @@
 //! Hot key: 64 tasks on one key, so every release hands the lock to a waiter. Measures
-//! handoffs per second and the time from one holder's release to the next grant.
+//! handoffs per second, the time from one holder's release to the next grant, how often
+//! the lock goes to a different task than the one that just released it, and the
+//! longest any single acquisition waited.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lock_core::{Lease, LockClient, LockConfig, LockOptions};
 
-use crate::measure::{BoxError, BoxFut, Timing, median, round_order, rounds_list};
-use crate::report::Figure;
+use crate::measure::{
+    BoxError, BoxFut, Timing, check_rounds, median, round_order, rounds_list, spread,
+};
+use crate::report::{Figure, ratio_text};
 
 /// Tasks contending for the key.
 const TASKS: usize = 64;
 
+/// Indices into `run`'s implementations.
+const ONE: usize = 0;
+const FOUR: usize = 1;
+const PEER: usize = 2;
+
+/// [`Handoffs::last_releaser`] when no release is pending.
+const NO_TASK: usize = usize::MAX;
+
 /// Handoff statistics on one contended key.
-#[derive(Default)]
 struct Handoffs {
     last_release: Mutex<Option<Instant>>,
     latencies_ns: Mutex<Vec<u64>>,
     grants: AtomicU64,
+    /// The task that released last, [`NO_TASK`] once the next grant has read it.
+    last_releaser: AtomicUsize,
+    /// Grants that followed a release (every grant but the round's first).
+    after_release: AtomicU64,
+    /// Of those, grants to a different task than the one that released.
+    to_other_task: AtomicU64,
+    /// The longest single acquisition, from calling lock to the grant.
+    longest_wait_ns: AtomicU64,
+}
+
+impl Default for Handoffs {
+    fn default() -> Self {
+        Self {
+            last_release: Mutex::default(),
+            latencies_ns: Mutex::default(),
+            grants: AtomicU64::new(0),
+            last_releaser: AtomicUsize::new(NO_TASK),
+            after_release: AtomicU64::new(0),
+            to_other_task: AtomicU64::new(0),
+            longest_wait_ns: AtomicU64::new(0),
+        }
+    }
 }
 
 impl Handoffs {
-    fn granted(&self) {
+    /// Task `task`, which called lock at `called`, now holds the lock.
+    fn granted(&self, task: usize, called: Instant) {
+        let waited_ns = called.elapsed().as_nanos() as u64;
+        self.longest_wait_ns.fetch_max(waited_ns, Ordering::Relaxed);
         self.grants.fetch_add(1, Ordering::Relaxed);
+        let releaser = self.last_releaser.swap(NO_TASK, Ordering::AcqRel);
+        if releaser != NO_TASK {
+            self.after_release.fetch_add(1, Ordering::Relaxed);
+            if releaser != task {
+                self.to_other_task.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         if let Some(at) = self.last_release.lock().unwrap().take() {
             let ns = at.elapsed().as_nanos() as u64;
             self.latencies_ns.lock().unwrap().push(ns);
         }
     }
 
-    fn releasing(&self) {
+    /// Task `task` is about to release the lock.
+    fn releasing(&self, task: usize) {
+        self.last_releaser.store(task, Ordering::Release);
         *self.last_release.lock().unwrap() = Some(Instant::now());
     }
 
@@ -41,10 +86,14 @@ impl Handoffs {
             l.get(((l.len() as f64 - 1.0) * p) as usize)
                 .map_or(0.0, |&ns| ns as f64 / 1e3)
         };
+        let after_release = self.after_release.load(Ordering::Relaxed);
         HotSample {
             handoffs_per_s: self.grants.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64(),
             p50_us: pct_us(0.5),
             p99_us: pct_us(0.99),
+            to_other_task_pct: self.to_other_task.load(Ordering::Relaxed) as f64 * 100.0
+                / after_release.max(1) as f64,
+            longest_wait_ms: self.longest_wait_ns.load(Ordering::Relaxed) as f64 / 1e6,
         }
     }
 }
@@ -55,10 +104,15 @@ struct HotSample {
     handoffs_per_s: f64,
     p50_us: f64,
     p99_us: f64,
+    /// Percentage of grants (after a release) to another task than the releaser.
+    to_other_task_pct: f64,
+    /// The longest single acquisition of the round, calling lock to grant.
+    longest_wait_ms: f64,
 }
 
 /// One acquire/release by task `task`, calling [`Handoffs::granted`] once it holds the
-/// lock and [`Handoffs::releasing`] right before it releases.
+/// lock (with the instant it called lock) and [`Handoffs::releasing`] right before it
+/// releases.
 type HotCycle = Arc<dyn Fn(usize, Arc<Handoffs>) -> BoxFut<()> + Send + Sync>;
 
 /// One implementation under test; `name` as in `hot_key <name> ...`.
@@ -116,9 +170,10 @@ async fn ours(url: &str, clients: usize) -> Result<HotCycle, BoxError> {
     Ok(Arc::new(move |t, stats: Arc<Handoffs>| {
         let (client, opts) = (pool[t % clients].clone(), opts.clone());
         Box::pin(async move {
+            let called = Instant::now();
             let g = client.acquire(("bench", "hot", clients), opts).await?;
-            stats.granted();
-            stats.releasing();
+            stats.granted(t, called);
+            stats.releasing(t);
             g.release().await?;
             Ok(())
         })
@@ -127,15 +182,16 @@ async fn ours(url: &str, clients: usize) -> Result<HotCycle, BoxError> {
 
 fn rslock(url: &str) -> HotCycle {
     let rslock = rslock::LockManager::new(vec![url.to_string()]);
-    Arc::new(move |_, stats: Arc<Handoffs>| {
+    Arc::new(move |t, stats: Arc<Handoffs>| {
         let rslock = rslock.clone();
         Box::pin(async move {
+            let called = Instant::now();
             let lock = rslock
                 .acquire_no_guard(&b"bench:rslock:hot"[..], Duration::from_secs(10))
                 .await
                 .map_err(|e| format!("rslock: {e:?}"))?;
-            stats.granted();
-            stats.releasing();
+            stats.granted(t, called);
+            stats.releasing(t);
             rslock.unlock(&lock).await;
             Ok(())
         })
@@ -143,7 +199,9 @@ fn rslock(url: &str) -> HotCycle {
 }
 
 /// Measures lock-core with 1 and 4 clients and rslock, `rounds` interleaved rounds
-/// each; prints the medians, the per-round rates and the ratios of the medians.
+/// each; prints the medians, the per-round rates (and a `disturbed` line for an
+/// implementation whose rounds spread more than the bound) and the ratios of the
+/// medians. Every figure from a disturbed implementation is marked so.
 pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>, BoxError> {
     let impls = [
         Impl {
@@ -172,9 +230,12 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
             handoffs_per_s: median(s.iter().map(|s| s.handoffs_per_s)),
             p50_us: median(s.iter().map(|s| s.p50_us)),
             p99_us: median(s.iter().map(|s| s.p99_us)),
+            to_other_task_pct: median(s.iter().map(|s| s.to_other_task_pct)),
+            longest_wait_ms: median(s.iter().map(|s| s.longest_wait_ms)),
         }
     });
-    for ((imp, s), m) in impls.iter().zip(&samples).zip(&medians) {
+    let mut spreads = [None; 3];
+    for (((imp, s), m), disturbed) in impls.iter().zip(&samples).zip(&medians).zip(&mut spreads) {
         let name = imp.name;
         println!("hot_key {name} handoffs_per_s {:.0}", m.handoffs_per_s);
         println!(
@@ -182,35 +243,74 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
             m.p50_us, m.p99_us
         );
         println!(
+            "hot_key {name} handoffs_to_other_task_pct {:.1}",
+            m.to_other_task_pct
+        );
+        println!("hot_key {name} longest_wait_ms {:.1}", m.longest_wait_ms);
+        println!(
             "hot_key {name} handoffs_per_s_rounds {}",
             rounds_list(s.iter().map(|s| s.handoffs_per_s))
         );
+        let rates = s.iter().map(|s| s.handoffs_per_s);
+        *disturbed = check_rounds("hot_key", name, spread(rates));
     }
     let [one, four, peer] = medians;
     println!(
-        "ratio hot_handoffs_ours_1_client_vs_rslock {:.2}",
-        one.handoffs_per_s / peer.handoffs_per_s
+        "ratio hot_handoffs_ours_1_client_vs_rslock {}",
+        ratio_text(
+            one.handoffs_per_s,
+            peer.handoffs_per_s,
+            [spreads[ONE], spreads[PEER]]
+        )
     );
     println!(
-        "ratio hot_handoffs_ours_4_clients_vs_rslock {:.2}",
-        four.handoffs_per_s / peer.handoffs_per_s
+        "ratio hot_handoffs_ours_4_clients_vs_rslock {}",
+        ratio_text(
+            four.handoffs_per_s,
+            peer.handoffs_per_s,
+            [spreads[FOUR], spreads[PEER]]
+        )
     );
     println!(
-        "ratio hot_handoff_p50_ours_1_client_vs_rslock {:.2}",
-        peer.p50_us / one.p50_us
+        "ratio hot_handoff_p50_ours_1_client_vs_rslock {}",
+        ratio_text(peer.p50_us, one.p50_us, [spreads[PEER], spreads[ONE]])
     );
-    Ok(vec![
+    let mut figures = vec![
         Figure::vs(
             "hot_handoffs_ours_1_client_vs_rslock",
             one.handoffs_per_s,
             peer.handoffs_per_s,
             "handoffs/s",
-        ),
+        )
+        .disturbed_by(spreads[ONE])
+        .disturbed_by(spreads[PEER]),
         Figure::vs(
             "hot_handoffs_ours_4_clients_vs_rslock",
             four.handoffs_per_s,
             peer.handoffs_per_s,
             "handoffs/s",
-        ),
-    ])
+        )
+        .disturbed_by(spreads[FOUR])
+        .disturbed_by(spreads[PEER]),
+    ];
+    for ((imp, m), spread) in impls.iter().zip(&medians).zip(spreads) {
+        let name = imp.name;
+        figures.push(
+            Figure::alone(
+                format!("hot_{name}_handoffs_to_other_task_pct"),
+                m.to_other_task_pct,
+                "%",
+            )
+            .disturbed_by(spread),
+        );
+        figures.push(
+            Figure::alone(
+                format!("hot_{name}_longest_wait_ms"),
+                m.longest_wait_ms,
+                "ms",
+            )
+            .disturbed_by(spread),
+        );
+    }
+    Ok(figures)
 }

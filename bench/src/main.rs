@@ -18,12 +18,18 @@
 //!   Figures: `<impl>_cycles_per_s` (lock + unlock cycles per second, all tasks
 //!   together), `<impl>_cpu_us_per_cycle redis A client B` (CPU microseconds per cycle
 //!   spent by redis-server and by this process), `<impl>_cycles_per_s_rounds` (each
-//!   round's rate, to judge the noise).
+//!   round's rate, to judge the noise; see [Disturbed runs](#disturbed-runs)).
 //! * **Hot key** (`hot_key <impl> ...`): 64 tasks on one key, so every release hands
 //!   the lock over to a waiter; `ours_1_clients` and `ours_4_clients` share the tasks
-//!   over 1 or 4 `LockClient`s, `rslock` retries on its own. Figures: `handoffs_per_s`,
-//!   and `handoff_p50_us`/`handoff_p99_us`, the time from a holder's release to the
-//!   next grant.
+//!   over 1 or 4 `LockClient`s, `rslock` retries on its own. Figures: `handoffs_per_s`
+//!   (and `handoffs_per_s_rounds`, each round's rate);
+//!   `handoff_p50_us`/`handoff_p99_us`, the time from a holder's release to the next
+//!   grant; `handoffs_to_other_task_pct`, of the grants that follow a release, the
+//!   percentage that went to a different task than the one that just released (low =
+//!   the releaser tends to win the lock straight back); and `longest_wait_ms`, the
+//!   longest any single acquisition waited in the round, from calling lock to the
+//!   grant. The last two join the figures as `hot_<impl>_handoffs_to_other_task_pct`
+//!   and `hot_<impl>_longest_wait_ms`, without a baseline.
 //!
 //! # Rounds and medians
 //!
@@ -31,13 +37,32 @@
 //! noisy. Every implementation is therefore measured in `--rounds` interleaved rounds
 //! (round 1 in the order above, each later round rotated by one, so no implementation
 //! always runs first or right after the same one), each for `--seconds`. The printed
-//! figures are the medians over the rounds (the CPU figures too, each separately);
-//! the first round is preceded by a short warm-up, later rounds by a shorter one.
+//! figures are the medians over the rounds (the CPU figures too, each separately;
+//! on the hot key also the handoff percentage and the per-round longest wait); the
+//! first round is preceded by a short warm-up, later rounds by a shorter one.
+//!
+//! # Disturbed runs
+//!
+//! A benchmark whose rounds disagree is not a result. For every implementation of the
+//! uncontended and hot-key measurements, the spread of its per-round rates,
+//! `(max - min) / median` (cycles per second; handoffs per second on the hot key), must
+//! stay within [`measure::MAX_ROUND_SPREAD`], 0.15 (15%). Above that bound a
+//! `disturbed <bench> <impl> spread <x.xx> (bound 0.15)` line follows its per-round
+//! line (`<bench>` is `uncontended_tasks=N` or `hot_key`), and every figure and ratio
+//! computed from that implementation (as value or baseline) is marked disturbed: its
+//! ratio reads `DISTURBED (spread x.xx)` instead of a number, in the `ratio` lines and
+//! in the table, and its target is not judged. Every run ends with
+//! `figures: N, disturbed: K ...` and, if K > 0, says "rounds disagree by more than
+//! 15%: rerun on a quiet machine; this run is not a result" and exits with status 1.
+//! The other benchmarks print their per-round lines too but do not check them yet
+//! (a benchmark needs [`measure::round_spread`], [`measure::check_rounds`] and
+//! [`report::Figure::disturbed_by`] for that).
 //!
 //! # Reading the ratios
 //!
 //! `ratio <name> <value>` lines are computed from the medians; above 1 means the first
-//! named side is faster.
+//! named side is faster (`DISTURBED (spread x.xx)` in place of the value: see
+//! [Disturbed runs](#disturbed-runs)).
 //! * `ours_vs_floor_{N}_tasks`: what lock-core delivers compared to the bare recipe;
 //! * `our_scripts_raw_vs_floor_{N}_tasks`: the cost of our scripts' semantics alone;
 //! * `ours_vs_our_scripts_raw_{N}_tasks`: the library's own overhead (1.0 = none);
@@ -55,7 +80,9 @@
 //! `scripts/bench all` runs every benchmark of [`BENCHES`] in turn (each on its own
 //! redis-server, with the same `--seconds` and `--rounds`), prints each one's lines as
 //! it goes, and ends with one markdown table: bench, figure, value, baseline, ratio and
-//! target. A benchmark joins the table by one line in [`BENCHES`].
+//! target (`>= t (met)`, `>= t (missed)`, or `>= t (not judged: disturbed)`; a missed
+//! target stays in the table), then the disturbed-figures summary. A benchmark joins
+//! the table by one line in [`BENCHES`].
 
 mod hot;
 mod idempotency;
@@ -229,6 +256,18 @@ async fn run_one(bench: &Bench, args: &Args, timing: Timing) -> Result<Vec<Figur
     (bench.run)(url, timing, args.rounds).await
 }
 
+/// Prints how many of `figures` are disturbed; if any is, says on stderr why the run is
+/// not a result and exits with status 1.
+fn finish<'a>(figures: impl IntoIterator<Item = &'a Figure>) {
+    let figures: Vec<&Figure> = figures.into_iter().collect();
+    let disturbed = report::disturbed_count(figures.iter().copied());
+    println!("{}", report::summary(figures.len(), disturbed));
+    if disturbed > 0 {
+        eprintln!("{}", report::not_a_result());
+        std::process::exit(1);
+    }
+}
+
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let args = parse_args()?;
@@ -241,6 +280,7 @@ async fn main() -> Result<(), BoxError> {
             println!();
         }
         println!("{}", report::table(&rows));
+        finish(rows.iter().map(|(_, f)| f));
         return Ok(());
     }
     let Some(bench) = BENCHES.iter().find(|b| b.name == args.bench) else {
@@ -252,6 +292,7 @@ async fn main() -> Result<(), BoxError> {
         )
         .into());
     };
-    run_one(bench, &args, timing).await?;
+    let figures = run_one(bench, &args, timing).await?;
+    finish(&figures);
     Ok(())
 }

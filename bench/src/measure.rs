@@ -1,5 +1,6 @@
 //! Measurement helpers shared by the benchmarks: boxed per-implementation cycles, the
-//! cycles-per-second + CPU-per-cycle measurement, round ordering and medians.
+//! cycles-per-second + CPU-per-cycle measurement, round ordering, medians, and the
+//! round-spread check that marks a disturbed measurement.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -90,6 +91,60 @@ pub fn rounds_list(values: impl IntoIterator<Item = f64>) -> String {
         .map(|v| format!("{v:.0}"))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// The most one implementation's rounds may disagree, as a [`spread`], before its
+/// measurement counts as disturbed (something else ran on the machine) and every figure
+/// computed from it stops being a result.
+pub const MAX_ROUND_SPREAD: f64 = 0.15;
+
+/// How far per-round values disagree: `(max - min) / median`. 0 for fewer than two
+/// values or when all are equal; infinite when a value is not finite or the median is
+/// not positive while the values differ (no meaningful relative spread).
+pub fn spread(values: impl IntoIterator<Item = f64>) -> f64 {
+    let v: Vec<f64> = values.into_iter().collect();
+    if v.len() < 2 {
+        return 0.0;
+    }
+    if v.iter().any(|x| !x.is_finite()) {
+        return f64::INFINITY;
+    }
+    let (min, max) = v
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+            (lo.min(x), hi.max(x))
+        });
+    if max == min {
+        return 0.0;
+    }
+    let mid = median(v);
+    if mid > 0.0 {
+        (max - min) / mid
+    } else {
+        f64::INFINITY
+    }
+}
+
+/// The [`spread`] of one implementation's per-round cycles per second.
+pub fn round_spread(samples: &[Sample]) -> f64 {
+    spread(samples.iter().map(|s| s.cycles_per_s))
+}
+
+/// Whether a [`spread`] exceeds [`MAX_ROUND_SPREAD`].
+pub fn exceeds_bound(spread: f64) -> bool {
+    spread > MAX_ROUND_SPREAD
+}
+
+/// Checks the round `spread` (see [`round_spread`], [`spread`]) of implementation `imp`
+/// in benchmark `bench`: when it exceeds [`MAX_ROUND_SPREAD`], prints
+/// `disturbed <bench> <imp> spread <x.xx> (bound 0.15)` and returns it (for
+/// [`Figure::disturbed_by`](crate::report::Figure::disturbed_by)); otherwise `None`.
+/// Call it right after printing the per-round line.
+pub fn check_rounds(bench: &str, imp: &str, spread: f64) -> Option<f64> {
+    exceeds_bound(spread).then(|| {
+        println!("disturbed {bench} {imp} spread {spread:.2} (bound {MAX_ROUND_SPREAD:.2})");
+        spread
+    })
 }
 
 /// Seconds of CPU the redis-server has used (user + system), from INFO CPU.
@@ -218,6 +273,55 @@ mod tests {
         assert_eq!(median([3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median([4.0, 1.0]), 2.5);
         assert!(median([]).is_nan());
+    }
+
+    fn rates(values: &[f64]) -> Vec<Sample> {
+        values
+            .iter()
+            .map(|&cycles_per_s| Sample {
+                cycles_per_s,
+                redis_us: 0.0,
+                client_us: 0.0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn spread_is_range_over_median() {
+        // (110 - 90) / 100
+        let s = round_spread(&rates(&[100.0, 90.0, 110.0]));
+        assert!((s - 0.2).abs() < 1e-12, "{s}");
+        assert!(exceeds_bound(s));
+        // (1060 - 1000) / 1030 = 0.058: within the bound.
+        let s = round_spread(&rates(&[1000.0, 1060.0, 1030.0]));
+        assert!((s - 60.0 / 1030.0).abs() < 1e-12, "{s}");
+        assert!(!exceeds_bound(s));
+        // Even count: the median is the mean of the middle two, (140 - 60) / 100.
+        let s = spread([60.0, 90.0, 110.0, 140.0]);
+        assert!((s - 0.8).abs() < 1e-12, "{s}");
+    }
+
+    #[test]
+    fn spread_edge_cases() {
+        assert_eq!(spread([]), 0.0);
+        assert_eq!(spread([5.0]), 0.0);
+        assert_eq!(spread([7.0, 7.0, 7.0]), 0.0);
+        assert_eq!(spread([0.0, 0.0]), 0.0);
+        // Median 0 with differing rounds, or a round without a number: disturbed.
+        assert_eq!(spread([0.0, 0.0, 5.0]), f64::INFINITY);
+        assert_eq!(spread([1.0, f64::NAN]), f64::INFINITY);
+        assert!(exceeds_bound(f64::INFINITY));
+    }
+
+    #[test]
+    fn bound_is_fifteen_percent() {
+        assert_eq!(MAX_ROUND_SPREAD, 0.15);
+        assert!(!exceeds_bound(0.15));
+        assert!(exceeds_bound(0.151));
+        assert_eq!(check_rounds("t", "x", spread([100.0, 105.0, 110.0])), None);
+        assert_eq!(check_rounds("t", "x", 0.15), None);
+        let s = check_rounds("t", "x", round_spread(&rates(&[100.0, 80.0, 120.0])));
+        assert!((s.expect("disturbed") - 0.4).abs() < 1e-12, "{s:?}");
     }
 
     #[test]

@@ -156,8 +156,13 @@ async fn impls(url: &str, conn: &ConnectionManager) -> Result<[Impl; 5], BoxErro
 }
 
 /// Measures every implementation at 1 and 64 tasks, `rounds` interleaved rounds each;
-/// prints the medians, the per-round rates and the ratios of the medians.
+/// prints the medians, the per-round rates (and a `disturbed` line for an
+/// implementation whose rounds spread more than the bound) and the ratios of the
+/// medians. Every figure from a disturbed implementation is marked so.
 pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>, BoxError> {
+    use crate::measure::{check_rounds, round_spread};
+    use crate::report::ratio_text;
+
     let mut figures = Vec::new();
     let conn = ConnectionManager::new(redis::Client::open(url)?).await?;
     let impls = impls(url, &conn).await?;
@@ -166,7 +171,13 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
         let cycles: Vec<Cycle> = impls.iter().map(|imp| imp.cycle.clone()).collect();
         let samples = measure_rounds(&mut probe, &cycles, tasks, timing, rounds).await?;
         let rates = median_rates(&samples);
-        for ((imp, s), rate) in impls.iter().zip(&samples).zip(rates.iter().copied()) {
+        let mut spreads = vec![None; impls.len()];
+        for (((imp, s), rate), spread) in impls
+            .iter()
+            .zip(&samples)
+            .zip(rates.iter().copied())
+            .zip(&mut spreads)
+        {
             println!(
                 "uncontended tasks={tasks} {}_cpu_us_per_cycle redis {:.1} client {:.1}",
                 imp.name,
@@ -182,9 +193,17 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
                 imp.rate_name,
                 rounds_list(s.iter().map(|s| s.cycles_per_s))
             );
+            *spread = check_rounds(
+                &format!("uncontended_tasks={tasks}"),
+                imp.rate_name,
+                round_spread(s),
+            );
         }
         let ratio = |name: &str, a: usize, b: usize| {
-            println!("ratio {name}_{tasks}_tasks {:.2}", rates[a] / rates[b]);
+            println!(
+                "ratio {name}_{tasks}_tasks {}",
+                ratio_text(rates[a], rates[b], [spreads[a], spreads[b]])
+            );
         };
         ratio("ours_vs_floor", OURS, FLOOR);
         ratio("ours_vs_our_scripts_raw", OURS, RAW);
@@ -192,30 +211,14 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
         ratio("ours_watchdog_vs_floor", WATCHDOG, FLOOR);
         ratio("ours_vs_rslock", OURS, RSLOCK);
         let unit = "cycles/s";
-        figures.push(
-            Figure::vs(
-                format!("ours_vs_floor_{tasks}_tasks"),
-                rates[OURS],
-                rates[FLOOR],
-                unit,
-            )
-            .target(0.9),
-        );
-        figures.push(Figure::vs(
-            format!("ours_watchdog_vs_floor_{tasks}_tasks"),
-            rates[WATCHDOG],
-            rates[FLOOR],
-            unit,
-        ));
-        figures.push(
-            Figure::vs(
-                format!("ours_vs_rslock_{tasks}_tasks"),
-                rates[OURS],
-                rates[RSLOCK],
-                unit,
-            )
-            .target(1.3),
-        );
+        let figure = |name: &str, a: usize, b: usize| {
+            Figure::vs(format!("{name}_{tasks}_tasks"), rates[a], rates[b], unit)
+                .disturbed_by(spreads[a])
+                .disturbed_by(spreads[b])
+        };
+        figures.push(figure("ours_vs_floor", OURS, FLOOR).target(0.9));
+        figures.push(figure("ours_watchdog_vs_floor", WATCHDOG, FLOOR));
+        figures.push(figure("ours_vs_rslock", OURS, RSLOCK).target(1.3));
     }
     Ok(figures)
 }

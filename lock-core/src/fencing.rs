@@ -1,6 +1,6 @@
 //! Fencing tokens and the fenced write.
 
-use redis::ToRedisArgs;
+use redis::{FromRedisValue, ToRedisArgs};
 
 use crate::key::{self, LockName};
 use crate::store::scripts::{Code, FENCED_WRITE, code_value};
@@ -87,11 +87,23 @@ impl LockClient {
                     .arg(&value);
             })
             .await?;
+        let unexpected = |r: &redis::Value| {
+            LockError::UnexpectedReply(format!("fenced_write.lua returned {r:?}"))
+        };
+        if let redis::Value::Array(items) = &reply
+            && let [code, newest, holder] = items.as_slice()
+        {
+            let newest = u64::from_redis_value_ref(newest).map_err(|_| unexpected(&reply))?;
+            let holder = u64::from_redis_value_ref(holder).map_err(|_| unexpected(&reply))?;
+            if i64::from_redis_value_ref(code).ok() == Some(-2) {
+                return Ok(FencedWrite::Refused {
+                    highest: FencingToken::new(newest, holder),
+                });
+            }
+            return Err(unexpected(&reply));
+        }
         match code_value("fenced_write", reply)? {
             (Code::Done, _) => Ok(FencedWrite::Written),
-            (Code::NotOwner, highest) => Ok(FencedWrite::Refused {
-                highest: FencingToken::new(highest.max(0) as u64, 0),
-            }),
             other => Err(LockError::UnexpectedReply(format!(
                 "fenced_write.lua returned {other:?}"
             ))),

@@ -17,7 +17,11 @@
 //! * [`RedisServer::pause`] / [`RedisServer::resume`]: freeze the process with
 //!   `SIGSTOP`/`SIGCONT`. Connections still succeed (the kernel completes the
 //!   handshake) but nothing is answered, which is how a hung or partitioned
-//!   server looks to a client.
+//!   server looks to a client;
+//! * [`TcpProxy`]: a proxy between one client and the server whose
+//!   [`cut`](TcpProxy::cut) / [`heal`](TcpProxy::heal) partition that
+//!   client alone, silently (no RST/FIN), while the server and its other
+//!   clients carry on.
 //!
 //! Observation: [`RedisServer::connection`] gives a plain connection for
 //! assertions (`HGET`, `EXISTS`, `PTTL`, ...), and [`RedisServer::monitor`]
@@ -60,6 +64,7 @@ mod masters;
 mod monitor;
 mod port;
 mod process;
+mod proxy;
 mod server;
 
 pub use cluster::{
@@ -68,6 +73,7 @@ pub use cluster::{
 pub use masters::RedisMasters;
 pub use monitor::Monitor;
 pub use port::free_port;
+pub use proxy::TcpProxy;
 pub use server::RedisServer;
 
 /// The README's code blocks, compiled as doctests so the README stays true.

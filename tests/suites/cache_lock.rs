@@ -202,7 +202,7 @@ async fn on_expiry_keeps_an_anti_resubmit_window() {
         0,
         "nothing renewed or tracked after the body"
     );
-    let hash = c.keys(("submit", "form-1")).unwrap().hash;
+    let hash = c.keys(("submit", "form-1")).unwrap().key;
     eventually(Duration::from_secs(3), "the window to close", || async {
         !exists(&server, &hash).await
     })
@@ -315,7 +315,7 @@ async fn released_on_abort_panic_and_error() {
         tokio::spawn(async move { slow(&locks, 1, tx).await })
     };
     rx.await.unwrap();
-    let hash = locks.keys(("slow", 1_u64)).unwrap().hash;
+    let hash = locks.keys(("slow", 1_u64)).unwrap().key;
     assert!(exists(&server, &hash).await);
     task.abort();
     let _ = task.await;
@@ -331,7 +331,7 @@ async fn released_on_abort_panic_and_error() {
         tokio::spawn(async move { boom(&locks, 1).await })
     };
     assert!(task.await.unwrap_err().is_panic());
-    let hash = locks.keys(("boom", 1_u64)).unwrap().hash;
+    let hash = locks.keys(("boom", 1_u64)).unwrap().key;
     eventually(
         Duration::from_millis(500),
         "release after panic",
@@ -344,7 +344,7 @@ async fn released_on_abort_panic_and_error() {
         Err(ShopError::Redis(e)) => assert!(e.to_string().contains("simulated"), "{e}"),
         other => panic!("expected the body's error, got {other:?}"),
     }
-    let hash = locks.keys(("early", 1_u64)).unwrap().hash;
+    let hash = locks.keys(("early", 1_u64)).unwrap().key;
     assert!(
         !exists(&server, &hash).await,
         "`?` in the body released the lock"

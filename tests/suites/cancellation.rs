@@ -14,7 +14,7 @@ async fn aborted_holder_frees_the_key_and_stops_renewing() {
     // Renewal every 100 ms, so missing renewals would show quickly.
     let config = LockConfig::new().with_watchdog_lease(Duration::from_millis(300));
     let c = client(&server, config).await;
-    let hash = c.keys("task").unwrap().hash;
+    let hash = c.keys("task").unwrap().key;
     let (held_tx, held_rx) = tokio::sync::oneshot::channel();
     let task = {
         let c = c.clone();
@@ -83,7 +83,7 @@ async fn cancelled_waiter_leaves_no_state() {
 async fn acquisition_dropped_mid_request_is_undone() {
     let server = RedisServer::start();
     let c = client(&server, LockConfig::new()).await;
-    let hash = c.keys("orphan").unwrap().hash;
+    let hash = c.keys("orphan").unwrap().key;
     // Load the scripts first, so the in-flight EVALSHA grants rather than gets NOSCRIPT.
     c.try_lock("warm-up")
         .await

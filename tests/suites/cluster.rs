@@ -49,7 +49,7 @@ async fn two_processes_keep_mutual_exclusion_through_a_failover() {
     let cluster = RedisCluster::start(3, 1);
     let probe = client(&cluster, config()).await;
     let masters: BTreeSet<usize> = (0..KEYS)
-        .map(|k| cluster.master_for_key(probe.keys(("counter", k)).unwrap().hash))
+        .map(|k| cluster.master_for_key(probe.keys(("counter", k)).unwrap().key))
         .collect();
     assert_eq!(
         masters.len(),
@@ -94,12 +94,12 @@ async fn two_processes_keep_mutual_exclusion_through_a_failover() {
     )
     .await;
     // Fail over the master of lock key 0.
-    let master = cluster.master_for_key(probe.keys(("counter", 0)).unwrap().hash);
+    let master = cluster.master_for_key(probe.keys(("counter", 0)).unwrap().key);
     let replica = cluster.replica_of(master);
     let before = total(data.clone()).await;
     cluster.failover(replica, FailoverMode::Coordinated);
     assert_eq!(
-        cluster.master_for_key(probe.keys(("counter", 0)).unwrap().hash),
+        cluster.master_for_key(probe.keys(("counter", 0)).unwrap().key),
         replica
     );
 
@@ -192,7 +192,7 @@ async fn the_watchdog_renews_locks_spread_over_slots() {
         guards.push(a.try_lock(("renewed", i)).await.unwrap());
     }
     let slots: BTreeSet<usize> = (0..12u32)
-        .map(|i| cluster.master_for_key(a.keys(("renewed", i)).unwrap().hash))
+        .map(|i| cluster.master_for_key(a.keys(("renewed", i)).unwrap().key))
         .collect();
     assert_eq!(slots.len(), 3, "locks on every master");
     let held_for = Instant::now() + Duration::from_secs(3);
@@ -219,7 +219,7 @@ async fn a_lock_lost_in_a_failover_fires_lost() {
     let config = config().with_watchdog_lease(Duration::from_millis(1500));
     let a = client(&cluster, config.clone()).await;
     let b = client(&cluster, config).await;
-    let hash = a.keys("fragile").unwrap().hash;
+    let hash = a.keys("fragile").unwrap().key;
     let master = cluster.master_for_key(&hash);
     let replica = cluster.replica_of(master);
     cluster.break_replication(replica);

@@ -70,7 +70,7 @@ async fn release_after_expiry_reports_expired() {
     let server = RedisServer::start();
     let a = client(&server, LockConfig::new()).await;
     let g = a.acquire("short", fixed(50)).await.unwrap();
-    let lock_key = a.keys("short").unwrap().hash;
+    let lock_key = a.keys("short").unwrap().key;
     eventually(Duration::from_secs(2), "lease expiry", || async {
         !exists(&server, &lock_key).await
     })
@@ -88,7 +88,7 @@ async fn refused_renewal_fires_lost() {
     let a = client(&server, config.clone()).await;
     let b = client(&server, config).await;
     let g = a.try_lock("job").await.unwrap();
-    let lock_key = a.keys("job").unwrap().hash;
+    let lock_key = a.keys("job").unwrap().key;
     // Simulate the key vanishing (failover to a replica that never saw it).
     let mut raw = server.connection().await;
     let _: () = redis::cmd("DEL")
@@ -142,7 +142,7 @@ async fn paused_holder_process_loses_the_lock() {
     };
 
     let b = client(&server, LockConfig::new()).await;
-    let lock_key = b.keys("vault").unwrap().hash;
+    let lock_key = b.keys("vault").unwrap().key;
     signal("-STOP");
     eventually(
         Duration::from_secs(5),

@@ -177,7 +177,7 @@ async fn the_seeds_limit_rule_step_by_step() {
     // Another IP is unaffected.
     assert!(rule.try_access("10.0.0.2").await.unwrap().allowed);
 
-    let lockout = format!("{}:lockout", c.keys(("ip", "10.0.0.1")).unwrap().hash);
+    let lockout = format!("{}:lockout", c.keys(("ip", "10.0.0.1")).unwrap().key);
     assert!(exists(&server, &lockout).await);
     eventually(Duration::from_secs(4), "the lockout to end", || async {
         !exists(&server, &lockout).await

@@ -8,21 +8,16 @@ use common::client;
 use lock_core::{LockConfig, LockOptions, LockScope, Released};
 use lock_tests::RedisServer;
 
-async fn hold_count(server: &RedisServer, hash: &str, owner: &str) -> Option<i64> {
+async fn grant_value(server: &RedisServer, key: &str) -> Option<String> {
     let mut c = server.connection().await;
-    redis::cmd("HGET")
-        .arg(hash)
-        .arg(owner)
-        .query_async(&mut c)
-        .await
-        .unwrap()
+    redis::cmd("GET").arg(key).query_async(&mut c).await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nested_acquisition_in_one_scope_reenters_and_other_scopes_block() {
     let server = RedisServer::start();
     let c = client(&server, LockConfig::new()).await;
-    let hash = c.keys("account").unwrap().hash;
+    let hash = c.keys("account").unwrap().key;
 
     let (outer, inner) = LockScope::new()
         .run(async {
@@ -36,7 +31,11 @@ async fn nested_acquisition_in_one_scope_reenters_and_other_scopes_block() {
         .await;
     assert_eq!(inner.fencing_token(), outer.fencing_token(), "one token");
     assert_eq!(inner.owner(), outer.owner());
-    assert_eq!(hold_count(&server, &hash, outer.owner()).await, Some(2));
+    assert_eq!(inner.grant_value(), outer.grant_value(), "one grant");
+    assert_eq!(
+        grant_value(&server, &hash).await.as_deref(),
+        Some(outer.grant_value())
+    );
 
     // Another scope (another task) is shut out, and waits.
     let waiter = {
@@ -49,7 +48,10 @@ async fn nested_acquisition_in_one_scope_reenters_and_other_scopes_block() {
         inner.release().await.unwrap(),
         Released::StillHeld { holds_left: 1 }
     );
-    assert_eq!(hold_count(&server, &hash, outer.owner()).await, Some(1));
+    assert_eq!(
+        grant_value(&server, &hash).await.as_deref(),
+        Some(outer.grant_value())
+    );
     assert!(c.try_lock("account").await.unwrap_err().is_busy());
     assert!(!waiter.is_finished());
 
@@ -82,8 +84,11 @@ async fn explicit_scope_and_reenter() {
         .unwrap();
     let d = a.reenter().await.unwrap();
     assert_eq!(d.fencing_token(), a.fencing_token());
-    let hash = c.keys("cart").unwrap().hash;
-    assert_eq!(hold_count(&server, &hash, a.owner()).await, Some(3));
+    let hash = c.keys("cart").unwrap().key;
+    assert_eq!(
+        grant_value(&server, &hash).await.as_deref(),
+        Some(a.grant_value())
+    );
     // Without a scope every acquisition is its own owner: not reentrant.
     assert!(c.try_lock("cart").await.unwrap_err().is_busy());
     drop(d);
@@ -92,22 +97,32 @@ async fn explicit_scope_and_reenter() {
     c.try_lock("cart").await.unwrap().release().await.unwrap();
 }
 
-/// The last local guard frees the lock even if an acquisition's reply was lost, so the
-/// Redis hold count can never strand the lock.
+/// Re-entering and giving back an inner hold cost no round trip: only the first
+/// acquisition and the last release reach Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn last_guard_frees_the_lock_whatever_the_count() {
+async fn reentry_is_counted_in_the_client() {
     let server = RedisServer::start();
     let c = client(&server, LockConfig::new()).await;
-    let g = c.try_lock("count").await.unwrap();
-    let hash = c.keys("count").unwrap().hash;
-    let mut raw = server.connection().await;
-    let _: i64 = redis::cmd("HINCRBY")
-        .arg(&hash)
-        .arg(g.owner())
-        .arg(5)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
-    assert_eq!(g.release().await.unwrap(), Released::Unlocked);
-    assert!(!common::exists(&server, &hash).await);
+    let mut monitor = server.monitor().await;
+    LockScope::new()
+        .run(async {
+            let outer = c.try_lock("count").await.unwrap();
+            let _ = monitor.lines_within(Duration::from_millis(100)).await;
+            for _ in 0..5 {
+                let inner = c.try_lock("count").await.unwrap();
+                let again = inner.reenter().await.unwrap();
+                assert_eq!(again.release().await.unwrap(), Released::StillHeld { holds_left: 2 });
+                drop(inner);
+            }
+            let quiet = monitor.lines_within(Duration::from_millis(100)).await;
+            assert!(
+                !quiet.iter().any(|l| l.contains("EVAL")),
+                "re-entries reached Redis: {quiet:?}"
+            );
+            assert_eq!(outer.release().await.unwrap(), Released::Unlocked);
+            let last = monitor.lines_within(Duration::from_millis(100)).await;
+            assert!(last.iter().any(|l| l.contains("EVAL")), "the last release did not");
+        })
+        .await;
+    assert!(!common::exists(&server, &c.keys("count").unwrap().key).await);
 }

@@ -92,7 +92,7 @@ async fn max_hold_caps_the_watchdog() {
     );
     // Our local deadline was measured from before the renewal, so Redis expires it a
     // moment later.
-    let key = c.keys("capped").unwrap().hash;
+    let key = c.keys("capped").unwrap().key;
     common::eventually(Duration::from_secs(1), "the key to expire", || async {
         !common::exists(&server, &key).await
     })

@@ -82,6 +82,11 @@ impl LockGuard {
         &self.grant.keys.name
     }
 
+    /// The Redis keys and channel of this lock (for inspection and tooling).
+    pub fn keys(&self) -> &crate::LockKeys {
+        &self.grant.keys
+    }
+
     /// The fencing token of this grant (shared by re-entered holds).
     pub fn fencing_token(&self) -> FencingToken {
         self.grant.token

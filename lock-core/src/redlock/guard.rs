@@ -67,7 +67,8 @@ impl RedlockGuard {
         &self.name
     }
 
-    /// The owner id this guard holds the lock as, on every node.
+    /// The owner id this guard holds the lock as on the first node that granted it
+    /// (each node's client has its own id; the scope is the same on every node).
     pub fn owner(&self) -> &str {
         self.nodes
             .iter()

@@ -1,0 +1,300 @@
+//! Self-test of [`TcpProxy`]: it forwards faithfully, `cut` partitions
+//! silently (requests hang, connections stay open, bytes are held),
+//! `heal` delivers what was held, and dropping it closes everything.
+
+use std::io::Read;
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use lock_tests::{RedisServer, TcpProxy, free_port};
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+use tokio::time::timeout;
+
+/// How long a partitioned request is given to (wrongly) come back.
+const HANG: Duration = Duration::from_millis(300);
+/// Upper bound for anything that should happen promptly.
+const PROMPTLY: Duration = Duration::from_secs(5);
+
+/// A multiplexed connection through the proxy, with the same generous
+/// timeouts as [`RedisServer::connection`].
+async fn connect(proxy: &TcpProxy) -> MultiplexedConnection {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(5)))
+        .set_response_timeout(Some(Duration::from_secs(10)));
+    proxy
+        .client()
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect through {proxy:?}: {e}"))
+}
+
+async fn ping(conn: &mut MultiplexedConnection) -> redis::RedisResult<String> {
+    redis::cmd("PING").query_async(conn).await
+}
+
+/// `connected_clients` from `INFO clients`, as the server counts them.
+async fn connected_clients(conn: &mut MultiplexedConnection) -> usize {
+    let info: String = redis::cmd("INFO")
+        .arg("clients")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no connected_clients in {info:?}"))
+}
+
+/// Polls `connected_clients` until it equals `want`.
+async fn await_connected_clients(conn: &mut MultiplexedConnection, want: usize) {
+    let deadline = Instant::now() + PROMPTLY;
+    loop {
+        let got = connected_clients(conn).await;
+        if got == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "connected_clients stayed {got}, expected {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_go_through_the_proxy() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port());
+    assert_ne!(proxy.port(), server.port());
+    assert_eq!(proxy.target_port(), server.port());
+    assert_eq!(proxy.url(), format!("redis://127.0.0.1:{}/", proxy.port()));
+    assert!(!proxy.is_cut());
+
+    let mut conn = connect(&proxy).await;
+    assert_eq!(ping(&mut conn).await.unwrap(), "PONG");
+    let () = conn.set("k", "through the proxy").await.unwrap();
+    let mut direct = server.connection().await;
+    let value: String = direct.get("k").await.unwrap();
+    assert_eq!(value, "through the proxy");
+
+    // Large values cross intact, in both directions.
+    let big: Vec<u8> = (0..4 * 1024 * 1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let () = conn.set("big", &big).await.unwrap();
+    let back: Vec<u8> = conn.get("big").await.unwrap();
+    assert!(back == big, "the 4 MiB value came back altered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_hangs_without_closing_and_heal_delivers() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let mut conn = connect(&proxy).await;
+    assert_eq!(ping(&mut conn).await.unwrap(), "PONG");
+    let mut direct = server.connection().await;
+
+    proxy.cut();
+    assert!(proxy.is_cut());
+    let hung = timeout(HANG, ping(&mut conn)).await;
+    assert!(hung.is_err(), "a PING crossed a cut proxy: {hung:?}");
+
+    // A write sent while cut is held, not executed (and not dropped).
+    let mut writer = conn.clone();
+    let held_set = tokio::spawn(async move { writer.set::<_, _, ()>("k", "v").await });
+    tokio::time::sleep(HANG).await;
+    assert!(!held_set.is_finished(), "SET answered through a cut proxy");
+    let exists: bool = direct.exists("k").await.unwrap();
+    assert!(!exists, "a SET sent while cut reached the server");
+
+    // The server itself is fine; only this client is partitioned.
+    assert_eq!(ping(&mut direct).await.unwrap(), "PONG");
+
+    proxy.heal();
+    assert!(!proxy.is_cut());
+    timeout(PROMPTLY, held_set)
+        .await
+        .expect("the held SET is answered after heal")
+        .unwrap()
+        .expect("the held SET succeeds: its connection was never closed");
+    let value: String = direct.get("k").await.unwrap();
+    assert_eq!(value, "v");
+    // The same connection carries on.
+    assert_eq!(ping(&mut conn).await.unwrap(), "PONG");
+    let value: String = conn.get("k").await.unwrap();
+    assert_eq!(value, "v");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_reaches_the_server_once_cut_returns() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let mut direct = server.connection().await;
+    let mut conn = connect(&proxy).await;
+
+    // One client hammering INCR, each awaited, through the proxy.
+    let stop = Arc::new(AtomicBool::new(false));
+    let hammer = tokio::spawn({
+        let stop = Arc::clone(&stop);
+        async move {
+            let mut sent = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                let _: u64 = conn.incr("counter", 1).await.unwrap();
+                sent += 1;
+            }
+            sent
+        }
+    });
+    let started = Instant::now();
+    while direct.get::<_, Option<u64>>("counter").await.unwrap() < Some(100) {
+        assert!(started.elapsed() < PROMPTLY, "the INCRs do not get through");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+
+    for round in 0..3 {
+        proxy.cut();
+        // Let the server execute what it had received before the cut.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let before: u64 = direct.get("counter").await.unwrap();
+        tokio::time::sleep(HANG).await;
+        let after: u64 = direct.get("counter").await.unwrap();
+        assert_eq!(before, after, "round {round}: INCRs crossed a cut proxy");
+
+        proxy.heal();
+        let started = Instant::now();
+        while direct.get::<_, u64>("counter").await.unwrap() < after + 10 {
+            assert!(
+                started.elapsed() < PROMPTLY,
+                "round {round}: the INCRs do not resume after heal"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    stop.store(true, Ordering::SeqCst);
+    let sent = timeout(PROMPTLY, hammer).await.unwrap().unwrap();
+    let counted: u64 = direct.get("counter").await.unwrap();
+    assert_eq!(sent, counted, "every INCR was executed exactly once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_made_while_cut_reach_the_server_after_heal() {
+    let server = RedisServer::start();
+    let proxy = Arc::new(TcpProxy::start(server.port()));
+    let mut direct = server.connection().await;
+    let clients = connected_clients(&mut direct).await;
+
+    proxy.cut();
+    let late = tokio::spawn({
+        let proxy = Arc::clone(&proxy);
+        async move {
+            let mut conn = proxy
+                .client()
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connect through the healed proxy");
+            ping(&mut conn)
+                .await
+                .expect("PING through the healed proxy")
+        }
+    });
+    tokio::time::sleep(HANG).await;
+    assert!(!late.is_finished(), "a new connection crossed a cut proxy");
+    assert_eq!(
+        connected_clients(&mut direct).await,
+        clients,
+        "the server saw a connection made while cut"
+    );
+
+    proxy.heal();
+    let pong = timeout(PROMPTLY, late).await.unwrap().unwrap();
+    assert_eq!(pong, "PONG");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_closes_the_connections() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let port = proxy.port();
+    let mut direct = server.connection().await;
+    let clients = connected_clients(&mut direct).await;
+    let mut conn = connect(&proxy).await;
+    assert_eq!(ping(&mut conn).await.unwrap(), "PONG");
+    assert_eq!(connected_clients(&mut direct).await, clients + 1);
+
+    drop(proxy);
+    let after = timeout(PROMPTLY, ping(&mut conn))
+        .await
+        .expect("a command on a dropped proxy's connection fails, it does not hang");
+    assert!(after.is_err(), "got {after:?} through a dropped proxy");
+    assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
+    // The server side of the connection is closed as well.
+    await_connected_clients(&mut direct, clients).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_while_cut_closes_the_connections() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let mut direct = server.connection().await;
+    let clients = connected_clients(&mut direct).await;
+    let mut conn = connect(&proxy).await;
+    assert_eq!(ping(&mut conn).await.unwrap(), "PONG");
+
+    proxy.cut();
+    let mut pending_conn = conn.clone();
+    let pending = tokio::spawn(async move { ping(&mut pending_conn).await });
+    tokio::time::sleep(HANG).await;
+    assert!(!pending.is_finished());
+
+    let dropped = Instant::now();
+    drop(proxy);
+    assert!(
+        dropped.elapsed() < Duration::from_secs(1),
+        "dropping a cut proxy took {:?}",
+        dropped.elapsed()
+    );
+    let result = timeout(PROMPTLY, pending)
+        .await
+        .expect("the pending PING fails once the proxy is dropped, it does not hang")
+        .unwrap();
+    assert!(result.is_err(), "got {result:?} through a dropped proxy");
+    let after = timeout(PROMPTLY, ping(&mut conn)).await.unwrap();
+    assert!(after.is_err(), "got {after:?} through a dropped proxy");
+    await_connected_clients(&mut direct, clients).await;
+}
+
+#[test]
+fn a_refused_target_closes_the_client_connection() {
+    let proxy = TcpProxy::start(free_port());
+    let mut stream = TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+    stream.set_read_timeout(Some(PROMPTLY)).unwrap();
+    let mut buffer = [0; 16];
+    match stream.read(&mut buffer) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("expected the connection to be closed, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_proxy_outlives_runtimes() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port());
+    for _ in 0..2 {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let mut conn = connect(&proxy).await;
+            assert_eq!(ping(&mut conn).await.unwrap(), "PONG");
+        });
+    }
+    proxy.cut();
+    proxy.heal();
+    drop(proxy);
+}
