@@ -86,23 +86,24 @@ async fn impls(url: &str, conn: &ConnectionManager) -> Result<[Impl; 5], BoxErro
             let (mut conn, acquire, release) = (conn.clone(), acquire.clone(), release.clone());
             async move {
                 let key = format!("lock:{{bench:raw:{t}}}");
-                let owner = format!("0123456789abcdef0123456789abcdef:{n}");
+                let value = format!("0123456789abcdef0123456789abcdef:{t}:{n}");
                 let granted: Vec<i64> = acquire
                     .key(&key)
-                    .key(format!("{key}:fence"))
-                    .arg(&owner)
+                    .key("lock:fence:{0}")
+                    .key(format!("{key}:waiters"))
+                    .arg(&value)
                     .arg(10_000)
+                    .arg(0)
                     .invoke_async(&mut conn)
                     .await?;
                 if granted.first() != Some(&1) {
                     return Err("raw scripts: lock was taken".into());
                 }
-                let _: i64 = release
+                let _: Vec<i64> = release
                     .key(&key)
+                    .key(format!("{key}:waiters"))
                     .key(format!("{key}:released"))
-                    .arg(&owner)
-                    .arg(10_000)
-                    .arg("1")
+                    .arg(&value)
                     .arg("x")
                     .invoke_async(&mut conn)
                     .await?;

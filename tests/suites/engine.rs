@@ -12,20 +12,35 @@ use lock_tests::{RedisServer, TcpProxy};
 
 async fn get(server: &RedisServer, key: &str) -> Option<String> {
     let mut c = server.connection().await;
-    redis::cmd("GET").arg(key).query_async(&mut c).await.unwrap()
+    redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut c)
+        .await
+        .unwrap()
 }
 
 async fn pttl(server: &RedisServer, key: &str) -> i64 {
     let mut c = server.connection().await;
-    redis::cmd("PTTL").arg(key).query_async(&mut c).await.unwrap()
+    redis::cmd("PTTL")
+        .arg(key)
+        .query_async(&mut c)
+        .await
+        .unwrap()
 }
 
 /// While `guard` believes it holds `name` for `valid_for`, nobody else can take it and
 /// the server shows this grant with at least that much lease left.
-async fn assert_really_held(server: &RedisServer, other: &LockClient, guard: &lock_core::LockGuard) {
+async fn assert_really_held(
+    server: &RedisServer,
+    other: &LockClient,
+    guard: &lock_core::LockGuard,
+) {
     let t0 = Instant::now();
     let believed = guard.valid_for();
-    assert!(guard.is_held(), "{guard:?} should believe it holds the lock");
+    assert!(
+        guard.is_held(),
+        "{guard:?} should believe it holds the lock"
+    );
     let key = &guard.keys().key;
     assert_eq!(
         get(server, key).await.as_deref(),
@@ -39,7 +54,10 @@ async fn assert_really_held(server: &RedisServer, other: &LockClient, guard: &lo
         "server lease {left} ms is shorter than the {believed:?} the guard believes in"
     );
     let stolen = other.try_lock(guard.name()).await;
-    assert!(stolen.as_ref().unwrap_err().is_busy(), "another client got {stolen:?}");
+    assert!(
+        stolen.as_ref().unwrap_err().is_busy(),
+        "another client got {stolen:?}"
+    );
 }
 
 /// Case 1: drop a guard and take the lock again at once in the same scope; the dropped
@@ -191,7 +209,10 @@ async fn partitioned_holder_learns_it_lost_and_its_fenced_write_is_refused() {
     let first = cut_off.lock("ledger").await.unwrap();
     let first_token = first.fencing_token();
     assert_eq!(
-        cut_off.fenced_write("ledger", first_token, "a0").await.unwrap(),
+        cut_off
+            .fenced_write("ledger", first_token, "a0")
+            .await
+            .unwrap(),
         FencedWrite::Written
     );
     proxy.cut();
@@ -215,8 +236,13 @@ async fn partitioned_holder_learns_it_lost_and_its_fenced_write_is_refused() {
     );
     proxy.heal();
     // The stale holder writes late: refused.
-    let late = cut_off.fenced_write("ledger", first_token, "a1").await.unwrap();
-    assert!(matches!(late, FencedWrite::Refused { highest } if highest.get() == second.fencing_token().get()));
+    let late = cut_off
+        .fenced_write("ledger", first_token, "a1")
+        .await
+        .unwrap();
+    assert!(
+        matches!(late, FencedWrite::Refused { highest } if highest.get() == second.fencing_token().get())
+    );
     assert_eq!(
         other.fenced_read("ledger").await.unwrap().as_deref(),
         Some(&b"b"[..])
@@ -238,7 +264,12 @@ async fn distinct_names_leave_nothing_but_bounded_counters() {
             let a = a.clone();
             tokio::spawn(async move {
                 for i in (t..100_000).step_by(64) {
-                    a.try_lock(("buyer", i)).await.unwrap().release().await.unwrap();
+                    a.try_lock(("buyer", i))
+                        .await
+                        .unwrap()
+                        .release()
+                        .await
+                        .unwrap();
                 }
             })
         })
@@ -279,13 +310,27 @@ async fn equal_token_from_another_holder_is_refused() {
     // missing on the promoted replica.
     let keys = a.keys("acct").unwrap();
     let mut raw = server.connection().await;
-    let _: () = redis::cmd("DEL").arg(&keys.key).query_async(&mut raw).await.unwrap();
-    let _: () = redis::cmd("DECR").arg(&keys.fence).query_async(&mut raw).await.unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(&keys.key)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("DECR")
+        .arg(&keys.fence)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
     let second = b.try_lock("acct").await.unwrap();
-    assert_eq!(second.fencing_token().get(), t.get(), "the same number, twice");
+    assert_eq!(
+        second.fencing_token().get(),
+        t.get(),
+        "the same number, twice"
+    );
     assert_ne!(second.fencing_token(), t, "but another holder");
     assert_eq!(
-        b.fenced_write("acct", second.fencing_token(), "new").await.unwrap(),
+        b.fenced_write("acct", second.fencing_token(), "new")
+            .await
+            .unwrap(),
         FencedWrite::Written
     );
     assert!(matches!(
@@ -294,10 +339,15 @@ async fn equal_token_from_another_holder_is_refused() {
     ));
     // The same holder may write again with its token.
     assert_eq!(
-        b.fenced_write("acct", second.fencing_token(), "again").await.unwrap(),
+        b.fenced_write("acct", second.fencing_token(), "again")
+            .await
+            .unwrap(),
         FencedWrite::Written
     );
-    assert_eq!(b.fenced_read("acct").await.unwrap().as_deref(), Some(&b"again"[..]));
+    assert_eq!(
+        b.fenced_read("acct").await.unwrap().as_deref(),
+        Some(&b"again"[..])
+    );
     drop(first);
     second.release().await.unwrap();
 }
@@ -381,9 +431,11 @@ fn a_client_outlives_the_runtime_that_first_used_it() {
                     .await
             })
         };
-        eventually(Duration::from_secs(2), "the waiter's subscription", || async {
-            common::subscribers(&server, &channel).await == 1
-        })
+        eventually(
+            Duration::from_secs(2),
+            "the waiter's subscription",
+            || async { common::subscribers(&server, &channel).await == 1 },
+        )
         .await;
         theirs.release().await.unwrap();
         waiter.await.unwrap().unwrap().release().await.unwrap();

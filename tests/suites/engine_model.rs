@@ -44,7 +44,13 @@ fn options(rng: &mut fastrand::Rng) -> LockOptions {
 }
 
 /// One task's random walk for `run_for`.
-async fn walk(client: LockClient, scope: LockScope, held: Held, seed: u64, run_for: Duration) -> u64 {
+async fn walk(
+    client: LockClient,
+    scope: LockScope,
+    held: Held,
+    seed: u64,
+    run_for: Duration,
+) -> u64 {
     let mut rng = fastrand::Rng::with_seed(seed);
     let until = Instant::now() + run_for;
     let mut steps = 0;
@@ -130,13 +136,19 @@ async fn check(server: &RedisServer, keys: &[(String, String)], tasks: &[Held]) 
         grants.sort_unstable();
         grants.dedup();
         if grants.len() > 1 {
-            return Some(format!("two grants of {name} both believe they hold it: {believers:?}"));
+            return Some(format!(
+                "two grants of {name} both believe they hold it: {believers:?}"
+            ));
         }
         if believers.is_empty() {
             continue;
         }
         let mut c = server.connection().await;
-        let value: Option<String> = redis::cmd("GET").arg(key).query_async(&mut c).await.unwrap();
+        let value: Option<String> = redis::cmd("GET")
+            .arg(key)
+            .query_async(&mut c)
+            .await
+            .unwrap();
         let t1 = Instant::now();
         for (grant, until, what) in &believers {
             if t1 + MARGIN < *until && value.as_deref() != Some(grant.as_str()) {
@@ -155,7 +167,10 @@ async fn run_model(seed: u64, run_for: Duration) {
     let config = LockConfig::new()
         .with_watchdog_lease(Duration::from_millis(150))
         .with_command_timeout(Duration::from_secs(2));
-    let clients = [client(&server, config.clone()).await, client(&server, config).await];
+    let clients = [
+        client(&server, config.clone()).await,
+        client(&server, config).await,
+    ];
     let keys: Vec<(String, String)> = NAMES
         .iter()
         .map(|n| (n.to_string(), clients[0].keys(*n).unwrap().key))
@@ -179,7 +194,13 @@ async fn run_model(seed: u64, run_for: Duration) {
         .enumerate()
         .map(|(i, ((c, scope), held))| {
             let client = clients[c].clone();
-            tokio::spawn(walk(client, scope, held.clone(), seed.wrapping_mul(31).wrapping_add(i as u64), run_for))
+            tokio::spawn(walk(
+                client,
+                scope,
+                held.clone(),
+                seed.wrapping_mul(31).wrapping_add(i as u64),
+                run_for,
+            ))
         })
         .collect();
     let mut checks = 0u64;

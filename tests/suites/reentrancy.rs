@@ -10,7 +10,11 @@ use lock_tests::RedisServer;
 
 async fn grant_value(server: &RedisServer, key: &str) -> Option<String> {
     let mut c = server.connection().await;
-    redis::cmd("GET").arg(key).query_async(&mut c).await.unwrap()
+    redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut c)
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,7 +115,10 @@ async fn reentry_is_counted_in_the_client() {
             for _ in 0..5 {
                 let inner = c.try_lock("count").await.unwrap();
                 let again = inner.reenter().await.unwrap();
-                assert_eq!(again.release().await.unwrap(), Released::StillHeld { holds_left: 2 });
+                assert_eq!(
+                    again.release().await.unwrap(),
+                    Released::StillHeld { holds_left: 2 }
+                );
                 drop(inner);
             }
             let quiet = monitor.lines_within(Duration::from_millis(100)).await;
@@ -121,7 +128,10 @@ async fn reentry_is_counted_in_the_client() {
             );
             assert_eq!(outer.release().await.unwrap(), Released::Unlocked);
             let last = monitor.lines_within(Duration::from_millis(100)).await;
-            assert!(last.iter().any(|l| l.contains("EVAL")), "the last release did not");
+            assert!(
+                last.iter().any(|l| l.contains("EVAL")),
+                "the last release did not"
+            );
         })
         .await;
     assert!(!common::exists(&server, &c.keys("count").unwrap().key).await);

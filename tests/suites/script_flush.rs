@@ -41,7 +41,9 @@ async fn every_script_survives_script_flush() {
     // Lock scripts are sent as EVAL of their source after a NOSCRIPT reply (which
     // loads them again), the others through SCRIPT LOAD.
     assert!(
-        lines.iter().any(|l| l.contains("\"EVAL\"") && l.contains("renew.lua")),
+        lines
+            .iter()
+            .any(|l| l.contains("\"EVAL\"") && l.contains("renew.lua")),
         "no reload of renew.lua seen: {lines:?}"
     );
     assert!(g.is_held() && g2.is_held());

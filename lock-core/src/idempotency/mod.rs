@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tracing::Instrument;
 
-use crate::lock::config::{MAX_LEASE, check_lease};
 use crate::key::LockName;
+use crate::lock::config::{MAX_LEASE, check_lease};
 use crate::wait::{Turn, wait_for_turn};
 use crate::{LockClient, LockError};
 
@@ -217,20 +217,25 @@ impl IdempotencyStore {
         let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
         let (keys, runtime) = (&keys, &runtime);
         let listen = || Some((&inner.hub, keys.channel.as_str()));
-        let turn = wait_for_turn(&inner.config.backoff, listen, deadline, |subscribed| async move {
-            Ok(
-                match self.attempt(keys, fingerprint, lease, runtime).await? {
-                    Begin::InFlight { retry_after } => Turn::Retry(retry_after),
-                    found => {
-                        if subscribed && !matches!(found, Begin::New(_)) {
-                            // One local waiter is woken per message: pass the turn on.
-                            inner.hub.notify_local(&keys.channel);
+        let turn = wait_for_turn(
+            &inner.config.backoff,
+            listen,
+            deadline,
+            |subscribed| async move {
+                Ok(
+                    match self.attempt(keys, fingerprint, lease, runtime).await? {
+                        Begin::InFlight { retry_after } => Turn::Retry(retry_after),
+                        found => {
+                            if subscribed && !matches!(found, Begin::New(_)) {
+                                // One local waiter is woken per message: pass the turn on.
+                                inner.hub.notify_local(&keys.channel);
+                            }
+                            Turn::Done(found)
                         }
-                        Turn::Done(found)
-                    }
-                },
-            )
-        })
+                    },
+                )
+            },
+        )
         .await?;
         Ok(turn.unwrap_or_else(|retry_after| Begin::InFlight { retry_after }))
     }

@@ -4,8 +4,8 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::lock::config::check_lease;
 use crate::key::{LockName, NameWriter};
+use crate::lock::config::check_lease;
 use crate::{LockClient, LockError};
 
 /// Length of an issued token: 32 lowercase hex digits (128 bits from the OS CSPRNG).

@@ -36,9 +36,7 @@ impl Core {
             LockError::InvalidConfig("locks must be taken inside a tokio runtime".into())
         })?;
         let started = Instant::now();
-        let deadline = started
-            .checked_add(wait)
-            .unwrap_or(started + MAX_LEASE);
+        let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
         let scope = req.scope.id();
         let ticket = loop {
             match self.registry.enter(&req.keys.key, scope, req.watchdog) {
@@ -97,7 +95,13 @@ impl Core {
         }
     }
 
-    fn miss(&self, req: &Request, wait: Duration, started: Instant, retry_after: Duration) -> LockError {
+    fn miss(
+        &self,
+        req: &Request,
+        wait: Duration,
+        started: Instant,
+        retry_after: Duration,
+    ) -> LockError {
         if wait.is_zero() {
             LockError::Busy {
                 key: req.keys.name.clone(),
@@ -126,9 +130,12 @@ impl Core {
         let undo = OnDrop::new(|| {
             let (core, keys, value) = (self.clone(), keys.clone(), value.clone());
             let name = keys.name.clone();
-            cleanup::spawn(runtime, "undoing an unfinished acquisition", name, async move {
-                core.undo_call(&keys, &value).await
-            });
+            cleanup::spawn(
+                runtime,
+                "undoing an unfinished acquisition",
+                name,
+                async move { core.undo_call(&keys, &value).await },
+            );
         });
         let lease = req.lease;
         let sent = Instant::now();

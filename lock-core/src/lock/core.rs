@@ -30,7 +30,11 @@ pub(crate) struct Core {
 }
 
 impl Core {
-    pub(crate) fn new(conn: Conn, pubsub: Vec<redis::Client>, config: LockConfig) -> Result<Self, LockError> {
+    pub(crate) fn new(
+        conn: Conn,
+        pubsub: Vec<redis::Client>,
+        config: LockConfig,
+    ) -> Result<Self, LockError> {
         let id = ClientId::random()?;
         let id_hex = id.to_hex();
         let registry = Arc::new(Registry::default());
@@ -113,21 +117,21 @@ impl Core {
         if lost.is_none() {
             self.registry.released(&grant.keys.key);
         }
-        let key = &grant.keys.key;
         let name = &grant.keys.name;
         match (reply?, lost) {
             (GrantReply::Done, None) => {
                 tracing::debug!(lock = %name, "lock released");
                 Ok(Released::Unlocked)
             }
-            (GrantReply::Done, Some(loss)) | (GrantReply::Expired, Some(loss)) => Err(loss.error(name)),
+            (GrantReply::Done, Some(loss)) | (GrantReply::Expired, Some(loss)) => {
+                Err(loss.error(name))
+            }
             (GrantReply::Expired, None) => {
                 self.registry.lose(grant, Loss::Expired);
                 Err(Loss::Expired.error(name))
             }
             (GrantReply::NotOwner, _) => {
                 self.registry.lose(grant, Loss::TakenOver);
-                let _ = key;
                 Err(Loss::TakenOver.error(name))
             }
         }
@@ -142,14 +146,22 @@ impl Core {
     ) {
         self.watchdog.unschedule(grant);
         let (core, grant, rt) = (self.clone(), grant.clone(), runtime.clone());
-        cleanup::spawn(runtime, "background release", grant.keys.name.clone(), async move {
-            core.release_last(&grant, lost, &rt).await.map(|_| ())
-        });
+        cleanup::spawn(
+            runtime,
+            "background release",
+            grant.keys.name.clone(),
+            async move { core.release_last(&grant, lost, &rt).await.map(|_| ()) },
+        );
     }
 
     /// Sets the lease of `grant` to `lease` from now (one renew call). Never leaves the
     /// lease shorter than what other holds rely on when `keep` is set.
-    pub(crate) async fn extend_grant(&self, grant: &Arc<Grant>, lease: Duration, keep: bool) -> Result<(), LockError> {
+    pub(crate) async fn extend_grant(
+        &self,
+        grant: &Arc<Grant>,
+        lease: Duration,
+        keep: bool,
+    ) -> Result<(), LockError> {
         let name = &grant.keys.name;
         let lease = {
             let st = grant.state();
@@ -166,7 +178,10 @@ impl Core {
         let reply = self
             .conn
             .eval(&RENEW, self.conn.timeout(), |c| {
-                c.arg(1).arg(&grant.keys.key).arg(&grant.value).arg(lease.as_millis() as u64);
+                c.arg(1)
+                    .arg(&grant.keys.key)
+                    .arg(&grant.value)
+                    .arg(lease.as_millis() as u64);
             })
             .await?;
         let code = codes("renew", reply, 1)?[0];

@@ -151,7 +151,11 @@ impl LockGuard {
         match self.core.registry.release(&self.grant, self.watched, true) {
             Plan::StillHeld(holds_left) => Ok(Released::StillHeld { holds_left }),
             Plan::Lost(loss) => Err(loss.error(&self.grant.keys.name)),
-            Plan::Last => self.core.release_last(&self.grant, None, &self.runtime).await,
+            Plan::Last => {
+                self.core
+                    .release_last(&self.grant, None, &self.runtime)
+                    .await
+            }
             Plan::LastLost(loss) => {
                 self.core
                     .release_last(&self.grant, Some(loss), &self.runtime)
@@ -191,7 +195,11 @@ impl LockGuard {
         if let Some(loss) = self.grant.state().lost {
             return Err(loss.error(&self.grant.keys.name));
         }
-        let lease = self.grant.state().valid_until.saturating_duration_since(Instant::now());
+        let lease = self
+            .grant
+            .state()
+            .valid_until
+            .saturating_duration_since(Instant::now());
         let request = Request {
             keys: self.grant.keys.clone(),
             scope: LockScope::from_id(self.grant.scope),
@@ -211,7 +219,9 @@ impl Drop for LockGuard {
         // Local bookkeeping now (renewal stops at once); the Redis call in the background.
         match self.core.registry.release(&self.grant, self.watched, true) {
             Plan::StillHeld(_) | Plan::Lost(_) => {}
-            Plan::Last => self.core.release_in_background(&self.grant, None, &self.runtime),
+            Plan::Last => self
+                .core
+                .release_in_background(&self.grant, None, &self.runtime),
             Plan::LastLost(loss) => {
                 self.core
                     .release_in_background(&self.grant, Some(loss), &self.runtime)

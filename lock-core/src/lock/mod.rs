@@ -299,10 +299,7 @@ impl LockClient {
         };
         let wait = options.wait.unwrap_or(c.wait);
         let span = tracing::debug_span!("lock.acquire", lock = %request.keys.name, ?wait);
-        self.inner
-            .acquire(&request, wait)
-            .instrument(span)
-            .await
+        self.inner.acquire(&request, wait).instrument(span).await
     }
 }
 
@@ -315,4 +312,3 @@ fn manager_config(t: Duration, retries: usize) -> ConnectionManagerConfig {
         .set_number_of_retries(retries)
         .set_max_delay(Duration::from_secs(1))
 }
-

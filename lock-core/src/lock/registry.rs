@@ -380,7 +380,10 @@ mod tests {
             panic!("same scope must re-enter");
         };
         assert!(Arc::ptr_eq(&same, &g));
-        assert!(matches!(reg.enter(&g.keys.key, 2, false), Enter::Acquire(_)));
+        assert!(matches!(
+            reg.enter(&g.keys.key, 2, false),
+            Enter::Acquire(_)
+        ));
         assert!(matches!(reg.release(&g, false, true), Plan::StillHeld(1)));
         assert!(matches!(reg.release(&g, false, true), Plan::Last));
         // The release is in flight: the same scope waits for it, not for Redis.
@@ -392,7 +395,10 @@ mod tests {
             }
         ));
         reg.released(&g.keys.key);
-        assert!(matches!(reg.enter(&g.keys.key, 1, false), Enter::Acquire(_)));
+        assert!(matches!(
+            reg.enter(&g.keys.key, 1, false),
+            Enter::Acquire(_)
+        ));
         assert_eq!(reg.len(), 0, "dropped tickets unregister");
     }
 
@@ -417,7 +423,10 @@ mod tests {
     fn a_lost_grant_is_detached_and_reports_its_loss() {
         let reg = Registry::default();
         let g = grant(&reg, 1);
-        assert!(matches!(reg.enter(&g.keys.key, 1, false), Enter::Reentered(_)));
+        assert!(matches!(
+            reg.enter(&g.keys.key, 1, false),
+            Enter::Reentered(_)
+        ));
         assert!(reg.lose(&g, Loss::TakenOver));
         assert!(!reg.lose(&g, Loss::Expired), "fires once");
         assert!(g.is_lost());
@@ -430,6 +439,9 @@ mod tests {
             Plan::LastLost(Loss::TakenOver)
         ));
         // A new acquisition in the scope starts a fresh grant.
-        assert!(matches!(reg.enter(&g.keys.key, 1, false), Enter::Acquire(_)));
+        assert!(matches!(
+            reg.enter(&g.keys.key, 1, false),
+            Enter::Acquire(_)
+        ));
     }
 }

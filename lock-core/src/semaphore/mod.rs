@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tracing::Instrument;
 
-use crate::LockError;
 use crate::LockClient;
-use crate::lock::config::{MAX_LEASE, check_lease};
+use crate::LockError;
 use crate::key::{self, LockName};
-use crate::wait::{Turn, wait_for_turn};
+use crate::lock::config::{MAX_LEASE, check_lease};
 use crate::store::scripts::SEMAPHORE_ACQUIRE;
+use crate::wait::{Turn, wait_for_turn};
 
 /// Most permits one [`Semaphore::acquire`] call may take (each is one member of the
 /// semaphore's sorted set and one script argument).

@@ -508,10 +508,7 @@ mod tests {
     #[test]
     fn key_parts_of_every_kind() {
         assert_eq!(keys(&(1_i8, -2_i64, true, 'c')).key, "lock:{1:-2:true:c}");
-        assert_eq!(
-            keys(&vec![String::from("a"), "b".into()]).key,
-            "lock:{a:b}"
-        );
+        assert_eq!(keys(&vec![String::from("a"), "b".into()]).key, "lock:{a:b}");
         assert_eq!(keys(&["x"; 3]).key, "lock:{x:x:x}");
     }
 }

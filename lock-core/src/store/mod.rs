@@ -99,7 +99,9 @@ impl Conn {
             cmd.arg(script.sha());
             fill(&mut cmd);
             match self.store.query(&cmd).await {
-                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                Err(e)
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
                     let mut cmd = redis::cmd("EVAL");
                     cmd.arg(script.source());
                     fill(&mut cmd);
@@ -124,6 +126,5 @@ async fn limit(
 }
 
 fn decode<T: FromRedisValue>(op: &'static str, value: Value) -> Result<T, LockError> {
-    T::from_redis_value(value)
-        .map_err(|e| LockError::UnexpectedReply(format!("{op}: {e}")))
+    T::from_redis_value(value).map_err(|e| LockError::UnexpectedReply(format!("{op}: {e}")))
 }

@@ -211,7 +211,10 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("acquire.lua", include_str!("../../lua/acquire.lua")),
     ("release.lua", include_str!("../../lua/release.lua")),
     ("renew.lua", include_str!("../../lua/renew.lua")),
-    ("fenced_write.lua", include_str!("../../lua/fenced_write.lua")),
+    (
+        "fenced_write.lua",
+        include_str!("../../lua/fenced_write.lua"),
+    ),
     ("gcra.lua", include_str!("../../lua/gcra.lua")),
     ("limit_rule.lua", include_str!("../../lua/limit_rule.lua")),
     (
