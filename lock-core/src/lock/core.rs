@@ -189,7 +189,7 @@ impl Core {
             GrantReply::Done => {
                 let mut st = grant.state();
                 if st.lost.is_none() {
-                    st.valid_until = sent + lease - drift(lease);
+                    st.valid_until = st.valid_until.max(sent + lease - drift(lease));
                 }
                 drop(st);
                 self.watchdog.schedule(grant);

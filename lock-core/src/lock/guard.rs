@@ -179,8 +179,9 @@ impl LockGuard {
         }
     }
 
-    /// Sets the lease to `lease` from now. While other holds of the same grant live,
-    /// the lease is never set shorter than what they were told. Fails with
+    /// Lengthens the lease to `lease` from now; never shortens it (a renewal and an
+    /// extension may cross on the way, and every hold counts on the longest it was
+    /// told), so to end a lock early, release it. Fails with
     /// [`LockError::Expired`] or [`LockError::NotOwner`] (and fires
     /// [`lost`](Self::lost)) if the lock is gone.
     pub async fn extend(&self, lease: Duration) -> Result<(), LockError> {
