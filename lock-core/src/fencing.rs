@@ -1,9 +1,9 @@
 //! Fencing tokens and the fenced write.
 
-use redis::{FromRedisValue, ToRedisArgs};
+use redis::ToRedisArgs;
 
 use crate::key::{self, LockName};
-use crate::store::scripts::{Code, FENCED_WRITE, code_value};
+use crate::store::scripts::{FENCED_WRITE, FencedWriteReply};
 use crate::{LockClient, LockError};
 
 /// A number that grows with every fresh grant of one lock, and the grant it belongs to.
@@ -87,27 +87,12 @@ impl LockClient {
                     .arg(&value);
             })
             .await?;
-        let unexpected = |r: &redis::Value| {
-            LockError::UnexpectedReply(format!("fenced_write.lua returned {r:?}"))
-        };
-        if let redis::Value::Array(items) = &reply
-            && let [code, newest, holder] = items.as_slice()
-        {
-            let newest = u64::from_redis_value_ref(newest).map_err(|_| unexpected(&reply))?;
-            let holder = u64::from_redis_value_ref(holder).map_err(|_| unexpected(&reply))?;
-            if i64::from_redis_value_ref(code).ok() == Some(-2) {
-                return Ok(FencedWrite::Refused {
-                    highest: FencingToken::new(newest, holder),
-                });
-            }
-            return Err(unexpected(&reply));
-        }
-        match code_value("fenced_write", reply)? {
-            (Code::Done, _) => Ok(FencedWrite::Written),
-            other => Err(LockError::UnexpectedReply(format!(
-                "fenced_write.lua returned {other:?}"
-            ))),
-        }
+        Ok(match FencedWriteReply::decode(reply)? {
+            FencedWriteReply::Written => FencedWrite::Written,
+            FencedWriteReply::Refused { newest, holder } => FencedWrite::Refused {
+                highest: FencingToken::new(newest, holder),
+            },
+        })
     }
 
     /// The value last stored with [`fenced_write`](Self::fenced_write) for `resource`.

@@ -73,17 +73,15 @@ impl Core {
                 let grant = Arc::new(Grant::new(
                     req.keys.clone(),
                     scope,
-                    req.scope.owner(&self.id_hex),
                     g.value,
                     FencingToken::new(g.token, g.holder),
                     g.seq,
-                    self.config.watchdog_lease,
                     g.valid_until,
                 ));
                 if req.watchdog {
                     let mut st = grant.state();
                     st.watched = 1;
-                    st.next_renewal = Some(Instant::now() + self.watchdog_period());
+                    st.next_renewal = Some(Instant::now() + self.config.watchdog_period());
                     st.renew_until = req.max_hold.and_then(|m| Instant::now().checked_add(m));
                 }
                 ticket.fulfil(grant.clone());
@@ -123,7 +121,7 @@ impl Core {
         linger: u64,
         runtime: &Handle,
     ) -> Result<Turn<Granted>, LockError> {
-        let (value, holder, seq) = self.next_grant(req.scope.id());
+        let (value, holder, seq) = self.next_grant(&req.scope);
         let keys = &req.keys;
         // Until the reply is in, the grant may exist: a cancelled or failed call is
         // undone in the background (the value is this attempt's own).
@@ -134,7 +132,7 @@ impl Core {
                 runtime,
                 "undoing an unfinished acquisition",
                 name,
-                async move { core.undo_call(&keys, &value).await },
+                async move { core.delete_call(&keys, &value).await.map(|_| ()) },
             );
         });
         let lease = req.lease;
@@ -159,7 +157,7 @@ impl Core {
                     // The reply came after the lease it granted: nothing of it can be
                     // relied on, so give it back now rather than block everyone.
                     tracing::warn!(lock = %keys.name, "grant arrived with no validity left; given back");
-                    let result = self.undo_call(keys, &value).await;
+                    let result = self.delete_call(keys, &value).await;
                     undo.disarm();
                     result?;
                     return Ok(Turn::Retry(Duration::ZERO));
@@ -203,7 +201,7 @@ impl Core {
             let short = grant.state().valid_until < needed;
             if short {
                 // Dropping the guard on failure gives the hold back.
-                self.extend_grant(&grant, req.lease, true).await?;
+                self.extend_grant(&grant, req.lease).await?;
             }
         }
         tracing::debug!(lock = %req.keys.name, "lock re-entered");

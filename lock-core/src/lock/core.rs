@@ -12,7 +12,7 @@ use super::registry::{Grant, Loss, Registry};
 use super::watchdog::Watchdog;
 use crate::cleanup;
 use crate::key::LockKeys;
-use crate::owner::ClientId;
+use crate::owner::{ClientId, LockScope};
 use crate::store::Conn;
 use crate::store::scripts::{GrantReply, RELEASE, RENEW, codes};
 use crate::wait::Hub;
@@ -52,38 +52,26 @@ impl Core {
 
     /// A value and a holder id for a new grant: unique per grant (this client's random
     /// id and a counter), so a release or renewal can only touch its own grant.
-    pub(crate) fn next_grant(&self, scope: u64) -> (String, u64, u64) {
+    pub(crate) fn next_grant(&self, scope: &LockScope) -> (String, u64, u64) {
+        use std::fmt::Write as _;
         let seq = self.grants.fetch_add(1, Ordering::Relaxed);
-        let value = format!("{}:{scope}:{seq:x}", self.id_hex);
+        // `<owner>:<grant number>`: the owner id is recovered from it (`Grant::owner`).
+        let mut value = scope.owner(&self.id_hex);
+        let _ = write!(value, ":{seq:x}");
         // Distinct for every grant of this client (an odd multiplier is a bijection),
         // unrelated between clients (their ids are random).
         let holder = self.id.low64() ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15);
         (value, holder, seq)
     }
 
-    /// Sends the release of `grant` (compare-and-delete; publishes if someone waits).
-    pub(crate) async fn release_call(&self, grant: &Grant) -> Result<GrantReply, LockError> {
-        let keys = &grant.keys;
-        let reply = self
-            .conn
-            .eval(&RELEASE, self.conn.timeout(), |c| {
-                c.arg(3)
-                    .arg(&keys.key)
-                    .arg(&keys.waiters)
-                    .arg(&keys.channel)
-                    .arg(&grant.value)
-                    .arg(&self.id_hex);
-            })
-            .await?;
-        let r = GrantReply::decode("release", reply)?;
-        if r == GrantReply::Done {
-            self.hub.notify_local(&keys.channel);
-        }
-        Ok(r)
-    }
-
-    /// Deletes a grant whose acquisition reply is unknown or came too late (value `value`).
-    pub(crate) async fn undo_call(&self, keys: &LockKeys, value: &str) -> Result<(), LockError> {
+    /// Deletes the grant with value `value` if the lock still holds it
+    /// (compare-and-delete; publishes if someone waits, and wakes this client's
+    /// waiters). Used by releases and by the undo of an unfinished acquisition.
+    pub(crate) async fn delete_call(
+        &self,
+        keys: &LockKeys,
+        value: &str,
+    ) -> Result<GrantReply, LockError> {
         let reply = self
             .conn
             .eval(&RELEASE, self.conn.timeout(), |c| {
@@ -95,10 +83,11 @@ impl Core {
                     .arg(&self.id_hex);
             })
             .await?;
-        if GrantReply::decode("release", reply)? == GrantReply::Done {
+        let r = GrantReply::decode("release", reply)?;
+        if r == GrantReply::Done {
             self.hub.notify_local(&keys.channel);
         }
-        Ok(())
+        Ok(r)
     }
 
     /// Gives back the last hold of a live grant (`lost`: of a grant already lost, which
@@ -112,7 +101,7 @@ impl Core {
     ) -> Result<Released, LockError> {
         self.watchdog.unschedule(grant);
         let background = cleanup::OnDrop::new(|| self.release_in_background(grant, lost, runtime));
-        let reply = self.release_call(grant).await;
+        let reply = self.delete_call(&grant.keys, &grant.value).await;
         background.disarm();
         if lost.is_none() {
             self.registry.released(&grant.keys.key);
@@ -126,14 +115,8 @@ impl Core {
             (GrantReply::Done, Some(loss)) | (GrantReply::Expired, Some(loss)) => {
                 Err(loss.error(name))
             }
-            (GrantReply::Expired, None) => {
-                self.registry.lose(grant, Loss::Expired);
-                Err(Loss::Expired.error(name))
-            }
-            (GrantReply::NotOwner, _) => {
-                self.registry.lose(grant, Loss::TakenOver);
-                Err(Loss::TakenOver.error(name))
-            }
+            (GrantReply::Expired, None) => Err(self.lose(grant, Loss::Expired)),
+            (GrantReply::NotOwner, _) => Err(self.lose(grant, Loss::TakenOver)),
         }
     }
 
@@ -144,7 +127,6 @@ impl Core {
         lost: Option<Loss>,
         runtime: &Handle,
     ) {
-        self.watchdog.unschedule(grant);
         let (core, grant, rt) = (self.clone(), grant.clone(), runtime.clone());
         cleanup::spawn(
             runtime,
@@ -154,26 +136,17 @@ impl Core {
         );
     }
 
-    /// Sets the lease of `grant` to `lease` from now (one renew call). Never leaves the
-    /// lease shorter than what other holds rely on when `keep` is set.
+    /// Lengthens the lease of `grant` to `lease` from now (one renew call; the script
+    /// never shortens a lease, so what any hold was told stays true).
     pub(crate) async fn extend_grant(
         &self,
         grant: &Arc<Grant>,
         lease: Duration,
-        keep: bool,
     ) -> Result<(), LockError> {
         let name = &grant.keys.name;
-        let lease = {
-            let st = grant.state();
-            if let Some(loss) = st.lost {
-                return Err(loss.error(name));
-            }
-            if keep {
-                lease.max(st.valid_until.saturating_duration_since(Instant::now()) + drift(lease))
-            } else {
-                lease
-            }
-        };
+        if let Some(loss) = grant.state().lost {
+            return Err(loss.error(name));
+        }
         let sent = Instant::now();
         let reply = self
             .conn
@@ -195,19 +168,15 @@ impl Core {
                 self.watchdog.schedule(grant);
                 Ok(())
             }
-            GrantReply::Expired => {
-                self.registry.lose(grant, Loss::Expired);
-                Err(Loss::Expired.error(name))
-            }
-            GrantReply::NotOwner => {
-                self.registry.lose(grant, Loss::TakenOver);
-                Err(Loss::TakenOver.error(name))
-            }
+            GrantReply::Expired => Err(self.lose(grant, Loss::Expired)),
+            GrantReply::NotOwner => Err(self.lose(grant, Loss::TakenOver)),
         }
     }
 
-    pub(crate) fn watchdog_period(&self) -> Duration {
-        self.config.watchdog_period()
+    /// Marks `grant` lost for `loss` and returns the matching error.
+    fn lose(&self, grant: &Arc<Grant>, loss: Loss) -> LockError {
+        self.registry.lose(grant, loss);
+        loss.error(&grant.keys.name)
     }
 }
 

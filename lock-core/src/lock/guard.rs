@@ -94,7 +94,7 @@ impl LockGuard {
 
     /// The owner id this guard holds the lock as (client id and scope).
     pub fn owner(&self) -> &str {
-        &self.grant.owner
+        self.grant.owner()
     }
 
     /// The value this grant wrote to the lock key in Redis (unique per grant; shared
@@ -186,8 +186,7 @@ impl LockGuard {
     /// [`lost`](Self::lost)) if the lock is gone.
     pub async fn extend(&self, lease: Duration) -> Result<(), LockError> {
         check_lease("lease", lease)?;
-        let shared = self.grant.state().holds > 1;
-        self.core.extend_grant(&self.grant, lease, shared).await
+        self.core.extend_grant(&self.grant, lease).await
     }
 
     /// Takes the same lock again as the same owner (a re-entered hold; no waiting, no

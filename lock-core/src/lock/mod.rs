@@ -12,9 +12,11 @@ pub(crate) mod config;
 pub(crate) mod core;
 mod guard;
 pub(crate) mod registry;
+mod request;
 mod watchdog;
 
 pub use guard::{LockGuard, Released};
+pub(crate) use request::{Request, Resolved};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,12 +25,12 @@ use redis::IntoConnectionInfo;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tracing::Instrument;
 
-use self::config::{LockConfig, LockOptions, check_lease};
+use self::config::{LockConfig, LockOptions};
 use self::core::Core;
+use crate::LockError;
 use crate::key::{self, LockKeys, LockName};
-use crate::owner::{ClientId, LockScope};
-use crate::store::{ClusterStore, Conn, SingleStore};
-use crate::{Lease, LockError};
+use crate::owner::ClientId;
+use crate::store::{Conn, RedisStore};
 
 /// A handle on one Redis deployment for taking distributed locks.
 ///
@@ -64,16 +66,6 @@ impl std::fmt::Debug for LockClient {
             .field("held", &self.inner.registry.len())
             .finish_non_exhaustive()
     }
-}
-
-/// What the caller wants, resolved against the config.
-#[derive(Debug, Clone)]
-pub(crate) struct Request {
-    pub(crate) keys: LockKeys,
-    pub(crate) scope: LockScope,
-    pub(crate) lease: Duration,
-    pub(crate) watchdog: bool,
-    pub(crate) max_hold: Option<Duration>,
 }
 
 impl LockClient {
@@ -132,7 +124,7 @@ impl LockClient {
         config: LockConfig,
     ) -> Result<Self, LockError> {
         config.validate()?;
-        let conn = Conn::new(SingleStore(manager), config.command_timeout);
+        let conn = Conn::new(RedisStore::single(manager), config.command_timeout);
         Self::build(conn, pubsub.into_iter().collect(), config)
     }
 
@@ -210,7 +202,7 @@ impl LockClient {
         config: LockConfig,
     ) -> Result<Self, LockError> {
         config.validate()?;
-        let conn = Conn::new(ClusterStore(conn), config.command_timeout);
+        let conn = Conn::new(RedisStore::cluster(conn), config.command_timeout);
         Self::build(conn, pubsub, config)
     }
 
@@ -271,33 +263,9 @@ impl LockClient {
         options: LockOptions,
     ) -> Result<LockGuard, LockError> {
         let c = &self.inner.config;
-        let delimiter = match options.delimiter {
-            Some(d) => {
-                key::validate_delimiter(d)?;
-                d
-            }
-            None => &c.delimiter,
-        };
-        let keys = key::lock_keys(&c.namespace, delimiter, &name)?;
-        let (lease, watchdog) = match options.lease.unwrap_or(c.lease) {
-            Lease::Fixed(d) => {
-                check_lease("lease", d)?;
-                (d, false)
-            }
-            Lease::Watchdog => (c.watchdog_lease, true),
-        };
-        let scope = options
-            .scope
-            .or_else(LockScope::current)
-            .unwrap_or_default();
-        let request = Request {
-            keys,
-            scope,
-            lease,
-            watchdog,
-            max_hold: options.max_hold.or(c.max_hold),
-        };
-        let wait = options.wait.unwrap_or(c.wait);
+        let resolved = Resolved::new(c, options)?;
+        let request = resolved.request(&c.namespace, &name)?;
+        let wait = resolved.wait;
         let span = tracing::debug_span!("lock.acquire", lock = %request.keys.name, ?wait);
         self.inner.acquire(&request, wait).instrument(span).await
     }

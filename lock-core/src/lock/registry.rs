@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::sync::futures::OwnedNotified;
 use tokio::sync::{Notify, watch};
@@ -40,11 +40,9 @@ impl Loss {
 /// One grant: a value written to the lock key by one successful acquire.
 #[derive(Debug)]
 pub(crate) struct Grant {
-    pub(crate) keys: LockKeys,
+    pub(crate) keys: Arc<LockKeys>,
     pub(crate) scope: u64,
-    /// Owner id (client id and scope), for display.
-    pub(crate) owner: String,
-    /// The value in Redis: unique to this grant.
+    /// The value in Redis: unique to this grant (`<owner>:<grant number>`).
     pub(crate) value: String,
     pub(crate) token: FencingToken,
     /// Unique per grant in this client (the watchdog's queue key).
@@ -59,8 +57,6 @@ pub(crate) struct GrantState {
     pub(crate) holds: u32,
     /// Holds that asked for the watchdog lease.
     pub(crate) watched: u32,
-    /// The lease the watchdog applies.
-    pub(crate) watchdog_lease: Duration,
     /// The lease is known to last at least until then (measured from before the
     /// request that set it, less the drift allowance).
     pub(crate) valid_until: Instant,
@@ -81,19 +77,16 @@ pub(crate) struct GrantState {
 impl Grant {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        keys: LockKeys,
+        keys: Arc<LockKeys>,
         scope: u64,
-        owner: String,
         value: String,
         token: FencingToken,
         seq: u64,
-        watchdog_lease: Duration,
         valid_until: Instant,
     ) -> Self {
         Self {
             keys,
             scope,
-            owner,
             value,
             token,
             seq,
@@ -101,7 +94,6 @@ impl Grant {
             state: Mutex::new(GrantState {
                 holds: 1,
                 watched: 0,
-                watchdog_lease,
                 valid_until,
                 next_renewal: None,
                 renew_until: None,
@@ -111,6 +103,13 @@ impl Grant {
                 queued: None,
             }),
         }
+    }
+
+    /// The owner id (client id and scope): the value less its grant number.
+    pub(crate) fn owner(&self) -> &str {
+        self.value
+            .rsplit_once(':')
+            .map_or(self.value.as_str(), |(owner, _)| owner)
     }
 
     pub(crate) fn state(&self) -> MutexGuard<'_, GrantState> {
@@ -350,22 +349,22 @@ impl Drop for Ticket<'_> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::key::lock_keys;
 
     fn grant(reg: &Registry, scope: u64) -> Arc<Grant> {
-        let keys = lock_keys("t", ":", "x").unwrap();
+        let keys = Arc::new(lock_keys("t", ":", "x").unwrap());
         let Enter::Acquire(ticket) = reg.enter(&keys.key, scope, false) else {
             panic!("expected a fresh acquisition");
         };
         let g = Arc::new(Grant::new(
             keys,
             scope,
-            format!("c:{scope}"),
-            "v".into(),
+            format!("c:{scope}:1"),
             FencingToken::new(1, 1),
             1,
-            Duration::from_secs(30),
             Instant::now() + Duration::from_secs(30),
         ));
         ticket.fulfil(g.clone());

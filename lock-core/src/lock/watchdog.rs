@@ -35,6 +35,8 @@ pub(crate) struct Watchdog {
 struct Shared {
     conn: Conn,
     registry: Arc<Registry>,
+    /// The lease renewals apply.
+    lease: Duration,
     period: Duration,
     wake: Arc<Notify>,
     queue: Mutex<Queue>,
@@ -54,6 +56,7 @@ impl Watchdog {
             shared: Arc::new(Shared {
                 conn,
                 registry,
+                lease: config.watchdog_lease,
                 period: config.watchdog_period(),
                 wake: Arc::new(Notify::new()),
                 queue: Mutex::new(Queue::default()),
@@ -134,7 +137,7 @@ impl Shared {
                 st.queued = None;
                 drop(st);
                 if self.registry.lose(&grant, Loss::Expired) {
-                    tracing::warn!(lock = %grant.keys.name, owner = %grant.owner, "lock lost: its lease ran out before a renewal confirmed more");
+                    tracing::warn!(lock = %grant.keys.name, owner = %grant.owner(), "lock lost: its lease ran out before a renewal confirmed more");
                 }
                 continue;
             }
@@ -222,15 +225,14 @@ impl Shared {
     /// Renews one batch; the call is bounded by the longest lease left in it.
     async fn renew(self: Arc<Self>, batch: Vec<Arc<Grant>>) {
         let sent = Instant::now();
-        let mut leases = Vec::with_capacity(batch.len());
-        let mut left = Duration::ZERO;
-        for grant in &batch {
-            let st = grant.state();
-            let remaining = st.valid_until.saturating_duration_since(sent);
-            left = left.max(remaining);
-            // Never shorten what the grant's other holds rely on.
-            leases.push(st.watchdog_lease.max(remaining + drift(remaining)));
-        }
+        // The script never shortens a lease, so the watchdog lease is safe to send
+        // whatever longer lease a grant's other holds were told.
+        let lease = self.lease;
+        let left = batch
+            .iter()
+            .map(|g| g.state().valid_until.saturating_duration_since(sent))
+            .max()
+            .unwrap_or_default();
         let reply = self
             .conn
             .eval(&RENEW, left.max(Duration::from_millis(1)), |c| {
@@ -241,7 +243,7 @@ impl Shared {
                 for grant in &batch {
                     c.arg(&grant.value);
                 }
-                for lease in &leases {
+                for _ in &batch {
                     c.arg(lease.as_millis() as u64);
                 }
             })
@@ -250,7 +252,7 @@ impl Shared {
         match reply {
             Ok(codes) => {
                 tracing::trace!(locks = batch.len(), "watchdog renewed");
-                for ((grant, code), lease) in batch.iter().zip(codes).zip(leases) {
+                for (grant, code) in batch.iter().zip(codes) {
                     let outcome = GrantReply::from_code("renew", code);
                     match outcome {
                         Ok(GrantReply::Done) => {

@@ -16,11 +16,10 @@ use redis::IntoConnectionInfo;
 pub use guard::RedlockGuard;
 
 use crate::key::{self, LockKeys, LockName};
-use crate::lock::Request;
-use crate::lock::config::{LockConfig, LockOptions, check_lease};
-use crate::owner::LockScope;
+use crate::lock::config::{LockConfig, LockOptions};
+use crate::lock::{Request, Resolved};
 use crate::wait::{Turn, wait_for_turn};
-use crate::{Lease, LockClient, LockError, LockGuard};
+use crate::{LockClient, LockError, LockGuard};
 
 /// The default per-node time limit of one Redlock request.
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(200);
@@ -198,43 +197,14 @@ impl Redlock {
         name: N,
         options: LockOptions,
     ) -> Result<RedlockGuard, LockError> {
-        let c = &self.inner.config;
-        let delimiter = match options.delimiter {
-            Some(d) => {
-                key::validate_delimiter(d)?;
-                d
-            }
-            None => &c.delimiter,
-        };
-        let keys = self
+        let resolved = Resolved::new(&self.inner.config, options)?;
+        let requests = self
             .inner
             .nodes
             .iter()
-            .map(|n| key::lock_keys(&n.config().namespace, delimiter, &name))
+            .map(|n| resolved.request(&n.config().namespace, &name))
             .collect::<Result<Vec<_>, _>>()?;
-        let (lease, watchdog) = match options.lease.unwrap_or(c.lease) {
-            Lease::Fixed(d) => {
-                check_lease("lease", d)?;
-                (d, false)
-            }
-            Lease::Watchdog => (c.watchdog_lease, true),
-        };
-        let scope = options
-            .scope
-            .or_else(LockScope::current)
-            .unwrap_or_default();
-        let wait = options.wait.unwrap_or(c.wait);
-        let max_hold = options.max_hold.or(c.max_hold);
-        let requests: Vec<Request> = keys
-            .into_iter()
-            .map(|keys| Request {
-                keys,
-                scope: scope.clone(),
-                lease,
-                watchdog,
-                max_hold,
-            })
-            .collect();
+        let wait = resolved.wait;
         let span = tracing::debug_span!("redlock.acquire", lock = %requests[0].keys.name, ?wait);
         tracing::Instrument::instrument(self.acquire_requests(requests, wait), span).await
     }

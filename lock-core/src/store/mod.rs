@@ -1,17 +1,16 @@
 //! The seam to a Redis deployment: the one place that talks to Redis.
 //!
 //! [`Store`] is what the rest of the crate needs from a deployment: run a script, run a
-//! plain command, tell where pub/sub connections may go, and say which keys may share
-//! one script call (one hash slot on a Cluster, anything on one node). It has two
-//! implementations: [`single`] (one node, a reconnecting `ConnectionManager`) and
-//! [`cluster`] (a Redis Cluster, redis-rs `cluster-async`). [`Conn`] wraps a store with
+//! plain command, and say which keys may share one script call (one hash slot on a
+//! Cluster, anything on one node). [`RedisStore`] implements it for one node (a
+//! reconnecting `ConnectionManager`) and for a Redis Cluster (redis-rs
+//! `cluster-async`). [`Conn`] wraps a store with
 //! the per-call time limit and typed replies; the watchdog's batching, the waiting loop
 //! and the Redlock fan-out are written once against it.
 
-mod cluster;
+mod deployment;
 pub mod key;
 pub(crate) mod scripts;
-mod single;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -22,8 +21,7 @@ use redis::{Cmd, FromRedisValue, ScriptInvocation, Value};
 
 use crate::LockError;
 
-pub(crate) use cluster::ClusterStore;
-pub(crate) use single::SingleStore;
+pub(crate) use deployment::RedisStore;
 
 /// A boxed reply future (the seam is object-safe).
 pub(crate) type Reply<'a> = Pin<Box<dyn Future<Output = redis::RedisResult<Value>> + Send + 'a>>;

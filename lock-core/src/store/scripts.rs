@@ -150,6 +150,43 @@ impl AcquireReply {
     }
 }
 
+/// What `fenced_write.lua` answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FencedWriteReply {
+    Written,
+    /// A newer token, or the same from another holder, came first.
+    Refused {
+        newest: u64,
+        holder: u64,
+    },
+}
+
+impl FencedWriteReply {
+    pub(crate) fn decode(reply: Value) -> Result<Self, LockError> {
+        // `{-2, newest, holder}`: the holder id travels as a string (Lua numbers
+        // cannot hold 64 bits).
+        if let Value::Array(items) = &reply
+            && let [code, newest, holder] = items.as_slice()
+        {
+            let refused = (int(code) == Some(-2))
+                .then(|| Some((u64::try_from(int(newest)?).ok()?, u64_of(holder)?)))
+                .flatten();
+            return match refused {
+                Some((newest, holder)) => Ok(Self::Refused { newest, holder }),
+                None => Err(unexpected("fenced_write", &reply)),
+            };
+        }
+        match code_value("fenced_write", reply)? {
+            (Code::Done, _) => Ok(Self::Written),
+            other => Err(unexpected("fenced_write", &other)),
+        }
+    }
+}
+
+fn u64_of(v: &Value) -> Option<u64> {
+    redis::FromRedisValue::from_redis_value_ref(v).ok()
+}
+
 /// What `release.lua` (and one entry of `renew.lua`) answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum GrantReply {
@@ -273,6 +310,23 @@ mod tests {
             [Code::Done, Code::Expired, Code::NotOwner]
         );
         assert!(codes("renew", arr(&[1, 5]), 2).is_err());
+        assert_eq!(
+            FencedWriteReply::decode(arr(&[1, 7])).unwrap(),
+            FencedWriteReply::Written
+        );
+        let refused = Value::Array(vec![
+            Value::Int(-2),
+            Value::Int(9),
+            Value::BulkString(b"18446744073709551615".to_vec()),
+        ]);
+        assert_eq!(
+            FencedWriteReply::decode(refused).unwrap(),
+            FencedWriteReply::Refused {
+                newest: 9,
+                holder: u64::MAX
+            }
+        );
+        assert!(FencedWriteReply::decode(arr(&[0, 1])).is_err());
         assert!(codes("renew", arr(&[1]), 2).is_err());
     }
 

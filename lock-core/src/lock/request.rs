@@ -1,0 +1,78 @@
+//! Per-call options resolved against a client's config: the one place a lock
+//! request is built, for one deployment and for each node of a Redlock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::config::{LockConfig, LockOptions, check_lease};
+use crate::key::{self, LockKeys, LockName};
+use crate::owner::LockScope;
+use crate::{Lease, LockError};
+
+/// What the caller wants, resolved against the config.
+#[derive(Debug, Clone)]
+pub(crate) struct Request {
+    pub(crate) keys: Arc<LockKeys>,
+    pub(crate) scope: LockScope,
+    pub(crate) lease: Duration,
+    pub(crate) watchdog: bool,
+    pub(crate) max_hold: Option<Duration>,
+}
+
+/// Options resolved once per call (the scope above all: every node of a Redlock must
+/// see the same one); [`request`](Self::request) builds the request for one namespace.
+pub(crate) struct Resolved<'c> {
+    delimiter: &'c str,
+    lease: Duration,
+    watchdog: bool,
+    scope: LockScope,
+    max_hold: Option<Duration>,
+    /// The wait budget.
+    pub(crate) wait: Duration,
+}
+
+impl<'c> Resolved<'c> {
+    /// Checks `options` and fills what they leave out from `config`.
+    pub(crate) fn new(config: &'c LockConfig, options: LockOptions) -> Result<Self, LockError> {
+        let delimiter = match options.delimiter {
+            Some(d) => {
+                key::validate_delimiter(d)?;
+                d
+            }
+            None => &config.delimiter,
+        };
+        let (lease, watchdog) = match options.lease.unwrap_or(config.lease) {
+            Lease::Fixed(d) => {
+                check_lease("lease", d)?;
+                (d, false)
+            }
+            Lease::Watchdog => (config.watchdog_lease, true),
+        };
+        Ok(Self {
+            delimiter,
+            lease,
+            watchdog,
+            scope: options
+                .scope
+                .or_else(LockScope::current)
+                .unwrap_or_default(),
+            max_hold: options.max_hold.or(config.max_hold),
+            wait: options.wait.unwrap_or(config.wait),
+        })
+    }
+
+    /// The request for the lock `name` under `namespace`.
+    pub(crate) fn request<N: LockName + ?Sized>(
+        &self,
+        namespace: &str,
+        name: &N,
+    ) -> Result<Request, LockError> {
+        Ok(Request {
+            keys: Arc::new(key::lock_keys(namespace, self.delimiter, name)?),
+            scope: self.scope.clone(),
+            lease: self.lease,
+            watchdog: self.watchdog,
+            max_hold: self.max_hold,
+        })
+    }
+}
