@@ -6,18 +6,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{client, eventually, exists};
+use common::{client, eventually, exists, get};
 use lock_core::{FencedWrite, Lease, LockClient, LockConfig, LockOptions, LockScope, Released};
 use lock_tests::{RedisServer, TcpProxy};
-
-async fn get(server: &RedisServer, key: &str) -> Option<String> {
-    let mut c = server.connection().await;
-    redis::cmd("GET")
-        .arg(key)
-        .query_async(&mut c)
-        .await
-        .unwrap()
-}
 
 async fn pttl(server: &RedisServer, key: &str) -> i64 {
     let mut c = server.connection().await;

@@ -4,18 +4,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::client;
+use common::{client, get};
 use lock_core::{LockConfig, LockOptions, LockScope, Released};
 use lock_tests::RedisServer;
-
-async fn grant_value(server: &RedisServer, key: &str) -> Option<String> {
-    let mut c = server.connection().await;
-    redis::cmd("GET")
-        .arg(key)
-        .query_async(&mut c)
-        .await
-        .unwrap()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nested_acquisition_in_one_scope_reenters_and_other_scopes_block() {
@@ -37,7 +28,7 @@ async fn nested_acquisition_in_one_scope_reenters_and_other_scopes_block() {
     assert_eq!(inner.owner(), outer.owner());
     assert_eq!(inner.grant_value(), outer.grant_value(), "one grant");
     assert_eq!(
-        grant_value(&server, &hash).await.as_deref(),
+        get(&server, &hash).await.as_deref(),
         Some(outer.grant_value())
     );
 
@@ -53,7 +44,7 @@ async fn nested_acquisition_in_one_scope_reenters_and_other_scopes_block() {
         Released::StillHeld { holds_left: 1 }
     );
     assert_eq!(
-        grant_value(&server, &hash).await.as_deref(),
+        get(&server, &hash).await.as_deref(),
         Some(outer.grant_value())
     );
     assert!(c.try_lock("account").await.unwrap_err().is_busy());
@@ -89,10 +80,7 @@ async fn explicit_scope_and_reenter() {
     let d = a.reenter().await.unwrap();
     assert_eq!(d.fencing_token(), a.fencing_token());
     let hash = c.keys("cart").unwrap().key;
-    assert_eq!(
-        grant_value(&server, &hash).await.as_deref(),
-        Some(a.grant_value())
-    );
+    assert_eq!(get(&server, &hash).await.as_deref(), Some(a.grant_value()));
     // Without a scope every acquisition is its own owner: not reentrant.
     assert!(c.try_lock("cart").await.unwrap_err().is_busy());
     drop(d);

@@ -44,6 +44,16 @@ pub async fn exists(server: &RedisServer, key: &str) -> bool {
         == 1
 }
 
+/// The string value of a Redis key (a lock key holds its grant's value).
+pub async fn get(server: &RedisServer, key: &str) -> Option<String> {
+    let mut c = server.connection().await;
+    redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut c)
+        .await
+        .expect("GET")
+}
+
 /// SHA1 of a script in `lua/`, as EVALSHA shows it in MONITOR.
 pub fn script_sha(file: &str) -> String {
     let (_, src) = lock_core::SCRIPT_SOURCES
