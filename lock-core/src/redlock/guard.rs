@@ -4,9 +4,9 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
 
+use super::quorum::{self, ReleaseTally, ReleaseVerdict, each_within};
 use crate::{FencingToken, LockError, LockGuard, Released};
 
 /// A lock held on a quorum of a [`Redlock`](crate::Redlock)'s nodes.
@@ -108,19 +108,10 @@ impl RedlockGuard {
     /// How long a quorum of copies is known to last from now, less the drift allowance
     /// (zero once fewer than a quorum are held).
     pub fn valid_for(&self) -> Duration {
-        let mut left: Vec<Duration> = self
-            .nodes
-            .iter()
-            .flatten()
-            .map(LockGuard::valid_for)
-            .collect();
-        if left.len() < self.quorum {
-            return Duration::ZERO;
-        }
         // Each copy's lease was measured from before its request; the quorum lasts as
         // long as its quorum-th longest copy.
-        left.sort_unstable_by(|a, b| b.cmp(a));
-        left[self.quorum - 1].saturating_sub(self.drift)
+        let copies = self.nodes.iter().flatten().map(LockGuard::valid_for);
+        quorum::quorum_validity(copies.collect(), self.quorum, self.drift)
     }
 
     /// Resolves once more than N - quorum copies are lost. Never resolves while a
@@ -146,7 +137,7 @@ impl RedlockGuard {
     /// Gives back every copy; the answer of a quorum decides the result.
     pub async fn release(mut self) -> Result<Released, LockError> {
         let timeout = self.node_timeout;
-        let q = self.quorum;
+        let nodes = self.nodes.len();
         // Each copy is released in its own task, so the answer can come as soon as a
         // quorum agrees; the slower copies finish in the background.
         let mut answers: FuturesUnordered<_> = self
@@ -159,67 +150,66 @@ impl RedlockGuard {
                 async move { (i, task.await) }
             })
             .collect();
-        let mut unlocked = 0;
-        let mut still: Vec<u32> = Vec::new();
-        let mut expired = 0;
-        let mut taken = 0;
+        let copies = answers.len();
+        let mut tally = ReleaseTally::default();
         let mut cause = None;
-        while let Some((i, answer)) = answers.next().await {
-            match answer {
-                Ok(Ok(Ok(Released::StillHeld { holds_left }))) => still.push(holds_left),
-                Ok(Ok(Ok(_))) => unlocked += 1,
-                Ok(Ok(Err(e))) if e.is_not_owner() => taken += 1,
-                Ok(Ok(Err(e))) if e.is_expired() => expired += 1,
-                Ok(Ok(Err(e))) => {
-                    cause.get_or_insert_with(|| format!("copy {i}: {e}"));
-                }
-                Ok(Err(_)) => {
-                    cause.get_or_insert_with(|| format!("copy {i}: no answer within {timeout:?}"));
-                }
-                Err(e) => {
-                    cause.get_or_insert_with(|| format!("copy {i}: release task failed: {e}"));
-                }
+        let verdict = loop {
+            if let Some(verdict) = tally.verdict(nodes, copies) {
+                break verdict;
             }
-            if unlocked >= q || still.len() >= q {
-                break;
+            let Some((i, answer)) = answers.next().await else {
+                // Unreachable: every copy answered means a verdict.
+                break ReleaseVerdict::NoQuorum;
+            };
+            let failure = match answer {
+                Ok(Ok(Ok(Released::StillHeld { holds_left }))) => {
+                    tally.still_held.push(holds_left);
+                    None
+                }
+                Ok(Ok(Ok(_))) => {
+                    tally.unlocked += 1;
+                    None
+                }
+                Ok(Ok(Err(e))) if e.is_not_owner() => {
+                    tally.taken += 1;
+                    None
+                }
+                Ok(Ok(Err(e))) if e.is_expired() => {
+                    tally.expired += 1;
+                    None
+                }
+                Ok(Ok(Err(e))) => Some(format!("copy {i}: {e}")),
+                Ok(Err(_)) => Some(format!("copy {i}: no answer within {timeout:?}")),
+                Err(e) => Some(format!("copy {i}: release task failed: {e}")),
+            };
+            if let Some(failure) = failure {
+                tally.failed += 1;
+                cause.get_or_insert(failure);
             }
+        };
+        let key = self.name.clone();
+        match verdict {
+            ReleaseVerdict::Unlocked => Ok(Released::Unlocked),
+            ReleaseVerdict::StillHeld { holds_left } => Ok(Released::StillHeld { holds_left }),
+            ReleaseVerdict::NotOwner => Err(LockError::NotOwner { key }),
+            ReleaseVerdict::Expired => Err(LockError::Expired { key }),
+            ReleaseVerdict::NoQuorum => Err(LockError::NoQuorum {
+                key,
+                op: "release",
+                granted: tally.unlocked + tally.still_held.len(),
+                needed: self.quorum,
+                nodes,
+                cause,
+            }),
         }
-        let key = || self.name.clone();
-        if still.len() >= q {
-            let holds_left = still.iter().copied().min().unwrap_or(1);
-            return Ok(Released::StillHeld { holds_left });
-        }
-        if unlocked + still.len() >= q {
-            return Ok(Released::Unlocked);
-        }
-        if unlocked + still.len() + expired + taken >= q && expired + taken > 0 {
-            return Err(if taken > 0 {
-                LockError::NotOwner { key: key() }
-            } else {
-                LockError::Expired { key: key() }
-            });
-        }
-        Err(LockError::NoQuorum {
-            key: key(),
-            op: "release",
-            granted: unlocked + still.len(),
-            needed: q,
-            nodes: self.nodes.len(),
-            cause,
-        })
     }
 
     /// Sets the lease of every copy to `lease` from now; needs a quorum.
     pub async fn extend(&self, lease: Duration) -> Result<(), LockError> {
         let start = Instant::now();
         let timeout = self.node_timeout;
-        let answers = join_all(
-            self.nodes
-                .iter()
-                .flatten()
-                .map(|g| tokio::time::timeout(timeout, g.extend(lease))),
-        )
-        .await;
+        let copies = self.nodes.iter().flatten();
+        let answers = each_within(timeout, copies, |g| g.extend(lease)).await;
         let mut ok = 0;
         let mut cause = None;
         for answer in answers {
@@ -233,9 +223,7 @@ impl RedlockGuard {
                 }
             }
         }
-        let elapsed = start.elapsed();
-        let drift = super::drift(lease);
-        if ok >= self.quorum && elapsed + drift < lease {
+        if quorum::extended(self.nodes.len(), ok, lease, start.elapsed()) {
             return Ok(());
         }
         Err(LockError::NoQuorum {
@@ -252,27 +240,28 @@ impl RedlockGuard {
     /// re-entered hold; no waiting); needs a quorum.
     pub async fn reenter(&self) -> Result<RedlockGuard, LockError> {
         let timeout = self.node_timeout;
-        let answers = join_all(self.nodes.iter().map(|g| async move {
+        // Nodes without a copy answer `None` at once.
+        let answers = each_within(timeout, &self.nodes, |g| async move {
             match g {
-                Some(g) => Some(tokio::time::timeout(timeout, g.reenter()).await),
+                Some(g) => Some(g.reenter().await),
                 None => None,
             }
-        }))
+        })
         .await;
         let mut cause = None;
         let nodes: Vec<Option<LockGuard>> = answers
             .into_iter()
             .map(|a| match a {
-                Some(Ok(Ok(g))) => Some(g),
-                Some(Ok(Err(e))) => {
+                Ok(Some(Ok(g))) => Some(g),
+                Ok(Some(Err(e))) => {
                     cause.get_or_insert_with(|| e.to_string());
                     None
                 }
-                Some(Err(_)) => {
+                Err(_) => {
                     cause.get_or_insert_with(|| format!("no answer within {timeout:?}"));
                     None
                 }
-                None => None,
+                Ok(None) => None,
             })
             .collect();
         let granted = nodes.iter().flatten().count();

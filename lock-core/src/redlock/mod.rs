@@ -1,16 +1,17 @@
 //! `Redlock`: one lock over N independent Redis masters, granted by a majority.
 //!
-//! Each node is an ordinary [`LockClient`], so every node runs the same scripts as a
-//! single-node lock (reentrant hash, lease, release message) and keeps its own
-//! watchdog; this module adds the quorum on top: parallel fan-out with a per-node
-//! timeout, the validity computation, and the aggregate lost signal.
+//! Each node is an ordinary [`LockClient`], so every node runs the same grant
+//! protocol as a single-node lock (a value per grant, lease, release message) and keeps
+//! its own watchdog; this module adds the quorum on top: parallel fan-out with a
+//! per-node timeout ([`quorum::each_within`]), the verdicts (pure functions in
+//! [`quorum`]), and the aggregate lost signal.
 
 mod guard;
+mod quorum;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::future::join_all;
 use redis::IntoConnectionInfo;
 
 pub use guard::RedlockGuard;
@@ -166,7 +167,7 @@ impl Redlock {
 
     /// Nodes that must agree: N/2 + 1.
     pub fn quorum(&self) -> usize {
-        self.inner.nodes.len() / 2 + 1
+        quorum::quorum(self.inner.nodes.len())
     }
 
     /// The nodes, in the order given.
@@ -270,12 +271,14 @@ impl Redlock {
     async fn round(&self, requests: &[Request]) -> Round {
         let timeout = self.inner.node_timeout;
         let started = Instant::now();
-        let asks = self.inner.nodes.iter().zip(requests).map(|(node, req)| {
-            // An answer that comes too late is dropped mid-request; the node client then
-            // undoes the possible grant in the background.
-            tokio::time::timeout(timeout, node.inner.acquire(req, Duration::ZERO))
-        });
-        let answers = join_all(asks).await;
+        // An answer that comes too late is dropped mid-request; the node client then
+        // undoes the possible grant in the background.
+        let answers = quorum::each_within(
+            timeout,
+            self.inner.nodes.iter().zip(requests),
+            |(node, req)| node.inner.acquire(req, Duration::ZERO),
+        )
+        .await;
         let elapsed = started.elapsed();
         let mut round = Round {
             guards: Vec::with_capacity(answers.len()),
@@ -326,42 +329,34 @@ impl Redlock {
         lease: Duration,
         name: &str,
     ) -> Result<RedlockGuard, Failure> {
-        let quorum = self.quorum();
-        let drift = drift(lease);
-        let validity = lease.checked_sub(round.elapsed + drift).unwrap_or_default();
-        let failure = Failure {
-            key: name.to_owned(),
-            nodes: self.inner.nodes.len(),
-            quorum,
-            granted: round.granted,
-            busy: round.busy,
-            retry_after: round.retry_after,
-            answered: round.answered,
-            cause: round.cause,
-            elapsed: round.elapsed,
-            lease,
-            too_late: round.granted >= quorum,
-        };
-        if round.granted >= quorum && !validity.is_zero() {
+        let nodes = self.inner.nodes.len();
+        let verdict =
+            quorum::acquire_verdict(nodes, round.granted, round.busy, lease, round.elapsed);
+        if let quorum::Acquired::Granted { .. } = verdict {
             return Ok(RedlockGuard::new(
                 name.to_owned(),
                 round.guards,
-                quorum,
-                drift,
+                self.quorum(),
+                drift(lease),
                 self.inner.node_timeout,
             ));
         }
         // Give back every copy we got before trying again, so that our own next attempt
         // cannot race with these releases.
-        let timeout = self.inner.node_timeout;
-        let releases = round
-            .guards
-            .into_iter()
-            .flatten()
-            .map(|g| tokio::time::timeout(timeout, g.release()));
-        join_all(releases).await;
-        tracing::debug!(lock = %name, granted = failure.granted, needed = quorum, busy = failure.busy, elapsed = ?failure.elapsed, "redlock attempt failed");
-        Err(failure)
+        let copies = round.guards.into_iter().flatten();
+        quorum::each_within(self.inner.node_timeout, copies, LockGuard::release).await;
+        tracing::debug!(lock = %name, granted = round.granted, needed = self.quorum(), busy = round.busy, elapsed = ?round.elapsed, "redlock attempt failed");
+        Err(Failure {
+            key: name.to_owned(),
+            verdict,
+            nodes,
+            granted: round.granted,
+            retry_after: round.retry_after,
+            answered: round.answered,
+            cause: round.cause,
+            elapsed: round.elapsed,
+            lease,
+        })
     }
 }
 
@@ -370,49 +365,40 @@ pub(crate) use crate::lock::config::drift;
 /// Why an attempt did not grant.
 struct Failure {
     key: String,
+    verdict: quorum::Acquired,
     nodes: usize,
-    quorum: usize,
     granted: usize,
-    busy: usize,
     retry_after: Option<Duration>,
     answered: Option<usize>,
     cause: Option<String>,
     elapsed: Duration,
     lease: Duration,
-    too_late: bool,
 }
 
 impl Failure {
     fn into_error(self, wait: Duration, waited: Duration) -> LockError {
-        if self.too_late {
-            return LockError::ValidityExhausted {
+        match self.verdict {
+            quorum::Acquired::TooLate => LockError::ValidityExhausted {
                 key: self.key,
                 elapsed: self.elapsed,
                 lease: self.lease,
-            };
-        }
-        // Enough nodes answered that the quorum was only missed because others hold
-        // the lock: contention, as on one node.
-        if self.busy > 0 && self.granted + self.busy >= self.quorum {
-            return if wait.is_zero() {
-                LockError::Busy {
-                    key: self.key,
-                    retry_after: self.retry_after.unwrap_or_default(),
-                }
-            } else {
-                LockError::Timeout {
-                    key: self.key,
-                    waited,
-                }
-            };
-        }
-        LockError::NoQuorum {
-            key: self.key,
-            op: "acquire",
-            granted: self.granted,
-            needed: self.quorum,
-            nodes: self.nodes,
-            cause: self.cause,
+            },
+            quorum::Acquired::Contended if wait.is_zero() => LockError::Busy {
+                key: self.key,
+                retry_after: self.retry_after.unwrap_or_default(),
+            },
+            quorum::Acquired::Contended => LockError::Timeout {
+                key: self.key,
+                waited,
+            },
+            quorum::Acquired::NoQuorum | quorum::Acquired::Granted { .. } => LockError::NoQuorum {
+                key: self.key,
+                op: "acquire",
+                granted: self.granted,
+                needed: quorum::quorum(self.nodes),
+                nodes: self.nodes,
+                cause: self.cause,
+            },
         }
     }
 }
