@@ -38,20 +38,21 @@ impl LockName for MacroName<'_> {
     }
 }
 
-/// Takes the lock `prefix<delim>part<delim>...` for an annotated fn, on any lock store.
+/// Takes the lock `prefix<delim>part<delim>...` for an annotated fn, on any lock store;
+/// without a `delimiter` argument, the store's configured one (as `client.lock()`).
 pub async fn acquire<L: DistributedLock>(
     client: &L,
     prefix: &'static str,
-    delimiter: &'static str,
+    delimiter: Option<&'static str>,
     parts: &[&(dyn KeyPart + Sync)],
     lease: Option<Duration>,
     wait: Duration,
 ) -> Result<L::Guard, LockError> {
     let lease = lease.map_or(Lease::Watchdog, Lease::Fixed);
-    let options = LockOptions::new()
-        .lease(lease)
-        .wait(wait)
-        .delimiter(delimiter);
+    let mut options = LockOptions::new().lease(lease).wait(wait);
+    if let Some(delimiter) = delimiter {
+        options = options.delimiter(delimiter);
+    }
     client.acquire(MacroName { prefix, parts }, options).await
 }
 

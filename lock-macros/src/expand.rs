@@ -85,10 +85,10 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
             }
         },
     };
-    let delimiter = args
-        .delimiter
-        .as_ref()
-        .map_or_else(|| quote!(":"), |d| quote!(#d));
+    let delimiter = args.delimiter.as_ref().map_or_else(
+        || quote!(::core::option::Option::None),
+        |d| quote!(::core::option::Option::Some(#d)),
+    );
     let lease = match &args.expire {
         Some(m) => {
             let ms = m.ms;

@@ -43,7 +43,7 @@
 //! | `expire = "10s"` | fixed lease: `"500ms"`, `"10s"`, `"2m"`, `"1h"` or an integer of seconds | the watchdog renews while the body runs |
 //! | `wait = "2s"` | how long to wait for a busy lock | `0`: reject a concurrent duplicate at once |
 //! | `release = "on_expiry"` | keep the lock until `expire` passes (an anti-resubmit window) | `"on_return"`: release when the body ends |
-//! | `delimiter = "-"` | joins prefix and key parts (escaped inside parts) | `":"` |
+//! | `delimiter = "-"` | joins prefix and key parts (escaped inside parts) | the client's configured delimiter (`":"` unless changed) |
 //! | `client = app.locks` | an expression giving the `LockClient` (or a smart pointer to one) | the client from `lock_core::install_global` |
 //!
 //! One example per argument (each compiles; running needs a Redis):

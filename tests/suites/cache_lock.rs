@@ -351,3 +351,33 @@ async fn released_on_abort_panic_and_error() {
     );
     assert_eq!(locks.held_count(), 0);
 }
+
+#[cache_lock(prefix = "pay", key = order, expire = "5s", wait = "0ms", client = locks)]
+async fn pay(
+    locks: &LockClient,
+    order: u64,
+    held: tokio::sync::oneshot::Sender<()>,
+) -> Result<(), LockError> {
+    let _ = held.send(());
+    std::future::pending().await
+}
+
+/// Without `delimiter`, the attribute locks the name `client.lock()` would: the client's
+/// configured delimiter, not ":".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_delimiter_the_clients_delimiter_is_used() {
+    let server = RedisServer::start();
+    let locks = client(&server, LockConfig::new().with_delimiter("|")).await;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task = {
+        let locks = locks.clone();
+        tokio::spawn(async move { pay(&locks, 42, tx).await })
+    };
+    rx.await.unwrap();
+    let key = locks.keys(("pay", 42_u64)).unwrap().key;
+    assert!(key.contains("pay|42"), "{key}");
+    assert!(exists(&server, &key).await, "the macro locked another key");
+    let busy = locks.try_lock(("pay", 42_u64)).await.unwrap_err();
+    assert!(busy.is_busy(), "{busy}");
+    task.abort();
+}
