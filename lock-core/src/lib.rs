@@ -81,6 +81,7 @@ mod rate;
 mod redlock;
 mod semaphore;
 mod store;
+mod stores;
 mod traits;
 mod wait;
 
@@ -97,4 +98,5 @@ pub use rate::{Decision, LimitRule, RateLimit, RateLimiter, RuleDecision, RuleLi
 pub use redlock::{DEFAULT_NODE_TIMEOUT, Redlock, RedlockGuard};
 pub use semaphore::{MAX_PERMITS_PER_ACQUIRE, Permits, Semaphore, SemaphoreOptions};
 pub use store::scripts::SOURCES as SCRIPT_SOURCES;
+pub use stores::{MemoryLocks, StoreGuard};
 pub use traits::{DistributedLock, HeldLock};

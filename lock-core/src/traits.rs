@@ -145,6 +145,42 @@ impl HeldLock for crate::RedlockGuard {
     }
 }
 
+impl DistributedLock for crate::MemoryLocks {
+    type Guard = crate::StoreGuard;
+
+    fn acquire<N: LockName + Send + Sync>(
+        &self,
+        name: N,
+        options: LockOptions,
+    ) -> impl Future<Output = Result<Self::Guard, LockError>> + Send {
+        crate::MemoryLocks::acquire(self, name, options)
+    }
+}
+
+impl HeldLock for crate::StoreGuard {
+    fn name(&self) -> &str {
+        crate::StoreGuard::name(self)
+    }
+    fn is_held(&self) -> bool {
+        crate::StoreGuard::is_held(self)
+    }
+    fn valid_for(&self) -> Duration {
+        crate::StoreGuard::valid_for(self)
+    }
+    fn token(&self) -> Option<FencingToken> {
+        self.fencing_token()
+    }
+    fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        crate::StoreGuard::lost(self)
+    }
+    fn release(self) -> impl Future<Output = Result<Released, LockError>> + Send {
+        crate::StoreGuard::release(self)
+    }
+    fn hold_until_expiry(self) {
+        crate::StoreGuard::hold_until_expiry(self)
+    }
+}
+
 impl<T: DistributedLock + ?Sized> DistributedLock for &T {
     type Guard = T::Guard;
 

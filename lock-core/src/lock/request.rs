@@ -22,11 +22,11 @@ pub(crate) struct Request {
 /// Options resolved once per call (the scope above all: every node of a Redlock must
 /// see the same one); [`request`](Self::request) builds the request for one namespace.
 pub(crate) struct Resolved<'c> {
-    delimiter: &'c str,
-    lease: Duration,
-    watchdog: bool,
-    scope: LockScope,
-    max_hold: Option<Duration>,
+    pub(crate) delimiter: &'c str,
+    pub(crate) lease: Duration,
+    pub(crate) watchdog: bool,
+    pub(crate) scope: LockScope,
+    pub(crate) max_hold: Option<Duration>,
     /// The wait budget.
     pub(crate) wait: Duration,
 }

@@ -344,7 +344,10 @@ pub(crate) fn fenced_keys<N: LockName + ?Sized>(
     ))
 }
 
-fn escaped_name<N: LockName + ?Sized>(delimiter: &str, name: &N) -> Result<String, LockError> {
+pub(crate) fn escaped_name<N: LockName + ?Sized>(
+    delimiter: &str,
+    name: &N,
+) -> Result<String, LockError> {
     let mut w = NameWriter {
         delimiter,
         out: String::new(),

@@ -1,0 +1,292 @@
+//! The in-memory store: the lock promises, on tokio's paused clock (deterministic).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lock_core::{
+    DistributedLock, Lease, LockConfig, LockError, LockOptions, LockScope, MemoryLocks, Released,
+    StoreGuard,
+};
+use tokio::time::Instant;
+
+const MS: fn(u64) -> Duration = Duration::from_millis;
+
+fn fixed(ms: u64) -> LockOptions {
+    LockOptions::new().lease(Lease::Fixed(MS(ms)))
+}
+
+#[tokio::test(start_paused = true)]
+async fn busy_then_a_release_wakes_the_waiter_at_once() {
+    let locks = MemoryLocks::new();
+    let holder = locks.acquire("x", fixed(5_000)).await.unwrap();
+    match locks.try_lock("x").await {
+        Err(LockError::Busy { retry_after, .. }) => assert_eq!(retry_after, MS(5_000)),
+        other => panic!("expected busy, got {other:?}"),
+    }
+    let start = Instant::now();
+    let waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move { locks.acquire("x", fixed(1_000).wait(MS(60_000))).await })
+    };
+    tokio::time::sleep(MS(300)).await;
+    assert_eq!(holder.release().await.unwrap(), Released::Unlocked);
+    let got = waiter.await.unwrap().unwrap();
+    // Woken by the release, not by the holder's lease end.
+    assert_eq!(start.elapsed(), MS(300));
+    assert!(got.is_held());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_times_out_with_the_budget() {
+    let locks = MemoryLocks::new();
+    let _holder = locks.lock("x").await.unwrap();
+    let start = Instant::now();
+    let err = locks
+        .acquire("x", LockOptions::new().wait(MS(250)))
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    assert_eq!(start.elapsed(), MS(250));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fixed_lease_ends_lost_fires_and_another_owner_gets_in() {
+    let locks = MemoryLocks::new();
+    let first = locks.acquire("x", fixed(1_000)).await.unwrap();
+    let t1 = first.fencing_token().unwrap();
+    let start = Instant::now();
+    first.lost().await;
+    assert_eq!(start.elapsed(), MS(1_000));
+    assert!(!first.is_held());
+    assert_eq!(first.valid_for(), Duration::ZERO);
+    let second = locks.try_lock("x").await.unwrap();
+    assert!(second.fencing_token().unwrap() > t1, "tokens grow");
+    let err = first.release().await.unwrap_err();
+    assert!(err.is_not_owner(), "{err}");
+    second.release().await.unwrap();
+    // Lost with nobody in: expired.
+    let third = locks.acquire("x", fixed(10)).await.unwrap();
+    tokio::time::sleep(MS(20)).await;
+    assert!(third.release().await.unwrap_err().is_expired());
+}
+
+#[tokio::test(start_paused = true)]
+async fn reentrancy_per_scope_and_drop_then_relock_keeps_others_out() {
+    let locks = MemoryLocks::new();
+    let scope = LockScope::new();
+    let in_scope = |ms| fixed(ms).scope(&scope);
+    let outer = locks.acquire("x", in_scope(1_000)).await.unwrap();
+    let inner = locks.acquire("x", in_scope(30_000)).await.unwrap();
+    assert_eq!(outer.fencing_token(), inner.fencing_token());
+    assert!(locks.try_lock("x").await.unwrap_err().is_busy());
+    assert_eq!(
+        inner.release().await.unwrap(),
+        Released::StillHeld { holds_left: 1 }
+    );
+    // Drop the last hold and take it again at once in the same scope: a fresh grant,
+    // and nobody else gets in between or after.
+    drop(outer);
+    let again = locks.acquire("x", in_scope(1_000)).await.unwrap();
+    assert!(again.is_held());
+    assert!(locks.try_lock("x").await.unwrap_err().is_busy());
+    assert_eq!(again.release().await.unwrap(), Released::Unlocked);
+    assert_eq!(locks.held_count(), 0);
+    assert_eq!(locks.entries(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_tasks_of_one_scope_share_the_grant() {
+    let locks = MemoryLocks::new();
+    let scope = LockScope::new();
+    let tasks: Vec<_> = (0..2)
+        .map(|_| {
+            let (locks, scope) = (locks.clone(), scope.clone());
+            tokio::spawn(async move { locks.acquire("x", LockOptions::new().scope(&scope)).await })
+        })
+        .collect();
+    let mut guards = Vec::new();
+    for t in tasks {
+        guards.push(t.await.unwrap().unwrap());
+    }
+    assert_eq!(guards[0].fencing_token(), guards[1].fencing_token());
+    assert_eq!(locks.held_count(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_wait_leaves_nothing_behind() {
+    let locks = MemoryLocks::new();
+    let holder = locks.lock("x").await.unwrap();
+    let cut = tokio::time::timeout(
+        MS(50),
+        locks.acquire("x", LockOptions::new().wait(MS(10_000))),
+    );
+    assert!(cut.await.is_err(), "the wait was cut");
+    drop(holder);
+    assert_eq!(locks.held_count(), 0);
+    assert_eq!(locks.entries(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_stays_bounded_by_what_is_held() {
+    let locks = MemoryLocks::new();
+    for i in 0..100_000_u64 {
+        // Left to expire, never released.
+        locks
+            .acquire(("n", i), fixed(10))
+            .await
+            .unwrap()
+            .hold_until_expiry();
+        tokio::time::advance(MS(1)).await;
+    }
+    assert!(
+        locks.entries() <= 64 + 2 * 10,
+        "{} entries",
+        locks.entries()
+    );
+    assert_eq!(locks.held_count(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_watchdog_hold_lasts_until_released_or_max_hold() {
+    let locks = MemoryLocks::with_config(LockConfig::new());
+    let g = locks.lock("x").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3_600)).await;
+    assert!(g.is_held());
+    assert!(locks.try_lock("x").await.unwrap_err().is_busy());
+    drop(g);
+    let capped = locks
+        .acquire("x", LockOptions::new().max_hold(MS(500)))
+        .await
+        .unwrap();
+    let start = Instant::now();
+    capped.lost().await;
+    assert_eq!(start.elapsed(), MS(500));
+}
+
+/// The same code written once against the trait runs on the memory store.
+async fn count_once<L: DistributedLock>(locks: &L, hits: &Mutex<Vec<u64>>) {
+    if let Ok(g) = locks.try_lock_named("job").await {
+        use lock_core::HeldLock;
+        hits.lock().unwrap().push(g.token().unwrap().get());
+        g.release().await.unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_trait_works_on_the_memory_store() {
+    let locks = MemoryLocks::new();
+    let hits = Mutex::new(Vec::new());
+    count_once(&locks, &hits).await;
+    count_once(&&locks, &hits).await;
+    let hits = hits.into_inner().unwrap();
+    assert_eq!(hits.len(), 2);
+    assert!(hits[1] > hits[0]);
+}
+
+/// Seeded random walk: tasks in shared and own scopes lock / re-enter / release / drop /
+/// cancel on three names with short leases; at every step no two different grants of
+/// one name may both believe they hold it. Deterministic on the paused clock.
+#[tokio::test(start_paused = true)]
+async fn model_no_two_grants_believe_they_hold_one_name() {
+    let seed = std::env::var("MODEL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    println!("MODEL_SEED={seed}");
+    let locks = MemoryLocks::with_config(LockConfig::new().with_watchdog_lease(MS(150)));
+    type Held = Arc<Mutex<Vec<StoreGuard>>>;
+    let all: Vec<Held> = (0..8).map(|_| Held::default()).collect();
+    let scopes = [LockScope::new(), LockScope::new()];
+    let names = ["a", "b", "c"];
+    let mut walkers = Vec::new();
+    for (i, held) in all.iter().enumerate() {
+        let (locks, held) = (locks.clone(), held.clone());
+        let scope = if i < 4 {
+            scopes[i % 2].clone()
+        } else {
+            LockScope::new()
+        };
+        let mut rng = fastrand::Rng::with_seed(seed.wrapping_add(i as u64));
+        walkers.push(tokio::spawn(async move {
+            for _ in 0..400 {
+                let name = names[rng.usize(0..3)];
+                let lease = if rng.bool() {
+                    Lease::Watchdog
+                } else {
+                    Lease::Fixed(MS(rng.u64(5..200)))
+                };
+                let opts = LockOptions::new()
+                    .lease(lease)
+                    .wait(MS(rng.u64(0..50)))
+                    .scope(&scope);
+                match rng.u8(0..6) {
+                    0 | 1 => {
+                        if let Ok(g) = locks.acquire(name, opts).await {
+                            held.lock().unwrap().push(g);
+                        }
+                    }
+                    2 => {
+                        let cut = MS(rng.u64(0..20));
+                        if let Ok(Ok(g)) =
+                            tokio::time::timeout(cut, locks.acquire(name, opts)).await
+                        {
+                            held.lock().unwrap().push(g);
+                        }
+                    }
+                    3 => {
+                        let g = {
+                            let mut h = held.lock().unwrap();
+                            let n = h.len();
+                            (n > 0).then(|| h.swap_remove(rng.usize(0..n)))
+                        };
+                        if let Some(g) = g {
+                            let _ = g.release().await;
+                        }
+                    }
+                    4 => {
+                        let mut h = held.lock().unwrap();
+                        let n = h.len();
+                        if n > 0 {
+                            let again = h[rng.usize(0..n)].reenter();
+                            if let Ok(again) = again {
+                                h.push(again);
+                            }
+                        }
+                    }
+                    _ => tokio::time::sleep(MS(rng.u64(0..30))).await,
+                }
+            }
+            held.lock().unwrap().clear();
+        }));
+    }
+    let mut checks = 0;
+    while walkers.iter().any(|w| !w.is_finished()) {
+        for name in names {
+            let mut believers: Vec<u64> = all
+                .iter()
+                .flat_map(|h| {
+                    h.lock()
+                        .unwrap()
+                        .iter()
+                        .filter(|g| g.name() == name && g.is_held())
+                        .map(|g| g.fencing_token().unwrap().get())
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            believers.sort_unstable();
+            believers.dedup();
+            assert!(
+                believers.len() <= 1,
+                "seed {seed}: grants {believers:?} of {name} all believe they hold it"
+            );
+        }
+        checks += 1;
+        tokio::time::sleep(MS(1)).await;
+    }
+    for w in walkers {
+        w.await.unwrap();
+    }
+    assert!(checks > 100, "{checks} checks");
+    assert_eq!(locks.held_count(), 0);
+    assert_eq!(locks.entries(), 0, "every grant given back");
+}
