@@ -61,6 +61,14 @@ pub enum LockError {
     /// the generator may wait, lies outside the id's 31-bit seconds range, or the day's
     /// 32-bit sequence is used up. The text says which, and what to do.
     IdsUnavailable(String),
+    /// A store other than Redis (PostgreSQL, MySQL, ZooKeeper) could not be reached or
+    /// answered with an error.
+    Store {
+        /// Which store: `postgres`, `mysql`, `zookeeper`.
+        store: &'static str,
+        /// What it said.
+        message: String,
+    },
     /// [`Redlock`](crate::Redlock): fewer nodes than the quorum agreed (they were down,
     /// slow, or answered with errors), so the operation did not take effect.
     NoQuorum {
@@ -137,6 +145,12 @@ impl LockError {
         matches!(self, Self::NoQuorum { .. } | Self::ValidityExhausted { .. })
     }
 
+    /// The lock store (Redis or another) could not be reached, timed out, or failed:
+    /// [`is_redis`](Self::is_redis) or a [`Store`](Self::Store) error. Retry later.
+    pub fn is_unavailable(&self) -> bool {
+        self.is_redis() || matches!(self, Self::Store { .. })
+    }
+
     /// An order id could not be issued: clock stepped back too far, or sequence used up.
     pub fn is_ids_unavailable(&self) -> bool {
         matches!(self, Self::IdsUnavailable(_))
@@ -179,6 +193,10 @@ impl fmt::Display for LockError {
             Self::Redis(e) => write!(f, "redis error: {e}"),
             Self::UnexpectedReply(what) => write!(f, "unexpected reply from redis: {what}"),
             Self::IdsUnavailable(why) => write!(f, "order ids unavailable: {why}"),
+            Self::Store { store, message } => write!(
+                f,
+                "{store} lock store error: {message}; is the server up and reachable?"
+            ),
             Self::NoQuorum {
                 key,
                 op,

@@ -31,7 +31,7 @@ impl LockError {
                 (StatusCode::CONFLICT, "lock-lost", None)
             }
             LockError::InvalidKey(_) => (StatusCode::BAD_REQUEST, "invalid-lock-key", None),
-            e if e.is_redis() => (
+            e if e.is_unavailable() => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "lock-service-unavailable",
                 Some(1),

@@ -157,6 +157,19 @@ impl DistributedLock for crate::MemoryLocks {
     }
 }
 
+#[cfg(feature = "postgres")]
+impl DistributedLock for crate::PostgresLocks {
+    type Guard = crate::StoreGuard;
+
+    fn acquire<N: LockName + Send + Sync>(
+        &self,
+        name: N,
+        options: LockOptions,
+    ) -> impl Future<Output = Result<Self::Guard, LockError>> + Send {
+        crate::PostgresLocks::acquire(self, name, options)
+    }
+}
+
 impl HeldLock for crate::StoreGuard {
     fn name(&self) -> &str {
         crate::StoreGuard::name(self)

@@ -63,6 +63,7 @@ mod cluster;
 mod masters;
 mod monitor;
 mod port;
+mod postgres;
 mod process;
 mod proxy;
 mod server;
@@ -73,6 +74,7 @@ pub use cluster::{
 pub use masters::RedisMasters;
 pub use monitor::Monitor;
 pub use port::free_port;
+pub use postgres::PostgresServer;
 pub use proxy::TcpProxy;
 pub use server::RedisServer;
 

@@ -3,7 +3,11 @@
 //! the database and ZooKeeper stores behind their cargo features.
 
 pub(crate) mod memory;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 pub(crate) mod session;
 
 pub use memory::MemoryLocks;
+#[cfg(feature = "postgres")]
+pub use postgres::{FENCE_SEQUENCE as POSTGRES_FENCE_SEQUENCE, PostgresLocks};
 pub use session::StoreGuard;
