@@ -2,11 +2,13 @@
 //! trait and the same guard ([`StoreGuard`]): the in-memory store (always built), and
 //! the database and ZooKeeper stores behind their cargo features.
 
+pub(crate) mod any;
 pub(crate) mod memory;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 pub(crate) mod session;
 
+pub use any::{AnyGuard, AnyLocks};
 pub use memory::MemoryLocks;
 #[cfg(feature = "postgres")]
 pub use postgres::{FENCE_SEQUENCE as POSTGRES_FENCE_SEQUENCE, PostgresLocks};

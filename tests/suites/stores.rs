@@ -1,0 +1,119 @@
+//! One lock API over every store: the URL factory, and the same code (generic over
+//! `DistributedLock`, and `#[cache_lock]`) on Redis, Redlock, memory and PostgreSQL.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use lock_core::{AnyLocks, DistributedLock, HeldLock, LockConfig, LockError};
+use lock_macros::cache_lock;
+use lock_tests::{PostgresServer, RedisServer};
+
+/// 8 tasks x 10 rounds on one name: never two inside; then a held lock is busy to others.
+async fn exclusion<L>(what: &'static str, locks: Arc<L>)
+where
+    L: DistributedLock + 'static,
+{
+    let inside = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (locks, inside) = (locks.clone(), inside.clone());
+            tokio::spawn(async move {
+                for _ in 0..10 {
+                    let g = locks.lock_named("shared").await.unwrap();
+                    assert!(g.is_held(), "{what}: {:?}", g.valid_for());
+                    // A Redlock grant carries a token only when its first node granted.
+                    if !what.starts_with("redlock") {
+                        assert!(g.token().is_some(), "{what}: no token");
+                    }
+                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                    tokio::task::yield_now().await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    g.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let busy = {
+        let _g = locks.try_lock_named("shared").await.unwrap();
+        let other = locks.clone();
+        tokio::spawn(async move { other.try_lock_named("shared").await.map(drop) })
+            .await
+            .unwrap()
+    };
+    assert!(busy.unwrap_err().is_busy());
+}
+
+#[cache_lock(prefix = "pay", key = order, client = locks, wait = "0ms")]
+async fn pay(
+    locks: &AnyLocks,
+    order: u64,
+    gate: Arc<tokio::sync::Barrier>,
+) -> Result<(), LockError> {
+    gate.wait().await;
+    gate.wait().await;
+    Ok(())
+}
+
+/// `#[cache_lock]` with an `AnyLocks` client: a duplicate call is refused as busy.
+async fn macro_refuses_a_duplicate(locks: AnyLocks) {
+    let gate = Arc::new(tokio::sync::Barrier::new(2));
+    let first = {
+        let (locks, gate) = (locks.clone(), gate.clone());
+        tokio::spawn(async move { pay(&locks, 9, gate).await })
+    };
+    gate.wait().await; // the first call holds the lock now
+    let second = pay(&locks, 9, Arc::new(tokio::sync::Barrier::new(1))).await;
+    assert!(second.unwrap_err().is_busy());
+    gate.wait().await;
+    first.await.unwrap().unwrap();
+}
+
+fn config() -> LockConfig {
+    LockConfig::new().with_wait(Duration::from_secs(10))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_url_opens_its_store_and_the_same_code_runs_on_each() {
+    let redis = RedisServer::start();
+    let masters = RedisServer::start_many(3);
+    let postgres = PostgresServer::start();
+    let hosts: Vec<String> = masters
+        .urls()
+        .iter()
+        .map(|u| {
+            u.trim_start_matches("redis://")
+                .trim_end_matches('/')
+                .to_owned()
+        })
+        .collect();
+    let urls = [
+        redis.url(),
+        format!("redlock://{}", hosts.join(",")),
+        "memory://".to_owned(),
+        postgres.url(),
+    ];
+    for url in urls {
+        let locks = AnyLocks::open(&url, config()).await.unwrap();
+        exclusion(url.clone().leak(), Arc::new(locks.clone())).await;
+        macro_refuses_a_duplicate(locks).await;
+    }
+}
+
+#[tokio::test]
+async fn bad_urls_get_errors_that_say_what_to_do() {
+    for (url, says) in [
+        ("localhost:6379", "no scheme"),
+        ("ftp://x", "unknown lock store scheme"),
+        ("mysql://root@db/app", "feature `mysql`"),
+        ("zk://zk1:2181/locks", "feature `zookeeper`"),
+        ("redlock://", "at least one host"),
+    ] {
+        let err = AnyLocks::open(url, LockConfig::new()).await.unwrap_err();
+        assert!(err.is_invalid_input(), "{url}: {err}");
+        assert!(err.to_string().contains(says), "{url}: {err}");
+    }
+}
