@@ -186,8 +186,8 @@ impl HeldLock for AnyGuard {
             each!(self, g => Box::pin(HeldLock::lost(g)));
         lost
     }
-    fn release(self) -> impl Future<Output = Result<Released, LockError>> + Send {
-        async move { each!(self, g => HeldLock::release(g).await) }
+    async fn release(self) -> Result<Released, LockError> {
+        each!(self, g => HeldLock::release(g).await)
     }
     fn hold_until_expiry(self) {
         each!(self, g => HeldLock::hold_until_expiry(g))
