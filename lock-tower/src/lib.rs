@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
+mod hash;
 pub mod idempotency;
 pub mod one_time_token;
 mod problem;

@@ -198,3 +198,46 @@ async fn a_closure_can_choose_the_key() {
         200
     );
 }
+
+/// Issue 14, item 1: a key the limiter could not store once failed open. An over-long
+/// key is now counted (hashed), an empty one is 400, a broken quota 500: no input
+/// switches the limit off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_key_switches_the_limit_off() {
+    let server = RedisServer::start();
+    let c = limiter_client(&server).await;
+    let user = || HeaderKey(HeaderName::from_static("x-user-id"));
+    let router = app(RateLimitLayer::new(
+        c.rate_limiter("per-user", RateLimit::per_minute(1)),
+        user(),
+    ));
+    let padded = format!("{}7", "0".repeat(2000));
+    assert_eq!(
+        router
+            .clone()
+            .oneshot(get_as(&padded))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let r = router.clone().oneshot(get_as(&padded)).await.unwrap();
+    assert_eq!(r.status(), 429, "an over-long key escaped the limit");
+    // Its hash is its own key: a short key is not caught by it, nor the reverse.
+    assert_eq!(router.oneshot(get_as("7")).await.unwrap().status(), 200);
+
+    let empty = app(RateLimitLayer::new(
+        c.rate_limiter("empty", RateLimit::per_minute(1)),
+        |_: &Request<Body>| Some(String::new()),
+    ));
+    let r = empty.oneshot(get_as("x")).await.unwrap();
+    assert_eq!(r.status(), 400, "an empty key cannot be counted");
+
+    let broken = app(RateLimitLayer::new(
+        c.rate_limiter("broken", RateLimit::per_minute(0)),
+        user(),
+    ));
+    let r = broken.oneshot(get_as("a")).await.unwrap();
+    assert_eq!(r.status(), 500, "an invalid quota fails closed, never open");
+    assert_eq!(header(&r, "content-type"), "application/problem+json");
+}

@@ -5,6 +5,8 @@ use http::{Method, Request, request};
 use lock_core::key::{LockName, NameWriter};
 use sha2::{Digest, Sha256};
 
+use crate::hash::{hex, sha256_hex};
+
 /// Who sent a request, so that one client can never read another's stored response:
 /// the stored key is scoped by method, path, principal and the client's key.
 ///
@@ -73,7 +75,7 @@ impl Scope {
     pub(crate) fn new(method: &Method, path: &str, principal: Option<String>, key: String) -> Self {
         // Request paths start with '/', so a hashed one cannot equal a literal one.
         let path = if path.len() > MAX_PATH_IN_KEY {
-            format!("sha256:{}", hex(&Sha256::digest(path.as_bytes())))
+            format!("sha256:{}", sha256_hex(path.as_bytes()))
         } else {
             path.to_owned()
         };
@@ -125,16 +127,6 @@ pub(crate) fn fingerprint(parts: &request::Parts, body: &[u8]) -> String {
 fn update_field(h: &mut Sha256, field: &[u8]) {
     h.update((field.len() as u64).to_be_bytes());
     h.update(field);
-}
-
-fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(char::from(DIGITS[usize::from(b >> 4)]));
-        s.push(char::from(DIGITS[usize::from(b & 15)]));
-    }
-    s
 }
 
 #[cfg(test)]

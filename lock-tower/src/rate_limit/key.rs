@@ -3,9 +3,21 @@
 use std::net::{IpAddr, SocketAddr};
 
 use http::{HeaderName, Request};
+use lock_core::key::{LockName, NameWriter};
 
-/// Derives the rate-limit key of a request (`None`: the client cannot be identified,
-/// and the request is rejected with 400).
+use crate::hash::sha256_hex;
+
+/// Keys longer than this many bytes are counted under their SHA-256 instead: a key
+/// the limiter's Redis key could not hold must never switch the limit off.
+pub const MAX_LITERAL_KEY_LEN: usize = 128;
+
+/// Derives the rate-limit key of a request (`None` or an empty key: the client cannot
+/// be identified, and the request is rejected with 400).
+///
+/// Any key is accepted: one longer than [`MAX_LITERAL_KEY_LEN`] bytes is counted under
+/// its SHA-256, so no key switches the limit off. Two spellings of one client (`7` and
+/// `007`) are two keys: normalize in the extractor (a closure parsing the id) when the
+/// application treats them as one.
 ///
 /// Implemented for closures `Fn(&Request<B>) -> Option<String>`, and by [`PeerIp`],
 /// [`HeaderKey`] and [`ForwardedFor`].
@@ -20,6 +32,39 @@ where
 {
     fn extract(&self, request: &Request<B>) -> Option<String> {
         self(request)
+    }
+}
+
+/// The key as the limiter counts it: literal when short, hashed when long. The two
+/// forms have a different number of name parts, so they never collide.
+#[derive(Debug)]
+pub(crate) enum LimitKey {
+    Literal(String),
+    Hashed(String),
+}
+
+impl LimitKey {
+    /// `None` for an empty key (nobody to count against).
+    pub(crate) fn new(key: String) -> Option<Self> {
+        if key.is_empty() {
+            None
+        } else if key.len() > MAX_LITERAL_KEY_LEN {
+            Some(Self::Hashed(sha256_hex(key.as_bytes())))
+        } else {
+            Some(Self::Literal(key))
+        }
+    }
+}
+
+impl LockName for LimitKey {
+    fn write_parts(&self, w: &mut NameWriter) {
+        match self {
+            Self::Literal(key) => w.part(key),
+            Self::Hashed(digest) => {
+                w.part("sha256");
+                w.part(digest);
+            }
+        }
     }
 }
 
