@@ -1,7 +1,8 @@
 //! Rate limiting for tower services: GCRA per client key, on Redis.
 //!
 //! Behavior:
-//! - Each request is keyed by a [`KeyExtractor`]: the peer IP ([`PeerIp`]), a header
+//! - Each request is keyed by a [`KeyExtractor`]: the peer IP ([`PeerIp`]; IPv6 by its
+//!   /64, [`PeerIp::ipv6_prefix`]), a header
 //!   ([`HeaderKey`]), the client behind trusted proxies ([`ForwardedFor`], never the
 //!   `X-Forwarded-For` header blindly), or a closure. No key (or an empty one): 400
 //!   problem+json. A key longer than [`MAX_LITERAL_KEY_LEN`] bytes is counted under its
@@ -37,6 +38,8 @@ mod layer;
 mod service;
 
 pub use future::ResponseFuture;
-pub use key::{ForwardedFor, HeaderKey, IpNet, KeyExtractor, MAX_LITERAL_KEY_LEN, PeerIp};
+pub use key::{
+    DEFAULT_IPV6_PREFIX, ForwardedFor, HeaderKey, IpNet, KeyExtractor, MAX_LITERAL_KEY_LEN, PeerIp,
+};
 pub use layer::RateLimitLayer;
 pub use service::RateLimitService;
