@@ -164,7 +164,8 @@ fn large(run: usize, _: Bytes) -> Response<Body> {
     Response::new(Body::from(format!("{run}:{}", "x".repeat(200))))
 }
 
-/// The same size, of unknown length (streamed): buffered whole, then not stored.
+/// The same size, of unknown length (streamed): read up to the limit, then streamed
+/// through, not stored.
 fn large_stream(run: usize, _: Bytes) -> Response<Body> {
     let chunks = (0..20).map(move |i| Ok::<_, std::io::Error>(format!("{run}:{i:07}\n")));
     Response::new(Body::from_stream(futures_util::stream::iter(chunks)))

@@ -30,9 +30,10 @@
 //!   [`IdempotencyLayer::store_server_errors`]); a handler that panics or a service error;
 //!   a future dropped because the client went away; responses larger than
 //!   [`IdempotencyLayer::max_stored_bytes`] (1 MiB), which still go to the client: a body
-//!   whose size is known to be larger is streamed through untouched, one of unknown size
-//!   is buffered whole, delivered, and not stored (a warning is logged). Trailers are
-//!   not kept.
+//!   whose size is known to be larger is streamed through untouched; of one of unknown
+//!   size at most the limit (plus one frame) is read, then the key is freed and what was
+//!   read goes out followed by the rest, streamed (memory stays bounded; a warning is
+//!   logged). Trailers are not kept.
 //! - **Redis unavailable**: 503 (fail closed, the default) or, with
 //!   [`IdempotencyLayer::fail_closed`]`(false)`, the request runs unprotected and a
 //!   warning is logged. Protection resumes by itself when Redis is back. If Redis goes
@@ -46,11 +47,13 @@
 //!
 //! A protected request's body is buffered, so the handler gets a new body of the same
 //! type built with `From<Bytes>`: requests are `Request<B>` with `B: http_body::Body +
-//! From<Bytes>` in and out (unprotected requests keep their streaming body), and
-//! responses `Response<R>` with `R: Body + From<Bytes> + From<String>`. axum's `Body`
-//! is both. With plain hyper, whose requests carry `hyper::body::Incoming`, wrap the body
-//! first, e.g. with `axum_core::body::Body::new` in a `map_request` layer, and answer
-//! with `http_body_util::Full<Bytes>` or the same `Body`.
+//! From<Bytes>` in and out (unprotected requests keep their streaming body). Responses
+//! are `Response<`[`ResponseBody`](crate::ResponseBody)`<R>>` for an inner
+//! `Response<R>` with `R: Body<Data = Bytes>`: the inner body, or one the layer wrote
+//! (a replay, a problem), so `R` needs no `From` impls. axum's `Body` fits both sides.
+//! With plain hyper, whose requests carry `hyper::body::Incoming`, wrap the body first,
+//! e.g. with `axum_core::body::Body::new` in a `map_request` layer; answer with
+//! `http_body_util::Full<Bytes>`, axum's `Body` or any `Bytes` body.
 //!
 //! ```no_run
 //! use std::time::Duration;
