@@ -26,7 +26,9 @@
 //!   [`IdempotencyLayer::wait_in_flight`]); completed, the stored status, headers and body
 //!   byte for byte, plus `Idempotent-Replayed: true`; same key with another
 //!   fingerprint, 422.
-//! - **Not stored, key freed** (a retry runs again): 5xx responses (unless
+//! - **Not stored, key freed** (a retry runs again): responses that ask for a retry
+//!   (any with `Retry-After`, and by default 408, 425 and 429: which statuses are
+//!   stored is [`IdempotencyLayer::store_status`]); 5xx responses (unless
 //!   [`IdempotencyLayer::store_server_errors`]); a handler that panics or a service error;
 //!   a future dropped because the client went away; responses larger than
 //!   [`IdempotencyLayer::max_stored_bytes`] (1 MiB), which still go to the client: a body
@@ -85,6 +87,6 @@ mod service;
 
 pub use future::ResponseFuture;
 pub use key::{ExtractKey, HeaderKey, MAX_KEY_LEN};
-pub use layer::IdempotencyLayer;
+pub use layer::{IdempotencyLayer, stored_by_default};
 pub use scope::{AuthorizationHash, Principal};
 pub use service::IdempotencyService;

@@ -215,8 +215,8 @@ where
 {
     let settings = running.settings.clone();
     let key = running.claim.key().to_owned();
-    if response.status().is_server_error() && !settings.store_server_errors {
-        free(running.claim, "a server error is not stored").await;
+    if let Some(why) = not_stored(&settings, &response) {
+        free(running.claim, why).await;
         return response.map(ResponseBody::inner);
     }
     let limit = settings.max_stored_bytes;
@@ -272,6 +272,18 @@ where
         tracing::warn!(key = %key, error = %e, "response not stored; a retry will run again");
     }
     Response::from_parts(parts, ResponseBody::full(read))
+}
+
+/// Why a response is not stored, judged by its head alone.
+fn not_stored<R>(settings: &Settings, response: &Response<R>) -> Option<&'static str> {
+    let status = response.status();
+    if response.headers().contains_key(RETRY_AFTER) {
+        Some("a response asking for a retry is not stored")
+    } else if status.is_server_error() {
+        (!settings.store_server_errors).then_some("a server error is not stored")
+    } else {
+        (!(settings.store_status)(status)).then_some("the status is not stored")
+    }
 }
 
 /// Frees the key before the response goes out, so a retry that follows runs again.
