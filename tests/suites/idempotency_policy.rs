@@ -85,3 +85,70 @@ async fn the_stored_statuses_are_configurable() {
         (StatusCode::CREATED, false)
     );
 }
+
+/// 201 with a cookie and a session header.
+fn with_secrets(run: usize, body: Bytes) -> Response<Body> {
+    let mut r = created(run, body);
+    r.headers_mut()
+        .insert("x-session-token", http::HeaderValue::from_static("t"));
+    r
+}
+
+/// Item 5: `deny_headers` once replaced the default list, so adding one header
+/// re-enabled the replay of `Set-Cookie`. It adds now; replacing is explicit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_headers_adds_to_the_default_list() {
+    let server = RedisServer::start();
+    let session = http::HeaderName::from_static("x-session-token");
+    let backend = Backend::new(with_secrets);
+    let router = app(
+        &backend,
+        layer(&server).await.deny_headers([session.clone()]),
+    );
+    post_with(&router, Some("k"), "a").await;
+    let replay = post_with(&router, Some("k"), "a").await;
+    assert!(replay.replayed());
+    assert_eq!(replay.header("set-cookie"), "", "set-cookie stays denied");
+    assert_eq!(replay.header("x-session-token"), "");
+    assert_eq!(replay.header("x-run"), "1");
+
+    let backend = Backend::new(with_secrets);
+    let router = app(
+        &backend,
+        layer(&server).await.replace_deny_headers([session]),
+    );
+    post_with(&router, Some("k2"), "a").await;
+    let replay = post_with(&router, Some("k2"), "a").await;
+    assert_eq!(
+        replay.header("set-cookie"),
+        "session=1",
+        "the list was replaced"
+    );
+    assert_eq!(replay.header("x-session-token"), "");
+}
+
+/// Item 5: without credentials every caller once shared the "anonymous" scope, so a
+/// cookie-authenticated app replayed one user's response to another who guessed the
+/// key. A keyed request without a principal is refused unless anonymous keys are
+/// allowed explicitly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_requests_without_a_principal_are_refused_by_default() {
+    let server = RedisServer::start();
+    let backend = Backend::new(created);
+    let router = app(&backend, idem::strict_layer(&server).await);
+    let r = post_with(&router, Some("guessable"), "a").await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{r:?}");
+    assert_eq!(r.header("content-type"), "application/problem+json");
+    assert!(String::from_utf8_lossy(&r.body).contains("idempotency-principal-missing"));
+    assert_eq!(backend.runs(), 0);
+    let signed = idem::request(http::Method::POST, Some("guessable"), Some("Bearer a"), "a");
+    assert_eq!(
+        idem::send(&router, signed).await.status,
+        StatusCode::CREATED
+    );
+    // Unkeyed requests are not affected.
+    assert_eq!(
+        post_with(&router, None, "a").await.status,
+        StatusCode::CREATED
+    );
+}

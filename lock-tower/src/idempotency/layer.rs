@@ -23,6 +23,7 @@ pub(crate) struct Settings {
     pub(crate) store_server_errors: bool,
     pub(crate) store_status: fn(StatusCode) -> bool,
     pub(crate) deny_headers: Vec<HeaderName>,
+    pub(crate) allow_anonymous: bool,
     pub(crate) fail_closed: bool,
 }
 
@@ -54,6 +55,7 @@ impl IdempotencyLayer {
                 store_server_errors: false,
                 store_status: stored_by_default,
                 deny_headers: vec![HeaderName::from_static("set-cookie")],
+                allow_anonymous: false,
                 fail_closed: true,
             },
             extractor: HeaderKey::default(),
@@ -161,10 +163,44 @@ impl<K, P> IdempotencyLayer<K, P> {
         self
     }
 
-    /// Response headers never stored (hence never replayed), besides the hop-by-hop
-    /// ones. Default: `set-cookie`.
+    /// Adds response headers never stored (hence never replayed), besides the
+    /// hop-by-hop ones. Default list: `set-cookie`; this adds to it (use
+    /// [`replace_deny_headers`](Self::replace_deny_headers) to start from nothing).
+    ///
+    /// ```
+    /// # fn demo(store: lock_core::IdempotencyStore) {
+    /// use http::HeaderName;
+    /// use lock_tower::idempotency::IdempotencyLayer;
+    ///
+    /// // Neither `set-cookie` nor `x-session-token` is replayed.
+    /// let layer = IdempotencyLayer::new(store)
+    ///     .deny_headers([HeaderName::from_static("x-session-token")]);
+    /// # let _ = layer; }
+    /// ```
     pub fn deny_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        for name in names {
+            if !self.settings.deny_headers.contains(&name) {
+                self.settings.deny_headers.push(name);
+            }
+        }
+        self
+    }
+
+    /// Replaces the whole deny list (including the default `set-cookie`) with `names`.
+    pub fn replace_deny_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         self.settings.deny_headers = names.into_iter().collect();
+        self
+    }
+
+    /// `true`: keyed requests without a principal share one anonymous scope per method
+    /// and path, so only the secrecy of their keys separates their callers. Default
+    /// `false`: such a request gets 400 `idempotency-principal-missing`, so an app that
+    /// authenticates by something the principal does not read (a cookie, with the
+    /// default [`AuthorizationHash`]) cannot replay one user's response to another:
+    /// choose a [`principal`](Self::principal) that reads it, or allow anonymous keys
+    /// for a service whose clients are all anonymous.
+    pub fn allow_anonymous(mut self, allow: bool) -> Self {
+        self.settings.allow_anonymous = allow;
         self
     }
 

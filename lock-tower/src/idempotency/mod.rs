@@ -14,13 +14,16 @@
 //!   Malformed: 400.
 //! - **Scope**: the stored key is method + path + [`Principal`] (default: a hash of
 //!   `Authorization`) + the client's key, so one client never sees another's response.
+//!   A keyed request without a principal gets 400, unless
+//!   [`IdempotencyLayer::allow_anonymous`] lets anonymous clients share one scope
+//!   (then only the secrecy of the keys separates them).
 //! - **Fingerprint**: SHA-256 of method, path and query, content type and body. The body
 //!   is buffered up to [`IdempotencyLayer::max_body_bytes`] (1 MiB); over it, 413.
 //! - **First request** claims the key atomically with an in-flight lease, renewed while
 //!   the handler runs and its response is read ([`lock_core::Claim::keep_alive`], polled
 //!   by the response future: the one renewal mechanism), so a crashed server frees the
 //!   key one lease later. Its response (status, headers minus hop-by-hop ones and
-//!   [`IdempotencyLayer::deny_headers`], body) is stored for
+//!   [`IdempotencyLayer::deny_headers`], default `Set-Cookie`, body) is stored for
 //!   [`IdempotencyLayer::retention`] (24 h) before it is returned.
 //! - **Duplicates**: in flight, 409 with `Retry-After: 1` (or wait and replay, with
 //!   [`IdempotencyLayer::wait_in_flight`]); completed, the stored status, headers and body

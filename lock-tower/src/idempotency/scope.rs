@@ -10,8 +10,10 @@ use crate::hash::{hex, sha256_hex};
 /// Who sent a request, so that one client can never read another's stored response:
 /// the stored key is scoped by method, path, principal and the client's key.
 ///
-/// `None` (or an empty string) means anonymous: all anonymous clients share one scope
-/// per method and path, and only the secrecy of their keys separates them.
+/// `None` (or an empty string) means anonymous: the layer refuses such a keyed request
+/// with 400 unless [`allow_anonymous`](super::IdempotencyLayer::allow_anonymous) is set,
+/// in which case all anonymous clients share one scope per method and path, and only
+/// the secrecy of their keys separates them.
 ///
 /// Implemented by [`AuthorizationHash`] (the default) and for closures
 /// `Fn(&Request<B>) -> Option<String>`, e.g. a tenant header a gateway sets:

@@ -88,7 +88,18 @@ where
                 ));
             }
         };
-        let principal = shared.principal.principal(&request);
+        let principal = shared
+            .principal
+            .principal(&request)
+            .filter(|p| !p.is_empty());
+        if principal.is_none() && !settings.allow_anonymous {
+            return ResponseFuture::rejected(problem(
+                StatusCode::BAD_REQUEST,
+                "idempotency-principal-missing",
+                "this request carries an idempotency key but does not say who sent it \
+                 (no credentials), so its response could be replayed to anyone",
+            ));
+        }
         let scope = Scope::new(request.method(), request.uri().path(), principal, key);
         let prepare = Box::pin(prepare(settings.clone(), scope, request));
         ResponseFuture::preparing(prepare, inner, settings.clone())
