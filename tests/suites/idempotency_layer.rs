@@ -64,7 +64,7 @@ async fn bad_keys_payloads_and_bodies_are_rejected() {
     problem(&post_with(&router, Some("k"), "b").await, 422);
     // Missing, malformed and over-long keys.
     problem(&post_with(&router, None, "a").await, 400);
-    for bad in ["\"unterminated", "a b", "\"with space\"", "a;p=1", "\"\""] {
+    for bad in ["\"unterminated", "a b", "a;p=1", "\"\"", "12345", ":YWJj:"] {
         problem(&post_with(&router, Some(bad), "a").await, 400);
     }
     let long = "k".repeat(256);

@@ -152,3 +152,29 @@ async fn keyed_requests_without_a_principal_are_refused_by_default() {
         StatusCode::CREATED
     );
 }
+
+/// Item 6: the key is an sf-string in the IETF draft. `"a b"` is a valid key (it was
+/// 400), and non-string items (`12345`, `:YWJj:`) are not keys (they were accepted);
+/// a bare token stays accepted as a documented leniency.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_follow_the_sf_string_syntax() {
+    let server = RedisServer::start();
+    let backend = Backend::new(created);
+    let router = app(&backend, layer(&server).await);
+    let first = post_with(&router, Some("\"a b\""), "a").await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    post_with(&router, Some("\"a b\""), "a")
+        .await
+        .assert_replays(&first);
+    for item in ["12345", ":YWJj:", "?1"] {
+        let r = post_with(&router, Some(item), "a").await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{item} is not a string");
+    }
+    // The same keys quoted are strings, and the bare token is one key with its quoted form.
+    assert_eq!(post_with(&router, Some("\"12345\""), "a").await.status, 201);
+    let bare = post_with(&router, Some("order-1"), "a").await;
+    post_with(&router, Some("\"order-1\""), "a")
+        .await
+        .assert_replays(&bare);
+    assert_eq!(backend.runs(), 3);
+}

@@ -9,9 +9,10 @@
 //! - **Protected requests**: POST and PATCH ([`IdempotencyLayer::methods`]); others pass
 //!   through untouched. A protected request without a key passes through unprotected, or
 //!   gets 400 with [`IdempotencyLayer::require_key`].
-//! - **Keys**: from [`HeaderKey`] (`Idempotency-Key`, an RFC 8941 quoted string or a bare
-//!   token) or any [`ExtractKey`]; 1 to [`MAX_KEY_LEN`] visible ASCII characters.
-//!   Malformed: 400.
+//! - **Keys**: from [`HeaderKey`] (`Idempotency-Key`, an RFC 8941 sf-string as the draft
+//!   says, or leniently a bare sf-token) or any [`ExtractKey`]; 1 to [`MAX_KEY_LEN`]
+//!   printable ASCII characters. Malformed (or another structured item, such as
+//!   `12345`): 400.
 //! - **Scope**: the stored key is method + path + [`Principal`] (default: a hash of
 //!   `Authorization`) + the client's key, so one client never sees another's response.
 //!   A keyed request without a principal gets 400, unless
