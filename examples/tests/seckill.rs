@@ -226,3 +226,49 @@ async fn a_worker_killed_mid_stream_loses_nothing() {
     );
     assert_eq!(pending(&mut conn).await, 0);
 }
+
+/// Issue 14, item 1: the order limit counts the parsed buyer, so `7`, `07` and a `7`
+/// padded past 1 KB (one buyer to the handler) share one quota; before, each spelling
+/// had its own burst and the padded one was never limited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_buyer_spelled_many_ways_shares_one_quota() {
+    let redis = RedisServer::start();
+    let dir = Dir::new("spellings");
+    let a = Instance::spawn(
+        server_bin(),
+        &redis.url(),
+        &dir.db(),
+        &["--user-rate", "1", "--user-burst", "1"],
+    )
+    .await
+    .unwrap();
+    let http = Http::new();
+    let order_as = |user: String, key: &'static str| {
+        let url = format!("{}/vouchers/1/orders", a.url);
+        let http = &http;
+        async move {
+            let headers = [("x-user-id", user), ("idempotency-key", key.to_owned())];
+            http.send(http::Method::POST, &url, &headers, None)
+                .await
+                .unwrap()
+        }
+    };
+    let first = order_as("7".into(), "k1").await;
+    assert_ne!(
+        first.status, 429,
+        "the buyer's first order is within the quota"
+    );
+    let padded = format!("{}7", "0".repeat(1100));
+    for (user, key) in [
+        ("07".to_owned(), "k2"),
+        ("007".into(), "k3"),
+        (padded, "k4"),
+    ] {
+        let r = order_as(user.clone(), key).await;
+        assert_eq!(
+            r.status, 429,
+            "buyer 7 as {:.10}... got a fresh quota",
+            user
+        );
+    }
+}

@@ -14,7 +14,11 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
+mod body;
+mod hash;
 pub mod idempotency;
 pub mod one_time_token;
 mod problem;
 pub mod rate_limit;
+
+pub use body::ResponseBody;

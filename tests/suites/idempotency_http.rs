@@ -209,3 +209,73 @@ async fn one_time_token_accepts_exactly_one_of_fifty_submissions() {
         .unwrap();
     assert_eq!(submit(Some(other)).await.status, StatusCode::CONFLICT);
 }
+
+/// Issue 14, item 3: a response of unknown length past the storable limit once was
+/// buffered whole before its first byte went out. Now the layer reads at most the limit
+/// (plus a frame), frees the key, and streams the rest: the client gets the head and
+/// the first bytes while the handler's body is still open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_streamed_response_flows_through_unstored() {
+    use http_body_util::BodyExt;
+
+    let server = RedisServer::start();
+    // Each run hands the test the sender feeding its response body.
+    let (feeds_tx, mut feeds) = mpsc::unbounded_channel::<mpsc::UnboundedSender<Bytes>>();
+    let handler = move || {
+        let feeds_tx = feeds_tx.clone();
+        async move {
+            let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
+            feeds_tx.send(tx).unwrap();
+            Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+            }))
+        }
+    };
+    let router = Router::new()
+        .route("/pay", post(handler))
+        .layer(layer(&server).await.max_stored_bytes(100));
+    let addr = serve(router).await;
+    let client = http_client();
+    let send = || {
+        let r = Request::post(format!("http://{addr}/pay"))
+            .header("idempotency-key", "stream")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        tokio::spawn(client.request(r))
+    };
+
+    let pending = send();
+    let feed = feeds.recv().await.unwrap();
+    feed.send(Bytes::from(vec![b'a'; 150])).unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(5), pending)
+        .await
+        .expect("the response head waited for the end of an over-limit body")
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let mut read = Vec::new();
+    while read.len() < 150 {
+        let frame = tokio::time::timeout(Duration::from_secs(5), body.frame())
+            .await
+            .expect("the bytes read so far are sent before the body ends")
+            .unwrap()
+            .unwrap();
+        read.extend_from_slice(&frame.into_data().unwrap());
+    }
+    assert!(records(&server).await.is_empty(), "the key is freed");
+    feed.send(Bytes::from_static(b"tail")).unwrap();
+    drop(feed);
+    read.extend_from_slice(&body.collect().await.unwrap().to_bytes());
+    assert_eq!(read.len(), 154);
+    assert!(read.ends_with(b"atail"));
+
+    // Nothing was stored: a retry runs again.
+    let pending = send();
+    let feed = feeds.recv().await.unwrap();
+    feed.send(Bytes::from(vec![b'b'; 150])).unwrap();
+    drop(feed);
+    let retry = Reply::read(pending.await.unwrap().unwrap()).await;
+    assert!(!retry.replayed());
+    assert_eq!(retry.body, vec![b'b'; 150]);
+}

@@ -64,7 +64,7 @@ async fn bad_keys_payloads_and_bodies_are_rejected() {
     problem(&post_with(&router, Some("k"), "b").await, 422);
     // Missing, malformed and over-long keys.
     problem(&post_with(&router, None, "a").await, 400);
-    for bad in ["\"unterminated", "a b", "\"with space\"", "a;p=1", "\"\""] {
+    for bad in ["\"unterminated", "a b", "a;p=1", "\"\"", "12345", ":YWJj:"] {
         problem(&post_with(&router, Some(bad), "a").await, 400);
     }
     let long = "k".repeat(256);
@@ -164,7 +164,8 @@ fn large(run: usize, _: Bytes) -> Response<Body> {
     Response::new(Body::from(format!("{run}:{}", "x".repeat(200))))
 }
 
-/// The same size, of unknown length (streamed): buffered whole, then not stored.
+/// The same size, of unknown length (streamed): read up to the limit, then streamed
+/// through, not stored.
 fn large_stream(run: usize, _: Bytes) -> Response<Body> {
     let chunks = (0..20).map(move |i| Ok::<_, std::io::Error>(format!("{run}:{i:07}\n")));
     Response::new(Body::from_stream(futures_util::stream::iter(chunks)))

@@ -194,3 +194,23 @@ async fn the_seeds_limit_rule_step_by_step() {
     let bad = c.limit_rule("x", LimitRule::new(0, 5));
     assert!(bad.try_access("k").await.unwrap_err().is_invalid_input());
 }
+
+/// Issue 14, item 7: `peek` once decided a request of cost 0, which always fits, so it
+/// said "allowed" with the quota exhausted while the next check was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peek_agrees_with_the_next_check() {
+    let server = RedisServer::start();
+    let c = client(&server, LockConfig::new()).await;
+    let limiter = c.rate_limiter("one", RateLimit::per_minute(1).with_burst(1));
+    let fresh = limiter.peek("k").await.unwrap();
+    assert!(fresh.allowed && fresh.remaining == 1, "{fresh:?}");
+    assert!(limiter.check("k").await.unwrap().allowed);
+    let peek = limiter.peek("k").await.unwrap();
+    assert!(!peek.allowed, "the quota is exhausted: {peek:?}");
+    assert_eq!(peek.remaining, 0);
+    assert!(
+        peek.retry_after
+            .is_some_and(|r| r > Duration::from_secs(50))
+    );
+    assert!(!limiter.check("k").await.unwrap().allowed);
+}

@@ -11,7 +11,7 @@ use axum::routing::get;
 use http::{HeaderName, Request, StatusCode};
 use lock_core::{LockClient, LockConfig, RateLimit};
 use lock_tests::RedisServer;
-use lock_tower::rate_limit::{ForwardedFor, HeaderKey, RateLimitLayer};
+use lock_tower::rate_limit::{ForwardedFor, HeaderKey, PeerIp, RateLimitLayer};
 use tower::ServiceExt;
 
 async fn limiter_client(server: &RedisServer) -> LockClient {
@@ -86,7 +86,7 @@ fn from_peer(peer: &str, xff: Option<&str>) -> Request<Body> {
         b = b.header("x-forwarded-for", v);
     }
     let mut r = b.body(Body::empty()).unwrap();
-    let addr: SocketAddr = format!("{peer}:40000").parse().unwrap();
+    let addr = SocketAddr::new(peer.parse().unwrap(), 40000);
     r.extensions_mut().insert(ConnectInfo(addr));
     r
 }
@@ -196,5 +196,95 @@ async fn a_closure_can_choose_the_key() {
             .unwrap()
             .status(),
         200
+    );
+}
+
+/// Issue 14, item 1: a key the limiter could not store once failed open. An over-long
+/// key is now counted (hashed), an empty one is 400, a broken quota 500: no input
+/// switches the limit off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_key_switches_the_limit_off() {
+    let server = RedisServer::start();
+    let c = limiter_client(&server).await;
+    let user = || HeaderKey(HeaderName::from_static("x-user-id"));
+    let router = app(RateLimitLayer::new(
+        c.rate_limiter("per-user", RateLimit::per_minute(1)),
+        user(),
+    ));
+    let padded = format!("{}7", "0".repeat(2000));
+    assert_eq!(
+        router
+            .clone()
+            .oneshot(get_as(&padded))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let r = router.clone().oneshot(get_as(&padded)).await.unwrap();
+    assert_eq!(r.status(), 429, "an over-long key escaped the limit");
+    // Its hash is its own key: a short key is not caught by it, nor the reverse.
+    assert_eq!(router.oneshot(get_as("7")).await.unwrap().status(), 200);
+
+    let empty = app(RateLimitLayer::new(
+        c.rate_limiter("empty", RateLimit::per_minute(1)),
+        |_: &Request<Body>| Some(String::new()),
+    ));
+    let r = empty.oneshot(get_as("x")).await.unwrap();
+    assert_eq!(r.status(), 400, "an empty key cannot be counted");
+
+    let broken = app(RateLimitLayer::new(
+        c.rate_limiter("broken", RateLimit::per_minute(0)),
+        user(),
+    ));
+    let r = broken.oneshot(get_as("a")).await.unwrap();
+    assert_eq!(r.status(), 500, "an invalid quota fails closed, never open");
+    assert_eq!(header(&r, "content-type"), "application/problem+json");
+}
+
+/// Issue 14, item 2: an IPv6 client rotating addresses inside its /64 once got a fresh
+/// quota per address; it is now one client, and the prefix is configurable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_peers_are_limited_per_64_by_default() {
+    let server = RedisServer::start();
+    let c = limiter_client(&server).await;
+    let status = |router: &Router, peer: &str, xff: Option<&str>| {
+        let r = router.clone().oneshot(from_peer(peer, xff));
+        async move { r.await.unwrap().status() }
+    };
+    let per_64 = app(RateLimitLayer::new(
+        c.rate_limiter("per-64", RateLimit::per_minute(1)),
+        PeerIp::default(),
+    ));
+    assert_eq!(status(&per_64, "2001:db8:1:2::1", None).await, 200);
+    for rotated in ["2001:db8:1:2::2", "2001:db8:1:2:ffff:ffff:ffff:ffff"] {
+        let s = status(&per_64, rotated, None).await;
+        assert_eq!(s, 429, "{rotated} escaped its /64's quota");
+    }
+    assert_eq!(status(&per_64, "2001:db8:1:3::1", None).await, 200);
+    // IPv4 and IPv4-mapped IPv6 are one client.
+    assert_eq!(status(&per_64, "198.51.100.7", None).await, 200);
+    assert_eq!(status(&per_64, "::ffff:198.51.100.7", None).await, 429);
+
+    let per_128 = app(RateLimitLayer::new(
+        c.rate_limiter("per-128", RateLimit::per_minute(1)),
+        PeerIp::new().ipv6_prefix(128),
+    ));
+    assert_eq!(status(&per_128, "2001:db8:1:2::1", None).await, 200);
+    assert_eq!(status(&per_128, "2001:db8:1:2::2", None).await, 200);
+
+    // Behind a trusted proxy, the forwarded IPv6 client is keyed by its /64 too.
+    let proxies = ForwardedFor::trusting(["10.0.0.0/8"]).unwrap();
+    let forwarded = app(RateLimitLayer::new(
+        c.rate_limiter("xff-64", RateLimit::per_minute(1)),
+        proxies,
+    ));
+    assert_eq!(
+        status(&forwarded, "10.0.0.5", Some("2001:db8:9::1")).await,
+        200
+    );
+    assert_eq!(
+        status(&forwarded, "10.0.0.5", Some("2001:db8:9::2")).await,
+        429
     );
 }

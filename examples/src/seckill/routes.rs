@@ -6,13 +6,13 @@ use axum::body::{Body, Bytes};
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Request, State};
 use axum::http::header::LOCATION;
-use axum::http::{HeaderMap, HeaderName, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use lock_core::{IdempotencyStore, RateLimiter};
 use lock_tower::idempotency::IdempotencyLayer;
-use lock_tower::rate_limit::{HeaderKey, RateLimitLayer};
+use lock_tower::rate_limit::RateLimitLayer;
 use serde_json::json;
 
 use super::order;
@@ -32,12 +32,9 @@ pub(crate) fn router(app: App, limiter: RateLimiter, idempotency: IdempotencySto
         .layer::<_, std::convert::Infallible>(
             IdempotencyLayer::new(idempotency)
                 .require_key(true)
-                .principal(user_principal),
+                .principal(buyer),
         )
-        .layer::<_, std::convert::Infallible>(RateLimitLayer::new(
-            limiter,
-            HeaderKey(HeaderName::from_static(USER_HEADER)),
-        ))
+        .layer::<_, std::convert::Infallible>(RateLimitLayer::new(limiter, buyer))
         .layer::<_, std::convert::Infallible>(middleware::from_fn(require_user));
     Router::new()
         .route("/vouchers", post(create_voucher))
@@ -74,8 +71,10 @@ fn user_id(headers: &HeaderMap) -> Result<i64, Problem> {
         })
 }
 
-/// The idempotency principal: the buyer, so one user can never replay another's order.
-fn user_principal(request: &Request<Body>) -> Option<String> {
+/// The buyer as the rate limit and the idempotency principal count it: the parsed id,
+/// so `7`, `07` and a padded `000…07` (one buyer to the handler) are one quota and one
+/// scope, and one user can never replay another's order.
+fn buyer(request: &Request<Body>) -> Option<String> {
     user_id(request.headers()).ok().map(|id| id.to_string())
 }
 

@@ -203,7 +203,9 @@ impl RateLimiter {
         self.decide(&key, n).await
     }
 
-    /// What a request of cost 1 would get, without counting anything.
+    /// What a request of cost 1 would get, without counting anything: `allowed` is
+    /// what the next [`check`](Self::check) would say, and `remaining` counts that
+    /// request too.
     pub async fn peek<N: LockName>(&self, key: N) -> Result<Decision, LockError> {
         self.decide(&key, 0).await
     }

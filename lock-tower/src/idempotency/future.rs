@@ -11,30 +11,31 @@ use tower::Service;
 
 use super::layer::Settings;
 use super::phases::{BoxError, BoxFuture, Prepared, Running, finish};
+use crate::ResponseBody;
 
 pin_project! {
     /// Response future of [`IdempotencyService`](super::IdempotencyService).
     ///
     /// Dropped before it completes (the client went away) or unwound by a panicking
     /// handler, it frees the claimed key in the background.
-    pub struct ResponseFuture<S, B>
+    pub struct ResponseFuture<S, B, R>
     where
         S: Service<Request<B>>,
     {
         #[pin]
-        state: State<S, B>,
+        state: State<S, B, R>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<S, B>
+    enum State<S, B, R>
     where
         S: Service<Request<B>>,
     {
         // Buffering the body and claiming the key.
         Preparing {
-            prepare: BoxFuture<Prepared<B, S::Response>>,
+            prepare: BoxFuture<Prepared<B, Response<ResponseBody<R>>>>,
             inner: Option<S>,
             settings: Arc<Settings>,
         },
@@ -46,15 +47,15 @@ pin_project! {
         },
         // Reading the response and storing it, or freeing the key.
         Finishing {
-            finish: BoxFuture<S::Response>,
+            finish: BoxFuture<Response<ResponseBody<R>>>,
         },
         Done {
-            response: Option<S::Response>,
+            response: Option<Response<ResponseBody<R>>>,
         },
     }
 }
 
-impl<S, B> std::fmt::Debug for ResponseFuture<S, B>
+impl<S, B, R> std::fmt::Debug for ResponseFuture<S, B, R>
 where
     S: Service<Request<B>>,
 {
@@ -63,12 +64,12 @@ where
     }
 }
 
-impl<S, B> ResponseFuture<S, B>
+impl<S, B, R> ResponseFuture<S, B, R>
 where
     S: Service<Request<B>>,
 {
     pub(crate) fn preparing(
-        prepare: BoxFuture<Prepared<B, S::Response>>,
+        prepare: BoxFuture<Prepared<B, Response<ResponseBody<R>>>>,
         inner: S,
         settings: Arc<Settings>,
     ) -> Self {
@@ -91,7 +92,7 @@ where
         }
     }
 
-    pub(crate) fn rejected(response: S::Response) -> Self {
+    pub(crate) fn rejected(response: Response<ResponseBody<R>>) -> Self {
         Self {
             state: State::Done {
                 response: Some(response),
@@ -100,14 +101,13 @@ where
     }
 }
 
-impl<S, B, ResBody> Future for ResponseFuture<S, B>
+impl<S, B, R> Future for ResponseFuture<S, B, R>
 where
-    S: Service<Request<B>, Response = Response<ResBody>>,
-    ResBody: Body + From<Bytes> + From<String> + Send + 'static,
-    ResBody::Data: Send,
-    ResBody::Error: Into<BoxError>,
+    S: Service<Request<B>, Response = Response<R>>,
+    R: Body<Data = Bytes> + Send + 'static,
+    R::Error: Into<BoxError>,
 {
-    type Output = Result<Response<ResBody>, S::Error>;
+    type Output = Result<Response<ResponseBody<R>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -146,7 +146,7 @@ where
                     // A service error drops `running`: the claim frees the key.
                     let response = result?;
                     match running {
-                        None => return Poll::Ready(Ok(response)),
+                        None => return Poll::Ready(Ok(response.map(ResponseBody::inner))),
                         Some(r) => {
                             let finish = Box::pin(finish(response, r));
                             this.state.set(State::Finishing { finish });

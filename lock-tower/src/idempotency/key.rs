@@ -2,7 +2,7 @@
 
 use http::{HeaderName, Request};
 
-/// Longest accepted idempotency key, in characters (all visible ASCII).
+/// Longest accepted idempotency key, in characters (all printable ASCII).
 pub const MAX_KEY_LEN: usize = 255;
 
 /// Derives the idempotency key of a request.
@@ -10,7 +10,8 @@ pub const MAX_KEY_LEN: usize = 255;
 /// `Ok(None)`: the request carries no key (400 when keys are
 /// [required](super::IdempotencyLayer::require_key), otherwise it passes unprotected).
 /// `Err(reason)`: the key is malformed; the request gets 400 problem+json with `reason`.
-/// Every key is then checked by the layer: 1 to [`MAX_KEY_LEN`] visible ASCII characters.
+/// Every key is then checked by the layer: 1 to [`MAX_KEY_LEN`] printable ASCII
+/// characters (space included).
 ///
 /// Implemented by [`HeaderKey`] (the default: the `Idempotency-Key` header) and for
 /// closures `Fn(&Request<B>) -> Option<String>`:
@@ -43,10 +44,12 @@ where
 
 /// The key from one request header: `Idempotency-Key` by default.
 ///
-/// Behavior: the value is an RFC 8941 string (`"8e03978e-40d5"`, quoted, as the IETF
-/// draft says; `\"` and `\\` escapes are understood) or a bare token
-/// (`8e03978e-40d5`: letters, digits and ``!#$%&'*+-.^_`|~:/``). Anything else,
-/// parameters (`;a=1`) or the header twice is malformed.
+/// Behavior: the value is an RFC 8941 sf-string, as the IETF draft
+/// (draft-ietf-httpapi-idempotency-key-header) says: `"8e03978e-40d5"` or `"a b"`,
+/// printable ASCII with `\"` and `\\` escapes. As a leniency, a bare sf-token is
+/// accepted too (`order-1`: a letter or `*`, then letters, digits and
+/// ``!#$%&'*+-.^_`|~:/``). Other structured items (`12345`, `:YWJj:`, `?1`),
+/// parameters (`;a=1`) or the header twice are malformed.
 #[derive(Debug, Clone)]
 pub struct HeaderKey(HeaderName);
 
@@ -87,17 +90,37 @@ impl<B> ExtractKey<B> for HeaderKey {
     }
 }
 
-/// An RFC 8941 sf-string or a bare token.
+/// An RFC 8941 sf-string (the draft's syntax) or, leniently, a bare sf-token. Other
+/// structured items (integers, byte sequences, booleans, ...) are refused by name.
 fn parse_value(value: &str) -> Result<String, String> {
-    let Some(quoted) = value.strip_prefix('"') else {
-        let bad = value.chars().find(|c| !is_token_char(*c));
-        return match bad {
-            None => Ok(value.to_owned()),
-            Some(c) => Err(format!(
-                "must be a quoted string or a bare token; {c:?} is not allowed in a token"
-            )),
-        };
+    let quote_it = |what: &str| {
+        Err(format!(
+            "is {what}; the key must be a quoted string, e.g. \"{value}\""
+        ))
     };
+    let Some(first) = value.chars().next() else {
+        return Err("is empty".into());
+    };
+    match first {
+        '"' => parse_string(&value[1..]),
+        c if c.is_ascii_alphabetic() || c == '*' => {
+            match value.chars().find(|c| !is_token_char(*c)) {
+                None => Ok(value.to_owned()),
+                Some(c) => Err(format!(
+                    "is neither a quoted string nor a bare token; {c:?} is not allowed in a token"
+                )),
+            }
+        }
+        c if c.is_ascii_digit() || c == '-' => quote_it("a number"),
+        ':' => quote_it("a byte sequence"),
+        '?' => quote_it("a boolean"),
+        _ => Err("must be a quoted string (an RFC 8941 sf-string)".into()),
+    }
+}
+
+/// The rest of an sf-string after its opening quote: printable ASCII, `\"` and `\\`
+/// escapes, and nothing after the closing quote.
+fn parse_string(quoted: &str) -> Result<String, String> {
     let mut out = String::with_capacity(quoted.len());
     let mut chars = quoted.chars();
     while let Some(c) = chars.next() {
@@ -119,14 +142,15 @@ fn is_token_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~:/".contains(c)
 }
 
-/// 1 to [`MAX_KEY_LEN`] visible ASCII characters.
+/// 1 to [`MAX_KEY_LEN`] printable ASCII characters (space to `~`, what an sf-string
+/// can hold).
 pub(crate) fn validate(key: &str) -> Result<(), String> {
     if key.is_empty() {
         return Err("the idempotency key is empty".into());
     }
-    if let Some(c) = key.chars().find(|c| !c.is_ascii_graphic()) {
+    if let Some(c) = key.chars().find(|c| !(' '..='~').contains(c)) {
         return Err(format!(
-            "the idempotency key contains {c:?}; only visible ASCII characters are allowed"
+            "the idempotency key contains {c:?}; only printable ASCII characters are allowed"
         ));
     }
     if key.len() > MAX_KEY_LEN {
@@ -155,14 +179,14 @@ mod tests {
         assert_eq!(extract(&[]), Ok(None));
         assert_eq!(extract(&["\"abc-1\""]), Ok(Some("abc-1".into())));
         assert_eq!(extract(&[r#""a\"b\\c""#]), Ok(Some(r#"a"b\c"#.into())));
-        assert_eq!(
-            extract(&["8e03978e-40d5-43e8"]),
-            Ok(Some("8e03978e-40d5-43e8".into()))
-        );
-        assert_eq!(extract(&["  tok  "]), Ok(Some("tok".into())));
-        // A quoted string may hold a space; the layer's check then refuses it.
         assert_eq!(extract(&["\"a b\""]), Ok(Some("a b".into())));
-        assert!(validate("a b").is_err());
+        assert!(validate("a b").is_ok());
+        assert_eq!(
+            extract(&["\"8e03978e-40d5\""]),
+            Ok(Some("8e03978e-40d5".into()))
+        );
+        assert_eq!(extract(&["order-1"]), Ok(Some("order-1".into())));
+        assert_eq!(extract(&["  tok  "]), Ok(Some("tok".into())));
         for bad in [
             "\"abc",
             "\"a\"b",
@@ -171,9 +195,15 @@ mod tests {
             "a;x=1",
             "\"a\";x=1",
             "a b",
+            "12345",
+            ":YWJj:",
+            "?1",
+            "8e03978e-40d5",
+            "",
         ] {
             assert!(extract(&[bad]).is_err(), "{bad:?}");
         }
+        assert!(extract(&["12345"]).unwrap_err().contains("a number"));
         assert!(extract(&["a", "b"]).unwrap_err().contains("more than once"));
     }
 

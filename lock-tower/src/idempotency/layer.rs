@@ -1,7 +1,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderName, Method};
+use http::{HeaderName, Method, StatusCode};
 use lock_core::IdempotencyStore;
 use tower::Layer;
 
@@ -21,7 +21,9 @@ pub(crate) struct Settings {
     pub(crate) lease: Duration,
     pub(crate) wait: Duration,
     pub(crate) store_server_errors: bool,
+    pub(crate) store_status: fn(StatusCode) -> bool,
     pub(crate) deny_headers: Vec<HeaderName>,
+    pub(crate) allow_anonymous: bool,
     pub(crate) fail_closed: bool,
 }
 
@@ -51,7 +53,9 @@ impl IdempotencyLayer {
                 lease: Duration::from_secs(10),
                 wait: Duration::ZERO,
                 store_server_errors: false,
+                store_status: stored_by_default,
                 deny_headers: vec![HeaderName::from_static("set-cookie")],
+                allow_anonymous: false,
                 fail_closed: true,
             },
             extractor: HeaderKey::default(),
@@ -137,10 +141,66 @@ impl<K, P> IdempotencyLayer<K, P> {
         self
     }
 
-    /// Response headers never stored (hence never replayed), besides the hop-by-hop
-    /// ones. Default: `set-cookie`.
+    /// Which statuses are stored (and replayed); the others free the key, so a retry
+    /// runs again. Default [`stored_by_default`]: every status but 408, 425 and 429.
+    /// 5xx statuses are not asked about: [`store_server_errors`](Self::store_server_errors)
+    /// decides those.
+    ///
+    /// Whatever this says, a response carrying `Retry-After` is never stored: it tells
+    /// the client to come back, and a replay would repeat the refusal after the
+    /// condition passed (a 409 "busy", a 403 "the sale has not begun").
+    ///
+    /// ```
+    /// # fn demo(store: lock_core::IdempotencyStore) {
+    /// use lock_tower::idempotency::IdempotencyLayer;
+    ///
+    /// // Only successes are replayed; every refusal runs again on a retry.
+    /// let layer = IdempotencyLayer::new(store).store_status(|s| s.is_success());
+    /// # let _ = layer; }
+    /// ```
+    pub fn store_status(mut self, stored: fn(StatusCode) -> bool) -> Self {
+        self.settings.store_status = stored;
+        self
+    }
+
+    /// Adds response headers never stored (hence never replayed), besides the
+    /// hop-by-hop ones. Default list: `set-cookie`; this adds to it (use
+    /// [`replace_deny_headers`](Self::replace_deny_headers) to start from nothing).
+    ///
+    /// ```
+    /// # fn demo(store: lock_core::IdempotencyStore) {
+    /// use http::HeaderName;
+    /// use lock_tower::idempotency::IdempotencyLayer;
+    ///
+    /// // Neither `set-cookie` nor `x-session-token` is replayed.
+    /// let layer = IdempotencyLayer::new(store)
+    ///     .deny_headers([HeaderName::from_static("x-session-token")]);
+    /// # let _ = layer; }
+    /// ```
     pub fn deny_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        for name in names {
+            if !self.settings.deny_headers.contains(&name) {
+                self.settings.deny_headers.push(name);
+            }
+        }
+        self
+    }
+
+    /// Replaces the whole deny list (including the default `set-cookie`) with `names`.
+    pub fn replace_deny_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         self.settings.deny_headers = names.into_iter().collect();
+        self
+    }
+
+    /// `true`: keyed requests without a principal share one anonymous scope per method
+    /// and path, so only the secrecy of their keys separates their callers. Default
+    /// `false`: such a request gets 400 `idempotency-principal-missing`, so an app that
+    /// authenticates by something the principal does not read (a cookie, with the
+    /// default [`AuthorizationHash`]) cannot replay one user's response to another:
+    /// choose a [`principal`](Self::principal) that reads it, or allow anonymous keys
+    /// for a service whose clients are all anonymous.
+    pub fn allow_anonymous(mut self, allow: bool) -> Self {
+        self.settings.allow_anonymous = allow;
         self
     }
 
@@ -150,6 +210,16 @@ impl<K, P> IdempotencyLayer<K, P> {
         self.settings.fail_closed = fail_closed;
         self
     }
+}
+
+/// The default of [`IdempotencyLayer::store_status`]: `false` for the statuses that
+/// ask for a retry (408 Request Timeout, 425 Too Early, 429 Too Many Requests), `true`
+/// for the rest.
+pub fn stored_by_default(status: StatusCode) -> bool {
+    !matches!(
+        status,
+        StatusCode::REQUEST_TIMEOUT | StatusCode::TOO_EARLY | StatusCode::TOO_MANY_REQUESTS
+    )
 }
 
 impl<S, K: Clone, P: Clone> Layer<S> for IdempotencyLayer<K, P> {

@@ -9,30 +9,37 @@
 //! - **Protected requests**: POST and PATCH ([`IdempotencyLayer::methods`]); others pass
 //!   through untouched. A protected request without a key passes through unprotected, or
 //!   gets 400 with [`IdempotencyLayer::require_key`].
-//! - **Keys**: from [`HeaderKey`] (`Idempotency-Key`, an RFC 8941 quoted string or a bare
-//!   token) or any [`ExtractKey`]; 1 to [`MAX_KEY_LEN`] visible ASCII characters.
-//!   Malformed: 400.
+//! - **Keys**: from [`HeaderKey`] (`Idempotency-Key`, an RFC 8941 sf-string as the draft
+//!   says, or leniently a bare sf-token) or any [`ExtractKey`]; 1 to [`MAX_KEY_LEN`]
+//!   printable ASCII characters. Malformed (or another structured item, such as
+//!   `12345`): 400.
 //! - **Scope**: the stored key is method + path + [`Principal`] (default: a hash of
 //!   `Authorization`) + the client's key, so one client never sees another's response.
+//!   A keyed request without a principal gets 400, unless
+//!   [`IdempotencyLayer::allow_anonymous`] lets anonymous clients share one scope
+//!   (then only the secrecy of the keys separates them).
 //! - **Fingerprint**: SHA-256 of method, path and query, content type and body. The body
 //!   is buffered up to [`IdempotencyLayer::max_body_bytes`] (1 MiB); over it, 413.
 //! - **First request** claims the key atomically with an in-flight lease, renewed while
 //!   the handler runs and its response is read ([`lock_core::Claim::keep_alive`], polled
 //!   by the response future: the one renewal mechanism), so a crashed server frees the
 //!   key one lease later. Its response (status, headers minus hop-by-hop ones and
-//!   [`IdempotencyLayer::deny_headers`], body) is stored for
+//!   [`IdempotencyLayer::deny_headers`], default `Set-Cookie`, body) is stored for
 //!   [`IdempotencyLayer::retention`] (24 h) before it is returned.
 //! - **Duplicates**: in flight, 409 with `Retry-After: 1` (or wait and replay, with
 //!   [`IdempotencyLayer::wait_in_flight`]); completed, the stored status, headers and body
 //!   byte for byte, plus `Idempotent-Replayed: true`; same key with another
 //!   fingerprint, 422.
-//! - **Not stored, key freed** (a retry runs again): 5xx responses (unless
+//! - **Not stored, key freed** (a retry runs again): responses that ask for a retry
+//!   (any with `Retry-After`, and by default 408, 425 and 429: which statuses are
+//!   stored is [`IdempotencyLayer::store_status`]); 5xx responses (unless
 //!   [`IdempotencyLayer::store_server_errors`]); a handler that panics or a service error;
 //!   a future dropped because the client went away; responses larger than
 //!   [`IdempotencyLayer::max_stored_bytes`] (1 MiB), which still go to the client: a body
-//!   whose size is known to be larger is streamed through untouched, one of unknown size
-//!   is buffered whole, delivered, and not stored (a warning is logged). Trailers are
-//!   not kept.
+//!   whose size is known to be larger is streamed through untouched; of one of unknown
+//!   size at most the limit (plus one frame) is read, then the key is freed and what was
+//!   read goes out followed by the rest, streamed (memory stays bounded; a warning is
+//!   logged). Trailers are not kept.
 //! - **Redis unavailable**: 503 (fail closed, the default) or, with
 //!   [`IdempotencyLayer::fail_closed`]`(false)`, the request runs unprotected and a
 //!   warning is logged. Protection resumes by itself when Redis is back. If Redis goes
@@ -46,11 +53,13 @@
 //!
 //! A protected request's body is buffered, so the handler gets a new body of the same
 //! type built with `From<Bytes>`: requests are `Request<B>` with `B: http_body::Body +
-//! From<Bytes>` in and out (unprotected requests keep their streaming body), and
-//! responses `Response<R>` with `R: Body + From<Bytes> + From<String>`. axum's `Body`
-//! is both. With plain hyper, whose requests carry `hyper::body::Incoming`, wrap the body
-//! first, e.g. with `axum_core::body::Body::new` in a `map_request` layer, and answer
-//! with `http_body_util::Full<Bytes>` or the same `Body`.
+//! From<Bytes>` in and out (unprotected requests keep their streaming body). Responses
+//! are `Response<`[`ResponseBody`](crate::ResponseBody)`<R>>` for an inner
+//! `Response<R>` with `R: Body<Data = Bytes>`: the inner body, or one the layer wrote
+//! (a replay, a problem), so `R` needs no `From` impls. axum's `Body` fits both sides.
+//! With plain hyper, whose requests carry `hyper::body::Incoming`, wrap the body first,
+//! e.g. with `axum_core::body::Body::new` in a `map_request` layer; answer with
+//! `http_body_util::Full<Bytes>`, axum's `Body` or any `Bytes` body.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -82,6 +91,6 @@ mod service;
 
 pub use future::ResponseFuture;
 pub use key::{ExtractKey, HeaderKey, MAX_KEY_LEN};
-pub use layer::IdempotencyLayer;
+pub use layer::{IdempotencyLayer, stored_by_default};
 pub use scope::{AuthorizationHash, Principal};
 pub use service::IdempotencyService;

@@ -3,20 +3,22 @@
 //! (read the response, store it or free the key).
 
 use std::future::{Future, poll_fn};
-use std::pin::{Pin, pin};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Context;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use http::{Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+
 use lock_core::{Begin, Claim, IdempotencyStore, LockError};
 
 use super::layer::Settings;
 use super::record;
 use super::scope::{Scope, fingerprint};
+use crate::ResponseBody;
 use crate::problem::problem;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -199,61 +201,89 @@ fn replay<ResBody: From<Bytes> + From<String>>(stored: Vec<u8>) -> Response<ResB
 }
 
 /// Stores the handler's response (or frees the key) and returns it to the client.
-pub(crate) async fn finish<ResBody>(
-    response: Response<ResBody>,
+///
+/// Reads at most `max_stored_bytes` (plus one frame) of the body: a body that ends
+/// within the limit is stored, one that goes past it frees the key and goes out as
+/// what was read followed by the rest, streamed.
+pub(crate) async fn finish<R>(
+    response: Response<R>,
     mut running: Running,
-) -> Response<ResBody>
+) -> Response<ResponseBody<R>>
 where
-    ResBody: Body + From<Bytes> + From<String> + Send + 'static,
-    ResBody::Data: Send,
-    ResBody::Error: Into<BoxError>,
+    R: Body<Data = Bytes> + Send + 'static,
+    R::Error: Into<BoxError>,
 {
     let settings = running.settings.clone();
     let key = running.claim.key().to_owned();
-    if response.status().is_server_error() && !settings.store_server_errors {
-        free(running.claim, "a server error is not stored").await;
-        return response;
+    if let Some(why) = not_stored(&settings, &response) {
+        free(running.claim, why).await;
+        return response.map(ResponseBody::inner);
     }
     let limit = settings.max_stored_bytes;
     if response.body().size_hint().lower() > limit as u64 {
         // Known to be too large: stream it through untouched.
         tracing::warn!(key = %key, limit, "response larger than the storable limit; passed through, not stored, key freed");
         free(running.claim, "response too large").await;
-        return response;
+        return response.map(ResponseBody::inner);
     }
     let (parts, body) = response.into_parts();
-    let mut collect = pin!(body.collect());
-    let collected = poll_fn(|cx| {
-        let polled = collect.as_mut().poll(cx);
-        if polled.is_pending() {
-            running.poll_keep_alive(cx);
+    let mut body = Box::pin(body);
+    let mut read = BytesMut::new();
+    let ended = loop {
+        if read.len() > limit {
+            break false;
         }
-        polled
-    })
-    .await
-    .map_err(Into::<BoxError>::into);
-    let bytes = match collected {
-        Ok(c) => c.to_bytes(),
-        Err(e) => {
-            tracing::warn!(key = %key, error = %e, "response body failed; key freed");
-            free(running.claim, "response body failed").await;
-            return problem(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "response-body-failed",
-                "the response could not be produced",
-            );
+        let frame = poll_fn(|cx| {
+            let polled = body.as_mut().poll_frame(cx);
+            if polled.is_pending() {
+                running.poll_keep_alive(cx);
+            }
+            polled
+        })
+        .await
+        .map(|f| f.map_err(Into::<BoxError>::into));
+        match frame {
+            None => break true,
+            // Trailers are not kept.
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    read.extend_from_slice(&data);
+                }
+            }
+            Some(Err(e)) => {
+                tracing::warn!(key = %key, error = %e, "response body failed; key freed");
+                free(running.claim, "response body failed").await;
+                return problem(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "response-body-failed",
+                    "the response could not be produced",
+                );
+            }
         }
     };
-    if bytes.len() > limit {
-        tracing::warn!(key = %key, limit, size = bytes.len(), "response larger than the storable limit; passed through, not stored, key freed");
+    let read = read.freeze();
+    if !ended {
+        tracing::warn!(key = %key, limit, "response larger than the storable limit; streamed through, not stored, key freed");
         free(running.claim, "response too large").await;
-    } else {
-        let record = record::encode(&parts, &bytes, &settings.deny_headers);
-        if let Err(e) = running.claim.complete(&record, settings.retention).await {
-            tracing::warn!(key = %key, error = %e, "response not stored; a retry will run again");
-        }
+        return Response::from_parts(parts, ResponseBody::resumed(read, body));
     }
-    Response::from_parts(parts, ResBody::from(bytes))
+    let record = record::encode(&parts, &read, &settings.deny_headers);
+    if let Err(e) = running.claim.complete(&record, settings.retention).await {
+        tracing::warn!(key = %key, error = %e, "response not stored; a retry will run again");
+    }
+    Response::from_parts(parts, ResponseBody::full(read))
+}
+
+/// Why a response is not stored, judged by its head alone.
+fn not_stored<R>(settings: &Settings, response: &Response<R>) -> Option<&'static str> {
+    let status = response.status();
+    if response.headers().contains_key(RETRY_AFTER) {
+        Some("a response asking for a retry is not stored")
+    } else if status.is_server_error() {
+        (!settings.store_server_errors).then_some("a server error is not stored")
+    } else {
+        (!(settings.store_status)(status)).then_some("the status is not stored")
+    }
 }
 
 /// Frees the key before the response goes out, so a retry that follows runs again.

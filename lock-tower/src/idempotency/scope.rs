@@ -5,11 +5,15 @@ use http::{Method, Request, request};
 use lock_core::key::{LockName, NameWriter};
 use sha2::{Digest, Sha256};
 
+use crate::hash::{hex, sha256_hex};
+
 /// Who sent a request, so that one client can never read another's stored response:
 /// the stored key is scoped by method, path, principal and the client's key.
 ///
-/// `None` (or an empty string) means anonymous: all anonymous clients share one scope
-/// per method and path, and only the secrecy of their keys separates them.
+/// `None` (or an empty string) means anonymous: the layer refuses such a keyed request
+/// with 400 unless [`allow_anonymous`](super::IdempotencyLayer::allow_anonymous) is set,
+/// in which case all anonymous clients share one scope per method and path, and only
+/// the secrecy of their keys separates them.
 ///
 /// Implemented by [`AuthorizationHash`] (the default) and for closures
 /// `Fn(&Request<B>) -> Option<String>`, e.g. a tenant header a gateway sets:
@@ -73,7 +77,7 @@ impl Scope {
     pub(crate) fn new(method: &Method, path: &str, principal: Option<String>, key: String) -> Self {
         // Request paths start with '/', so a hashed one cannot equal a literal one.
         let path = if path.len() > MAX_PATH_IN_KEY {
-            format!("sha256:{}", hex(&Sha256::digest(path.as_bytes())))
+            format!("sha256:{}", sha256_hex(path.as_bytes()))
         } else {
             path.to_owned()
         };
@@ -125,16 +129,6 @@ pub(crate) fn fingerprint(parts: &request::Parts, body: &[u8]) -> String {
 fn update_field(h: &mut Sha256, field: &[u8]) {
     h.update((field.len() as u64).to_be_bytes());
     h.update(field);
-}
-
-fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(char::from(DIGITS[usize::from(b >> 4)]));
-        s.push(char::from(DIGITS[usize::from(b & 15)]));
-    }
-    s
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use super::key::{ExtractKey, validate};
 use super::layer::Settings;
 use super::phases::{BoxError, prepare};
 use super::scope::{Principal, Scope};
+use crate::ResponseBody;
 use crate::problem::problem;
 
 /// What the layer hands every service it makes (one `Arc` clone per request).
@@ -45,13 +46,12 @@ where
     B: Body + From<Bytes> + Send + 'static,
     B::Data: Send,
     B::Error: Into<BoxError>,
-    ResBody: Body + From<Bytes> + From<String> + Send + 'static,
-    ResBody::Data: Send,
+    ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, B>;
+    type Future = ResponseFuture<S, B, ResBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -88,7 +88,18 @@ where
                 ));
             }
         };
-        let principal = shared.principal.principal(&request);
+        let principal = shared
+            .principal
+            .principal(&request)
+            .filter(|p| !p.is_empty());
+        if principal.is_none() && !settings.allow_anonymous {
+            return ResponseFuture::rejected(problem(
+                StatusCode::BAD_REQUEST,
+                "idempotency-principal-missing",
+                "this request carries an idempotency key but does not say who sent it \
+                 (no credentials), so its response could be replayed to anyone",
+            ));
+        }
         let scope = Scope::new(request.method(), request.uri().path(), principal, key);
         let prepare = Box::pin(prepare(settings.clone(), scope, request));
         ResponseFuture::preparing(prepare, inner, settings.clone())

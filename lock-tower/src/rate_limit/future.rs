@@ -116,6 +116,18 @@ where
                         Ok(d) => State::Done {
                             response: Some(too_many(&d)),
                         },
+                        // Only an unreachable Redis follows the fail-open setting: a
+                        // refused key or setting must never switch the limit off.
+                        Err(e) if !e.is_redis() => {
+                            tracing::error!(error = %e, ?limit, "rate limit misconfigured");
+                            State::Done {
+                                response: Some(problem(
+                                    StatusCode::INTERNAL_SERVER_ERROR,
+                                    "rate-limit-misconfigured",
+                                    "the server's rate-limit settings are wrong",
+                                )),
+                            }
+                        }
                         Err(e) if *fail_closed => {
                             tracing::warn!(error = %e, "rate limit unavailable; failing closed");
                             State::Done {

@@ -1,11 +1,23 @@
 //! Who a request counts against: pluggable key extractors.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use http::{HeaderName, Request};
+use lock_core::key::{LockName, NameWriter};
 
-/// Derives the rate-limit key of a request (`None`: the client cannot be identified,
-/// and the request is rejected with 400).
+use crate::hash::sha256_hex;
+
+/// Keys longer than this many bytes are counted under their SHA-256 instead: a key
+/// the limiter's Redis key could not hold must never switch the limit off.
+pub const MAX_LITERAL_KEY_LEN: usize = 128;
+
+/// Derives the rate-limit key of a request (`None` or an empty key: the client cannot
+/// be identified, and the request is rejected with 400).
+///
+/// Any key is accepted: one longer than [`MAX_LITERAL_KEY_LEN`] bytes is counted under
+/// its SHA-256, so no key switches the limit off. Two spellings of one client (`7` and
+/// `007`) are two keys: normalize in the extractor (a closure parsing the id) when the
+/// application treats them as one.
 ///
 /// Implemented for closures `Fn(&Request<B>) -> Option<String>`, and by [`PeerIp`],
 /// [`HeaderKey`] and [`ForwardedFor`].
@@ -23,13 +35,101 @@ where
     }
 }
 
+/// The key as the limiter counts it: literal when short, hashed when long. The two
+/// forms have a different number of name parts, so they never collide.
+#[derive(Debug)]
+pub(crate) enum LimitKey {
+    Literal(String),
+    Hashed(String),
+}
+
+impl LimitKey {
+    /// `None` for an empty key (nobody to count against).
+    pub(crate) fn new(key: String) -> Option<Self> {
+        if key.is_empty() {
+            None
+        } else if key.len() > MAX_LITERAL_KEY_LEN {
+            Some(Self::Hashed(sha256_hex(key.as_bytes())))
+        } else {
+            Some(Self::Literal(key))
+        }
+    }
+}
+
+impl LockName for LimitKey {
+    fn write_parts(&self, w: &mut NameWriter) {
+        match self {
+            Self::Literal(key) => w.part(key),
+            Self::Hashed(digest) => {
+                w.part("sha256");
+                w.part(digest);
+            }
+        }
+    }
+}
+
 /// The peer's address, as the server saw the connection.
 ///
 /// Read from the request extensions: axum's `ConnectInfo<SocketAddr>` (serve with
 /// `into_make_service_with_connect_info::<SocketAddr>()`; needs this crate's `axum`
 /// feature), or a plain `SocketAddr` a hyper server inserted itself.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct PeerIp;
+///
+/// Behavior: an IPv4 peer (or an IPv4-mapped IPv6 one) is keyed by its address; an
+/// IPv6 peer by its network, the first [`DEFAULT_IPV6_PREFIX`] (64) bits by default,
+/// since one subscriber usually holds a whole /64 and could rotate addresses inside it.
+///
+/// ```
+/// use lock_tower::rate_limit::PeerIp;
+///
+/// let per_64 = PeerIp::new();
+/// let per_48 = PeerIp::new().ipv6_prefix(48);
+/// # let _ = (per_64, per_48);
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct PeerIp {
+    ipv6_prefix: u8,
+}
+
+/// How many leading bits of an IPv6 client address make its key, unless set otherwise.
+pub const DEFAULT_IPV6_PREFIX: u8 = 64;
+
+impl PeerIp {
+    /// Keys by peer address, IPv6 by its /64.
+    pub fn new() -> Self {
+        Self {
+            ipv6_prefix: DEFAULT_IPV6_PREFIX,
+        }
+    }
+
+    /// Keys IPv6 peers by their first `bits` bits (128: each address on its own).
+    /// Default 64; values over 128 count as 128.
+    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.ipv6_prefix = bits.min(128);
+        self
+    }
+}
+
+impl Default for PeerIp {
+    /// [`PeerIp::new`].
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The key of a client address: IPv4 as is, IPv6 as its network `addr/prefix`.
+fn client_key(ip: IpAddr, ipv6_prefix: u8) -> String {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => {
+            let net = Ipv6Addr::from(u128::from(v6) & v6_mask(ipv6_prefix));
+            format!("{net}/{ipv6_prefix}")
+        }
+    }
+}
+
+fn v6_mask(prefix: u8) -> u128 {
+    u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0)
+}
 
 pub(crate) fn peer_ip<B>(request: &Request<B>) -> Option<IpAddr> {
     let ext = request.extensions();
@@ -42,7 +142,7 @@ pub(crate) fn peer_ip<B>(request: &Request<B>) -> Option<IpAddr> {
 
 impl<B> KeyExtractor<B> for PeerIp {
     fn extract(&self, request: &Request<B>) -> Option<String> {
-        peer_ip(request).map(|ip| ip.to_string())
+        peer_ip(request).map(|ip| client_key(ip, self.ipv6_prefix))
     }
 }
 
@@ -88,9 +188,7 @@ impl IpNet {
                 u32::from(net) & mask == u32::from(ip) & mask
             }
             (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                let mask = u128::MAX
-                    .checked_shl(128 - u32::from(self.prefix))
-                    .unwrap_or(0);
+                let mask = v6_mask(self.prefix);
                 u128::from(net) & mask == u128::from(ip) & mask
             }
             _ => false,
@@ -104,10 +202,12 @@ impl IpNet {
 /// proxy, step one hop left in `X-Forwarded-For`; the first untrusted address is the
 /// client. A request whose peer is not a trusted proxy is keyed by the peer itself, so
 /// a client cannot choose its key by sending the header. Without a peer address, the
-/// request cannot be identified.
+/// request cannot be identified. An IPv6 client is keyed by its /64, as with
+/// [`PeerIp`] ([`ForwardedFor::ipv6_prefix`]).
 #[derive(Debug, Clone)]
 pub struct ForwardedFor {
     trusted: Vec<IpNet>,
+    ipv6_prefix: u8,
 }
 
 impl ForwardedFor {
@@ -123,7 +223,17 @@ impl ForwardedFor {
             let p = p.as_ref();
             trusted.push(IpNet::parse(p).ok_or_else(|| format!("not an IP network: {p:?}"))?);
         }
-        Ok(Self { trusted })
+        Ok(Self {
+            trusted,
+            ipv6_prefix: DEFAULT_IPV6_PREFIX,
+        })
+    }
+
+    /// Keys IPv6 clients by their first `bits` bits (128: each address on its own).
+    /// Default 64; values over 128 count as 128.
+    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.ipv6_prefix = bits.min(128);
+        self
     }
 
     fn is_trusted(&self, ip: IpAddr) -> bool {
@@ -159,7 +269,7 @@ impl<B> KeyExtractor<B> for ForwardedFor {
             .get_all("x-forwarded-for")
             .iter()
             .filter_map(|v| v.to_str().ok());
-        Some(self.client_ip(peer, values).to_string())
+        Some(client_key(self.client_ip(peer, values), self.ipv6_prefix))
     }
 }
 
@@ -179,6 +289,21 @@ mod tests {
         assert!(IpNet::parse("0.0.0.0/0").unwrap().contains(ip("8.8.8.8")));
         assert!(IpNet::parse("10.0.0.0/33").is_none());
         assert!(IpNet::parse("nope").is_none());
+    }
+
+    #[test]
+    fn ipv6_clients_are_keyed_by_their_network() {
+        assert_eq!(
+            client_key(ip("2001:db8:1:2:aa::9"), 64),
+            "2001:db8:1:2::/64"
+        );
+        assert_eq!(
+            client_key(ip("2001:db8:1:2:aa::9"), 128),
+            "2001:db8:1:2:aa::9/128"
+        );
+        assert_eq!(client_key(ip("2001:db8:1:2:aa::9"), 0), "::/0");
+        assert_eq!(client_key(ip("::ffff:198.51.100.7"), 64), "198.51.100.7");
+        assert_eq!(client_key(ip("198.51.100.7"), 64), "198.51.100.7");
     }
 
     #[test]

@@ -1,13 +1,17 @@
 //! Rate limiting for tower services: GCRA per client key, on Redis.
 //!
 //! Behavior:
-//! - Each request is keyed by a [`KeyExtractor`]: the peer IP ([`PeerIp`]), a header
+//! - Each request is keyed by a [`KeyExtractor`]: the peer IP ([`PeerIp`]; IPv6 by its
+//!   /64, [`PeerIp::ipv6_prefix`]), a header
 //!   ([`HeaderKey`]), the client behind trusted proxies ([`ForwardedFor`], never the
-//!   `X-Forwarded-For` header blindly), or a closure. No key: 400 problem+json.
+//!   `X-Forwarded-For` header blindly), or a closure. No key (or an empty one): 400
+//!   problem+json. A key longer than [`MAX_LITERAL_KEY_LEN`] bytes is counted under its
+//!   SHA-256: no input can switch the limit off.
 //! - Over the limit: 429 `application/problem+json` with `Retry-After`. Every answered
 //!   request carries the IETF `RateLimit-Policy` and `RateLimit` headers.
 //! - Redis unavailable: the request passes and a warning is logged (fail open), or,
-//!   with [`RateLimitLayer::fail_closed`], 503.
+//!   with [`RateLimitLayer::fail_closed`], 503. Only that: a quota Redis is never asked
+//!   about (an invalid [`lock_core::RateLimit`] or limiter name) answers 500.
 //! - Rejections are responses, never service errors: an infallible service stays
 //!   infallible, so it works under `axum::Router::layer` and plain hyper.
 //!
@@ -34,6 +38,8 @@ mod layer;
 mod service;
 
 pub use future::ResponseFuture;
-pub use key::{ForwardedFor, HeaderKey, IpNet, KeyExtractor, PeerIp};
+pub use key::{
+    DEFAULT_IPV6_PREFIX, ForwardedFor, HeaderKey, IpNet, KeyExtractor, MAX_LITERAL_KEY_LEN, PeerIp,
+};
 pub use layer::RateLimitLayer;
 pub use service::RateLimitService;

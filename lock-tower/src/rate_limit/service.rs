@@ -5,7 +5,7 @@ use lock_core::RateLimiter;
 use tower::Service;
 
 use super::future::ResponseFuture;
-use super::key::KeyExtractor;
+use super::key::{KeyExtractor, LimitKey};
 use crate::problem::problem;
 
 /// The rate-limiting service made by [`RateLimitLayer`](super::RateLimitLayer).
@@ -35,10 +35,10 @@ where
         // The readied service answers this request; a fresh clone waits for the next.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        match self.extractor.extract(&request) {
+        match self.extractor.extract(&request).and_then(LimitKey::new) {
             Some(key) => {
                 let limiter = self.limiter.clone();
-                let check = Box::pin(async move { limiter.check(key.as_str()).await });
+                let check = Box::pin(async move { limiter.check(key).await });
                 ResponseFuture::checking(
                     check,
                     inner,
