@@ -272,3 +272,50 @@ async fn one_buyer_spelled_many_ways_shares_one_quota() {
         );
     }
 }
+
+/// Issue 14, item 4: a 403 `not-active` before the sale begins carries `Retry-After`
+/// and is not stored, so the buyer's retry with the same key after the start is served
+/// (before, the 403 was replayed to that key for 24 h).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_before_the_sale_is_not_replayed_after_it_begins() {
+    let redis = RedisServer::start();
+    let dir = Dir::new("not-yet");
+    let quota = ["--user-rate", "1000", "--user-burst", "1000"];
+    let a = Instance::spawn(server_bin(), &redis.url(), &dir.db(), &quota)
+        .await
+        .unwrap();
+    let http = Http::new();
+    let begins = time::OffsetDateTime::now_utc() + Duration::from_millis(1500);
+    let begins = begins
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    let created = http
+        .post_json(
+            &format!("{}/vouchers", a.url),
+            format!(r#"{{"stock": 5, "begins_at": "{begins}"}}"#),
+        )
+        .await
+        .unwrap();
+    assert_eq!(created.status, 201, "{:?}", created.body);
+    let voucher = created.json()["id"].as_i64().unwrap();
+    let early = http.order(&a.url, voucher, 1, "same-key").await.unwrap();
+    assert_eq!(early.status, 403, "{:?}", early.body);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = http.order(&a.url, voucher, 1, "same-key").await.unwrap();
+        assert!(
+            !r.replayed,
+            "the early 403 was stored and replayed: {:?}",
+            r.body
+        );
+        if r.status == 201 {
+            break;
+        }
+        assert_eq!(r.status, 403, "{:?}", r.body);
+        assert!(
+            Instant::now() < deadline,
+            "the sale never began for this key"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -80,14 +80,21 @@ pub(crate) async fn place_order(
         Take::NoVoucher => {
             Err(Problem::not_found(format!("there is no voucher {voucher_id}")).into())
         }
-        Take::NotStarted { begins_at_ms } => refuse(
-            StatusCode::FORBIDDEN,
-            "not-active",
-            format!(
+        Take::NotStarted { begins_at_ms } => {
+            // A refusal that passes: `Retry-After` keeps it out of the idempotency
+            // record, so a retry with the same key after the start is served.
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64);
+            let wait_s = (begins_at_ms.saturating_sub(now_ms) as u64).div_ceil(1000);
+            let detail = format!(
                 "the sale of voucher {voucher_id} begins at {}",
                 super::voucher::format_ms(begins_at_ms)
-            ),
-        ),
+            );
+            Err(Problem::new(StatusCode::FORBIDDEN, "not-active", detail)
+                .retry_after(wait_s)
+                .into())
+        }
         Take::Ended { ends_at_ms } => refuse(
             StatusCode::FORBIDDEN,
             "not-active",

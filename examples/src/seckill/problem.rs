@@ -24,6 +24,13 @@ impl Problem {
         }
     }
 
+    /// Adds `Retry-After: secs` (at least 1): the refusal passes by then, so the
+    /// idempotency layer does not store it and a same-key retry is answered afresh.
+    pub(crate) fn retry_after(mut self, secs: u64) -> Self {
+        self.retry_after = Some(secs.max(1));
+        self
+    }
+
     /// 400 with `kind`.
     pub(crate) fn bad_request(kind: &'static str, detail: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, kind, detail)
