@@ -99,6 +99,8 @@ pub use redlock::{DEFAULT_NODE_TIMEOUT, Redlock, RedlockGuard};
 pub use semaphore::{MAX_PERMITS_PER_ACQUIRE, Permits, Semaphore, SemaphoreOptions};
 pub use store::scripts::SOURCES as SCRIPT_SOURCES;
 pub use stores::{AnyGuard, AnyLocks, MemoryLocks, StoreGuard};
+#[cfg(feature = "mysql")]
+pub use stores::{MYSQL_FENCE_TABLE, MysqlLocks};
 #[cfg(feature = "postgres")]
 pub use stores::{POSTGRES_FENCE_SEQUENCE, PostgresLocks};
 pub use traits::{DistributedLock, HeldLock};

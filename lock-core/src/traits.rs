@@ -157,6 +157,19 @@ impl DistributedLock for crate::MemoryLocks {
     }
 }
 
+#[cfg(feature = "mysql")]
+impl DistributedLock for crate::MysqlLocks {
+    type Guard = crate::StoreGuard;
+
+    fn acquire<N: LockName + Send + Sync>(
+        &self,
+        name: N,
+        options: LockOptions,
+    ) -> impl Future<Output = Result<Self::Guard, LockError>> + Send {
+        crate::MysqlLocks::acquire(self, name, options)
+    }
+}
+
 #[cfg(feature = "postgres")]
 impl DistributedLock for crate::PostgresLocks {
     type Guard = crate::StoreGuard;

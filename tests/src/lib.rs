@@ -60,6 +60,7 @@
 //! ```
 
 mod cluster;
+mod mariadb;
 mod masters;
 mod monitor;
 mod port;
@@ -71,6 +72,7 @@ mod server;
 pub use cluster::{
     CLUSTER_NODE_TIMEOUT, CLUSTER_SLOTS, ClusterNode, FailoverMode, RedisCluster, Role, key_slot,
 };
+pub use mariadb::MariaDbServer;
 pub use masters::RedisMasters;
 pub use monitor::Monitor;
 pub use port::free_port;

@@ -18,6 +18,7 @@ use crate::{
 /// | `redlock://host1:6379,host2:6379,host3:6379` | [`Redlock`] over independent masters |
 /// | `memory://` | [`MemoryLocks`], this process only |
 /// | `postgres://user@host/db`, `postgresql://...` | `PostgresLocks` (cargo feature `postgres`) |
+/// | `mysql://user:pw@host/db`, `mariadb://...` | `MysqlLocks` (cargo feature `mysql`) |
 ///
 /// An unknown scheme, or a store whose cargo feature is off, is a
 /// [`LockError::InvalidConfig`] that says which feature to enable. The guard is
@@ -48,6 +49,9 @@ pub enum AnyLocks {
     /// Session advisory locks on PostgreSQL.
     #[cfg(feature = "postgres")]
     Postgres(crate::PostgresLocks),
+    /// `GET_LOCK` named locks on MySQL or MariaDB.
+    #[cfg(feature = "mysql")]
+    Mysql(crate::MysqlLocks),
 }
 
 /// The guard of an [`AnyLocks`] lock.
@@ -59,7 +63,7 @@ pub enum AnyGuard {
     Redis(LockGuard),
     /// A Redlock lock.
     Redlock(RedlockGuard),
-    /// A lock of another store (memory, PostgreSQL).
+    /// A lock of another store (memory, PostgreSQL, MySQL).
     Store(StoreGuard),
 }
 
@@ -69,7 +73,7 @@ impl AnyLocks {
         let (scheme, rest) = url.split_once("://").ok_or_else(|| {
             LockError::InvalidConfig(format!(
                 "lock store URL {url:?} has no scheme; use redis://, redis+cluster://, \
-                 redlock://, memory:// or postgres://"
+                 redlock://, memory://, postgres:// or mysql://"
             ))
         })?;
         let hosts = || {
@@ -97,11 +101,11 @@ impl AnyLocks {
             "redlock" => Ok(Self::Redlock(Redlock::open(hosts()?, config)?)),
             "memory" => Ok(Self::Memory(MemoryLocks::with_config(config))),
             "postgres" | "postgresql" => Self::postgres(url, config).await,
-            "mysql" | "mariadb" => Err(not_built("mysql", "MySQL / MariaDB")),
+            "mysql" | "mariadb" => Self::mysql(url, config).await,
             "zk" | "zookeeper" => Err(not_built("zookeeper", "ZooKeeper")),
             other => Err(LockError::InvalidConfig(format!(
                 "unknown lock store scheme {other:?} in {url:?}; use redis://, rediss://, \
-                 redis+cluster://, redlock://, memory:// or postgres://"
+                 redis+cluster://, redlock://, memory://, postgres:// or mysql://"
             ))),
         }
     }
@@ -122,6 +126,22 @@ impl AnyLocks {
         ))
     }
 
+    #[cfg(feature = "mysql")]
+    async fn mysql(url: &str, config: LockConfig) -> Result<Self, LockError> {
+        // sqlx knows the scheme as mysql://.
+        let url = url.replacen("mariadb://", "mysql://", 1);
+        Ok(Self::Mysql(crate::MysqlLocks::connect(&url, config).await?))
+    }
+
+    #[cfg(not(feature = "mysql"))]
+    async fn mysql(_url: &str, _config: LockConfig) -> Result<Self, LockError> {
+        Err(LockError::InvalidConfig(
+            "mysql:// needs the MySQL store: enable the `mysql` feature of lock-core \
+             (lock-core = { version = \"...\", features = [\"mysql\"] })"
+                .into(),
+        ))
+    }
+
     /// Takes the lock with per-call options.
     pub async fn acquire<N: LockName + Send + Sync>(
         &self,
@@ -134,6 +154,8 @@ impl AnyLocks {
             Self::Memory(m) => AnyGuard::Store(m.acquire(name, options).await?),
             #[cfg(feature = "postgres")]
             Self::Postgres(p) => AnyGuard::Store(p.acquire(name, options).await?),
+            #[cfg(feature = "mysql")]
+            Self::Mysql(m) => AnyGuard::Store(m.acquire(name, options).await?),
         })
     }
 }
@@ -141,8 +163,8 @@ impl AnyLocks {
 fn not_built(feature: &str, what: &str) -> LockError {
     LockError::InvalidConfig(format!(
         "the {what} lock store is not available in this version of lock-core \
-         (planned as cargo feature `{feature}`); use redis://, redlock://, memory:// or \
-         postgres://"
+         (planned as cargo feature `{feature}`); use redis://, redlock://, memory://, \
+         postgres:// or mysql://"
     ))
 }
 

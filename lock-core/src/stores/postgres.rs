@@ -5,13 +5,16 @@ use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
 use sqlx::{PgPool, Postgres};
-use tokio::sync::{Mutex, OnceCell, watch};
+use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use super::session::{BoxFuture, Hold, StoreGuard, Stores};
+use super::session::{Hold, StoreGuard, Stores};
+use super::sql::{Closing, ConnFuture, Dialect, SqlHold};
 use crate::key::{self, LockName};
 use crate::lock::Resolved;
-use crate::{FencingToken, LockConfig, LockError, LockOptions};
+use crate::{LockConfig, LockError, LockOptions};
+
+const STORE: &str = "postgres";
 
 /// The sequence fencing tokens come from (one per database, whatever the lock names).
 pub const FENCE_SEQUENCE: &str = "lock_core_fence";
@@ -138,19 +141,13 @@ impl PostgresLocks {
 
 /// FNV-1a 64 of `<namespace>:<name>`, as a signed advisory key.
 fn advisory_key(namespace: &str, name: &str) -> i64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in namespace.bytes().chain([b':']).chain(name.bytes()) {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h as i64
+    super::sql::fnv1a64(FNV_OFFSET, &[namespace, ":", name]) as i64
 }
 
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
 fn store_error(e: sqlx::Error) -> LockError {
-    LockError::Store {
-        store: "postgres",
-        message: e.to_string(),
-    }
+    super::sql::store_error(STORE, e)
 }
 
 /// `lock_not_available`: `lock_timeout` ran out.
@@ -181,11 +178,11 @@ impl Inner {
         name: String,
         key: i64,
         wait: Duration,
-    ) -> Result<PostgresHold, LockError> {
+    ) -> Result<SqlHold<Advisory>, LockError> {
         let started = Instant::now();
         // Until the answer is in, a cancellation or a failure must not give this session
         // back to the pool: it may hold the lock.
-        let mut pending = Closing(Some(self.pool.acquire().await.map_err(store_error)?));
+        let mut pending = Closing::new(self.pool.acquire().await.map_err(store_error)?);
         let conn = pending.get();
         self.ensure_sequence(conn).await?;
         let token: Option<i64> = if wait.is_zero() {
@@ -211,14 +208,20 @@ impl Inner {
             .bind(key)
             .fetch_one(&mut **conn)
             .await;
+            // The session goes back to the pool one day: leave its setting as it was.
+            let reset = sqlx::query("RESET lock_timeout").execute(&mut **conn).await;
             match got {
-                Ok(token) => Some(token),
+                Ok(token) => {
+                    reset.map_err(store_error)?;
+                    Some(token)
+                }
                 Err(sqlx::Error::Database(e))
                     if e.code().as_deref() == Some(LOCK_NOT_AVAILABLE) =>
                 {
-                    let _ = sqlx::query("SELECT set_config('lock_timeout', '0', false)")
-                        .execute(&mut **conn)
-                        .await;
+                    if reset.is_ok() {
+                        // It holds nothing: it may be pooled again.
+                        drop(pending.keep());
+                    }
                     return Err(LockError::Timeout {
                         key: name,
                         waited: started.elapsed(),
@@ -228,168 +231,46 @@ impl Inner {
             }
         };
         let Some(token) = token else {
+            // Refused at once: the session holds nothing and may be pooled again.
+            drop(pending.keep());
             return Err(LockError::Busy {
                 key: name,
                 retry_after: self.config.backoff.initial,
             });
         };
         let token = u64::try_from(token).unwrap_or_default();
-        Ok(PostgresHold::start(self, name, key, token, pending.keep()))
-    }
-}
-
-/// A pooled connection that is closed, not returned to the pool, when dropped before
-/// [`keep`](Self::keep): its session may hold a lock nobody knows of.
-struct Closing(Option<PoolConnection<Postgres>>);
-
-impl Closing {
-    fn get(&mut self) -> &mut PoolConnection<Postgres> {
-        self.0
-            .as_mut()
-            .expect("a Closing connection is only emptied by keep()")
-    }
-
-    fn keep(mut self) -> PoolConnection<Postgres> {
-        self.0
-            .take()
-            .expect("a Closing connection is only emptied by keep()")
-    }
-}
-
-impl Drop for Closing {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            c.close_on_drop();
-        }
-    }
-}
-
-/// One advisory lock held on its session, and the task checking that session.
-struct PostgresHold {
-    name: String,
-    key: i64,
-    token: u64,
-    conn: Arc<Mutex<Option<PoolConnection<Postgres>>>>,
-    /// Until when the session is known alive (`None` once lost).
-    alive: watch::Receiver<Option<Instant>>,
-    monitor: tokio::task::JoinHandle<()>,
-}
-
-impl PostgresHold {
-    fn start(
-        store: Arc<Inner>,
-        name: String,
-        key: i64,
-        token: u64,
-        conn: PoolConnection<Postgres>,
-    ) -> Self {
-        let lease = store.config.watchdog_lease();
-        let period = store.config.watchdog_period();
-        let (tx, alive) = watch::channel(Some(Instant::now() + lease));
-        let conn = Arc::new(Mutex::new(Some(conn)));
-        let checked = conn.clone();
-        let lock = name.clone();
-        let monitor = tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(period).await;
-                let sent = Instant::now();
-                let Some(until) = *tx.borrow() else { return };
-                let check = async {
-                    let mut conn = checked.lock().await;
-                    match conn.as_mut() {
-                        Some(c) => sqlx::query("SELECT 1").execute(&mut **c).await.is_ok(),
-                        None => false,
-                    }
-                };
-                let ok = tokio::time::timeout_at(until, check).await.unwrap_or(false);
-                if ok {
-                    tx.send_replace(Some(sent + lease));
-                } else {
-                    tracing::warn!(lock = %lock, "lock lost: its PostgreSQL session stopped answering");
-                    tx.send_replace(None);
-                    return;
-                }
-            }
-        });
-        Self {
+        Ok(SqlHold::start(
+            Advisory { key },
+            &self.config,
             name,
-            key,
             token,
-            conn,
-            alive,
-            monitor,
-        }
+            pending.keep(),
+        ))
     }
 }
 
-impl Drop for PostgresHold {
-    fn drop(&mut self) {
-        self.monitor.abort();
-    }
+/// Session advisory locks on one 64-bit key.
+struct Advisory {
+    key: i64,
 }
 
-impl Hold for PostgresHold {
-    fn valid_for(&self) -> Duration {
-        match *self.alive.borrow() {
-            Some(until) => until.saturating_duration_since(Instant::now()),
-            None => Duration::ZERO,
-        }
+impl Dialect for Advisory {
+    type Db = Postgres;
+    const STORE: &'static str = STORE;
+
+    fn check<'a>(&'a self, conn: &'a mut PoolConnection<Postgres>) -> ConnFuture<'a, bool> {
+        Box::pin(async move { sqlx::query("SELECT 1").execute(&mut **conn).await.is_ok() })
     }
 
-    fn token(&self) -> Option<FencingToken> {
-        Some(FencingToken::new(self.token, self.token))
-    }
-
-    fn lost(&self) -> BoxFuture<()> {
-        let mut alive = self.alive.clone();
+    fn unlock<'a>(
+        &'a self,
+        conn: &'a mut PoolConnection<Postgres>,
+    ) -> ConnFuture<'a, Result<bool, sqlx::Error>> {
         Box::pin(async move {
-            // A closed channel (the hold is gone) also ends the wait.
-            let _ = alive.wait_for(Option::is_none).await;
+            sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
+                .bind(self.key)
+                .fetch_one(&mut **conn)
+                .await
         })
-    }
-
-    fn release(self: Box<Self>) -> BoxFuture<Result<(), LockError>> {
-        self.monitor.abort();
-        let (conn, key, name) = (self.conn.clone(), self.key, self.name.clone());
-        let lost = self.alive.borrow().is_none();
-        Box::pin(async move {
-            let mut slot = conn.lock().await;
-            let Some(c) = slot.take() else {
-                return Err(LockError::Expired { key: name });
-            };
-            // Closed rather than pooled unless the unlock is confirmed.
-            let mut c = Closing(Some(c));
-            let unlocked: Result<bool, _> = sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
-                .bind(key)
-                .fetch_one(&mut **c.get())
-                .await;
-            match unlocked {
-                Ok(true) => {
-                    drop(c.keep());
-                    if lost {
-                        Err(LockError::Expired { key: name })
-                    } else {
-                        Ok(())
-                    }
-                }
-                // The session no longer held it, or is gone: the lock was lost.
-                Ok(false) | Err(_) => Err(LockError::Expired { key: name }),
-            }
-        })
-    }
-
-    fn release_in_background(self: Box<Self>) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            // No runtime: dropping the connection closes the session, which frees the
-            // lock on the server.
-            if let Ok(mut slot) = self.conn.try_lock() {
-                drop(Closing(slot.take()));
-            }
-            return;
-        };
-        let name = self.name.clone();
-        crate::cleanup::spawn(&runtime, "releasing a PostgreSQL lock", name, async move {
-            self.release().await
-        });
     }
 }

@@ -1,0 +1,297 @@
+//! [`MysqlLocks`]: `GET_LOCK` named locks on MySQL or MariaDB, through `sqlx`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::pool::PoolConnection;
+use sqlx::{MySql, MySqlPool};
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+
+use super::session::{Hold, StoreGuard, Stores};
+use super::sql::{Closing, ConnFuture, Dialect, SqlHold, fnv1a64};
+use crate::key::{self, LockName};
+use crate::lock::Resolved;
+use crate::{LockConfig, LockError, LockOptions};
+
+const STORE: &str = "mysql";
+
+/// The one-row table fencing tokens come from (one counter per database).
+pub const FENCE_TABLE: &str = "lock_core_fence";
+
+/// Longest lock name MySQL accepts in `GET_LOCK`; longer names are hashed.
+pub(crate) const MAX_SERVER_NAME: usize = 64;
+
+/// Locks on MySQL or MariaDB: `GET_LOCK` named locks, each held on its own pooled
+/// connection for the guard's life (the lock dies with the session: that is its lease).
+///
+/// - **Names** are `<namespace>:<name>`. Names longer than the server's limit of 64
+///   characters become `<namespace>:#` followed by 32 hex digits of two FNV-1a 64 hashes
+///   of the full name (a collision, about n² / 2^129 for n long names, would mean a
+///   false wait, never two owners); [`MysqlLocks::server_name`] shows what is sent.
+/// - **Waiting** is the server's own: `GET_LOCK(name, wait)` with the wait budget as its
+///   timeout, so waiters queue in the server. [`LockError::Busy`] carries no holder
+///   lease (MySQL has none): its `retry_after` is the config's first backoff step.
+/// - **Loss**: every [`LockConfig::watchdog_period`] the guard's session is asked
+///   whether it still holds the lock (`IS_USED_LOCK(name) = CONNECTION_ID()`, bounded
+///   by the time left); a killed connection (`KILL`, a restart, a broken network) fires
+///   [`StoreGuard::lost`], and [`StoreGuard::valid_for`] counts from the last check
+///   plus the watchdog lease.
+/// - **Fencing tokens** come from one counter row in [`FENCE_TABLE`]
+///   (`UPDATE ... SET n = LAST_INSERT_ID(n + 1)`) taken right after the grant, so they
+///   grow with every grant in the database (one row, not one per name). The table is
+///   created on first use (`CREATE TABLE IF NOT EXISTS`), which needs that right; every
+///   grant in the database updates that one row.
+/// - **Leases** from [`Lease::Fixed`](crate::Lease::Fixed) are not applied: a session
+///   lock lasts until released or until the session ends. `hold_until_expiry` releases.
+/// - A cancelled acquisition closes its connection instead of returning it to the pool,
+///   so a lock granted after the cancellation dies with the session.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lock_core::LockError> {
+/// use lock_core::{LockConfig, MysqlLocks};
+///
+/// let locks = MysqlLocks::connect("mysql://app:secret@db/app", LockConfig::new()).await?;
+/// let guard = locks.lock(("report", 2026_u32)).await?;
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct MysqlLocks {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    pool: MySqlPool,
+    config: LockConfig,
+    counter: OnceCell<()>,
+    stores: Arc<Stores>,
+}
+
+fn store_error(e: sqlx::Error) -> LockError {
+    super::sql::store_error(STORE, e)
+}
+
+impl MysqlLocks {
+    /// Locks on the database of `pool` (your application's pool can be shared: each
+    /// held lock keeps one of its connections).
+    pub fn new(pool: MySqlPool, config: LockConfig) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                pool,
+                config,
+                counter: OnceCell::new(),
+                stores: Arc::default(),
+            }),
+        }
+    }
+
+    /// Connects a pool to `url` (`mysql://user:password@host:port/database`).
+    pub async fn connect(url: &str, config: LockConfig) -> Result<Self, LockError> {
+        let pool = MySqlPool::connect(url).await.map_err(store_error)?;
+        Ok(Self::new(pool, config))
+    }
+
+    /// The pool locks are taken on.
+    pub fn pool(&self) -> &MySqlPool {
+        &self.inner.pool
+    }
+
+    /// The name `GET_LOCK` is given for the lock `name`.
+    pub fn server_name<N: LockName>(&self, name: N) -> Result<String, LockError> {
+        let name = key::escaped_name(&self.inner.config.delimiter, &name)?;
+        Ok(server_name(&self.inner.config.namespace, &name))
+    }
+
+    /// Takes the lock if it is free (or re-enters it); [`LockError::Busy`] otherwise.
+    pub async fn try_lock<N: LockName>(&self, name: N) -> Result<StoreGuard, LockError> {
+        self.acquire(name, LockOptions::new().wait(Duration::ZERO))
+            .await
+    }
+
+    /// Takes the lock, waiting up to the config's wait budget.
+    pub async fn lock<N: LockName>(&self, name: N) -> Result<StoreGuard, LockError> {
+        self.acquire(name, LockOptions::new()).await
+    }
+
+    /// Takes the lock with per-call options (wait, scope, delimiter).
+    pub async fn acquire<N: LockName>(
+        &self,
+        name: N,
+        options: LockOptions,
+    ) -> Result<StoreGuard, LockError> {
+        let how = Resolved::new(&self.inner.config, options)?;
+        let name = key::escaped_name(how.delimiter, &name)?;
+        let sent = server_name(&self.inner.config.namespace, &name);
+        let wait = how.wait;
+        let inner = self.inner.clone();
+        let fresh = {
+            let name = name.clone();
+            async move {
+                let hold = inner.take(name, sent, wait).await?;
+                Ok(Box::new(hold) as Box<dyn Hold>)
+            }
+        };
+        self.inner
+            .stores
+            .acquire(&name, how.scope.id(), fresh)
+            .await
+    }
+
+    /// Grants held now (one per name and scope).
+    pub fn held_count(&self) -> usize {
+        self.inner.stores.held_count()
+    }
+}
+
+/// `<namespace>:<name>`, or its hashed form when longer than the server's limit.
+fn server_name(namespace: &str, name: &str) -> String {
+    let full = format!("{namespace}:{name}");
+    if full.chars().count() <= MAX_SERVER_NAME {
+        return full;
+    }
+    let a = fnv1a64(0xcbf2_9ce4_8422_2325, &[&full]);
+    let b = fnv1a64(0x8422_2325_cbf2_9ce4, &[&full]);
+    // The namespace part is cut so the whole stays within the limit (32 hex + 2).
+    let ns: String = namespace.chars().take(MAX_SERVER_NAME - 34).collect();
+    format!("{ns}:#{a:016x}{b:016x}")
+}
+
+impl Inner {
+    async fn ensure_counter(&self, conn: &mut PoolConnection<MySql>) -> Result<(), LockError> {
+        self.counter
+            .get_or_try_init(|| async {
+                let create = format!(
+                    "CREATE TABLE IF NOT EXISTS {FENCE_TABLE} \
+                     (id TINYINT PRIMARY KEY, n BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB"
+                );
+                sqlx::query(&create)
+                    .execute(&mut **conn)
+                    .await
+                    .map_err(store_error)?;
+                sqlx::query(&format!("INSERT IGNORE INTO {FENCE_TABLE} VALUES (1, 0)"))
+                    .execute(&mut **conn)
+                    .await
+                    .map_err(store_error)?;
+                Ok(())
+            })
+            .await
+            .map(|_| ())
+    }
+
+    async fn take(
+        self: Arc<Self>,
+        name: String,
+        sent: String,
+        wait: Duration,
+    ) -> Result<SqlHold<NamedLock>, LockError> {
+        let started = Instant::now();
+        // Until the answer is in, a cancellation or a failure must not give this session
+        // back to the pool: it may hold the lock.
+        let mut pending = Closing::new(self.pool.acquire().await.map_err(store_error)?);
+        let conn = pending.get();
+        self.ensure_counter(conn).await?;
+        let left = wait.saturating_sub(started.elapsed());
+        // 1: granted, 0: timed out, NULL: an error (the server logs it).
+        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
+            .bind(&sent)
+            .bind(left.as_secs_f64())
+            .fetch_one(&mut **conn)
+            .await
+            .map_err(store_error)?;
+        match got {
+            Some(1) => {}
+            Some(_) => {
+                // It holds nothing: it may be pooled again.
+                drop(pending.keep());
+                return Err(if wait.is_zero() {
+                    LockError::Busy {
+                        key: name,
+                        retry_after: self.config.backoff.initial,
+                    }
+                } else {
+                    LockError::Timeout {
+                        key: name,
+                        waited: started.elapsed(),
+                    }
+                });
+            }
+            None => {
+                return Err(LockError::Store {
+                    store: STORE,
+                    message: format!("GET_LOCK({sent:?}) returned NULL (a server error)"),
+                });
+            }
+        }
+        let counted = sqlx::query(&format!(
+            "UPDATE {FENCE_TABLE} SET n = LAST_INSERT_ID(n + 1) WHERE id = 1"
+        ))
+        .execute(&mut **conn)
+        .await
+        .map_err(store_error)?;
+        let token = counted.last_insert_id();
+        Ok(SqlHold::start(
+            NamedLock { name: sent },
+            &self.config,
+            name,
+            token,
+            pending.keep(),
+        ))
+    }
+}
+
+/// One `GET_LOCK` name.
+struct NamedLock {
+    name: String,
+}
+
+impl Dialect for NamedLock {
+    type Db = MySql;
+    const STORE: &'static str = STORE;
+
+    fn check<'a>(&'a self, conn: &'a mut PoolConnection<MySql>) -> ConnFuture<'a, bool> {
+        Box::pin(async move {
+            let ours: Result<Option<i64>, _> =
+                sqlx::query_scalar("SELECT IS_USED_LOCK(?) = CONNECTION_ID()")
+                    .bind(&self.name)
+                    .fetch_one(&mut **conn)
+                    .await;
+            matches!(ours, Ok(Some(1)))
+        })
+    }
+
+    fn unlock<'a>(
+        &'a self,
+        conn: &'a mut PoolConnection<MySql>,
+    ) -> ConnFuture<'a, Result<bool, sqlx::Error>> {
+        Box::pin(async move {
+            let released: Option<i64> = sqlx::query_scalar("SELECT RELEASE_LOCK(?)")
+                .bind(&self.name)
+                .fetch_one(&mut **conn)
+                .await?;
+            Ok(released == Some(1))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_names_are_hashed_within_the_limit_and_short_ones_kept() {
+        assert_eq!(server_name("locks", "order:7"), "locks:order:7");
+        let long = "x".repeat(200);
+        let a = server_name("locks", &long);
+        assert!(a.chars().count() <= MAX_SERVER_NAME, "{a}");
+        assert!(a.starts_with("locks:#"), "{a}");
+        assert_ne!(a, server_name("locks", &"x".repeat(201)));
+        assert_eq!(a, server_name("locks", &long), "stable");
+        let wide = server_name(&"n".repeat(100), &long);
+        assert!(wide.chars().count() <= MAX_SERVER_NAME, "{wide}");
+        // Exactly at the limit: kept.
+        let at = "y".repeat(MAX_SERVER_NAME - 6);
+        assert_eq!(server_name("locks", &at).chars().count(), MAX_SERVER_NAME);
+    }
+}

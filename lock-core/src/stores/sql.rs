@@ -1,0 +1,210 @@
+//! What the database stores share: a lock held by one pooled session for the guard's
+//! life, a task that checks that session, and the rule that a session whose state is
+//! unknown is closed, never pooled.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::Database;
+use sqlx::pool::PoolConnection;
+use tokio::sync::{Mutex, watch};
+use tokio::time::Instant;
+
+use super::session::{BoxFuture, Hold};
+use crate::{FencingToken, LockConfig, LockError};
+
+/// A future borrowing a session.
+pub(crate) type ConnFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// How one database holds, checks and gives back a session lock.
+pub(crate) trait Dialect: Send + Sync + 'static {
+    /// The database.
+    type Db: Database;
+    /// The store's name in errors and logs.
+    const STORE: &'static str;
+    /// Whether the session still holds the lock (an error counts as no).
+    fn check<'a>(&'a self, conn: &'a mut PoolConnection<Self::Db>) -> ConnFuture<'a, bool>;
+    /// Gives the lock back: `true` if the session held it.
+    fn unlock<'a>(
+        &'a self,
+        conn: &'a mut PoolConnection<Self::Db>,
+    ) -> ConnFuture<'a, Result<bool, sqlx::Error>>;
+}
+
+/// FNV-1a 64 over `parts` from `offset` (the standard offset basis is
+/// `0xcbf2_9ce4_8422_2325`): stable across processes, versions and languages.
+pub(crate) fn fnv1a64(offset: u64, parts: &[&str]) -> u64 {
+    let mut h = offset;
+    for b in parts.iter().flat_map(|p| p.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// A database error as a [`LockError::Store`].
+pub(crate) fn store_error(store: &'static str, e: sqlx::Error) -> LockError {
+    LockError::Store {
+        store,
+        message: e.to_string(),
+    }
+}
+
+/// A pooled connection that is closed, not returned to the pool, when dropped before
+/// [`keep`](Self::keep): its session may hold a lock nobody knows of.
+pub(crate) struct Closing<DB: Database>(Option<PoolConnection<DB>>);
+
+impl<DB: Database> Closing<DB> {
+    pub(crate) fn new(conn: PoolConnection<DB>) -> Self {
+        Self(Some(conn))
+    }
+
+    pub(crate) fn get(&mut self) -> &mut PoolConnection<DB> {
+        // Only `keep` (which consumes self) empties it.
+        self.0
+            .as_mut()
+            .expect("a Closing connection is only emptied by keep()")
+    }
+
+    pub(crate) fn keep(mut self) -> PoolConnection<DB> {
+        self.0
+            .take()
+            .expect("a Closing connection is only emptied by keep()")
+    }
+}
+
+impl<DB: Database> Drop for Closing<DB> {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            c.close_on_drop();
+        }
+    }
+}
+
+/// One session lock and the task checking its session every watchdog period: a
+/// failed or late check fires `lost()`; `valid_for` runs from the last good check
+/// plus the watchdog lease.
+pub(crate) struct SqlHold<D: Dialect> {
+    dialect: Arc<D>,
+    name: String,
+    token: u64,
+    conn: Arc<Mutex<Option<PoolConnection<D::Db>>>>,
+    /// Until when the session is known to hold the lock (`None` once lost).
+    alive: watch::Receiver<Option<Instant>>,
+    monitor: tokio::task::JoinHandle<()>,
+}
+
+impl<D: Dialect> SqlHold<D> {
+    pub(crate) fn start(
+        dialect: D,
+        config: &LockConfig,
+        name: String,
+        token: u64,
+        conn: PoolConnection<D::Db>,
+    ) -> Self {
+        let dialect = Arc::new(dialect);
+        let lease = config.watchdog_lease();
+        let period = config.watchdog_period();
+        let (tx, alive) = watch::channel(Some(Instant::now() + lease));
+        let conn = Arc::new(Mutex::new(Some(conn)));
+        let (checked, checker, lock) = (conn.clone(), dialect.clone(), name.clone());
+        let monitor = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                let sent = Instant::now();
+                let Some(until) = *tx.borrow() else { return };
+                let check = async {
+                    let mut conn = checked.lock().await;
+                    match conn.as_mut() {
+                        Some(c) => checker.check(c).await,
+                        None => false,
+                    }
+                };
+                if tokio::time::timeout_at(until, check).await.unwrap_or(false) {
+                    tx.send_replace(Some(sent + lease));
+                } else {
+                    tracing::warn!(lock = %lock, store = D::STORE, "lock lost: its session no longer holds it or stopped answering");
+                    tx.send_replace(None);
+                    return;
+                }
+            }
+        });
+        Self {
+            dialect,
+            name,
+            token,
+            conn,
+            alive,
+            monitor,
+        }
+    }
+}
+
+impl<D: Dialect> Drop for SqlHold<D> {
+    fn drop(&mut self) {
+        self.monitor.abort();
+    }
+}
+
+impl<D: Dialect> Hold for SqlHold<D> {
+    fn valid_for(&self) -> Duration {
+        match *self.alive.borrow() {
+            Some(until) => until.saturating_duration_since(Instant::now()),
+            None => Duration::ZERO,
+        }
+    }
+
+    fn token(&self) -> Option<FencingToken> {
+        Some(FencingToken::new(self.token, self.token))
+    }
+
+    fn lost(&self) -> BoxFuture<()> {
+        let mut alive = self.alive.clone();
+        Box::pin(async move {
+            // A closed channel (the hold is gone) also ends the wait.
+            let _ = alive.wait_for(Option::is_none).await;
+        })
+    }
+
+    fn release(self: Box<Self>) -> BoxFuture<Result<(), LockError>> {
+        self.monitor.abort();
+        let (conn, dialect, name) = (self.conn.clone(), self.dialect.clone(), self.name.clone());
+        let lost = self.alive.borrow().is_none();
+        Box::pin(async move {
+            let mut slot = conn.lock().await;
+            let Some(c) = slot.take() else {
+                return Err(LockError::Expired { key: name });
+            };
+            // Closed rather than pooled unless the unlock is confirmed.
+            let mut c = Closing::new(c);
+            match dialect.unlock(c.get()).await {
+                Ok(true) => {
+                    drop(c.keep());
+                    if lost {
+                        Err(LockError::Expired { key: name })
+                    } else {
+                        Ok(())
+                    }
+                }
+                // The session no longer held it, or is gone: the lock was lost.
+                Ok(false) | Err(_) => Err(LockError::Expired { key: name }),
+            }
+        })
+    }
+
+    fn release_in_background(self: Box<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime: closing the session frees the lock on the server.
+            if let Ok(mut slot) = self.conn.try_lock() {
+                drop(slot.take().map(Closing::new));
+            }
+            return;
+        };
+        let name = self.name.clone();
+        crate::cleanup::spawn(&runtime, "releasing a database lock", name, async move {
+            self.release().await
+        });
+    }
+}

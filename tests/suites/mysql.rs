@@ -1,0 +1,171 @@
+//! The MySQL store on a real MariaDB server the harness starts: exclusion across
+//! pools, waiting in the server, reentrancy, long names, a killed connection firing
+//! `lost()`, cancellation.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use lock_core::{LockConfig, LockOptions, LockScope, MysqlLocks, Released};
+use lock_tests::MariaDbServer;
+use sqlx::mysql::MySqlPoolOptions;
+
+fn config() -> LockConfig {
+    LockConfig::new()
+        .with_watchdog_lease(Duration::from_millis(800))
+        .with_watchdog_period(Duration::from_millis(200))
+        .with_wait(Duration::from_secs(10))
+}
+
+async fn locks(server: &MariaDbServer) -> MysqlLocks {
+    let pool = MySqlPoolOptions::new()
+        .max_connections(20)
+        .connect(&server.url())
+        .await
+        .expect("connect to the test mariadb");
+    MysqlLocks::new(pool, config())
+}
+
+/// Who holds `name` on the server (its connection id), if anyone.
+async fn holder(locks: &MysqlLocks, name: &str) -> Option<i64> {
+    sqlx::query_scalar("SELECT IS_USED_LOCK(?)")
+        .bind(name)
+        .fetch_one(locks.pool())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pools_never_hold_one_name_at_once_and_tokens_grow() {
+    let server = MariaDbServer::start();
+    let stores = [locks(&server).await, locks(&server).await];
+    let inside = Arc::new(AtomicU64::new(0));
+    let last_token = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let locks = stores[i % 2].clone();
+            let (inside, last_token) = (inside.clone(), last_token.clone());
+            tokio::spawn(async move {
+                for _ in 0..10 {
+                    let g = locks.lock("counter").await.unwrap();
+                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                    let t = g.fencing_token().unwrap().get();
+                    assert!(t > last_token.swap(t, Ordering::SeqCst), "token went back");
+                    tokio::task::yield_now().await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    assert_eq!(g.release().await.unwrap(), Released::Unlocked);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(stores[0].held_count() + stores[1].held_count(), 0);
+    let name = stores[0].server_name("counter").unwrap();
+    assert_eq!(holder(&stores[0], &name).await, None, "nothing left held");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_wait_in_the_server_and_timeout() {
+    let server = MariaDbServer::start();
+    let (a, b) = (locks(&server).await, locks(&server).await);
+    let held = a.lock(("order", 7_u64)).await.unwrap();
+    let err = b.try_lock(("order", 7_u64)).await.unwrap_err();
+    assert!(err.is_busy(), "{err}");
+    let started = Instant::now();
+    let err = b
+        .acquire(
+            ("order", 7_u64),
+            LockOptions::new().wait(Duration::from_millis(300)),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    let waiter = tokio::spawn(async move { b.lock(("order", 7_u64)).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiter.is_finished());
+    held.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter was woken")
+        .unwrap()
+        .unwrap();
+    assert!(got.is_held());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reentrant_per_scope_and_long_names_hashed() {
+    let server = MariaDbServer::start();
+    let locks = locks(&server).await;
+    let scope = LockScope::new();
+    let long = "n".repeat(300);
+    let outer = locks
+        .acquire(long.as_str(), LockOptions::new().scope(&scope))
+        .await
+        .unwrap();
+    let inner = locks
+        .acquire(long.as_str(), LockOptions::new().scope(&scope))
+        .await
+        .unwrap();
+    assert_eq!(outer.fencing_token(), inner.fencing_token());
+    assert!(locks.try_lock(long.as_str()).await.unwrap_err().is_busy());
+    let sent = locks.server_name(long.as_str()).unwrap();
+    assert!(sent.len() <= 64, "{sent}");
+    assert!(holder(&locks, &sent).await.is_some(), "held under {sent}");
+    assert_eq!(
+        inner.release().await.unwrap(),
+        Released::StillHeld { holds_left: 1 }
+    );
+    drop(outer);
+    let again = locks
+        .acquire(long.as_str(), LockOptions::new().scope(&scope))
+        .await
+        .unwrap();
+    assert!(locks.try_lock(long.as_str()).await.unwrap_err().is_busy());
+    assert_eq!(again.release().await.unwrap(), Released::Unlocked);
+    assert!(locks.try_lock(long.as_str()).await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_connection_fires_lost_and_lets_another_owner_in() {
+    let server = MariaDbServer::start();
+    let (a, b) = (locks(&server).await, locks(&server).await);
+    let g = a.lock("job").await.unwrap();
+    let name = a.server_name("job").unwrap();
+    let id = holder(&b, &name).await.expect("held");
+    sqlx::query(&format!("KILL {id}"))
+        .execute(b.pool())
+        .await
+        .unwrap();
+    let killed_at = Instant::now();
+    tokio::time::timeout(Duration::from_secs(2), g.lost())
+        .await
+        .expect("lost() fired within the check period and lease");
+    assert!(killed_at.elapsed() < Duration::from_millis(1_000));
+    assert!(!g.is_held());
+    let next = b.try_lock("job").await.unwrap();
+    assert!(next.fencing_token() > g.fencing_token());
+    let err = g.release().await.unwrap_err();
+    assert!(err.is_lost(), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_wait_leaves_no_lock_behind() {
+    let server = MariaDbServer::start();
+    let (a, b) = (locks(&server).await, locks(&server).await);
+    let held = a.lock("x").await.unwrap();
+    for _ in 0..5 {
+        let cut = tokio::time::timeout(Duration::from_millis(50), b.lock("x")).await;
+        assert!(cut.is_err(), "the wait was cut");
+    }
+    held.release().await.unwrap();
+    // The cancelled sessions were closed: none of them holds or later takes the lock.
+    let g = tokio::time::timeout(Duration::from_secs(5), a.lock("x"))
+        .await
+        .expect("free after the holder's release")
+        .unwrap();
+    g.release().await.unwrap();
+    assert_eq!(b.held_count(), 0);
+}
