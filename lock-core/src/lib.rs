@@ -98,9 +98,14 @@ pub use rate::{Decision, LimitRule, RateLimit, RateLimiter, RuleDecision, RuleLi
 pub use redlock::{DEFAULT_NODE_TIMEOUT, Redlock, RedlockGuard};
 pub use semaphore::{MAX_PERMITS_PER_ACQUIRE, Permits, Semaphore, SemaphoreOptions};
 pub use store::scripts::SOURCES as SCRIPT_SOURCES;
+#[cfg(feature = "zookeeper")]
+pub use stores::ZkLocks;
 pub use stores::{AnyGuard, AnyLocks, MemoryLocks, StoreGuard};
 #[cfg(feature = "mysql")]
 pub use stores::{MYSQL_FENCE_TABLE, MysqlLocks};
 #[cfg(feature = "postgres")]
 pub use stores::{POSTGRES_FENCE_SEQUENCE, PostgresLocks};
 pub use traits::{DistributedLock, HeldLock};
+/// The ZooKeeper client crate the ZooKeeper store is built on (to hand in a session).
+#[cfg(feature = "zookeeper")]
+pub use zookeeper_client;

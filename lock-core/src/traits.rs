@@ -157,6 +157,19 @@ impl DistributedLock for crate::MemoryLocks {
     }
 }
 
+#[cfg(feature = "zookeeper")]
+impl DistributedLock for crate::ZkLocks {
+    type Guard = crate::StoreGuard;
+
+    fn acquire<N: LockName + Send + Sync>(
+        &self,
+        name: N,
+        options: LockOptions,
+    ) -> impl Future<Output = Result<Self::Guard, LockError>> + Send {
+        crate::ZkLocks::acquire(self, name, options)
+    }
+}
+
 #[cfg(feature = "mysql")]
 impl DistributedLock for crate::MysqlLocks {
     type Guard = crate::StoreGuard;

@@ -68,6 +68,7 @@ mod postgres;
 mod process;
 mod proxy;
 mod server;
+mod zookeeper;
 
 pub use cluster::{
     CLUSTER_NODE_TIMEOUT, CLUSTER_SLOTS, ClusterNode, FailoverMode, RedisCluster, Role, key_slot,
@@ -79,6 +80,7 @@ pub use port::free_port;
 pub use postgres::PostgresServer;
 pub use proxy::TcpProxy;
 pub use server::RedisServer;
+pub use zookeeper::ZooKeeperServer;
 
 /// The README's code blocks, compiled as doctests so the README stays true.
 #[cfg(doctest)]

@@ -1,6 +1,6 @@
 //! One lock API over every store: the URL factory, and the same code (generic over
-//! `DistributedLock`, and `#[cache_lock]`) on Redis, Redlock, memory, PostgreSQL and
-//! MariaDB.
+//! `DistributedLock`, and `#[cache_lock]`) on Redis, Redlock, memory, PostgreSQL,
+//! MariaDB and ZooKeeper.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use lock_core::{AnyLocks, DistributedLock, HeldLock, LockConfig, LockError};
 use lock_macros::cache_lock;
-use lock_tests::{MariaDbServer, PostgresServer, RedisServer};
+use lock_tests::{MariaDbServer, PostgresServer, RedisServer, ZooKeeperServer};
 
 /// 8 tasks x 10 rounds on one name: never two inside; then a held lock is busy to others.
 async fn exclusion<L>(what: &'static str, locks: Arc<L>)
@@ -83,6 +83,7 @@ async fn every_url_opens_its_store_and_the_same_code_runs_on_each() {
     let masters = RedisServer::start_many(3);
     let postgres = PostgresServer::start();
     let mariadb = MariaDbServer::start();
+    let zookeeper = ZooKeeperServer::start();
     let hosts: Vec<String> = masters
         .urls()
         .iter()
@@ -99,6 +100,7 @@ async fn every_url_opens_its_store_and_the_same_code_runs_on_each() {
         postgres.url(),
         mariadb.url(),
         mariadb.url().replacen("mysql://", "mariadb://", 1),
+        format!("zk://{}", zookeeper.connect_string()),
     ];
     for url in urls {
         let locks = AnyLocks::open(&url, config()).await.unwrap();
@@ -112,7 +114,6 @@ async fn bad_urls_get_errors_that_say_what_to_do() {
     for (url, says) in [
         ("localhost:6379", "no scheme"),
         ("ftp://x", "unknown lock store scheme"),
-        ("zk://zk1:2181/locks", "feature `zookeeper`"),
         ("redlock://", "at least one host"),
     ] {
         let err = AnyLocks::open(url, LockConfig::new()).await.unwrap_err();

@@ -19,6 +19,7 @@ use crate::{
 /// | `memory://` | [`MemoryLocks`], this process only |
 /// | `postgres://user@host/db`, `postgresql://...` | `PostgresLocks` (cargo feature `postgres`) |
 /// | `mysql://user:pw@host/db`, `mariadb://...` | `MysqlLocks` (cargo feature `mysql`) |
+/// | `zk://host:port[,host:port]/chroot`, `zookeeper://...` | `ZkLocks` (cargo feature `zookeeper`) |
 ///
 /// An unknown scheme, or a store whose cargo feature is off, is a
 /// [`LockError::InvalidConfig`] that says which feature to enable. The guard is
@@ -52,6 +53,9 @@ pub enum AnyLocks {
     /// `GET_LOCK` named locks on MySQL or MariaDB.
     #[cfg(feature = "mysql")]
     Mysql(crate::MysqlLocks),
+    /// Curator-layout locks on ZooKeeper.
+    #[cfg(feature = "zookeeper")]
+    Zookeeper(crate::ZkLocks),
 }
 
 /// The guard of an [`AnyLocks`] lock.
@@ -63,7 +67,7 @@ pub enum AnyGuard {
     Redis(LockGuard),
     /// A Redlock lock.
     Redlock(RedlockGuard),
-    /// A lock of another store (memory, PostgreSQL, MySQL).
+    /// A lock of another store (memory, PostgreSQL, MySQL, ZooKeeper).
     Store(StoreGuard),
 }
 
@@ -73,7 +77,7 @@ impl AnyLocks {
         let (scheme, rest) = url.split_once("://").ok_or_else(|| {
             LockError::InvalidConfig(format!(
                 "lock store URL {url:?} has no scheme; use redis://, redis+cluster://, \
-                 redlock://, memory://, postgres:// or mysql://"
+                 redlock://, memory://, postgres://, mysql:// or zk://"
             ))
         })?;
         let hosts = || {
@@ -102,10 +106,10 @@ impl AnyLocks {
             "memory" => Ok(Self::Memory(MemoryLocks::with_config(config))),
             "postgres" | "postgresql" => Self::postgres(url, config).await,
             "mysql" | "mariadb" => Self::mysql(url, config).await,
-            "zk" | "zookeeper" => Err(not_built("zookeeper", "ZooKeeper")),
+            "zk" | "zookeeper" => Self::zookeeper(rest, config).await,
             other => Err(LockError::InvalidConfig(format!(
                 "unknown lock store scheme {other:?} in {url:?}; use redis://, rediss://, \
-                 redis+cluster://, redlock://, memory://, postgres:// or mysql://"
+                 redis+cluster://, redlock://, memory://, postgres://, mysql:// or zk://"
             ))),
         }
     }
@@ -122,6 +126,22 @@ impl AnyLocks {
         Err(LockError::InvalidConfig(
             "postgres:// needs the PostgreSQL store: enable the `postgres` feature of \
              lock-core (lock-core = { version = \"...\", features = [\"postgres\"] })"
+                .into(),
+        ))
+    }
+
+    #[cfg(feature = "zookeeper")]
+    async fn zookeeper(cluster: &str, config: LockConfig) -> Result<Self, LockError> {
+        Ok(Self::Zookeeper(
+            crate::ZkLocks::connect(cluster, config).await?,
+        ))
+    }
+
+    #[cfg(not(feature = "zookeeper"))]
+    async fn zookeeper(_cluster: &str, _config: LockConfig) -> Result<Self, LockError> {
+        Err(LockError::InvalidConfig(
+            "zk:// needs the ZooKeeper store: enable the `zookeeper` feature of lock-core \
+             (lock-core = { version = \"...\", features = [\"zookeeper\"] })"
                 .into(),
         ))
     }
@@ -156,16 +176,10 @@ impl AnyLocks {
             Self::Postgres(p) => AnyGuard::Store(p.acquire(name, options).await?),
             #[cfg(feature = "mysql")]
             Self::Mysql(m) => AnyGuard::Store(m.acquire(name, options).await?),
+            #[cfg(feature = "zookeeper")]
+            Self::Zookeeper(z) => AnyGuard::Store(z.acquire(name, options).await?),
         })
     }
-}
-
-fn not_built(feature: &str, what: &str) -> LockError {
-    LockError::InvalidConfig(format!(
-        "the {what} lock store is not available in this version of lock-core \
-         (planned as cargo feature `{feature}`); use redis://, redlock://, memory://, \
-         postgres:// or mysql://"
-    ))
 }
 
 impl DistributedLock for AnyLocks {

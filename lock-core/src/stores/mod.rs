@@ -11,6 +11,8 @@ pub(crate) mod postgres;
 pub(crate) mod session;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) mod sql;
+#[cfg(feature = "zookeeper")]
+pub(crate) mod zookeeper;
 
 pub use any::{AnyGuard, AnyLocks};
 pub use memory::MemoryLocks;
@@ -19,3 +21,5 @@ pub use mysql::{FENCE_TABLE as MYSQL_FENCE_TABLE, MysqlLocks};
 #[cfg(feature = "postgres")]
 pub use postgres::{FENCE_SEQUENCE as POSTGRES_FENCE_SEQUENCE, PostgresLocks};
 pub use session::StoreGuard;
+#[cfg(feature = "zookeeper")]
+pub use zookeeper::ZkLocks;

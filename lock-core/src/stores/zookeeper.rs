@@ -1,0 +1,479 @@
+//! [`ZkLocks`]: locks on ZooKeeper in the layout of Apache Curator's
+//! `InterProcessMutex`, through `zookeeper-client`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+use super::session::{BoxFuture, Hold, StoreGuard, Stores};
+use crate::key::{self, LockName};
+use crate::lock::Resolved;
+use crate::{FencingToken, LockConfig, LockError, LockOptions};
+
+const STORE: &str = "zookeeper";
+/// Curator's lock node name: `_c_<uuid>-lock-<sequence>`.
+const LOCK_NAME: &str = "-lock-";
+
+/// Locks on ZooKeeper, node for node as Apache Curator's `InterProcessMutex` lays them
+/// out, so a Java service using Curator and a Rust service using this crate exclude each
+/// other on the same path.
+///
+/// - **Layout**: the lock `name` lives at `/<namespace>/<name>` (see
+///   [`ZkLocks::lock_path`]; `/` and characters ZooKeeper refuses are percent-escaped).
+///   Each contender creates an ephemeral sequential node `_c_<uuid>-lock-<sequence>`
+///   under it; the lowest sequence holds the lock, and each waiter watches only its
+///   predecessor (no herd).
+/// - **Waiting** follows the wait budget; a busy `try_lock` (no wait) deletes its node
+///   and answers [`LockError::Busy`] (ZooKeeper has no lease to report: `retry_after` is
+///   the config's first backoff step).
+/// - **Loss**, as Curator's states: the session expiring, or the lock node being
+///   deleted, fires [`StoreGuard::lost`] at once. A lost connection suspends the lock:
+///   it is still held for a third of the session timeout after the disconnection is
+///   noticed (the server may expire the session as early as that), and lost then
+///   unless the connection came back. [`StoreGuard::valid_for`] is that third while
+///   connected, and counts down while suspended.
+/// - **Session**: one per `ZkLocks`, with the config's watchdog lease as its timeout;
+///   an expired session is replaced on the next acquisition (when the store was opened
+///   from a connect string).
+/// - **Fencing tokens** are the lock node's creation zxid: grants of one lock are in
+///   creation order, and zxids only grow in the ensemble.
+/// - **Leases** from [`Lease::Fixed`](crate::Lease::Fixed) are not applied (the node
+///   lives with the session); `hold_until_expiry` releases.
+/// - The lock's parent node is persistent and stays after release (as with Curator).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lock_core::LockError> {
+/// use lock_core::{LockConfig, ZkLocks};
+///
+/// let locks = ZkLocks::connect("zk1:2181,zk2:2181/app", LockConfig::new()).await?;
+/// let guard = locks.lock(("report", 2026_u32)).await?;
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct ZkLocks {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// The session, replaced when it expires (if `cluster` is known).
+    client: tokio::sync::Mutex<zk::Client>,
+    cluster: Option<String>,
+    config: LockConfig,
+    stores: Arc<Stores>,
+}
+
+fn zk_error(e: zk::Error) -> LockError {
+    LockError::Store {
+        store: STORE,
+        message: e.to_string(),
+    }
+}
+
+async fn open(cluster: &str, config: &LockConfig) -> Result<zk::Client, LockError> {
+    zk::Client::connector()
+        .session_timeout(config.watchdog_lease())
+        .connect(cluster)
+        .await
+        .map_err(zk_error)
+}
+
+fn terminal(state: zk::SessionState) -> bool {
+    matches!(
+        state,
+        zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed
+    )
+}
+
+impl ZkLocks {
+    /// Connects to `cluster` (`host:port[,host:port...][/chroot]`), with the config's
+    /// watchdog lease as the session timeout.
+    pub async fn connect(cluster: &str, config: LockConfig) -> Result<Self, LockError> {
+        let client = open(cluster, &config).await?;
+        Ok(Self::build(client, Some(cluster.to_owned()), config))
+    }
+
+    /// Locks on an existing session (not replaced if it expires: connect again).
+    pub fn new(client: zk::Client, config: LockConfig) -> Self {
+        Self::build(client, None, config)
+    }
+
+    fn build(client: zk::Client, cluster: Option<String>, config: LockConfig) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                client: tokio::sync::Mutex::new(client),
+                cluster,
+                config,
+                stores: Arc::default(),
+            }),
+        }
+    }
+
+    /// The node under which contenders for `name` queue.
+    pub fn lock_path<N: LockName>(&self, name: N) -> Result<String, LockError> {
+        let name = key::escaped_name(&self.inner.config.delimiter, &name)?;
+        Ok(lock_path(&self.inner.config.namespace, &name))
+    }
+
+    /// Takes the lock if it is free (or re-enters it); [`LockError::Busy`] otherwise.
+    pub async fn try_lock<N: LockName>(&self, name: N) -> Result<StoreGuard, LockError> {
+        self.acquire(name, LockOptions::new().wait(Duration::ZERO))
+            .await
+    }
+
+    /// Takes the lock, waiting up to the config's wait budget.
+    pub async fn lock<N: LockName>(&self, name: N) -> Result<StoreGuard, LockError> {
+        self.acquire(name, LockOptions::new()).await
+    }
+
+    /// Takes the lock with per-call options (wait, scope, delimiter).
+    pub async fn acquire<N: LockName>(
+        &self,
+        name: N,
+        options: LockOptions,
+    ) -> Result<StoreGuard, LockError> {
+        let how = Resolved::new(&self.inner.config, options)?;
+        let name = key::escaped_name(how.delimiter, &name)?;
+        let dir = lock_path(&self.inner.config.namespace, &name);
+        let wait = how.wait;
+        let inner = self.inner.clone();
+        let fresh = {
+            let name = name.clone();
+            async move {
+                let hold = inner.take(name, dir, wait).await?;
+                Ok(Box::new(hold) as Box<dyn Hold>)
+            }
+        };
+        self.inner
+            .stores
+            .acquire(&name, how.scope.id(), fresh)
+            .await
+    }
+
+    /// Grants held now (one per name and scope).
+    pub fn held_count(&self) -> usize {
+        self.inner.stores.held_count()
+    }
+}
+
+/// `/<namespace>/<name>`, one path segment each, escaped for ZooKeeper.
+fn lock_path(namespace: &str, name: &str) -> String {
+    format!("/{}/{}", segment(namespace), segment(name))
+}
+
+/// Percent-escapes `/`, `%` and the characters ZooKeeper refuses in a node name; `.`
+/// and `..` (reserved) become `%2E` and `%2E%2E`.
+fn segment(s: &str) -> String {
+    if s == "." || s == ".." {
+        return s.replace('.', "%2E");
+    }
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        let refused = matches!(c, '/' | '%' | '\u{0}'..='\u{1f}' | '\u{7f}'..='\u{9f}')
+            || matches!(c, '\u{e000}'..='\u{f8ff}' | '\u{fff0}'..='\u{ffff}');
+        if refused {
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The sequence part of a contender node's name (Curator sorts by it).
+fn sequence(child: &str) -> &str {
+    child.rsplit_once(LOCK_NAME).map_or(child, |(_, seq)| seq)
+}
+
+impl Inner {
+    /// The live session, replaced first if it expired.
+    async fn client(&self) -> Result<zk::Client, LockError> {
+        let mut client = self.client.lock().await;
+        if terminal(client.state())
+            && let Some(cluster) = &self.cluster
+        {
+            *client = open(cluster, &self.config).await?;
+        }
+        Ok(client.clone())
+    }
+
+    async fn take(
+        self: Arc<Self>,
+        name: String,
+        dir: String,
+        wait: Duration,
+    ) -> Result<ZkHold, LockError> {
+        let started = Instant::now();
+        let client = self.client().await?;
+        let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        client.mkdir(&dir, &persistent).await.map_err(zk_error)?;
+        let uuid = uuid();
+        let prefix = format!("{dir}/_c_{uuid}{LOCK_NAME}");
+        let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let (stat, seq) = client
+            .create(&prefix, name.as_bytes(), &ephemeral)
+            .await
+            .map_err(zk_error)?;
+        let ours = format!("{prefix}{seq}");
+        // Until granted, leaving (cancelled, busy, timed out, failed) deletes our node.
+        let leave = crate::cleanup::OnDrop::new({
+            let (client, ours) = (client.clone(), ours.clone());
+            move || {
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    rt.spawn(async move { client.delete(&ours, None).await });
+                }
+            }
+        });
+        let our_name = &ours[dir.len() + 1..];
+        let deadline = started.checked_add(wait);
+        loop {
+            let mut children: Vec<String> = client
+                .list_children(&dir)
+                .await
+                .map_err(zk_error)?
+                .into_iter()
+                .filter(|c| c.contains(LOCK_NAME))
+                .collect();
+            children.sort_unstable_by(|a, b| sequence(a).cmp(sequence(b)));
+            let Some(at) = children.iter().position(|c| c == our_name) else {
+                return Err(LockError::Store {
+                    store: STORE,
+                    message: format!("our contender node {ours} vanished (session expired?)"),
+                });
+            };
+            if at == 0 {
+                break;
+            }
+            if wait.is_zero() {
+                return Err(LockError::Busy {
+                    key: name,
+                    retry_after: self.config.backoff.initial,
+                });
+            }
+            let before = format!("{dir}/{}", children[at - 1]);
+            let watcher = match client.get_and_watch_data(&before).await {
+                Ok((_, _, watcher)) => watcher,
+                Err(zk::Error::NoNode) => continue,
+                Err(e) => return Err(zk_error(e)),
+            };
+            let changed = watcher.changed();
+            match deadline {
+                Some(d) => {
+                    if tokio::time::timeout_at(d, changed).await.is_err() {
+                        return Err(LockError::Timeout {
+                            key: name,
+                            waited: started.elapsed(),
+                        });
+                    }
+                }
+                None => {
+                    changed.await;
+                }
+            }
+        }
+        leave.disarm();
+        let token = u64::try_from(stat.czxid).unwrap_or_default();
+        Ok(ZkHold::start(client, name, ours, token))
+    }
+}
+
+/// A random UUID (version 4 layout), as Curator names contender nodes.
+fn uuid() -> String {
+    let mut b = [0u8; 16];
+    if getrandom::fill(&mut b).is_err() {
+        b = fastrand::u128(..).to_le_bytes();
+    }
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// Where a held lock stands.
+#[derive(Clone, Copy, Debug)]
+enum Standing {
+    Connected,
+    /// Disconnected: held until then unless the connection comes back.
+    Suspended(Instant),
+    Lost,
+}
+
+/// One held contender node and the task watching its session and node.
+struct ZkHold {
+    client: zk::Client,
+    name: String,
+    path: String,
+    token: u64,
+    grace: Duration,
+    standing: watch::Receiver<Standing>,
+    monitor: tokio::task::JoinHandle<()>,
+}
+
+impl ZkHold {
+    fn start(client: zk::Client, name: String, path: String, token: u64) -> Self {
+        let grace = client.session_timeout() / 3;
+        let (tx, standing) = watch::channel(Standing::Connected);
+        let (watching, node, lock) = (client.clone(), path.clone(), name.clone());
+        let monitor = tokio::spawn(async move {
+            let mut states = watching.state_watcher();
+            let lost = |why: &str| {
+                tracing::warn!(lock = %lock, "lock lost: {why}");
+                tx.send_replace(Standing::Lost);
+            };
+            // The node's own watch: fires on its deletion (or any change).
+            let mut node_watch = match watching.check_and_watch_stat(&node).await {
+                Ok((Some(_), w)) => Some(w),
+                Ok((None, _)) => return lost("its node is gone"),
+                Err(_) => None,
+            };
+            loop {
+                let suspended_until = match *tx.borrow() {
+                    Standing::Suspended(t) => Some(t),
+                    _ => None,
+                };
+                let node_changed = async {
+                    match node_watch.take() {
+                        Some(w) => w.changed().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                let deadline = async {
+                    match suspended_until {
+                        Some(t) => tokio::time::sleep_until(t).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    state = states.changed() => match state {
+                        zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                            tx.send_replace(Standing::Connected);
+                        }
+                        zk::SessionState::Disconnected => {
+                            tx.send_replace(Standing::Suspended(Instant::now() + grace));
+                        }
+                        s if terminal(s) => return lost("its ZooKeeper session ended"),
+                        _ => {}
+                    },
+                    event = node_changed => {
+                        if event.event_type == zk::EventType::NodeDeleted {
+                            return lost("its node was deleted");
+                        }
+                        // Another change: watch again.
+                        match watching.check_and_watch_stat(&node).await {
+                            Ok((Some(_), w)) => node_watch = Some(w),
+                            Ok((None, _)) => return lost("its node is gone"),
+                            Err(_) => {}
+                        }
+                    }
+                    () = deadline => return lost("its ZooKeeper connection stayed down"),
+                }
+            }
+        });
+        Self {
+            client,
+            name,
+            path,
+            token,
+            grace,
+            standing,
+            monitor,
+        }
+    }
+}
+
+impl Drop for ZkHold {
+    fn drop(&mut self) {
+        self.monitor.abort();
+    }
+}
+
+impl Hold for ZkHold {
+    fn valid_for(&self) -> Duration {
+        match *self.standing.borrow() {
+            Standing::Connected => self.grace,
+            Standing::Suspended(t) => t.saturating_duration_since(Instant::now()),
+            Standing::Lost => Duration::ZERO,
+        }
+    }
+
+    fn token(&self) -> Option<FencingToken> {
+        Some(FencingToken::new(self.token, self.token))
+    }
+
+    fn lost(&self) -> BoxFuture<()> {
+        let mut standing = self.standing.clone();
+        Box::pin(async move {
+            let _ = standing.wait_for(|s| matches!(s, Standing::Lost)).await;
+        })
+    }
+
+    fn release(self: Box<Self>) -> BoxFuture<Result<(), LockError>> {
+        self.monitor.abort();
+        let lost = matches!(*self.standing.borrow(), Standing::Lost);
+        let (client, path, name) = (self.client.clone(), self.path.clone(), self.name.clone());
+        Box::pin(async move {
+            match client.delete(&path, None).await {
+                Ok(()) if !lost => Ok(()),
+                Ok(()) | Err(zk::Error::NoNode) => Err(LockError::Expired { key: name }),
+                Err(e) if lost => {
+                    tracing::debug!(lock = %name, error = %e, "deleting a lost lock's node failed");
+                    Err(LockError::Expired { key: name })
+                }
+                Err(e) => Err(zk_error(e)),
+            }
+        })
+    }
+
+    fn release_in_background(self: Box<Self>) {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let name = self.name.clone();
+            crate::cleanup::spawn(&runtime, "releasing a ZooKeeper lock", name, async move {
+                self.release().await
+            });
+        }
+        // Without a runtime the node stays until the session ends.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_one_escaped_segment_each() {
+        assert_eq!(lock_path("lock", "order:7"), "/lock/order:7");
+        assert_eq!(lock_path("lock", "a/b"), "/lock/a%2Fb");
+        assert_eq!(lock_path("lock", ".."), "/lock/%2E%2E");
+        assert_eq!(lock_path("lock", "x\u{1}y"), "/lock/x%01y");
+        assert_eq!(lock_path("lock", "50%"), "/lock/50%25");
+    }
+
+    #[test]
+    fn contenders_sort_by_sequence_whatever_their_uuid() {
+        let mut c = [
+            "_c_ffff-lock-0000000003",
+            "_c_0000-lock-0000000010",
+            "_c_aaaa-lock-0000000001",
+        ];
+        c.sort_unstable_by(|a, b| sequence(a).cmp(sequence(b)));
+        assert_eq!(c[0], "_c_aaaa-lock-0000000001");
+        assert_eq!(c[2], "_c_0000-lock-0000000010");
+        let u = uuid();
+        assert_eq!(u.len(), 36);
+        assert_eq!(&u[14..15], "4");
+    }
+}
