@@ -4,10 +4,6 @@
 
 pub(crate) mod any;
 pub(crate) mod memory;
-#[cfg(feature = "mysql")]
-pub(crate) mod mysql;
-#[cfg(feature = "postgres")]
-pub(crate) mod postgres;
 pub(crate) mod session;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) mod sql;
@@ -16,10 +12,10 @@ pub(crate) mod zookeeper;
 
 pub use any::{AnyGuard, AnyLocks};
 pub use memory::MemoryLocks;
-#[cfg(feature = "mysql")]
-pub use mysql::{FENCE_TABLE as MYSQL_FENCE_TABLE, MysqlLocks};
-#[cfg(feature = "postgres")]
-pub use postgres::{FENCE_SEQUENCE as POSTGRES_FENCE_SEQUENCE, PostgresLocks};
 pub use session::StoreGuard;
+#[cfg(feature = "mysql")]
+pub use sql::mysql::{FENCE_TABLE as MYSQL_FENCE_TABLE, MysqlLocks};
+#[cfg(feature = "postgres")]
+pub use sql::postgres::{FENCE_SEQUENCE as POSTGRES_FENCE_SEQUENCE, PostgresLocks};
 #[cfg(feature = "zookeeper")]
 pub use zookeeper::ZkLocks;

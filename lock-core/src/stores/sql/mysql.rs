@@ -8,8 +8,8 @@ use sqlx::{MySql, MySqlPool};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use super::session::{Hold, StoreGuard, Stores};
-use super::sql::{Closing, ConnFuture, Dialect, SqlHold, fnv1a64};
+use super::super::session::{Hold, StoreGuard, Stores};
+use super::{Closing, ConnFuture, Dialect, SqlHold, fnv1a64};
 use crate::key::{self, LockName};
 use crate::lock::Resolved;
 use crate::{LockConfig, LockError, LockOptions};
@@ -70,7 +70,7 @@ struct Inner {
 }
 
 fn store_error(e: sqlx::Error) -> LockError {
-    super::sql::store_error(STORE, e)
+    super::store_error(STORE, e)
 }
 
 impl MysqlLocks {

@@ -8,8 +8,8 @@ use sqlx::{PgPool, Postgres};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use super::session::{Hold, StoreGuard, Stores};
-use super::sql::{Closing, ConnFuture, Dialect, SqlHold};
+use super::super::session::{Hold, StoreGuard, Stores};
+use super::{Closing, ConnFuture, Dialect, SqlHold};
 use crate::key::{self, LockName};
 use crate::lock::Resolved;
 use crate::{LockConfig, LockError, LockOptions};
@@ -141,13 +141,13 @@ impl PostgresLocks {
 
 /// FNV-1a 64 of `<namespace>:<name>`, as a signed advisory key.
 fn advisory_key(namespace: &str, name: &str) -> i64 {
-    super::sql::fnv1a64(FNV_OFFSET, &[namespace, ":", name]) as i64
+    super::fnv1a64(FNV_OFFSET, &[namespace, ":", name]) as i64
 }
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
 fn store_error(e: sqlx::Error) -> LockError {
-    super::sql::store_error(STORE, e)
+    super::store_error(STORE, e)
 }
 
 /// `lock_not_available`: `lock_timeout` ran out.

@@ -2,6 +2,11 @@
 //! life, a task that checks that session, and the rule that a session whose state is
 //! unknown is closed, never pooled.
 
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
