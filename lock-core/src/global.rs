@@ -1,13 +1,16 @@
-//! The process-wide client used by `#[cache_lock]` when no `client = ...` is given.
+//! The process-wide lock store used by `#[cache_lock]` when no `client = ...` is given:
+//! any store ([`AnyLocks`]).
 
 use std::sync::OnceLock;
 
-use crate::{LockClient, LockError};
+use crate::{AnyLocks, LockError};
 
-static GLOBAL: OnceLock<LockClient> = OnceLock::new();
+static GLOBAL: OnceLock<AnyLocks> = OnceLock::new();
 
-/// Installs the process-wide [`LockClient`] (once, at start-up). Returns the client back
-/// if one was installed already.
+/// Installs the process-wide lock store (once, at start-up): a
+/// [`LockClient`](crate::LockClient), a [`Redlock`](crate::Redlock), a
+/// [`MemoryLocks`](crate::MemoryLocks), a database or ZooKeeper store, or an
+/// [`AnyLocks`] opened from a URL. Returns it back if one was installed already.
 ///
 /// ```no_run
 /// # async fn start() -> Result<(), lock_core::LockError> {
@@ -15,15 +18,15 @@ static GLOBAL: OnceLock<LockClient> = OnceLock::new();
 /// lock_core::install_global(client).expect("installed once");
 /// # Ok(()) }
 /// ```
-pub fn install_global(client: LockClient) -> Result<(), LockClient> {
-    GLOBAL.set(client)
+pub fn install_global(locks: impl Into<AnyLocks>) -> Result<(), AnyLocks> {
+    GLOBAL.set(locks.into())
 }
 
-/// The process-wide client, if [`install_global`] was called.
-pub fn global() -> Result<&'static LockClient, LockError> {
+/// The process-wide lock store, if [`install_global`] was called.
+pub fn global() -> Result<&'static AnyLocks, LockError> {
     GLOBAL.get().ok_or_else(|| {
         LockError::InvalidConfig(
-            "no process-wide LockClient is installed: call lock_core::install_global(client) \
+            "no process-wide lock store is installed: call lock_core::install_global(locks) \
              at start-up, or give #[cache_lock] a `client = ...` argument"
                 .into(),
         )

@@ -10,8 +10,8 @@ pub use std::result::Result;
 use crate::key::{LockName, NameWriter};
 use crate::{Lease, LockOptions, LockScope};
 
-/// The process-wide client, or the error telling how to install one.
-pub fn global_client() -> Result<&'static LockClient, LockError> {
+/// The process-wide lock store, or the error telling how to install one.
+pub fn global_client() -> Result<&'static crate::AnyLocks, LockError> {
     crate::global::global()
 }
 

@@ -182,6 +182,29 @@ impl AnyLocks {
     }
 }
 
+macro_rules! from_store {
+    ($($(#[$cfg:meta])* $store:ty => $variant:ident),* $(,)?) => {$(
+        $(#[$cfg])*
+        impl From<$store> for AnyLocks {
+            fn from(store: $store) -> Self {
+                Self::$variant(store)
+            }
+        }
+    )*};
+}
+
+from_store! {
+    LockClient => Redis,
+    Redlock => Redlock,
+    MemoryLocks => Memory,
+    #[cfg(feature = "postgres")]
+    crate::PostgresLocks => Postgres,
+    #[cfg(feature = "mysql")]
+    crate::MysqlLocks => Mysql,
+    #[cfg(feature = "zookeeper")]
+    crate::ZkLocks => Zookeeper,
+}
+
 impl DistributedLock for AnyLocks {
     type Guard = AnyGuard;
 
