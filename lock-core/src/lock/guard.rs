@@ -42,7 +42,7 @@ pub enum Released {
 ///   [`lost`](Self::lost) resolves, so the critical section can stop.
 /// - [`fencing_token`](Self::fencing_token) grows with every fresh grant of this lock;
 ///   hand it to the resource you write so it can refuse stale holders
-///   ([`LockClient::fenced_write`]).
+///   ([`LockClient::fenced_write`](crate::LockClient::fenced_write)).
 #[must_use = "dropping a LockGuard releases the lock at once"]
 pub struct LockGuard {
     core: Arc<Core>,

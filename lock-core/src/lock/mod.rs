@@ -41,7 +41,7 @@ use crate::store::{Conn, RedisStore};
 /// - Every Redis call is bounded by [`LockConfig::with_command_timeout`]; when Redis is
 ///   down calls fail with [`LockError::Redis`] or [`LockError::RedisTimeout`], and work
 ///   again once it is back.
-/// - Locks are reentrant per [`LockScope`]; see there.
+/// - Locks are reentrant per [`LockScope`](crate::LockScope); see there.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), lock_core::LockError> {

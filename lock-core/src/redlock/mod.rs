@@ -26,7 +26,7 @@ use crate::{LockClient, LockError, LockGuard};
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// A lock over N independent Redis masters (the Redlock algorithm), with the same
-/// guard API as [`LockClient`]: reentrancy per [`LockScope`], fixed or
+/// guard API as [`LockClient`]: reentrancy per [`LockScope`](crate::LockScope), fixed or
 /// watchdog-renewed leases, [`RedlockGuard::lost`], and distinct release results.
 ///
 /// Behavior:

@@ -93,7 +93,8 @@ pub(super) fn terminal(state: zk::SessionState) -> bool {
 
 impl ZkLocks {
     /// Connects to `cluster` (`host:port[,host:port...][/chroot]`), with the config's
-    /// watchdog lease as the session timeout.
+    /// watchdog lease as the session timeout. A chroot must exist already (create it
+    /// once, as with any ZooKeeper client); the lock paths below it are created on use.
     pub async fn connect(cluster: &str, config: LockConfig) -> Result<Self, LockError> {
         let client = open(cluster, &config).await?;
         Ok(Self::build(client, Some(cluster.to_owned()), config))
