@@ -15,6 +15,7 @@
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 mod body;
+mod check;
 mod hash;
 pub mod idempotency;
 pub mod one_time_token;

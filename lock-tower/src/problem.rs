@@ -1,14 +1,11 @@
 //! `application/problem+json` responses (RFC 9457): the one way this crate rejects.
 
+use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Response, StatusCode};
 
 /// A problem response with `type`, `title`, `status` and `detail`.
-pub(crate) fn problem<B: From<String>>(
-    status: StatusCode,
-    kind: &str,
-    detail: &str,
-) -> Response<B> {
+pub(crate) fn problem<B: From<Bytes>>(status: StatusCode, kind: &str, detail: &str) -> Response<B> {
     let body = format!(
         "{{\"type\":{},\"title\":{},\"status\":{},\"detail\":{}}}",
         json_string(kind),
@@ -16,7 +13,7 @@ pub(crate) fn problem<B: From<String>>(
         status.as_u16(),
         json_string(detail)
     );
-    let mut response = Response::new(B::from(body));
+    let mut response = Response::new(B::from(Bytes::from(body)));
     *response.status_mut() = status;
     response.headers_mut().insert(
         CONTENT_TYPE,
@@ -46,7 +43,7 @@ mod tests {
 
     #[test]
     fn body_is_escaped_json() {
-        let r: Response<String> =
+        let r: Response<Bytes> =
             problem(StatusCode::TOO_MANY_REQUESTS, "rate-limited", "a \"b\"\n");
         assert_eq!(r.status(), 429);
         assert_eq!(r.headers()[CONTENT_TYPE], "application/problem+json");
