@@ -1,34 +1,24 @@
-//! Error responses: `application/problem+json` (RFC 9457) with a `type` naming the case.
+//! Error responses: `application/problem+json` (RFC 9457) with a `type` naming the case,
+//! all written by lock-tower's [`Problem`](lock_tower::problem::Problem), the one
+//! writer (the layers' rejections and lock errors use it too).
 
 use axum::http::StatusCode;
-use axum::http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use axum::response::{IntoResponse, Response};
 use lock_core::LockError;
 
-/// One problem response.
+/// One problem response of the service's own.
 #[derive(Debug)]
-pub(crate) struct Problem {
-    status: StatusCode,
-    kind: &'static str,
-    detail: String,
-    retry_after: Option<u64>,
-}
+pub(crate) struct Problem(lock_tower::problem::Problem);
 
 impl Problem {
     pub(crate) fn new(status: StatusCode, kind: &'static str, detail: impl Into<String>) -> Self {
-        Self {
-            status,
-            kind,
-            detail: detail.into(),
-            retry_after: None,
-        }
+        Self(lock_tower::problem::Problem::new(status, kind, detail))
     }
 
     /// Adds `Retry-After: secs` (at least 1): the refusal passes by then, so the
     /// idempotency layer does not store it and a same-key retry is answered afresh.
-    pub(crate) fn retry_after(mut self, secs: u64) -> Self {
-        self.retry_after = Some(secs.max(1));
-        self
+    pub(crate) fn retry_after(self, secs: u64) -> Self {
+        Self(self.0.retry_after(secs))
     }
 
     /// 400 with `kind`.
@@ -44,41 +34,24 @@ impl Problem {
     /// 503 `service-unavailable` with `Retry-After: 1`; the cause goes to the log only.
     pub(crate) fn unavailable(what: &str, cause: &dyn std::fmt::Display) -> Self {
         tracing::warn!(error = %cause, "{what} failed; answering 503");
-        Self {
-            retry_after: Some(1),
-            ..Self::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "service-unavailable",
-                format!("{what} is unavailable right now; retry in a moment"),
-            )
-        }
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service-unavailable",
+            format!("{what} is unavailable right now; retry in a moment"),
+        )
+        .retry_after(1)
     }
 }
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({
-            "type": self.kind,
-            "title": self.status.canonical_reason().unwrap_or("Error"),
-            "status": self.status.as_u16(),
-            "detail": self.detail,
-        });
-        let mut response = (self.status, body.to_string()).into_response();
-        let headers = response.headers_mut();
-        headers.insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
-        if let Some(secs) = self.retry_after {
-            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
-        }
-        response
+        self.0.into_response()
     }
 }
 
-/// What a handler can fail with: a lock-core error (answered by lock-core's own
-/// problem+json mapping: 409 `lock-busy`, 503 when Redis is down, ...) or a problem of
-/// the service's own.
+/// What a handler can fail with: a lock-core error (answered as lock-tower renders
+/// lock-core's classification: 409 `lock-busy`, 503 when Redis is down, ...) or a
+/// problem of the service's own.
 #[derive(Debug)]
 pub(crate) enum AppError {
     Lock(LockError),
@@ -100,8 +73,9 @@ impl From<Problem> for AppError {
 impl IntoResponse for AppError {
     fn into_response(self) -> Response {
         match self {
-            AppError::Lock(e) => e.into_response(),
+            AppError::Lock(e) => lock_tower::problem::Problem::from(e).into_response(),
             AppError::Problem(p) => p.into_response(),
         }
     }
 }
+
