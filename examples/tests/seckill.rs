@@ -319,3 +319,49 @@ async fn a_refusal_before_the_sale_is_not_replayed_after_it_begins() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Issue 14, items 9 and part 2 item 5: every error the service sends is problem+json
+/// with a `type`, written byte for byte by lock-tower's one writer: the service's own
+/// problems (before, serde_json wrote them with the keys in another order), unknown
+/// routes and wrong methods (before, empty bodies) and a body over the limit (before,
+/// axum's `text/plain` 413).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_is_problem_json_from_one_writer() {
+    let redis = RedisServer::start();
+    let dir = Dir::new("problems");
+    let a = Instance::spawn(server_bin(), &redis.url(), &dir.db(), &[])
+        .await
+        .unwrap();
+    let http = Http::new();
+    let url = |path: &str| format!("{}{path}", a.url);
+    let huge = format!(r#"{{"stock": 1, "pad": "{}"}}"#, "x".repeat(10 << 20));
+    let cases = [
+        (http.get(&url("/vouchers/abc")).await, 400, "invalid-id"),
+        (http.get(&url("/nope")).await, 404, "not-found"),
+        (
+            http.send(http::Method::DELETE, &url("/vouchers"), &[], None)
+                .await,
+            405,
+            "method-not-allowed",
+        ),
+        (
+            http.post_json(&url("/vouchers"), huge).await,
+            413,
+            "payload-too-large",
+        ),
+    ];
+    for (reply, status, kind) in cases {
+        let reply = reply.unwrap();
+        let body = String::from_utf8_lossy(&reply.body).into_owned();
+        assert_eq!(reply.status, status, "{body}");
+        assert_eq!(reply.content_type, "application/problem+json", "{body}");
+        let detail = reply.json()["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(!detail.is_empty(), "{body}");
+        let code = http::StatusCode::from_u16(status).unwrap();
+        let written = lock_tower::problem::Problem::new(code, kind, detail).to_json();
+        assert_eq!(body, written);
+    }
+}

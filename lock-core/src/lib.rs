@@ -60,12 +60,11 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
+mod classify;
 mod cleanup;
 mod error;
 mod fencing;
 mod global;
-#[cfg(feature = "axum")]
-pub mod http;
 mod idempotency;
 pub mod ids;
 pub use store::key;
@@ -85,6 +84,7 @@ mod stores;
 mod traits;
 mod wait;
 
+pub use classify::ErrorClass;
 pub use error::LockError;
 pub use fencing::{FencedWrite, FencingToken};
 pub use global::{global, install_global};

@@ -81,43 +81,26 @@
 //! async fn sync(locks: &LockClient, id: u64) -> Result<(), LockError> { Ok(()) }
 //! ```
 //!
-//! With axum, take the client from the state and the key from the path (lock-core's
-//! `axum` feature makes `LockError` a 409/503 problem+json response):
+//! With axum, take the client from the state and the key from the path, and answer
+//! with lock-tower's `Problem` (`From<LockError>`: a busy lock is 409 problem+json with
+//! `Retry-After`, Redis down 503):
 //!
 //! ```no_run
 //! use axum::extract::{Path, State};
-//! use axum::response::{IntoResponse, Response};
-//! use lock_core::{LockClient, LockError};
+//! use lock_core::LockClient;
 //! use lock_macros::cache_lock;
+//! use lock_tower::problem::Problem;
 //!
 //! #[derive(Clone)]
 //! struct App {
 //!     locks: LockClient,
 //! }
 //!
-//! enum AppError {
-//!     Lock(LockError),
-//! }
-//!
-//! impl From<LockError> for AppError {
-//!     fn from(e: LockError) -> Self {
-//!         AppError::Lock(e)
-//!     }
-//! }
-//!
-//! impl IntoResponse for AppError {
-//!     fn into_response(self) -> Response {
-//!         match self {
-//!             AppError::Lock(e) => e.into_response(), // 409 / 503 problem+json
-//!         }
-//!     }
-//! }
-//!
 //! #[cache_lock(prefix = "order", key = user_id, client = app.locks)]
 //! async fn create_order(
 //!     State(app): State<App>,
 //!     Path(user_id): Path<u64>,
-//! ) -> Result<String, AppError> {
+//! ) -> Result<String, Problem> {
 //!     Ok(format!("order for {user_id}"))
 //! }
 //!

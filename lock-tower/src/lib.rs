@@ -9,16 +9,22 @@
 //!   chain or closure; 429 problem+json with `Retry-After` and the IETF RateLimit
 //!   headers.
 //!
-//! Features: `axum` reads the peer address from axum's `ConnectInfo`.
+//! - [`problem`]: [`Problem`](problem::Problem), the one `application/problem+json`
+//!   writer: every rejection of the layers, and [`lock_core::LockError`]s as responses
+//!   (`From<LockError>`), e.g. as the error type of a `#[cache_lock]` axum handler.
+//!
+//! Features: `axum` reads the peer address from axum's `ConnectInfo`, and makes
+//! `Problem` an axum `IntoResponse`.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 mod body;
+mod check;
 mod hash;
 pub mod idempotency;
 pub mod one_time_token;
-mod problem;
+pub mod problem;
 pub mod rate_limit;
 
 pub use body::ResponseBody;

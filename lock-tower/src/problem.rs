@@ -1,30 +1,176 @@
-//! `application/problem+json` responses (RFC 9457): the one way this crate rejects.
+//! `application/problem+json` responses (RFC 9457): the one problem writer of the
+//! workspace. The layers reject with it, [`Problem::from`] a [`LockError`] renders
+//! lock-core's classification of it, and services can answer their own problems with it.
+//!
+//! ```
+//! use http::StatusCode;
+//! use lock_tower::problem::Problem;
+//!
+//! let p = Problem::new(StatusCode::FORBIDDEN, "not-active", "the sale starts at noon")
+//!     .retry_after(90);
+//! let r: http::Response<bytes::Bytes> = p.into_http_response();
+//! assert_eq!(r.status(), 403);
+//! assert_eq!(r.headers()["content-type"], "application/problem+json");
+//! assert_eq!(r.headers()["retry-after"], "90");
+//! assert_eq!(
+//!     r.body(),
+//!     r#"{"type":"not-active","title":"Forbidden","status":403,"detail":"the sale starts at noon"}"#
+//! );
+//! ```
+//!
+//! With axum (this crate's `axum` feature), `Problem` is an `IntoResponse`, and
+//! `From<LockError>` makes it the error type of a `#[cache_lock]` handler:
+//!
+//! ```
+//! use axum::extract::{Path, State};
+//! use lock_core::LockClient;
+//! use lock_macros::cache_lock;
+//! use lock_tower::problem::Problem;
+//!
+//! // A concurrent duplicate: 409 `lock-busy` with Retry-After; Redis down: 503.
+//! #[cache_lock(prefix = "order", key = user_id, client = locks)]
+//! async fn create_order(
+//!     State(locks): State<LockClient>,
+//!     Path(user_id): Path<u64>,
+//! ) -> Result<String, Problem> {
+//!     Ok(format!("order for {user_id}"))
+//! }
+//! ```
 
-use http::header::{CONTENT_TYPE, HeaderValue};
+use std::borrow::Cow;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
+use lock_core::{ErrorClass, LockError};
 
-/// A problem response with `type`, `title`, `status` and `detail`.
-pub(crate) fn problem<B: From<String>>(
+/// One problem: `type`, `title` (the status's reason phrase), `status`, `detail`, and an
+/// optional `Retry-After`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
     status: StatusCode,
-    kind: &str,
-    detail: &str,
-) -> Response<B> {
-    let body = format!(
-        "{{\"type\":{},\"title\":{},\"status\":{},\"detail\":{}}}",
-        json_string(kind),
-        json_string(status.canonical_reason().unwrap_or("Error")),
-        status.as_u16(),
-        json_string(detail)
-    );
-    let mut response = Response::new(B::from(body));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    response
+    kind: Cow<'static, str>,
+    detail: String,
+    retry_after: Option<u64>,
 }
 
+impl Problem {
+    /// A problem with `status`, `type` `kind` (a short kebab-case name) and `detail`
+    /// (for the client: no internals).
+    pub fn new(
+        status: StatusCode,
+        kind: impl Into<Cow<'static, str>>,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            status,
+            kind: kind.into(),
+            detail: detail.into(),
+            retry_after: None,
+        }
+    }
+
+    /// Adds `Retry-After: secs` (at least 1).
+    pub fn retry_after(mut self, secs: u64) -> Self {
+        self.retry_after = Some(secs.max(1));
+        self
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The problem `type`.
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+
+    /// The body: `{"type", "title", "status", "detail"}`, in that order.
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\"type\":{},\"title\":{},\"status\":{},\"detail\":{}}}",
+            json_string(&self.kind),
+            json_string(self.status.canonical_reason().unwrap_or("Error")),
+            self.status.as_u16(),
+            json_string(&self.detail)
+        )
+    }
+
+    /// The response: status, `Content-Type: application/problem+json`, `Retry-After`
+    /// if set, and [`to_json`](Self::to_json) as the body (any body type built from
+    /// `Bytes`: axum's `Body`, `Full<Bytes>`, [`ResponseBody`](crate::ResponseBody)).
+    pub fn into_http_response<B: From<Bytes>>(self) -> Response<B> {
+        let mut response = Response::new(B::from(Bytes::from(self.to_json())));
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(secs) = self.retry_after {
+            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+impl From<&LockError> for Problem {
+    /// lock-core's classification ([`LockError::class`]) as a problem: busy or lost 409,
+    /// invalid input 400, unavailable 503, misconfigured 500; the `type` is
+    /// [`LockError::code`], `Retry-After` is [`LockError::retry_after`] rounded up. A
+    /// server error's detail is generic (the error itself is logged, not sent).
+    fn from(e: &LockError) -> Self {
+        let class = e.class();
+        let status = match class {
+            ErrorClass::Busy | ErrorClass::Lost => StatusCode::CONFLICT,
+            ErrorClass::InvalidInput => StatusCode::BAD_REQUEST,
+            ErrorClass::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let detail = match class {
+            ErrorClass::Busy | ErrorClass::Lost | ErrorClass::InvalidInput => e.to_string(),
+            ErrorClass::Unavailable => {
+                tracing::warn!(error = %e, "lock error answered with {status}");
+                "the lock service is unavailable; retry later".to_string()
+            }
+            _ => {
+                tracing::warn!(error = %e, "lock error answered with {status}");
+                "the server's lock configuration is wrong".to_string()
+            }
+        };
+        let problem = Self::new(status, e.code(), detail);
+        match e.retry_after() {
+            Some(d) => problem.retry_after(d.as_secs() + u64::from(d.subsec_nanos() > 0)),
+            None => problem,
+        }
+    }
+}
+
+impl From<LockError> for Problem {
+    /// As [`From<&LockError>`](#impl-From%3C%26LockError%3E-for-Problem).
+    fn from(e: LockError) -> Self {
+        Self::from(&e)
+    }
+}
+
+#[cfg(feature = "axum")]
+impl axum::response::IntoResponse for Problem {
+    fn into_response(self) -> axum::response::Response {
+        self.into_http_response()
+    }
+}
+
+/// A problem response, for the layers.
+pub(crate) fn problem<B: From<Bytes>>(
+    status: StatusCode,
+    kind: &'static str,
+    detail: &str,
+) -> Response<B> {
+    Problem::new(status, kind, detail).into_http_response()
+}
+
+/// A JSON string literal for `s`: the one escaper.
 fn json_string(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
@@ -32,6 +178,7 @@ fn json_string(s: &str) -> String {
         match c {
             '"' => out.push_str("\\\""),
             '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
             c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
             c => out.push(c),
         }
@@ -42,17 +189,58 @@ fn json_string(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
     fn body_is_escaped_json() {
-        let r: Response<String> =
-            problem(StatusCode::TOO_MANY_REQUESTS, "rate-limited", "a \"b\"\n");
+        let r: Response<Bytes> = problem(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate-limited",
+            "a \"b\"\n\t\\",
+        );
         assert_eq!(r.status(), 429);
         assert_eq!(r.headers()[CONTENT_TYPE], "application/problem+json");
         assert_eq!(
             r.body(),
-            r#"{"type":"rate-limited","title":"Too Many Requests","status":429,"detail":"a \"b\"\u000a"}"#
+            r#"{"type":"rate-limited","title":"Too Many Requests","status":429,"detail":"a \"b\"\n\u0009\\"}"#
         );
+    }
+
+    #[test]
+    fn lock_errors_as_problems() {
+        let busy = LockError::Busy {
+            key: "k\"1".into(),
+            retry_after: Duration::from_millis(10),
+        };
+        let r: Response<Bytes> = Problem::from(&busy).into_http_response();
+        assert_eq!(r.status(), StatusCode::CONFLICT);
+        assert_eq!(r.headers()[RETRY_AFTER], "1");
+        let body = String::from_utf8(r.body().to_vec()).unwrap();
+        assert!(body.starts_with(r#"{"type":"lock-busy","title":"Conflict""#));
+        assert!(body.contains(r#"lock `k\"1`"#), "{body}");
+
+        let down = LockError::RedisTimeout {
+            op: "acquire",
+            after: Duration::from_secs(2),
+        };
+        let p = Problem::from(down);
+        assert_eq!(p.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(p.kind(), "lock-service-unavailable");
+        assert!(!p.to_json().contains("acquire"), "internals leak: {p:?}");
+        let store = LockError::Store {
+            store: "mysql",
+            message: "secret host".into(),
+        };
+        let p = Problem::from(store);
+        assert_eq!(p.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(!p.to_json().contains("secret"), "internals leak: {p:?}");
+        let bad = Problem::from(LockError::InvalidKey("part 1 is empty".into()));
+        assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+        let conf = Problem::from(LockError::InvalidConfig("no global client".into()));
+        assert_eq!(conf.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let r: Response<Bytes> = conf.into_http_response();
+        assert!(r.headers().get(RETRY_AFTER).is_none());
     }
 }

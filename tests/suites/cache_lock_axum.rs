@@ -1,16 +1,18 @@
-//! `#[cache_lock]` on an axum handler: duplicates for one user get a 409 problem+json.
+//! `#[cache_lock]` on an axum handler answering lock-tower's `Problem`: duplicates for
+//! one user get a 409 problem+json.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Path, State};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::post;
 use http::{Request, StatusCode};
-use lock_core::{LockClient, LockError};
+use lock_core::LockClient;
 use lock_macros::cache_lock;
 use lock_tests::RedisServer;
+use lock_tower::problem::Problem;
 use tokio::sync::{Notify, Semaphore};
 use tower::ServiceExt;
 
@@ -22,26 +24,8 @@ struct App {
     entered: Arc<Notify>,
 }
 
-enum AppError {
-    Lock(LockError),
-}
-
-impl From<LockError> for AppError {
-    fn from(e: LockError) -> Self {
-        AppError::Lock(e)
-    }
-}
-
-impl IntoResponse for AppError {
-    fn into_response(self) -> Response {
-        match self {
-            AppError::Lock(e) => e.into_response(),
-        }
-    }
-}
-
 #[cache_lock(prefix = "order", key = user_id, client = app.locks)]
-async fn place_order(State(app): State<App>, Path(user_id): Path<u64>) -> Result<String, AppError> {
+async fn place_order(State(app): State<App>, Path(user_id): Path<u64>) -> Result<String, Problem> {
     app.entered.notify_one();
     app.proceed.acquire().await.expect("open").forget();
     Ok(format!("order for {user_id}"))
@@ -81,7 +65,11 @@ async fn same_user_twice_gets_409_and_different_users_pass() {
         .parse()
         .unwrap();
     assert!((1..=30).contains(&retry), "Retry-After {retry}");
-    assert!(body_text(dup).await.contains("\"type\":\"lock-busy\""));
+    assert!(
+        body_text(dup)
+            .await
+            .starts_with(r#"{"type":"lock-busy","title":"Conflict","status":409,"detail":"#)
+    );
 
     // Another user is not blocked by user 1's lock.
     let other = tokio::spawn(router.clone().oneshot(post_order(2)));

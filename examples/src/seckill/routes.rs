@@ -16,7 +16,7 @@ use lock_tower::rate_limit::RateLimitLayer;
 use serde_json::json;
 
 use super::order;
-use super::problem::{AppError, Problem};
+use super::problem::{self, AppError, Problem};
 use super::server::App;
 use super::voucher;
 use super::worker;
@@ -42,6 +42,9 @@ pub(crate) fn router(app: App, limiter: RateLimiter, idempotency: IdempotencySto
         .route("/vouchers/{id}/orders", get(list_orders).merge(place_order))
         .route("/orders/{order_id}", get(get_order))
         .route("/healthz", get(healthz))
+        // Last, so it wraps everything: unknown routes, wrong methods and axum's own
+        // rejections (413) are problem+json too.
+        .layer(middleware::from_fn(problem::problem_json_errors))
         .with_state(app)
 }
 

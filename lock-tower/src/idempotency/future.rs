@@ -12,12 +12,19 @@ use tower::Service;
 use super::layer::Settings;
 use super::phases::{BoxError, BoxFuture, Prepared, Running, finish};
 use crate::ResponseBody;
+use crate::check::polled_after_completion;
 
 pin_project! {
     /// Response future of [`IdempotencyService`](super::IdempotencyService).
     ///
     /// Dropped before it completes (the client went away) or unwound by a panicking
     /// handler, it frees the claimed key in the background.
+    ///
+    /// # Panics
+    ///
+    /// Polled again after it returned `Poll::Ready` (a bug in the caller, as for any
+    /// future), it panics with "`ResponseFuture` polled after completion" instead of
+    /// hanging.
     pub struct ResponseFuture<S, B, R>
     where
         S: Service<Request<B>>,
@@ -122,16 +129,14 @@ where
                         Prepared::Respond(response) => State::Done {
                             response: Some(response),
                         },
-                        Prepared::Run { request, claim } => {
-                            let Some(mut service) = inner.take() else {
-                                // Polled again after completion: nothing left to do.
-                                return Poll::Pending;
-                            };
-                            State::Calling {
+                        Prepared::Run { request, claim } => match inner.take() {
+                            Some(mut service) => State::Calling {
                                 future: service.call(request),
                                 running: claim.map(|c| Running::new(c, settings.clone())),
-                            }
-                        }
+                            },
+                            // `inner` is only taken here, on leaving `Preparing`.
+                            None => unreachable!("an idempotent request ran twice"),
+                        },
                     };
                     this.state.set(next);
                 }
@@ -143,6 +148,7 @@ where
                         return Poll::Pending;
                     };
                     let running = running.take();
+                    this.state.set(State::Done { response: None });
                     // A service error drops `running`: the claim frees the key.
                     let response = result?;
                     match running {
@@ -161,7 +167,7 @@ where
                 StateProj::Done { response } => {
                     return match response.take() {
                         Some(r) => Poll::Ready(Ok(r)),
-                        None => Poll::Pending,
+                        None => polled_after_completion(),
                     };
                 }
             }

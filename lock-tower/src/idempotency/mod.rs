@@ -47,7 +47,10 @@
 //!   the key frees itself one lease later at the latest.
 //! - **Responses, never errors**: every rejection is `application/problem+json`; an
 //!   infallible service stays infallible, so it works under `axum::Router::layer`, and the
-//!   service is `Clone`.
+//!   service is `Clone`. [`IdempotencyService::get_ref`],
+//!   [`get_mut`](IdempotencyService::get_mut) and
+//!   [`into_inner`](IdempotencyService::into_inner) reach the inner service. The
+//!   [`ResponseFuture`] panics if polled after completion.
 //!
 //! # Bodies
 //!

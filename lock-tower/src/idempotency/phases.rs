@@ -85,7 +85,7 @@ where
     B: Body + From<Bytes> + Send + 'static,
     B::Data: Send,
     B::Error: Into<BoxError>,
-    ResBody: From<Bytes> + From<String>,
+    ResBody: From<Bytes>,
 {
     let retention = settings.retention;
     if retention.is_zero() || retention > IdempotencyStore::MAX_RETENTION {
@@ -171,7 +171,7 @@ where
     }
 }
 
-fn misconfigured<R: From<String>, B>(why: &dyn std::fmt::Display) -> Prepared<B, Response<R>> {
+fn misconfigured<R: From<Bytes>, B>(why: &dyn std::fmt::Display) -> Prepared<B, Response<R>> {
     tracing::error!(error = %why, "idempotency layer misconfigured");
     Prepared::Respond(problem(
         StatusCode::INTERNAL_SERVER_ERROR,
@@ -181,7 +181,7 @@ fn misconfigured<R: From<String>, B>(why: &dyn std::fmt::Display) -> Prepared<B,
 }
 
 /// The stored response, marked `Idempotent-Replayed: true`.
-fn replay<ResBody: From<Bytes> + From<String>>(stored: Vec<u8>) -> Response<ResBody> {
+fn replay<ResBody: From<Bytes>>(stored: Vec<u8>) -> Response<ResBody> {
     let Some(stored) = record::decode(stored) else {
         tracing::error!("stored idempotent response is not a record this layer wrote");
         return problem(

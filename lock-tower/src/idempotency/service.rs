@@ -29,6 +29,40 @@ pub struct IdempotencyService<S, K, P> {
     pub(crate) shared: Arc<Shared<K, P>>,
 }
 
+impl<S, K, P> IdempotencyService<S, K, P> {
+    /// The inner service.
+    ///
+    /// ```no_run
+    /// use lock_tower::idempotency::IdempotencyLayer;
+    /// use tower::Layer;
+    ///
+    /// #[derive(Debug, Clone, PartialEq)]
+    /// struct Counter(u32);
+    ///
+    /// # async fn f() -> Result<(), lock_core::LockError> {
+    /// let client = lock_core::LockClient::open("redis://127.0.0.1:6379/").await?;
+    /// let store = client.idempotency_store("payments");
+    /// let mut service = IdempotencyLayer::new(store).layer(Counter(0));
+    /// service.get_mut().0 += 1;
+    /// assert_eq!(service.get_ref(), &Counter(1));
+    /// assert_eq!(service.into_inner(), Counter(1));
+    /// # Ok(()) }
+    /// ```
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, consuming the layer's.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
 impl<S: Clone, K, P> Clone for IdempotencyService<S, K, P> {
     fn clone(&self) -> Self {
         Self {

@@ -16,7 +16,12 @@
 //!   [`OneTimeTokenLayer::fail_closed`]`(false)`, the request runs and a warning is
 //!   logged.
 //! - Rejections are responses, never service errors (works under `axum::Router::layer`
-//!   and plain hyper).
+//!   and plain hyper). Responses are `Response<`[`ResponseBody`](crate::ResponseBody)`<R>>`
+//!   for an inner `Response<R>` (the inner body, or the problem the layer wrote), so `R`
+//!   needs no `From` impls.
+//! - [`OneTimeTokenService::get_ref`], [`get_mut`](OneTimeTokenService::get_mut) and
+//!   [`into_inner`](OneTimeTokenService::into_inner) reach the inner service. The
+//!   [`ResponseFuture`] panics if polled after completion.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -38,10 +43,9 @@
 //! # let _ = app; Ok(()) }
 //! ```
 
-mod future;
 mod layer;
 mod service;
 
-pub use future::ResponseFuture;
+pub use crate::check::ResponseFuture;
 pub use layer::OneTimeTokenLayer;
 pub use service::OneTimeTokenService;

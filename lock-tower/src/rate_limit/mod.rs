@@ -13,7 +13,12 @@
 //!   with [`RateLimitLayer::fail_closed`], 503. Only that: a quota Redis is never asked
 //!   about (an invalid [`lock_core::RateLimit`] or limiter name) answers 500.
 //! - Rejections are responses, never service errors: an infallible service stays
-//!   infallible, so it works under `axum::Router::layer` and plain hyper.
+//!   infallible, so it works under `axum::Router::layer` and plain hyper. Responses are
+//!   `Response<`[`ResponseBody`](crate::ResponseBody)`<R>>` for an inner `Response<R>`
+//!   (the inner body, or the problem the layer wrote), so `R` needs no `From` impls.
+//! - [`RateLimitService::get_ref`], [`get_mut`](RateLimitService::get_mut) and
+//!   [`into_inner`](RateLimitService::into_inner) reach the inner service. The
+//!   [`ResponseFuture`] panics if polled after completion.
 //!
 //! ```no_run
 //! use axum::{Router, routing::get};
@@ -32,12 +37,12 @@
 //! # let _ = app; Ok(()) }
 //! ```
 
-mod future;
 mod key;
 mod layer;
 mod service;
+mod verdict;
 
-pub use future::ResponseFuture;
+pub use crate::check::ResponseFuture;
 pub use key::{
     DEFAULT_IPV6_PREFIX, ForwardedFor, HeaderKey, IpNet, KeyExtractor, MAX_LITERAL_KEY_LEN, PeerIp,
 };

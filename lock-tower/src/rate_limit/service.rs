@@ -4,11 +4,16 @@ use http::{Request, Response, StatusCode};
 use lock_core::RateLimiter;
 use tower::Service;
 
-use super::future::ResponseFuture;
 use super::key::{KeyExtractor, LimitKey};
+use super::verdict::check;
+use crate::ResponseBody;
+use crate::check::ResponseFuture;
 use crate::problem::problem;
 
 /// The rate-limiting service made by [`RateLimitLayer`](super::RateLimitLayer).
+///
+/// Its responses are `Response<`[`ResponseBody`]`<R>>` for an inner `Response<R>`: the
+/// inner body, or the problem the layer wrote (so `R` needs no `From<String>`).
 #[derive(Debug, Clone)]
 pub struct RateLimitService<S, K> {
     pub(crate) inner: S,
@@ -17,13 +22,46 @@ pub struct RateLimitService<S, K> {
     pub(crate) fail_closed: bool,
 }
 
+impl<S, K> RateLimitService<S, K> {
+    /// The inner service.
+    ///
+    /// ```no_run
+    /// use lock_tower::rate_limit::{PeerIp, RateLimitLayer};
+    /// use tower::Layer;
+    ///
+    /// #[derive(Debug, Clone, PartialEq)]
+    /// struct Counter(u32);
+    ///
+    /// # async fn f() -> Result<(), lock_core::LockError> {
+    /// let client = lock_core::LockClient::open("redis://127.0.0.1:6379/").await?;
+    /// let limiter = client.rate_limiter("api", lock_core::RateLimit::per_second(5));
+    /// let mut service = RateLimitLayer::new(limiter, PeerIp::new()).layer(Counter(0));
+    /// service.get_mut().0 += 1;
+    /// assert_eq!(service.get_ref(), &Counter(1));
+    /// assert_eq!(service.into_inner(), Counter(1));
+    /// # Ok(()) }
+    /// ```
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, consuming the layer's.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
 impl<S, K, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<S, K>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     K: KeyExtractor<ReqBody>,
-    ResBody: From<String>,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
     type Future = ResponseFuture<S, ReqBody>;
 
@@ -37,17 +75,10 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         match self.extractor.extract(&request).and_then(LimitKey::new) {
             Some(key) => {
-                let limiter = self.limiter.clone();
-                let check = Box::pin(async move { limiter.check(key).await });
-                ResponseFuture::checking(
-                    check,
-                    inner,
-                    request,
-                    self.fail_closed,
-                    self.limiter.limit(),
-                )
+                let check = Box::pin(check(self.limiter.clone(), key, self.fail_closed));
+                ResponseFuture::checking(check, inner, request)
             }
-            None => ResponseFuture::rejected(problem(
+            None => ResponseFuture::answered(problem(
                 StatusCode::BAD_REQUEST,
                 "rate-limit-key-missing",
                 "the request does not say who it is from, so it cannot be rate limited",

@@ -20,6 +20,8 @@ pub struct Reply {
     pub status: u16,
     /// `Idempotent-Replayed: true` was present.
     pub replayed: bool,
+    /// The `Content-Type` header (empty if absent).
+    pub content_type: String,
     /// The body.
     pub body: Bytes,
     /// Time from sending to the end of the body.
@@ -95,6 +97,12 @@ impl Http {
                 .headers
                 .get("idempotent-replayed")
                 .is_some_and(|v| v == "true"),
+            content_type: parts
+                .headers
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned(),
             body,
             latency: started.elapsed(),
         })
