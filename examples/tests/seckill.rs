@@ -1,73 +1,18 @@
 //! The seckill scenario on real processes: a private redis-server, `seckill-server`
 //! instances on their own ports sharing one SQLite file, and the load generator.
 
-use std::path::{Path, PathBuf};
+#[path = "seckill/lost_reply.rs"]
+mod lost_reply;
+#[path = "seckill/support.rs"]
+mod support;
+
 use std::time::{Duration, Instant};
 
 use lock_examples::seckill::instances::Instance;
 use lock_examples::seckill::load::{self, Http, LoadConfig};
 use lock_examples::seckill::store::OrderStore;
 use lock_tests::RedisServer;
-use redis::Value;
-
-const STREAM: &str = "seckill:{seckill}:orders";
-const GROUP: &str = "persist";
-
-fn server_bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_seckill-server"))
-}
-
-/// A directory for the test's database, removed on drop.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("seckill-test-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Dir(dir)
-    }
-
-    fn db(&self) -> PathBuf {
-        self.0.join("orders.db")
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Polls `GET /healthz` of every instance until `done` holds for their answers.
-async fn wait_health(
-    http: &Http,
-    urls: &[&str],
-    what: &str,
-    done: impl Fn(&[serde_json::Value]) -> bool,
-) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let mut answers = Vec::new();
-        for url in urls {
-            if let Ok(r) = http.get(&format!("{url}/healthz")).await {
-                answers.push(r.json());
-            }
-        }
-        if answers.len() == urls.len() && done(&answers) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}: {answers:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn drained(h: &serde_json::Value) -> bool {
-    h["stream"]["pending"] == 0 && h["stream"]["undelivered"] == false
-}
+use support::{Dir, GROUP, STREAM, drained, pending, server_bin, wait_health};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flash_sale_on_two_instances_and_a_second_run_adds_no_duplicates() {
@@ -129,23 +74,6 @@ async fn flash_sale_on_two_instances_and_a_second_run_adds_no_duplicates() {
     assert!(v2.violations().is_empty(), "{v2}");
     assert_ne!(v2.voucher(), v.voucher());
     assert_eq!(store.count().await.unwrap(), 100);
-}
-
-/// `XPENDING` summary: how many entries are delivered but not acknowledged.
-async fn pending(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
-    let reply: Value = redis::cmd("XPENDING")
-        .arg(STREAM)
-        .arg(GROUP)
-        .query_async(conn)
-        .await
-        .unwrap();
-    match reply {
-        Value::Array(v) => match v.first() {
-            Some(Value::Int(n)) => *n,
-            other => panic!("XPENDING count: {other:?}"),
-        },
-        other => panic!("XPENDING: {other:?}"),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

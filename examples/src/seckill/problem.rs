@@ -1,7 +1,7 @@
 //! Error responses: `application/problem+json` (RFC 9457) with a `type` naming the case.
 
 use axum::http::StatusCode;
-use axum::http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use axum::http::header::{CONTENT_TYPE, HeaderValue, LOCATION, RETRY_AFTER};
 use axum::response::{IntoResponse, Response};
 use lock_core::LockError;
 
@@ -12,6 +12,9 @@ pub(crate) struct Problem {
     kind: &'static str,
     detail: String,
     retry_after: Option<u64>,
+    /// An extension member (RFC 9457 section 3.2) and a `Location`, for a refusal that
+    /// points at an existing resource (409 `already-ordered`: the user's order).
+    existing: Option<(&'static str, String, String)>,
 }
 
 impl Problem {
@@ -21,7 +24,15 @@ impl Problem {
             kind,
             detail: detail.into(),
             retry_after: None,
+            existing: None,
         }
+    }
+
+    /// Names the resource the refusal is about: `member: id` in the body and
+    /// `Location: location`.
+    pub(crate) fn existing(mut self, member: &'static str, id: String, location: String) -> Self {
+        self.existing = Some((member, id, location));
+        self
     }
 
     /// Adds `Retry-After: secs` (at least 1): the refusal passes by then, so the
@@ -57,14 +68,21 @@ impl Problem {
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({
+        let mut body = serde_json::json!({
             "type": self.kind,
             "title": self.status.canonical_reason().unwrap_or("Error"),
             "status": self.status.as_u16(),
             "detail": self.detail,
         });
+        let location = self.existing.map(|(member, id, location)| {
+            body[member] = id.into();
+            location
+        });
         let mut response = (self.status, body.to_string()).into_response();
         let headers = response.headers_mut();
+        if let Some(value) = location.and_then(|l| HeaderValue::try_from(l).ok()) {
+            headers.insert(LOCATION, value);
+        }
         headers.insert(
             CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),

@@ -32,6 +32,7 @@ pub(crate) fn router(app: App, limiter: RateLimiter, idempotency: IdempotencySto
         .layer::<_, std::convert::Infallible>(
             IdempotencyLayer::new(idempotency)
                 .require_key(true)
+                .in_flight_lease(order::CLAIM_LEASE)
                 .principal(buyer),
         )
         .layer::<_, std::convert::Infallible>(RateLimitLayer::new(limiter, buyer))

@@ -10,6 +10,7 @@ use lock_core::{IdGenerator, LockClient, LockConfig, RateLimit};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::watch;
 
+use super::order::{CLAIM_LEASE, CrashAfterTakes};
 use super::routes;
 use super::store::OrderStore;
 use super::worker::{self, Worker, WorkerConfig, WorkerStats};
@@ -33,6 +34,9 @@ pub struct ServerConfig {
     pub user_burst: u32,
     /// The stream worker's settings.
     pub worker: WorkerConfig,
+    /// Fault injection for tests: exit right after the stock script has taken this many
+    /// units, before answering. Default: never.
+    pub crash_after_takes: Option<u64>,
 }
 
 impl ServerConfig {
@@ -49,6 +53,7 @@ impl ServerConfig {
             user_rate: 2,
             user_burst: 4,
             worker: WorkerConfig::new(format!("worker-{}-{nanos:08x}", std::process::id())),
+            crash_after_takes: None,
         }
     }
 }
@@ -69,6 +74,7 @@ pub(crate) struct App {
     pub(crate) ids: IdGenerator,
     pub(crate) store: OrderStore,
     pub(crate) worker: std::sync::Arc<WorkerStats>,
+    pub(crate) crash_after_takes: std::sync::Arc<CrashAfterTakes>,
 }
 
 async fn connection(
@@ -135,7 +141,9 @@ pub async fn start(
         .map_err(unreachable)?;
     let locks = LockClient::from_client(
         client.clone(),
-        LockConfig::new().with_command_timeout(REDIS_TIMEOUT),
+        LockConfig::new()
+            .with_command_timeout(REDIS_TIMEOUT)
+            .with_watchdog_lease(CLAIM_LEASE),
     )
     .await?;
     let ids = IdGenerator::new(
@@ -161,6 +169,7 @@ pub async fn start(
         ids,
         store,
         worker: worker.stats(),
+        crash_after_takes: std::sync::Arc::new(CrashAfterTakes::new(config.crash_after_takes)),
     };
     let router: Router = routes::router(app, limiter, idempotency);
 

@@ -20,6 +20,8 @@ pub struct Reply {
     pub status: u16,
     /// `Idempotent-Replayed: true` was present.
     pub replayed: bool,
+    /// The `Location` header, if any.
+    pub location: Option<String>,
     /// The body.
     pub body: Bytes,
     /// Time from sending to the end of the body.
@@ -95,6 +97,11 @@ impl Http {
                 .headers
                 .get("idempotent-replayed")
                 .is_some_and(|v| v == "true"),
+            location: parts
+                .headers
+                .get("location")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
             body,
             latency: started.elapsed(),
         })
