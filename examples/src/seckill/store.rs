@@ -8,6 +8,9 @@
 //!   so a stream entry persisted twice (a worker that crashed between the commit and
 //!   its XACK, a re-delivered stream) never becomes a second row.
 //! - WAL journal and a busy timeout, so several processes can write the same file.
+//! - `synchronous=FULL`: a commit is on disk (the WAL fsynced) when it returns, so the
+//!   worker's `XACK` after it never acknowledges an order a power loss could roll back
+//!   (`NORMAL` in WAL mode syncs only at checkpoints).
 //! - Every call runs on tokio's blocking pool; the connection sits behind a mutex.
 
 use std::path::Path;
@@ -85,7 +88,7 @@ impl OrderStore {
         let conn = Connection::open(path)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
         conn.execute_batch(SCHEMA)?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
@@ -197,6 +200,28 @@ mod tests {
             created_ms: 1_735_689_601_000,
             stream_entry: format!("{order_id}-0"),
         }
+    }
+
+    /// Issue 14b, item 2: the worker acknowledges a batch once `insert_batch` returns,
+    /// so the commit must be durable by then: `synchronous` is FULL (2) or EXTRA (3) on
+    /// the store's own connection (it was NORMAL, 1).
+    #[test]
+    fn commits_are_synced_before_they_return() {
+        let dir = std::env::temp_dir().join(format!("seckill-sync-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = OrderStore::open(&dir.join("orders.db")).unwrap();
+        let conn = store.conn.lock().unwrap();
+        let journal: String = conn
+            .pragma_query_value(None, "journal_mode", |r| r.get(0))
+            .unwrap();
+        let synchronous: i64 = conn
+            .pragma_query_value(None, "synchronous", |r| r.get(0))
+            .unwrap();
+        assert_eq!(journal, "wal");
+        assert!(synchronous >= 2, "synchronous = {synchronous}, not FULL");
+        drop(conn);
+        drop(store);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test]
