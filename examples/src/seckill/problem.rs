@@ -14,7 +14,7 @@ pub(crate) struct Problem {
     retry_after: Option<u64>,
     /// An extension member (RFC 9457 section 3.2) and a `Location`, for a refusal that
     /// points at an existing resource (409 `already-ordered`: the user's order).
-    existing: Option<(&'static str, String, String)>,
+    existing: Option<Box<(&'static str, String, String)>>,
 }
 
 impl Problem {
@@ -31,7 +31,7 @@ impl Problem {
     /// Names the resource the refusal is about: `member: id` in the body and
     /// `Location: location`.
     pub(crate) fn existing(mut self, member: &'static str, id: String, location: String) -> Self {
-        self.existing = Some((member, id, location));
+        self.existing = Some(Box::new((member, id, location)));
         self
     }
 
@@ -74,7 +74,8 @@ impl IntoResponse for Problem {
             "status": self.status.as_u16(),
             "detail": self.detail,
         });
-        let location = self.existing.map(|(member, id, location)| {
+        let location = self.existing.map(|existing| {
+            let (member, id, location) = *existing;
             body[member] = id.into();
             location
         });
