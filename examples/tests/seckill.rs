@@ -1,6 +1,8 @@
 //! The seckill scenario on real processes: a private redis-server, `seckill-server`
 //! instances on their own ports sharing one SQLite file, and the load generator.
 
+#[path = "seckill/anomaly.rs"]
+mod anomaly;
 #[path = "seckill/lost_reply.rs"]
 mod lost_reply;
 #[path = "seckill/support.rs"]

@@ -6,7 +6,9 @@
 //!   seed's last safeguard for "one order per user", independent of Redis.
 //! - Writes are idempotent: [`OrderStore::insert_batch`] uses `ON CONFLICT DO NOTHING`,
 //!   so a stream entry persisted twice (a worker that crashed between the commit and
-//!   its XACK, a re-delivered stream) never becomes a second row.
+//!   its XACK, a re-delivered stream) never becomes a second row. An order that
+//!   conflicts with a different row (the same voucher and user under another order id,
+//!   or its order id on another sale) is an anomaly: returned, never a row.
 //! - WAL journal and a busy timeout, so several processes can write the same file.
 //! - `synchronous=FULL`: a commit is on disk (the WAL fsynced) when it returns, so the
 //!   worker's `XACK` after it never acknowledges an order a power loss could roll back
@@ -68,12 +70,15 @@ pub struct Order {
 }
 
 /// Result of [`OrderStore::insert_batch`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Inserted {
     /// New rows.
     pub new: usize,
     /// Orders already in the table (a re-delivery): left as they were.
     pub already_there: usize,
+    /// Orders refused by a different row: each with the order id of the row holding its
+    /// voucher and user (`None` if its order id is taken by another sale).
+    pub conflicting: Vec<(NewOrder, Option<i64>)>,
 }
 
 /// The SQLite orders database; cheap to clone (clones share the connection).
@@ -136,8 +141,24 @@ impl OrderStore {
                     ])?;
                     if n == 1 {
                         inserted.new += 1;
-                    } else {
+                        continue;
+                    }
+                    let same: Option<(i64, i64)> = tx
+                        .prepare_cached(
+                            "SELECT voucher_id, user_id FROM orders WHERE order_id = ?1",
+                        )?
+                        .query_row([o.order_id], |r| Ok((r.get(0)?, r.get(1)?)))
+                        .optional()?;
+                    if same == Some((o.voucher_id, o.user_id)) {
                         inserted.already_there += 1;
+                    } else {
+                        let holder: Option<i64> = tx
+                            .prepare_cached(
+                                "SELECT order_id FROM orders WHERE voucher_id = ?1 AND user_id = ?2",
+                            )?
+                            .query_row([o.voucher_id, o.user_id], |r| r.get(0))
+                            .optional()?;
+                        inserted.conflicting.push((o.clone(), holder));
                     }
                 }
             }
@@ -239,7 +260,7 @@ mod tests {
             first,
             Inserted {
                 new: 2,
-                already_there: 0
+                ..Inserted::default()
             }
         );
         // The same entries again (a re-delivery), and another order for user 1.
@@ -247,13 +268,13 @@ mod tests {
             .insert_batch(vec![order(10, 1), order(11, 2), order(12, 1), order(13, 3)])
             .await
             .unwrap();
-        assert_eq!(
-            again,
-            Inserted {
-                new: 1,
-                already_there: 3
-            }
-        );
+        assert_eq!((again.new, again.already_there), (1, 2));
+        // Order 12 is user 1's second order (row 10 holds the voucher and user): an
+        // anomaly, not a re-delivery.
+        assert_eq!(again.conflicting, [(order(12, 1), Some(10))]);
+        // Order id 11 on another user's sale.
+        let reused = store.insert_batch(vec![order(11, 4)]).await.unwrap();
+        assert_eq!(reused.conflicting, [(order(11, 4), None)]);
         assert_eq!(store.count().await.unwrap(), 3);
         let listed = store.voucher_orders(1).await.unwrap();
         let ids: Vec<_> = listed.iter().map(|o| o.order_id.as_str()).collect();

@@ -16,6 +16,9 @@
 //!   and the stream holds the backlog, not the whole sale.
 //! - **Survives Redis and SQLite outages**: errors are logged and retried with backoff;
 //!   a consumer group that vanished (Redis restarted empty) is created again.
+//! - An order that conflicts with a different row (same voucher and user, another
+//!   order id) cannot be written: it is logged as an error, counted in
+//!   [`WorkerSnapshot::anomalies`] (`GET /healthz`) and acknowledged.
 //! - A malformed entry (not written by `lua/seckill_take.lua`) is logged and
 //!   acknowledged, so it cannot block the stream.
 
@@ -77,6 +80,7 @@ pub struct WorkerStats {
     persisted: AtomicU64,
     duplicates: AtomicU64,
     trimmed: AtomicU64,
+    anomalies: AtomicU64,
 }
 
 /// A snapshot of [`WorkerStats`].
@@ -94,6 +98,9 @@ pub struct WorkerSnapshot {
     pub duplicates: u64,
     /// Acknowledged entries this worker removed from the stream.
     pub trimmed: u64,
+    /// Orders that conflicted with a different row and were not written (logged as
+    /// errors): each is an accepted order the database does not have.
+    pub anomalies: u64,
 }
 
 impl WorkerStats {
@@ -107,6 +114,7 @@ impl WorkerStats {
             persisted: get(&self.persisted),
             duplicates: get(&self.duplicates),
             trimmed: get(&self.trimmed),
+            anomalies: get(&self.anomalies),
         }
     }
 }
@@ -349,6 +357,20 @@ impl Worker {
             }
         }
         let inserted = self.store.insert_batch(orders).await?;
+        for (order, holder) in &inserted.conflicting {
+            tracing::error!(
+                order_id = order.order_id,
+                voucher_id = order.voucher_id,
+                user_id = order.user_id,
+                entry = %order.stream_entry,
+                row_order_id = ?holder,
+                "anomaly: an accepted order conflicts with another row (same voucher and \
+                 user under another order id, or its id on another sale); not written"
+            );
+        }
+        self.stats
+            .anomalies
+            .fetch_add(inserted.conflicting.len() as u64, Ordering::Relaxed);
         self.stats
             .persisted
             .fetch_add(inserted.new as u64, Ordering::Relaxed);
