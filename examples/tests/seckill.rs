@@ -5,6 +5,8 @@
 mod anomaly;
 #[path = "seckill/lost_reply.rs"]
 mod lost_reply;
+#[path = "seckill/redis_lost.rs"]
+mod redis_lost;
 #[path = "seckill/support.rs"]
 mod support;
 #[path = "seckill/trim.rs"]

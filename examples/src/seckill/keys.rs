@@ -9,8 +9,6 @@
 pub(crate) const STREAM: &str = "seckill:{seckill}:orders";
 /// The consumer group of the workers that persist the stream into SQLite.
 pub(crate) const GROUP: &str = "persist";
-/// The counter voucher ids come from (INCR).
-pub(crate) const VOUCHER_SEQ: &str = "seckill:{seckill}:voucher-seq";
 
 /// The hash of voucher `id`: `stock` (left), `sold`, `initial`, `begins_at_ms`,
 /// `ends_at_ms` (empty: no bound).

@@ -121,9 +121,7 @@ pub(crate) async fn place_order(
             tracing::debug!(%order_id, voucher_id, user_id, %entry, stock_left, "order taken");
             Ok(Placed { order_id })
         }
-        Take::NoVoucher => {
-            Err(Problem::not_found(format!("there is no voucher {voucher_id}")).into())
-        }
+        Take::NoVoucher => Err(super::voucher::missing(app, voucher_id).await.into()),
         Take::NotStarted { begins_at_ms } => {
             // A refusal that passes: `Retry-After` keeps it out of the idempotency
             // record, so a retry with the same key after the start is served.

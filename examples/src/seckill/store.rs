@@ -4,6 +4,9 @@
 //! - Table `orders` (order_id primary key, voucher_id, user_id, created_ms,
 //!   stream_entry, persisted_ms) with a UNIQUE index on (voucher_id, user_id): the
 //!   seed's last safeguard for "one order per user", independent of Redis.
+//! - Table `vouchers`: the system of record of vouchers. Ids come from its
+//!   `AUTOINCREMENT` key, so an id is never handed out twice, whatever happened to
+//!   Redis (which holds only a voucher's live stock and buyers).
 //! - Writes are idempotent: [`OrderStore::insert_batch`] uses `ON CONFLICT DO NOTHING`,
 //!   so a stream entry persisted twice (a worker that crashed between the commit and
 //!   its XACK, a re-delivered stream) never becomes a second row. An order that
@@ -39,6 +42,13 @@ CREATE TABLE IF NOT EXISTS orders (
     persisted_ms INTEGER NOT NULL
 );
 CREATE UNIQUE INDEX IF NOT EXISTS orders_one_per_user ON orders (voucher_id, user_id);
+CREATE TABLE IF NOT EXISTS vouchers (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    stock        INTEGER NOT NULL,
+    begins_at_ms INTEGER,
+    ends_at_ms   INTEGER,
+    created_ms   INTEGER NOT NULL
+);
 ";
 
 /// An order as the stream carries it and the database keeps it.
@@ -119,10 +129,7 @@ impl OrderStore {
     /// Inserts `orders` in one transaction; orders already present are left alone.
     pub async fn insert_batch(&self, orders: Vec<NewOrder>) -> Result<Inserted, rusqlite::Error> {
         self.with(move |conn| {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis() as i64)
-                .unwrap_or_default();
+            let now = now_ms();
             let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let mut inserted = Inserted::default();
             {
@@ -168,6 +175,33 @@ impl OrderStore {
         .await
     }
 
+    /// Records a new voucher; returns its id (never one handed out before).
+    pub async fn create_voucher(
+        &self,
+        stock: i64,
+        begins_at_ms: Option<i64>,
+        ends_at_ms: Option<i64>,
+    ) -> Result<i64, rusqlite::Error> {
+        self.with(move |conn| {
+            conn.execute(
+                "INSERT INTO vouchers (stock, begins_at_ms, ends_at_ms, created_ms)
+                 VALUES (?1, ?2, ?3, ?4)",
+                params![stock, begins_at_ms, ends_at_ms, now_ms()],
+            )?;
+            Ok(conn.last_insert_rowid())
+        })
+        .await
+    }
+
+    /// Whether voucher `id` was ever created.
+    pub async fn has_voucher(&self, id: i64) -> Result<bool, rusqlite::Error> {
+        self.with(move |conn| {
+            conn.prepare_cached("SELECT 1 FROM vouchers WHERE id = ?1")?
+                .exists([id])
+        })
+        .await
+    }
+
     /// The order `order_id`, once persisted.
     pub async fn order(&self, order_id: i64) -> Result<Option<Order>, rusqlite::Error> {
         self.with(move |conn| {
@@ -198,6 +232,13 @@ impl OrderStore {
         self.with(|conn| conn.query_row("SELECT COUNT(*) FROM orders", [], |r| r.get(0)))
             .await
     }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or_default()
 }
 
 fn row_to_order(r: &rusqlite::Row<'_>) -> Result<Order, rusqlite::Error> {
