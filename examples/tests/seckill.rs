@@ -17,12 +17,11 @@ use std::time::{Duration, Instant};
 use lock_examples::seckill::instances::Instance;
 use lock_examples::seckill::load::{self, Http, LoadConfig};
 use lock_examples::seckill::store::OrderStore;
-use lock_tests::RedisServer;
-use support::{Dir, STREAM, drained, pending, server_bin, wait_health};
+use support::{Dir, STREAM, drained, pending, persistent_redis, server_bin, wait_health};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flash_sale_on_two_instances_and_a_second_run_adds_no_duplicates() {
-    let redis = RedisServer::start();
+    let redis = persistent_redis();
     let dir = Dir::new("sale");
     let a = Instance::spawn(server_bin(), &redis.url(), &dir.db(), &[])
         .await
@@ -103,7 +102,7 @@ async fn flash_sale_on_two_instances_and_a_second_run_adds_no_duplicates() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_mid_stream_loses_nothing() {
-    let redis = RedisServer::start();
+    let redis = persistent_redis();
     let dir = Dir::new("crash");
     let http = Http::new();
     // Instance A's process exits once its worker has read 3 entries, before
@@ -186,7 +185,7 @@ async fn a_worker_killed_mid_stream_loses_nothing() {
 /// had its own burst and the padded one was never limited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_buyer_spelled_many_ways_shares_one_quota() {
-    let redis = RedisServer::start();
+    let redis = persistent_redis();
     let dir = Dir::new("spellings");
     let a = Instance::spawn(
         server_bin(),
@@ -232,7 +231,7 @@ async fn one_buyer_spelled_many_ways_shares_one_quota() {
 /// (before, the 403 was replayed to that key for 24 h).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_before_the_sale_is_not_replayed_after_it_begins() {
-    let redis = RedisServer::start();
+    let redis = persistent_redis();
     let dir = Dir::new("not-yet");
     let quota = ["--user-rate", "1000", "--user-burst", "1000"];
     let a = Instance::spawn(server_bin(), &redis.url(), &dir.db(), &quota)

@@ -37,6 +37,9 @@ pub struct ServerConfig {
     /// Fault injection for tests: exit right after the stock script has taken this many
     /// units, before answering. Default: never.
     pub crash_after_takes: Option<u64>,
+    /// Start even if Redis does not persist (no AOF): Redis is the only record of an
+    /// accepted order until the worker writes it, so by default the server refuses.
+    pub allow_volatile_redis: bool,
 }
 
 impl ServerConfig {
@@ -54,6 +57,7 @@ impl ServerConfig {
             user_burst: 4,
             worker: WorkerConfig::new(format!("worker-{}-{nanos:08x}", std::process::id())),
             crash_after_takes: None,
+            allow_volatile_redis: false,
         }
     }
 }
@@ -87,6 +91,45 @@ async fn connection(
         .set_number_of_retries(2)
         .set_max_delay(Duration::from_secs(1));
     ConnectionManager::new_with_config(client.clone(), config).await
+}
+
+/// Checks that Redis persists every write: `Err` with what to do when AOF is off. A
+/// `appendfsync` other than `always` (which can lose the last second of orders on a
+/// crash) is only logged; so is a Redis whose `CONFIG` is disabled.
+async fn check_persistence(
+    conn: &mut ConnectionManager,
+    url: &str,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let info: String = redis::cmd("INFO")
+        .arg("persistence")
+        .query_async(conn)
+        .await?;
+    let aof = info
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("aof_enabled:"))
+        .unwrap_or("0");
+    if aof != "1" {
+        return Err(format!(
+            "Redis at {url} does not persist (aof_enabled:{aof}): until the worker writes \
+             them, accepted orders live only in Redis, and a restart would lose them. Run \
+             it with `--appendonly yes --appendfsync always`, or pass --allow-volatile-redis"
+        )
+        .into());
+    }
+    let fsync: Result<Vec<String>, _> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("appendfsync")
+        .query_async(conn)
+        .await;
+    match fsync.as_deref() {
+        Ok([_, policy]) if policy == "always" => {}
+        Ok([_, policy]) => tracing::warn!(
+            policy,
+            "Redis appendfsync is not `always`: a Redis crash can lose the last orders answered 201"
+        ),
+        _ => tracing::warn!("cannot read Redis appendfsync (CONFIG disabled?); assuming it is set"),
+    }
+    Ok(())
 }
 
 /// A running instance: its address, and the handle that stops it.
@@ -136,6 +179,9 @@ pub async fn start(
     let redis = connection(&client, REDIS_TIMEOUT)
         .await
         .map_err(unreachable)?;
+    if !config.allow_volatile_redis {
+        check_persistence(&mut redis.clone(), &config.redis).await?;
+    }
     let worker_conn = connection(&client, Duration::from_secs(3))
         .await
         .map_err(unreachable)?;

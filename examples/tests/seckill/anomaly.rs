@@ -5,15 +5,14 @@
 use lock_examples::seckill::instances::Instance;
 use lock_examples::seckill::load::Http;
 use lock_examples::seckill::store::OrderStore;
-use lock_tests::RedisServer;
 
-use super::support::{Dir, STREAM, drained, server_bin, wait_health};
+use super::support::{Dir, STREAM, drained, persistent_redis, server_bin, wait_health};
 
 /// Issue 14b, item 4. Before, the worker counted such an order with the harmless
 /// re-deliveries (`duplicates`) and `/healthz` had no `anomalies`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conflicting_order_is_counted_as_an_anomaly() {
-    let redis = RedisServer::start();
+    let redis = persistent_redis();
     let dir = Dir::new("anomaly");
     let http = Http::new();
     let a = Instance::spawn(server_bin(), &redis.url(), &dir.db(), &[])

@@ -5,10 +5,9 @@ use std::time::{Duration, Instant};
 
 use lock_examples::seckill::instances::Instance;
 use lock_examples::seckill::load::{Http, Reply};
-use lock_tests::RedisServer;
 use redis::Value;
 
-use super::support::{Dir, STREAM, server_bin};
+use super::support::{Dir, STREAM, persistent_redis, server_bin};
 
 /// The `order_id` fields of every entry in the orders stream.
 async fn queued_order_ids(conn: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
@@ -63,7 +62,7 @@ fn assert_names_order(r: &Reply, order_id: &str) {
 /// the order id, so the buyer could never learn the order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_buyer_whose_201_was_lost_learns_the_order_by_ordering_again() {
-    let redis = RedisServer::start();
+    let redis = persistent_redis();
     let dir = Dir::new("lost-reply");
     let http = Http::new();
     // A exits right after the script took its first unit, before answering.

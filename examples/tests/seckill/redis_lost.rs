@@ -1,6 +1,6 @@
-//! Redis restarted without persistence: vouchers and their ids live in SQLite, so no id
-//! is handed out twice and a voucher whose Redis state is gone is not sold again from
-//! an empty slate.
+//! Redis without persistence: the server refuses it unless told otherwise, and when it
+//! restarts empty, vouchers and their ids live on in SQLite, so no id is handed out
+//! twice and a voucher whose Redis state is gone is not sold again from an empty slate.
 
 use std::time::{Duration, Instant};
 
@@ -9,7 +9,7 @@ use lock_examples::seckill::load::{Http, Reply};
 use lock_examples::seckill::store::OrderStore;
 use lock_tests::RedisServer;
 
-use super::support::{Dir, drained, server_bin, wait_health};
+use super::support::{Dir, drained, persistent_redis, server_bin, wait_health};
 
 /// Sends `request` until the service has reconnected to the restarted Redis (no more
 /// 503 `service-unavailable`), and returns that answer.
@@ -39,7 +39,13 @@ async fn a_redis_that_lost_its_data_reuses_no_voucher_id_and_resells_nothing() {
     let mut redis = RedisServer::start();
     let dir = Dir::new("redis-lost");
     let http = Http::new();
-    let flags = ["--user-rate", "1000", "--user-burst", "1000"];
+    let flags = [
+        "--user-rate",
+        "1000",
+        "--user-burst",
+        "1000",
+        "--allow-volatile-redis",
+    ];
     let a = Instance::spawn(server_bin(), &redis.url(), &dir.db(), &flags)
         .await
         .unwrap();
@@ -86,4 +92,29 @@ async fn a_redis_that_lost_its_data_reuses_no_voucher_id_and_resells_nothing() {
         let rows = store.voucher_orders(voucher).await.unwrap();
         assert_eq!(rows.len(), 1, "voucher {voucher}: {rows:?}");
     }
+}
+
+/// Issue 14b, item 4. Before, the server started on a Redis that keeps nothing across a
+/// restart, though Redis is the only record of an order until the worker writes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_refuses_a_redis_that_does_not_persist() {
+    let volatile = RedisServer::start(); // --appendonly no
+    let dir = Dir::new("volatile");
+    let refused = Instance::spawn(server_bin(), &volatile.url(), &dir.db(), &[]).await;
+    let why = refused
+        .expect_err("started on a Redis without AOF")
+        .to_string();
+    assert!(why.contains("exit status"), "{why}");
+    Instance::spawn(
+        server_bin(),
+        &volatile.url(),
+        &dir.db(),
+        &["--allow-volatile-redis"],
+    )
+    .await
+    .expect("--allow-volatile-redis starts it anyway");
+    let persistent = persistent_redis();
+    Instance::spawn(server_bin(), &persistent.url(), &dir.db(), &[])
+        .await
+        .expect("AOF with appendfsync always is accepted");
 }

@@ -5,10 +5,17 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use lock_examples::seckill::load::Http;
+use lock_tests::RedisServer;
 use redis::Value;
 
 pub(crate) const STREAM: &str = "seckill:{seckill}:orders";
 pub(crate) const GROUP: &str = "persist";
+
+/// A private redis-server that persists every write (AOF, `appendfsync always`), as
+/// `seckill-server` requires unless given `--allow-volatile-redis`.
+pub(crate) fn persistent_redis() -> RedisServer {
+    RedisServer::start_with_args(&["--appendonly", "yes", "--appendfsync", "always"])
+}
 
 pub(crate) fn server_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_seckill-server"))

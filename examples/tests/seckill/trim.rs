@@ -6,10 +6,11 @@ use std::time::{Duration, Instant};
 use lock_examples::seckill::instances::Instance;
 use lock_examples::seckill::load::Http;
 use lock_examples::seckill::store::OrderStore;
-use lock_tests::RedisServer;
 use redis::Value;
 
-use super::support::{Dir, GROUP, STREAM, drained, pending, server_bin, wait_health};
+use super::support::{
+    Dir, GROUP, STREAM, drained, pending, persistent_redis, server_bin, wait_health,
+};
 
 async fn xlen(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
     redis::cmd("XLEN")
@@ -41,7 +42,7 @@ async fn ids(conn: &mut redis::aio::MultiplexedConnection, cmd: &mut redis::Cmd)
 /// Issue 14b, item 3. Before, the stream kept every order forever (XLEN stayed 3 here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_entries_are_trimmed_and_pending_ones_kept() {
-    let redis = RedisServer::start();
+    let redis = persistent_redis();
     let dir = Dir::new("trim");
     let http = Http::new();
     // A persists two orders one at a time, then exits on reading the third: two
