@@ -18,7 +18,10 @@
 //! 7. 201 with the order id. A worker in every instance (a consumer group on the
 //!    stream: the seed's queue for peak shaving) writes the order into SQLite, whose
 //!    UNIQUE (voucher_id, user_id) index is the seed's last safeguard, then XACKs it;
-//!    entries a crashed worker left pending are claimed by another after an idle time.
+//!    entries a crashed worker left pending are claimed by another after an idle time,
+//!    and what the group acknowledged is trimmed from the stream. Vouchers and their
+//!    ids live in SQLite too; Redis holds their live stock and buyers, and must persist
+//!    (AOF) unless the server is started with `--allow-volatile-redis`.
 //!
 //! Modules: [`server`] (configuration, router, start-up), [`worker`] (stream to SQLite),
 //! [`store`] (SQLite), [`load`] (the load generator and its verdict), [`instances`]
