@@ -2,14 +2,14 @@
 -- seckill_take.lua: take one unit of a voucher's stock for one buyer, and queue the
 -- order, in one atomic step (the seckill service in examples/).
 --
--- The sale window, the stock and the buyer set are checked here, on the Redis server's
+-- The sale window, the stock and the buyers are checked here, on the Redis server's
 -- clock, so no interleaving of buyers, instances or retries can oversell or sell twice
 -- to one user, with or without a lock around the call. The accepted order is appended
 -- to the orders stream by the same script: an order that was taken is always queued for
 -- the database (no window where stock is gone but the order is nowhere).
 --
 -- KEYS[1]  the voucher hash: stock (left), sold, begins_at_ms, ends_at_ms ('' = open)
--- KEYS[2]  the voucher's buyer set (user ids that have an order)
+-- KEYS[2]  the voucher's buyers: a hash from user id to that user's order id
 -- KEYS[3]  the orders stream (consumed by the service's workers)
 -- ARGV[1]  voucher id
 -- ARGV[2]  user id
@@ -20,7 +20,8 @@
 --   {'no-voucher'}                KEYS[1] does not exist
 --   {'not-started', begins_at_ms} the sale has not begun (server clock)
 --   {'ended', ends_at_ms}         the sale is over (server clock)
---   {'already-ordered'}           the user is in the buyer set
+--   {'already-ordered', order_id} the user has an order (its id): a repeat, or the
+--                                 retry of a buyer whose 201 was lost
 --   {'sold-out'}                  no stock left
 local v = redis.call('HMGET', KEYS[1], 'stock', 'begins_at_ms', 'ends_at_ms')
 if not v[1] then
@@ -36,8 +37,9 @@ end
 if ends and now_ms >= ends then
   return {'ended', v[3]}
 end
-if redis.call('SISMEMBER', KEYS[2], ARGV[2]) == 1 then
-  return {'already-ordered'}
+local existing = redis.call('HGET', KEYS[2], ARGV[2])
+if existing then
+  return {'already-ordered', existing}
 end
 local stock = tonumber(v[1])
 if stock <= 0 then
@@ -45,7 +47,7 @@ if stock <= 0 then
 end
 redis.call('HINCRBY', KEYS[1], 'stock', -1)
 redis.call('HINCRBY', KEYS[1], 'sold', 1)
-redis.call('SADD', KEYS[2], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 local entry = redis.call('XADD', KEYS[3], '*',
   'order_id', ARGV[3], 'voucher_id', ARGV[1], 'user_id', ARGV[2], 'created_ms', now_ms)
 return {'ok', entry, stock - 1}

@@ -1,77 +1,27 @@
 //! The seckill scenario on real processes: a private redis-server, `seckill-server`
 //! instances on their own ports sharing one SQLite file, and the load generator.
 
-use std::path::{Path, PathBuf};
+#[path = "seckill/anomaly.rs"]
+mod anomaly;
+#[path = "seckill/lost_reply.rs"]
+mod lost_reply;
+#[path = "seckill/redis_lost.rs"]
+mod redis_lost;
+#[path = "seckill/support.rs"]
+mod support;
+#[path = "seckill/trim.rs"]
+mod trim;
+
 use std::time::{Duration, Instant};
 
 use lock_examples::seckill::instances::Instance;
 use lock_examples::seckill::load::{self, Http, LoadConfig};
 use lock_examples::seckill::store::OrderStore;
-use lock_tests::RedisServer;
-use redis::Value;
-
-const STREAM: &str = "seckill:{seckill}:orders";
-const GROUP: &str = "persist";
-
-fn server_bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_seckill-server"))
-}
-
-/// A directory for the test's database, removed on drop.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("seckill-test-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Dir(dir)
-    }
-
-    fn db(&self) -> PathBuf {
-        self.0.join("orders.db")
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Polls `GET /healthz` of every instance until `done` holds for their answers.
-async fn wait_health(
-    http: &Http,
-    urls: &[&str],
-    what: &str,
-    done: impl Fn(&[serde_json::Value]) -> bool,
-) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let mut answers = Vec::new();
-        for url in urls {
-            if let Ok(r) = http.get(&format!("{url}/healthz")).await {
-                answers.push(r.json());
-            }
-        }
-        if answers.len() == urls.len() && done(&answers) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}: {answers:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn drained(h: &serde_json::Value) -> bool {
-    h["stream"]["pending"] == 0 && h["stream"]["undelivered"] == false
-}
+use support::{Dir, STREAM, drained, pending, persistent_redis, server_bin, wait_health};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flash_sale_on_two_instances_and_a_second_run_adds_no_duplicates() {
-    let redis = RedisServer::start();
+    let redis = persistent_redis();
     let dir = Dir::new("sale");
     let a = Instance::spawn(server_bin(), &redis.url(), &dir.db(), &[])
         .await
@@ -105,15 +55,34 @@ async fn flash_sale_on_two_instances_and_a_second_run_adds_no_duplicates() {
     let store = OrderStore::open(&dir.db()).unwrap();
     assert_eq!(store.count().await.unwrap(), 50);
 
-    // The whole stream delivered again into the same database (as after a lost
-    // acknowledgement): every entry is read and written again, no row is added.
-    let mut conn = redis.connection().await;
-    let () = redis::cmd("XGROUP")
-        .arg(&["SETID", STREAM, GROUP, "0", "ENTRIESREAD", "0"][..])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    // Once the sale is persisted, the workers trim what the group acknowledged: the
+    // stream is empty again (issue 14b, item 3; before, it kept every order forever).
     let http = Http::new();
+    wait_health(&http, &[&a.url, &b.url], "the stream to be trimmed", |hs| {
+        hs.iter().all(|h| drained(h) && h["stream"]["length"] == 0)
+    })
+    .await;
+
+    // Every order delivered again into the same database (as after a lost
+    // acknowledgement: the same order once more on the stream): each is read and
+    // written again, no row is added.
+    let mut conn = redis.connection().await;
+    for o in store.voucher_orders(v.voucher()).await.unwrap() {
+        let _: String = redis::cmd("XADD")
+            .arg(STREAM)
+            .arg("*")
+            .arg("order_id")
+            .arg(&o.order_id)
+            .arg("voucher_id")
+            .arg(o.voucher_id)
+            .arg("user_id")
+            .arg(o.user_id)
+            .arg("created_ms")
+            .arg(0)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
     wait_health(&http, &[&a.url, &b.url], "the re-delivery", |hs| {
         let dups: u64 = hs
             .iter()
@@ -131,26 +100,9 @@ async fn flash_sale_on_two_instances_and_a_second_run_adds_no_duplicates() {
     assert_eq!(store.count().await.unwrap(), 100);
 }
 
-/// `XPENDING` summary: how many entries are delivered but not acknowledged.
-async fn pending(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
-    let reply: Value = redis::cmd("XPENDING")
-        .arg(STREAM)
-        .arg(GROUP)
-        .query_async(conn)
-        .await
-        .unwrap();
-    match reply {
-        Value::Array(v) => match v.first() {
-            Some(Value::Int(n)) => *n,
-            other => panic!("XPENDING count: {other:?}"),
-        },
-        other => panic!("XPENDING: {other:?}"),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_mid_stream_loses_nothing() {
-    let redis = RedisServer::start();
+    let redis = persistent_redis();
     let dir = Dir::new("crash");
     let http = Http::new();
     // Instance A's process exits once its worker has read 3 entries, before
@@ -213,16 +165,17 @@ async fn a_worker_killed_mid_stream_loses_nothing() {
             "order {id} accepted with 201 is in the database"
         );
     }
-    let queued: i64 = redis::cmd("XLEN")
-        .arg(STREAM)
-        .query_async(&mut conn)
+    let sold = http
+        .get(&format!("{}/vouchers/{voucher}", b.url))
         .await
-        .unwrap();
+        .unwrap()
+        .json()["sold"]
+        .as_i64();
     let store = OrderStore::open(&dir.db()).unwrap();
     assert_eq!(
-        store.count().await.unwrap(),
-        queued,
-        "every queued order is persisted"
+        Some(store.count().await.unwrap()),
+        sold,
+        "every unit taken is an order in the database"
     );
     assert_eq!(pending(&mut conn).await, 0);
 }
@@ -232,7 +185,7 @@ async fn a_worker_killed_mid_stream_loses_nothing() {
 /// had its own burst and the padded one was never limited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_buyer_spelled_many_ways_shares_one_quota() {
-    let redis = RedisServer::start();
+    let redis = persistent_redis();
     let dir = Dir::new("spellings");
     let a = Instance::spawn(
         server_bin(),
@@ -278,7 +231,7 @@ async fn one_buyer_spelled_many_ways_shares_one_quota() {
 /// (before, the 403 was replayed to that key for 24 h).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_before_the_sale_is_not_replayed_after_it_begins() {
-    let redis = RedisServer::start();
+    let redis = persistent_redis();
     let dir = Dir::new("not-yet");
     let quota = ["--user-rate", "1000", "--user-burst", "1000"];
     let a = Instance::spawn(server_bin(), &redis.url(), &dir.db(), &quota)
@@ -327,7 +280,7 @@ async fn a_refusal_before_the_sale_is_not_replayed_after_it_begins() {
 /// axum's `text/plain` 413).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_error_is_problem_json_from_one_writer() {
-    let redis = RedisServer::start();
+    let redis = persistent_redis();
     let dir = Dir::new("problems");
     let a = Instance::spawn(server_bin(), &redis.url(), &dir.db(), &[])
         .await

@@ -44,13 +44,14 @@ use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 use lock_core::{ErrorClass, LockError};
 
-/// One problem: `type`, `title` (the status's reason phrase), `status`, `detail`, and an
-/// optional `Retry-After`.
+/// One problem: `type`, `title` (the status's reason phrase), `status`, `detail`,
+/// string extension members (RFC 9457 section 3.2), and an optional `Retry-After`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
     status: StatusCode,
     kind: Cow<'static, str>,
     detail: String,
+    members: Vec<(&'static str, String)>,
     retry_after: Option<u64>,
 }
 
@@ -66,8 +67,28 @@ impl Problem {
             status,
             kind: kind.into(),
             detail: detail.into(),
+            members: Vec::new(),
             retry_after: None,
         }
+    }
+
+    /// Adds the extension member `name: value` (a string), written after `detail`; a
+    /// name of the standard members (`type`, `title`, `status`, `detail`, `instance`)
+    /// is ignored rather than written twice.
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use lock_tower::problem::Problem;
+    ///
+    /// let p = Problem::new(StatusCode::CONFLICT, "already-ordered", "one per user")
+    ///     .member("order_id", "42");
+    /// assert!(p.to_json().ends_with(r#""detail":"one per user","order_id":"42"}"#));
+    /// ```
+    pub fn member(mut self, name: &'static str, value: impl Into<String>) -> Self {
+        if !matches!(name, "type" | "title" | "status" | "detail" | "instance") {
+            self.members.push((name, value.into()));
+        }
+        self
     }
 
     /// Adds `Retry-After: secs` (at least 1).
@@ -86,15 +107,23 @@ impl Problem {
         &self.kind
     }
 
-    /// The body: `{"type", "title", "status", "detail"}`, in that order.
+    /// The body: `{"type", "title", "status", "detail", members...}`, in that order.
     pub fn to_json(&self) -> String {
-        format!(
-            "{{\"type\":{},\"title\":{},\"status\":{},\"detail\":{}}}",
+        let mut out = format!(
+            "{{\"type\":{},\"title\":{},\"status\":{},\"detail\":{}",
             json_string(&self.kind),
             json_string(self.status.canonical_reason().unwrap_or("Error")),
             self.status.as_u16(),
             json_string(&self.detail)
-        )
+        );
+        for (name, value) in &self.members {
+            out.push(',');
+            out.push_str(&json_string(name));
+            out.push(':');
+            out.push_str(&json_string(value));
+        }
+        out.push('}');
+        out
     }
 
     /// The response: status, `Content-Type: application/problem+json`, `Retry-After`

@@ -102,7 +102,9 @@ async fn run_local(args: &Args) -> Result<Verdict, BoxError> {
         Some(bin) => bin.clone(),
         None => server_binary()?,
     };
-    let redis = RedisServer::start();
+    // Redis persists every write, as the service requires: it is the only record of
+    // an accepted order until a worker writes it into SQLite.
+    let redis = RedisServer::start_with_args(&["--appendonly", "yes", "--appendfsync", "always"]);
     let dir = TempDir::new()?;
     let db = dir.0.join("orders.db");
     println!(

@@ -3,7 +3,8 @@
 //! ```text
 //! seckill-server [--listen ADDR] [--redis URL] [--db PATH]
 //!                [--user-rate N] [--user-burst N] [--claim-idle-ms N]
-//!                [--crash-after-reads N]
+//!                [--crash-after-reads N] [--crash-after-takes N]
+//!                [--allow-volatile-redis]
 //! ```
 //!
 //! Prints `seckill-server listening on http://ADDR` on stdout once it accepts requests
@@ -17,7 +18,8 @@ use lock_examples::seckill::server::{self, ServerConfig};
 
 const USAGE: &str = "usage: seckill-server [--listen ADDR] [--redis URL] [--db PATH]
                       [--user-rate N] [--user-burst N] [--claim-idle-ms N]
-                      [--crash-after-reads N]
+                      [--crash-after-reads N] [--crash-after-takes N]
+                      [--allow-volatile-redis]
   --listen ADDR          address to listen on (default 127.0.0.1:8080; port 0: any free port)
   --redis URL            the Redis shared by every instance (default redis://127.0.0.1:6379/)
   --db PATH              the SQLite file shared by every instance (default seckill.db)
@@ -25,7 +27,11 @@ const USAGE: &str = "usage: seckill-server [--listen ADDR] [--redis URL] [--db P
   --user-burst N         orders per user at once (default 4)
   --claim-idle-ms N      pending stream entries idle this long are claimed (default 5000)
   --crash-after-reads N  fault injection: exit once the worker has read N entries,
-                         before persisting them";
+                         before persisting them
+  --crash-after-takes N  fault injection: exit once N units were taken, before answering
+  --allow-volatile-redis start even if Redis does not persist (AOF off); by default the
+                         server refuses, since Redis holds accepted orders until the
+                         worker writes them";
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -36,6 +42,10 @@ fn parse_args() -> Result<ServerConfig, BoxError> {
         if arg == "-h" || arg == "--help" {
             println!("{USAGE}");
             std::process::exit(0);
+        }
+        if arg == "--allow-volatile-redis" {
+            config.allow_volatile_redis = true;
+            continue;
         }
         let value = it
             .next()
@@ -58,6 +68,7 @@ fn parse_args() -> Result<ServerConfig, BoxError> {
             "--user-burst" => config.user_burst = u32::try_from(number(&value)?)?,
             "--claim-idle-ms" => config.worker.claim_idle = Duration::from_millis(number(&value)?),
             "--crash-after-reads" => config.worker.crash_after_reads = Some(number(&value)?),
+            "--crash-after-takes" => config.crash_after_takes = Some(number(&value)?),
             other => return Err(format!("unknown option {other:?} (see --help)").into()),
         }
     }

@@ -1,7 +1,7 @@
 //! Every Redis key of the service, built in one place.
 //!
 //! All keys share the hash tag `{seckill}`, so the stock script (which touches a
-//! voucher's hash, its buyer set and the orders stream) stays in one slot should the
+//! voucher's hash, its buyers and the orders stream) stays in one slot should the
 //! deployment ever be a Redis Cluster. The lock, rate-limit, id and idempotency keys
 //! belong to lock-core, under its own namespace.
 
@@ -9,8 +9,6 @@
 pub(crate) const STREAM: &str = "seckill:{seckill}:orders";
 /// The consumer group of the workers that persist the stream into SQLite.
 pub(crate) const GROUP: &str = "persist";
-/// The counter voucher ids come from (INCR).
-pub(crate) const VOUCHER_SEQ: &str = "seckill:{seckill}:voucher-seq";
 
 /// The hash of voucher `id`: `stock` (left), `sold`, `initial`, `begins_at_ms`,
 /// `ends_at_ms` (empty: no bound).
@@ -18,7 +16,7 @@ pub(crate) fn voucher(id: i64) -> String {
     format!("seckill:{{seckill}}:voucher:{id}")
 }
 
-/// The set of user ids that bought voucher `id`.
+/// The buyers of voucher `id`: a hash from user id to that user's order id.
 pub(crate) fn buyers(id: i64) -> String {
     format!("seckill:{{seckill}}:buyers:{id}")
 }

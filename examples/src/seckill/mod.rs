@@ -8,15 +8,20 @@
 //! 3. [`IdempotencyLayer`](lock_tower::idempotency::IdempotencyLayer): a retry with the
 //!    same `Idempotency-Key` gets the first response replayed;
 //! 4. `#[cache_lock]` keyed by voucher and user: a concurrent duplicate of the same
-//!    user's order is refused before it does any work (409 `lock-busy`);
+//!    user's order is refused before it does any work (409 `lock-busy`); the lock and the
+//!    key in flight free themselves about 2 s after an instance died holding them;
 //! 5. an order id from the [`IdGenerator`](lock_core::IdGenerator) (segment mode);
-//! 6. `lua/seckill_take.lua`, one atomic script: sale window, stock and buyer set
-//!    checked, stock decremented, buyer recorded and the order appended to a Redis
-//!    Stream. Oversell and double orders are impossible here even without the lock;
+//! 6. `lua/seckill_take.lua`, one atomic script: sale window, stock and buyers
+//!    checked, stock decremented, buyer recorded with the order id and the order
+//!    appended to a Redis Stream. Oversell and double orders are impossible here even
+//!    without the lock; a repeat gets 409 `already-ordered` naming the existing order;
 //! 7. 201 with the order id. A worker in every instance (a consumer group on the
 //!    stream: the seed's queue for peak shaving) writes the order into SQLite, whose
 //!    UNIQUE (voucher_id, user_id) index is the seed's last safeguard, then XACKs it;
-//!    entries a crashed worker left pending are claimed by another after an idle time.
+//!    entries a crashed worker left pending are claimed by another after an idle time,
+//!    and what the group acknowledged is trimmed from the stream. Vouchers and their
+//!    ids live in SQLite too; Redis holds their live stock and buyers, and must persist
+//!    (AOF) unless the server is started with `--allow-volatile-redis`.
 //!
 //! Modules: [`server`] (configuration, router, start-up), [`worker`] (stream to SQLite),
 //! [`store`] (SQLite), [`load`] (the load generator and its verdict), [`instances`]

@@ -2,6 +2,8 @@
 //! script that also queues the order.
 
 use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use lock_core::OrderId;
 use lock_macros::cache_lock;
@@ -15,6 +17,40 @@ use super::server::App;
 /// stream append in one step.
 static TAKE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../../lua/seckill_take.lua")));
+
+/// How long the claims of an order in flight (its idempotency key, the per-user lock)
+/// outlive an instance that died holding them. Both are renewed every third of it while
+/// the handler runs, so a slow order keeps them; a dead instance frees them this long
+/// after its last renewal, and the buyer's retry is answered (its order, if it was taken).
+pub(crate) const CLAIM_LEASE: Duration = Duration::from_secs(2);
+
+/// Fault injection for tests: the process exits right after the stock script has taken
+/// this many units, before answering (a unit taken whose 201 never arrives).
+#[derive(Debug, Default)]
+pub(crate) struct CrashAfterTakes {
+    limit: Option<u64>,
+    taken: AtomicU64,
+}
+
+impl CrashAfterTakes {
+    pub(crate) fn new(limit: Option<u64>) -> Self {
+        Self {
+            limit,
+            taken: AtomicU64::new(0),
+        }
+    }
+
+    fn taken(&self) {
+        let Some(limit) = self.limit else { return };
+        if self.taken.fetch_add(1, Ordering::Relaxed) + 1 >= limit {
+            tracing::error!(
+                limit,
+                "crash_after_takes reached: exiting before the answer"
+            );
+            std::process::exit(3);
+        }
+    }
+}
 
 /// What the stock script decided.
 #[derive(Debug, PartialEq, Eq)]
@@ -31,7 +67,10 @@ pub(crate) enum Take {
     Ended {
         ends_at_ms: i64,
     },
-    AlreadyOrdered,
+    /// The user already has an order for this voucher: `order_id`.
+    AlreadyOrdered {
+        order_id: i64,
+    },
     SoldOut,
 }
 
@@ -46,7 +85,11 @@ pub(crate) struct Placed {
 /// The lock makes a user's concurrent duplicates (double clicks, two tabs, a retry with
 /// a fresh key) fail fast with 409 `lock-busy` instead of all running the script; the
 /// script alone already guarantees one order per user and no oversell.
-#[cache_lock(prefix = "seckill-order", key = (voucher_id, user_id), expire = "10s", client = app.locks)]
+///
+/// The lock has no fixed `expire`: the watchdog renews it (lease [`CLAIM_LEASE`], set on
+/// the service's `LockClient`) while the body runs, and it frees itself that long after
+/// an instance died holding it.
+#[cache_lock(prefix = "seckill-order", key = (voucher_id, user_id), client = app.locks)]
 pub(crate) async fn place_order(
     app: &App,
     voucher_id: i64,
@@ -74,12 +117,11 @@ pub(crate) async fn place_order(
     let refuse = |status, kind, detail: String| Err(Problem::new(status, kind, detail).into());
     match take {
         Take::Taken { entry, stock_left } => {
+            app.crash_after_takes.taken();
             tracing::debug!(%order_id, voucher_id, user_id, %entry, stock_left, "order taken");
             Ok(Placed { order_id })
         }
-        Take::NoVoucher => {
-            Err(Problem::not_found(format!("there is no voucher {voucher_id}")).into())
-        }
+        Take::NoVoucher => Err(super::voucher::missing(app, voucher_id).await.into()),
         Take::NotStarted { begins_at_ms } => {
             // A refusal that passes: `Retry-After` keeps it out of the idempotency
             // record, so a retry with the same key after the start is served.
@@ -103,11 +145,21 @@ pub(crate) async fn place_order(
                 super::voucher::format_ms(ends_at_ms)
             ),
         ),
-        Take::AlreadyOrdered => refuse(
+        // The existing order is named, so a buyer whose 201 was lost (the instance died
+        // after the script, the reply vanished) learns it by ordering again.
+        Take::AlreadyOrdered { order_id } => Err(Problem::new(
             StatusCode::CONFLICT,
             "already-ordered",
-            format!("user {user_id} already has an order for voucher {voucher_id}; one per user"),
-        ),
+            format!(
+                "user {user_id} already has order {order_id} for voucher {voucher_id}; one per user"
+            ),
+        )
+        .existing(
+            "order_id",
+            order_id.to_string(),
+            format!("/orders/{order_id}"),
+        )
+        .into()),
         Take::SoldOut => refuse(
             StatusCode::GONE,
             "sold-out",
@@ -141,7 +193,7 @@ pub(crate) fn parse_take(reply: &Value) -> Option<Take> {
         "ended" => Take::Ended {
             ends_at_ms: int(1)?,
         },
-        "already-ordered" => Take::AlreadyOrdered,
+        "already-ordered" => Take::AlreadyOrdered { order_id: int(1)? },
         "sold-out" => Take::SoldOut,
         _ => return None,
     })
@@ -176,11 +228,16 @@ mod tests {
             parse_take(&Value::Array(vec![bulk("sold-out")])),
             Some(Take::SoldOut)
         );
+        assert_eq!(
+            parse_take(&Value::Array(vec![bulk("already-ordered"), bulk("42")])),
+            Some(Take::AlreadyOrdered { order_id: 42 })
+        );
         for bad in [
             Value::Nil,
             Value::Int(1),
             Value::Array(vec![]),
             Value::Array(vec![bulk("ok")]),
+            Value::Array(vec![bulk("already-ordered")]),
             Value::Array(vec![bulk("what")]),
         ] {
             assert_eq!(parse_take(&bad), None, "{bad:?}");

@@ -3,7 +3,7 @@
 //! writer (the layers' rejections and lock errors use it too).
 
 use axum::extract::Request;
-use axum::http::header::CONTENT_TYPE;
+use axum::http::header::{CONTENT_TYPE, LOCATION};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -14,17 +14,37 @@ const MAX_DETAIL: usize = 1024;
 
 /// One problem response of the service's own.
 #[derive(Debug)]
-pub(crate) struct Problem(lock_tower::problem::Problem);
+pub(crate) struct Problem {
+    problem: lock_tower::problem::Problem,
+    /// A `Location` for a refusal that points at an existing resource (409
+    /// `already-ordered`: the user's order).
+    location: Option<String>,
+}
 
 impl Problem {
     pub(crate) fn new(status: StatusCode, kind: &'static str, detail: impl Into<String>) -> Self {
-        Self(lock_tower::problem::Problem::new(status, kind, detail))
+        Self {
+            problem: lock_tower::problem::Problem::new(status, kind, detail),
+            location: None,
+        }
+    }
+
+    /// Names the resource the refusal is about: `member: id` in the body (an RFC 9457
+    /// extension member) and `Location: location`.
+    pub(crate) fn existing(self, member: &'static str, id: String, location: String) -> Self {
+        Self {
+            problem: self.problem.member(member, id),
+            location: Some(location),
+        }
     }
 
     /// Adds `Retry-After: secs` (at least 1): the refusal passes by then, so the
     /// idempotency layer does not store it and a same-key retry is answered afresh.
     pub(crate) fn retry_after(self, secs: u64) -> Self {
-        Self(self.0.retry_after(secs))
+        Self {
+            problem: self.problem.retry_after(secs),
+            ..self
+        }
     }
 
     /// 400 with `kind`.
@@ -51,7 +71,11 @@ impl Problem {
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        self.0.into_response()
+        let mut response = self.problem.into_response();
+        if let Some(value) = self.location.and_then(|l| HeaderValue::try_from(l).ok()) {
+            response.headers_mut().insert(LOCATION, value);
+        }
+        response
     }
 }
 

@@ -32,6 +32,7 @@ pub(crate) fn router(app: App, limiter: RateLimiter, idempotency: IdempotencySto
         .layer::<_, std::convert::Infallible>(
             IdempotencyLayer::new(idempotency)
                 .require_key(true)
+                .in_flight_lease(order::CLAIM_LEASE)
                 .principal(buyer),
         )
         .layer::<_, std::convert::Infallible>(RateLimitLayer::new(limiter, buyer))
@@ -116,9 +117,7 @@ fn redis_unavailable(e: redis::RedisError) -> Problem {
 /// `POST /vouchers` `{"stock": N, "begins_at"?, "ends_at"?}` -> 201 `{"id": ...}`.
 async fn create_voucher(State(app): State<App>, body: Bytes) -> Result<Response, AppError> {
     let spec = voucher::parse_new_voucher(&body)?;
-    let id = voucher::create(&mut app.redis.clone(), &spec)
-        .await
-        .map_err(redis_unavailable)?;
+    let id = voucher::create(&app, &spec).await?;
     tracing::info!(id, stock = spec.stock, "voucher created");
     Ok((
         StatusCode::CREATED,
@@ -139,7 +138,7 @@ async fn get_voucher(
         .map_err(redis_unavailable)?
     {
         Some(state) => Ok(Json(state).into_response()),
-        None => Err(Problem::not_found(format!("there is no voucher {id}")).into()),
+        None => Err(voucher::missing(&app, id).await.into()),
     }
 }
 
@@ -184,12 +183,7 @@ async fn list_orders(
 ) -> Result<Response, AppError> {
     let id = path_id(path, "voucher")?;
     let orders = app.store.voucher_orders(id).await.map_err(db_unavailable)?;
-    if orders.is_empty()
-        && voucher::state(&mut app.redis.clone(), id)
-            .await
-            .map_err(redis_unavailable)?
-            .is_none()
-    {
+    if orders.is_empty() && !app.store.has_voucher(id).await.map_err(db_unavailable)? {
         return Err(Problem::not_found(format!("there is no voucher {id}")).into());
     }
     Ok(Json(json!({ "voucher_id": id, "orders": orders })).into_response())

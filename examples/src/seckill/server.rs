@@ -10,6 +10,7 @@ use lock_core::{IdGenerator, LockClient, LockConfig, RateLimit};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::watch;
 
+use super::order::{CLAIM_LEASE, CrashAfterTakes};
 use super::routes;
 use super::store::OrderStore;
 use super::worker::{self, Worker, WorkerConfig, WorkerStats};
@@ -33,6 +34,12 @@ pub struct ServerConfig {
     pub user_burst: u32,
     /// The stream worker's settings.
     pub worker: WorkerConfig,
+    /// Fault injection for tests: exit right after the stock script has taken this many
+    /// units, before answering. Default: never.
+    pub crash_after_takes: Option<u64>,
+    /// Start even if Redis does not persist (no AOF): Redis is the only record of an
+    /// accepted order until the worker writes it, so by default the server refuses.
+    pub allow_volatile_redis: bool,
 }
 
 impl ServerConfig {
@@ -49,6 +56,8 @@ impl ServerConfig {
             user_rate: 2,
             user_burst: 4,
             worker: WorkerConfig::new(format!("worker-{}-{nanos:08x}", std::process::id())),
+            crash_after_takes: None,
+            allow_volatile_redis: false,
         }
     }
 }
@@ -69,6 +78,7 @@ pub(crate) struct App {
     pub(crate) ids: IdGenerator,
     pub(crate) store: OrderStore,
     pub(crate) worker: std::sync::Arc<WorkerStats>,
+    pub(crate) crash_after_takes: std::sync::Arc<CrashAfterTakes>,
 }
 
 async fn connection(
@@ -81,6 +91,45 @@ async fn connection(
         .set_number_of_retries(2)
         .set_max_delay(Duration::from_secs(1));
     ConnectionManager::new_with_config(client.clone(), config).await
+}
+
+/// Checks that Redis persists every write: `Err` with what to do when AOF is off. A
+/// `appendfsync` other than `always` (which can lose the last second of orders on a
+/// crash) is only logged; so is a Redis whose `CONFIG` is disabled.
+async fn check_persistence(
+    conn: &mut ConnectionManager,
+    url: &str,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let info: String = redis::cmd("INFO")
+        .arg("persistence")
+        .query_async(conn)
+        .await?;
+    let aof = info
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("aof_enabled:"))
+        .unwrap_or("0");
+    if aof != "1" {
+        return Err(format!(
+            "Redis at {url} does not persist (aof_enabled:{aof}): until the worker writes \
+             them, accepted orders live only in Redis, and a restart would lose them. Run \
+             it with `--appendonly yes --appendfsync always`, or pass --allow-volatile-redis"
+        )
+        .into());
+    }
+    let fsync: Result<Vec<String>, _> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("appendfsync")
+        .query_async(conn)
+        .await;
+    match fsync.as_deref() {
+        Ok([_, policy]) if policy == "always" => {}
+        Ok([_, policy]) => tracing::warn!(
+            policy,
+            "Redis appendfsync is not `always`: a Redis crash can lose the last orders answered 201"
+        ),
+        _ => tracing::warn!("cannot read Redis appendfsync (CONFIG disabled?); assuming it is set"),
+    }
+    Ok(())
 }
 
 /// A running instance: its address, and the handle that stops it.
@@ -130,12 +179,17 @@ pub async fn start(
     let redis = connection(&client, REDIS_TIMEOUT)
         .await
         .map_err(unreachable)?;
+    if !config.allow_volatile_redis {
+        check_persistence(&mut redis.clone(), &config.redis).await?;
+    }
     let worker_conn = connection(&client, Duration::from_secs(3))
         .await
         .map_err(unreachable)?;
     let locks = LockClient::from_client(
         client.clone(),
-        LockConfig::new().with_command_timeout(REDIS_TIMEOUT),
+        LockConfig::new()
+            .with_command_timeout(REDIS_TIMEOUT)
+            .with_watchdog_lease(CLAIM_LEASE),
     )
     .await?;
     let ids = IdGenerator::new(
@@ -161,6 +215,7 @@ pub async fn start(
         ids,
         store,
         worker: worker.stats(),
+        crash_after_takes: std::sync::Arc::new(CrashAfterTakes::new(config.crash_after_takes)),
     };
     let router: Router = routes::router(app, limiter, idempotency);
 

@@ -4,10 +4,18 @@
 //! - Table `orders` (order_id primary key, voucher_id, user_id, created_ms,
 //!   stream_entry, persisted_ms) with a UNIQUE index on (voucher_id, user_id): the
 //!   seed's last safeguard for "one order per user", independent of Redis.
+//! - Table `vouchers`: the system of record of vouchers. Ids come from its
+//!   `AUTOINCREMENT` key, so an id is never handed out twice, whatever happened to
+//!   Redis (which holds only a voucher's live stock and buyers).
 //! - Writes are idempotent: [`OrderStore::insert_batch`] uses `ON CONFLICT DO NOTHING`,
 //!   so a stream entry persisted twice (a worker that crashed between the commit and
-//!   its XACK, a re-delivered stream) never becomes a second row.
+//!   its XACK, a re-delivered stream) never becomes a second row. An order that
+//!   conflicts with a different row (the same voucher and user under another order id,
+//!   or its order id on another sale) is an anomaly: returned, never a row.
 //! - WAL journal and a busy timeout, so several processes can write the same file.
+//! - `synchronous=FULL`: a commit is on disk (the WAL fsynced) when it returns, so the
+//!   worker's `XACK` after it never acknowledges an order a power loss could roll back
+//!   (`NORMAL` in WAL mode syncs only at checkpoints).
 //! - Every call runs on tokio's blocking pool; the connection sits behind a mutex.
 
 use std::path::Path;
@@ -34,6 +42,13 @@ CREATE TABLE IF NOT EXISTS orders (
     persisted_ms INTEGER NOT NULL
 );
 CREATE UNIQUE INDEX IF NOT EXISTS orders_one_per_user ON orders (voucher_id, user_id);
+CREATE TABLE IF NOT EXISTS vouchers (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    stock        INTEGER NOT NULL,
+    begins_at_ms INTEGER,
+    ends_at_ms   INTEGER,
+    created_ms   INTEGER NOT NULL
+);
 ";
 
 /// An order as the stream carries it and the database keeps it.
@@ -65,12 +80,15 @@ pub struct Order {
 }
 
 /// Result of [`OrderStore::insert_batch`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Inserted {
     /// New rows.
     pub new: usize,
     /// Orders already in the table (a re-delivery): left as they were.
     pub already_there: usize,
+    /// Orders refused by a different row: each with the order id of the row holding its
+    /// voucher and user (`None` if its order id is taken by another sale).
+    pub conflicting: Vec<(NewOrder, Option<i64>)>,
 }
 
 /// The SQLite orders database; cheap to clone (clones share the connection).
@@ -85,7 +103,7 @@ impl OrderStore {
         let conn = Connection::open(path)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
         conn.execute_batch(SCHEMA)?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
@@ -111,10 +129,7 @@ impl OrderStore {
     /// Inserts `orders` in one transaction; orders already present are left alone.
     pub async fn insert_batch(&self, orders: Vec<NewOrder>) -> Result<Inserted, rusqlite::Error> {
         self.with(move |conn| {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis() as i64)
-                .unwrap_or_default();
+            let now = now_ms();
             let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let mut inserted = Inserted::default();
             {
@@ -133,13 +148,56 @@ impl OrderStore {
                     ])?;
                     if n == 1 {
                         inserted.new += 1;
-                    } else {
+                        continue;
+                    }
+                    let same: Option<(i64, i64)> = tx
+                        .prepare_cached(
+                            "SELECT voucher_id, user_id FROM orders WHERE order_id = ?1",
+                        )?
+                        .query_row([o.order_id], |r| Ok((r.get(0)?, r.get(1)?)))
+                        .optional()?;
+                    if same == Some((o.voucher_id, o.user_id)) {
                         inserted.already_there += 1;
+                    } else {
+                        let holder: Option<i64> = tx
+                            .prepare_cached(
+                                "SELECT order_id FROM orders WHERE voucher_id = ?1 AND user_id = ?2",
+                            )?
+                            .query_row([o.voucher_id, o.user_id], |r| r.get(0))
+                            .optional()?;
+                        inserted.conflicting.push((o.clone(), holder));
                     }
                 }
             }
             tx.commit()?;
             Ok(inserted)
+        })
+        .await
+    }
+
+    /// Records a new voucher; returns its id (never one handed out before).
+    pub async fn create_voucher(
+        &self,
+        stock: i64,
+        begins_at_ms: Option<i64>,
+        ends_at_ms: Option<i64>,
+    ) -> Result<i64, rusqlite::Error> {
+        self.with(move |conn| {
+            conn.execute(
+                "INSERT INTO vouchers (stock, begins_at_ms, ends_at_ms, created_ms)
+                 VALUES (?1, ?2, ?3, ?4)",
+                params![stock, begins_at_ms, ends_at_ms, now_ms()],
+            )?;
+            Ok(conn.last_insert_rowid())
+        })
+        .await
+    }
+
+    /// Whether voucher `id` was ever created.
+    pub async fn has_voucher(&self, id: i64) -> Result<bool, rusqlite::Error> {
+        self.with(move |conn| {
+            conn.prepare_cached("SELECT 1 FROM vouchers WHERE id = ?1")?
+                .exists([id])
         })
         .await
     }
@@ -176,6 +234,13 @@ impl OrderStore {
     }
 }
 
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or_default()
+}
+
 fn row_to_order(r: &rusqlite::Row<'_>) -> Result<Order, rusqlite::Error> {
     Ok(Order {
         order_id: r.get::<_, i64>(0)?.to_string(),
@@ -199,6 +264,28 @@ mod tests {
         }
     }
 
+    /// Issue 14b, item 2: the worker acknowledges a batch once `insert_batch` returns,
+    /// so the commit must be durable by then: `synchronous` is FULL (2) or EXTRA (3) on
+    /// the store's own connection (it was NORMAL, 1).
+    #[test]
+    fn commits_are_synced_before_they_return() {
+        let dir = std::env::temp_dir().join(format!("seckill-sync-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = OrderStore::open(&dir.join("orders.db")).unwrap();
+        let conn = store.conn.lock().unwrap();
+        let journal: String = conn
+            .pragma_query_value(None, "journal_mode", |r| r.get(0))
+            .unwrap();
+        let synchronous: i64 = conn
+            .pragma_query_value(None, "synchronous", |r| r.get(0))
+            .unwrap();
+        assert_eq!(journal, "wal");
+        assert!(synchronous >= 2, "synchronous = {synchronous}, not FULL");
+        drop(conn);
+        drop(store);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[tokio::test]
     async fn inserts_are_idempotent_and_one_per_user() {
         let dir = std::env::temp_dir().join(format!("seckill-store-{}", std::process::id()));
@@ -214,7 +301,7 @@ mod tests {
             first,
             Inserted {
                 new: 2,
-                already_there: 0
+                ..Inserted::default()
             }
         );
         // The same entries again (a re-delivery), and another order for user 1.
@@ -222,13 +309,13 @@ mod tests {
             .insert_batch(vec![order(10, 1), order(11, 2), order(12, 1), order(13, 3)])
             .await
             .unwrap();
-        assert_eq!(
-            again,
-            Inserted {
-                new: 1,
-                already_there: 3
-            }
-        );
+        assert_eq!((again.new, again.already_there), (1, 2));
+        // Order 12 is user 1's second order (row 10 holds the voucher and user): an
+        // anomaly, not a re-delivery.
+        assert_eq!(again.conflicting, [(order(12, 1), Some(10))]);
+        // Order id 11 on another user's sale.
+        let reused = store.insert_batch(vec![order(11, 4)]).await.unwrap();
+        assert_eq!(reused.conflicting, [(order(11, 4), None)]);
         assert_eq!(store.count().await.unwrap(), 3);
         let listed = store.voucher_orders(1).await.unwrap();
         let ids: Vec<_> = listed.iter().map(|o| o.order_id.as_str()).collect();

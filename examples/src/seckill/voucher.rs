@@ -1,5 +1,9 @@
-//! Vouchers in Redis: creation (with input checks) and the stock figures.
+//! Vouchers: creation (with input checks; the record and id in SQLite, the live stock
+//! and buyers in Redis), the stock figures, and the refusal for a voucher Redis lost.
 
+use std::sync::LazyLock;
+
+use axum::http::StatusCode;
 use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -7,6 +11,11 @@ use time::format_description::well_known::Rfc3339;
 
 use super::keys;
 use super::problem::Problem;
+use super::server::App;
+
+/// `lua/seckill_voucher.lua`: the voucher hash, unless one exists under that id.
+static CREATE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/seckill_voucher.lua")));
 
 /// Largest stock of one voucher.
 pub(crate) const MAX_STOCK: i64 = 100_000_000;
@@ -82,31 +91,62 @@ fn rfc3339_ms(s: &str) -> Result<i64, Problem> {
         .map_err(|_| Problem::bad_request("invalid-voucher", format!("{s:?} is out of range")))
 }
 
-/// Creates a voucher; returns its id.
-pub(crate) async fn create(
-    conn: &mut ConnectionManager,
-    spec: &VoucherSpec,
-) -> Result<i64, redis::RedisError> {
-    let id: i64 = redis::cmd("INCR")
-        .arg(keys::VOUCHER_SEQ)
-        .query_async(conn)
-        .await?;
+/// Creates a voucher: its record and id in SQLite (never an id handed out before, even
+/// after Redis lost everything), then its stock in Redis; returns its id.
+pub(crate) async fn create(app: &App, spec: &VoucherSpec) -> Result<i64, Problem> {
+    let id = app
+        .store
+        .create_voucher(spec.stock, spec.begins_at_ms, spec.ends_at_ms)
+        .await
+        .map_err(|e| Problem::unavailable("the orders database", &e))?;
     let bound = |ms: Option<i64>| ms.map(|m| m.to_string()).unwrap_or_default();
-    let () = redis::cmd("HSET")
-        .arg(keys::voucher(id))
-        .arg("stock")
+    let created: i64 = CREATE
+        .key(keys::voucher(id))
         .arg(spec.stock)
-        .arg("initial")
-        .arg(spec.stock)
-        .arg("sold")
-        .arg(0)
-        .arg("begins_at_ms")
         .arg(bound(spec.begins_at_ms))
-        .arg("ends_at_ms")
         .arg(bound(spec.ends_at_ms))
-        .query_async(conn)
-        .await?;
+        .invoke_async(&mut app.redis.clone())
+        .await
+        .map_err(|e| Problem::unavailable("Redis", &e))?;
+    if created == 0 {
+        tracing::error!(
+            id,
+            "voucher id new in the database but already in Redis; Redis left untouched"
+        );
+        return Err(Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "voucher-id-conflict",
+            format!(
+                "voucher {id} is new in the database but Redis already holds a voucher {id}: \
+                 --redis and --db belong to different deployments"
+            ),
+        ));
+    }
     Ok(id)
+}
+
+/// The refusal for voucher `id` when Redis has no state for it: 404 if it was never
+/// created; 503 `voucher-state-lost` if the database has it (Redis lost its stock and
+/// buyers, e.g. restarted without persistence): it is not sold from an empty slate.
+pub(crate) async fn missing(app: &App, id: i64) -> Problem {
+    match app.store.has_voucher(id).await {
+        Ok(false) => Problem::not_found(format!("there is no voucher {id}")),
+        Ok(true) => {
+            tracing::error!(
+                id,
+                "voucher in the database but not in Redis; not selling it"
+            );
+            Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "voucher-state-lost",
+                format!(
+                    "voucher {id} exists but its stock and buyers are gone from Redis; \
+                     it is not sold until they are restored"
+                ),
+            )
+        }
+        Err(e) => Problem::unavailable("the orders database", &e),
+    }
 }
 
 /// The stock figures of voucher `id`, `None` if there is no such voucher.

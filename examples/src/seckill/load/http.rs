@@ -22,6 +22,8 @@ pub struct Reply {
     pub replayed: bool,
     /// The `Content-Type` header (empty if absent).
     pub content_type: String,
+    /// The `Location` header, if any.
+    pub location: Option<String>,
     /// The body.
     pub body: Bytes,
     /// Time from sending to the end of the body.
@@ -103,6 +105,11 @@ impl Http {
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or_default()
                 .to_owned(),
+            location: parts
+                .headers
+                .get("location")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
             body,
             latency: started.elapsed(),
         })

@@ -11,12 +11,19 @@
 //! - **Re-claims** every [`WorkerConfig::claim_idle`] / 2 the entries that have been
 //!   pending longer than `claim_idle` (`XAUTOCLAIM`): those of a worker that crashed,
 //!   in this or another instance, and its own whose write failed.
+//! - **Trims** every [`TRIM_EVERY`] the entries every group has acknowledged
+//!   (`XTRIM MINID`, `trim.rs`): pending and undelivered entries are never removed,
+//!   and the stream holds the backlog, not the whole sale.
 //! - **Survives Redis and SQLite outages**: errors are logged and retried with backoff;
 //!   a consumer group that vanished (Redis restarted empty) is created again.
+//! - An order that conflicts with a different row (same voucher and user, another
+//!   order id) cannot be written: it is logged as an error, counted in
+//!   [`WorkerSnapshot::anomalies`] (`GET /healthz`) and acknowledged.
 //! - A malformed entry (not written by `lua/seckill_take.lua`) is logged and
 //!   acknowledged, so it cannot block the stream.
 
 mod reply;
+mod trim;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -33,6 +40,8 @@ use reply::{Entry, pairs, text};
 
 /// How long one `XREADGROUP` blocks when the stream is idle.
 const BLOCK: Duration = Duration::from_millis(500);
+/// How often the worker trims what every group has acknowledged.
+pub const TRIM_EVERY: Duration = Duration::from_secs(1);
 /// Longest pause between retries after an error.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
@@ -70,6 +79,8 @@ pub struct WorkerStats {
     claimed: AtomicU64,
     persisted: AtomicU64,
     duplicates: AtomicU64,
+    trimmed: AtomicU64,
+    anomalies: AtomicU64,
 }
 
 /// A snapshot of [`WorkerStats`].
@@ -85,6 +96,11 @@ pub struct WorkerSnapshot {
     pub persisted: u64,
     /// Entries that were already in the database (re-deliveries).
     pub duplicates: u64,
+    /// Acknowledged entries this worker removed from the stream.
+    pub trimmed: u64,
+    /// Orders that conflicted with a different row and were not written (logged as
+    /// errors): each is an accepted order the database does not have.
+    pub anomalies: u64,
 }
 
 impl WorkerStats {
@@ -97,6 +113,8 @@ impl WorkerStats {
             claimed: get(&self.claimed),
             persisted: get(&self.persisted),
             duplicates: get(&self.duplicates),
+            trimmed: get(&self.trimmed),
+            anomalies: get(&self.anomalies),
         }
     }
 }
@@ -217,12 +235,18 @@ impl Worker {
         tracing::info!(consumer = %self.config.consumer, "stream worker started");
         let claim_every = (self.config.claim_idle / 2).max(Duration::from_millis(50));
         let mut next_claim = Instant::now();
+        let mut next_trim = Instant::now();
         let mut failures = 0u32;
         while !*shutdown.borrow_and_update() {
             let round = async {
                 if Instant::now() >= next_claim {
                     self.claim_idle_entries().await?;
                     next_claim = Instant::now() + claim_every;
+                }
+                if Instant::now() >= next_trim {
+                    let n = trim::trim_acknowledged(&mut self.conn).await?;
+                    self.stats.trimmed.fetch_add(n, Ordering::Relaxed);
+                    next_trim = Instant::now() + TRIM_EVERY;
                 }
                 self.read_new().await
             };
@@ -333,6 +357,20 @@ impl Worker {
             }
         }
         let inserted = self.store.insert_batch(orders).await?;
+        for (order, holder) in &inserted.conflicting {
+            tracing::error!(
+                order_id = order.order_id,
+                voucher_id = order.voucher_id,
+                user_id = order.user_id,
+                entry = %order.stream_entry,
+                row_order_id = ?holder,
+                "anomaly: an accepted order conflicts with another row (same voucher and \
+                 user under another order id, or its id on another sale); not written"
+            );
+        }
+        self.stats
+            .anomalies
+            .fetch_add(inserted.conflicting.len() as u64, Ordering::Relaxed);
         self.stats
             .persisted
             .fetch_add(inserted.new as u64, Ordering::Relaxed);
