@@ -318,3 +318,39 @@ async fn every_error_is_problem_json_from_one_writer() {
         assert_eq!(body, written);
     }
 }
+
+/// Issue 14, part 2 item 6: `--floor` (the benchmark's floor) serves the same routes
+/// but an order only takes its stock: no idempotency key required, no lock, no limit;
+/// the script alone still sells each unit once and one per user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_floor_serves_orders_without_their_protections() {
+    let redis = persistent_redis();
+    let dir = Dir::new("floor");
+    let floor = Instance::spawn(server_bin(), &redis.url(), &dir.db(), &["--floor"])
+        .await
+        .unwrap();
+    let http = Http::new();
+    let created = http
+        .post_json(&format!("{}/vouchers", floor.url), r#"{"stock": 1}"#.into())
+        .await
+        .unwrap();
+    let voucher = created.json()["id"].as_i64().unwrap();
+    let order = |user: i64| {
+        let url = format!("{}/vouchers/{voucher}/orders", floor.url);
+        let http = &http;
+        async move {
+            let headers = [("x-user-id", user.to_string())];
+            http.send(http::Method::POST, &url, &headers, None)
+                .await
+                .unwrap()
+        }
+    };
+    // No Idempotency-Key: the real service answers 400, the floor takes the stock.
+    assert_eq!(order(1).await.status, 201);
+    assert_eq!(
+        order(1).await.status,
+        409,
+        "one per user, from the script alone"
+    );
+    assert_eq!(order(2).await.status, 410, "sold out");
+}

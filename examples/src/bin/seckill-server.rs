@@ -4,7 +4,7 @@
 //! seckill-server [--listen ADDR] [--redis URL] [--db PATH]
 //!                [--user-rate N] [--user-burst N] [--claim-idle-ms N]
 //!                [--crash-after-reads N] [--crash-after-takes N]
-//!                [--allow-volatile-redis]
+//!                [--allow-volatile-redis] [--floor]
 //! ```
 //!
 //! Prints `seckill-server listening on http://ADDR` on stdout once it accepts requests
@@ -19,7 +19,7 @@ use lock_examples::seckill::server::{self, ServerConfig};
 const USAGE: &str = "usage: seckill-server [--listen ADDR] [--redis URL] [--db PATH]
                       [--user-rate N] [--user-burst N] [--claim-idle-ms N]
                       [--crash-after-reads N] [--crash-after-takes N]
-                      [--allow-volatile-redis]
+                      [--allow-volatile-redis] [--floor]
   --listen ADDR          address to listen on (default 127.0.0.1:8080; port 0: any free port)
   --redis URL            the Redis shared by every instance (default redis://127.0.0.1:6379/)
   --db PATH              the SQLite file shared by every instance (default seckill.db)
@@ -31,7 +31,9 @@ const USAGE: &str = "usage: seckill-server [--listen ADDR] [--redis URL] [--db P
   --crash-after-takes N  fault injection: exit once N units were taken, before answering
   --allow-volatile-redis start even if Redis does not persist (AOF off); by default the
                          server refuses, since Redis holds accepted orders until the
-                         worker writes them";
+                         worker writes them
+  --floor                the benchmark's floor: orders run the stock script alone (no
+                         lock, idempotency key or rate limit); never in production";
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -45,6 +47,10 @@ fn parse_args() -> Result<ServerConfig, BoxError> {
         }
         if arg == "--allow-volatile-redis" {
             config.allow_volatile_redis = true;
+            continue;
+        }
+        if arg == "--floor" {
+            config.floor = true;
             continue;
         }
         let value = it

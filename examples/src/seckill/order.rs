@@ -95,6 +95,18 @@ pub(crate) async fn place_order(
     voucher_id: i64,
     user_id: i64,
 ) -> Result<Placed, AppError> {
+    take_order(app, voucher_id, user_id).await
+}
+
+/// The order itself, without the protections around it (lock, idempotency, rate
+/// limit): an order id (from a reserved block, so almost never a Redis call) and the
+/// stock script, one round trip. `--floor` serves this alone, as the floor of
+/// `scripts/bench seckill`.
+pub(crate) async fn take_order(
+    app: &App,
+    voucher_id: i64,
+    user_id: i64,
+) -> Result<Placed, AppError> {
     let order_id = app.ids.next_id().await?;
     let mut conn = app.redis.clone();
     let reply: Value = TAKE

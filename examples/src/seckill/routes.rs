@@ -9,7 +9,7 @@ use axum::http::header::LOCATION;
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post};
 use lock_core::{IdempotencyStore, RateLimiter};
 use lock_tower::idempotency::IdempotencyLayer;
 use lock_tower::rate_limit::RateLimitLayer;
@@ -37,6 +37,17 @@ pub(crate) fn router(app: App, limiter: RateLimiter, idempotency: IdempotencySto
         )
         .layer::<_, std::convert::Infallible>(RateLimitLayer::new(limiter, buyer))
         .layer::<_, std::convert::Infallible>(middleware::from_fn(require_user));
+    routes(place_order).with_state(app)
+}
+
+/// The floor of `scripts/bench seckill` (`seckill-server --floor`): the same routes on
+/// the same HTTP stack, but an order only takes its stock (no lock, no idempotency key,
+/// no rate limit), to price the protections.
+pub(crate) fn floor_router(app: App) -> Router {
+    routes(post(create_order_unprotected)).with_state(app)
+}
+
+fn routes(place_order: MethodRouter<App>) -> Router<App> {
     Router::new()
         .route("/vouchers", post(create_voucher))
         .route("/vouchers/{id}", get(get_voucher))
@@ -46,7 +57,6 @@ pub(crate) fn router(app: App, limiter: RateLimiter, idempotency: IdempotencySto
         // Last, so it wraps everything: unknown routes, wrong methods and axum's own
         // rejections (413) are problem+json too.
         .layer(middleware::from_fn(problem::problem_json_errors))
-        .with_state(app)
 }
 
 /// The buyer of a request: `X-User-Id`, a whole number from 1 to `i64::MAX`.
@@ -152,13 +162,29 @@ async fn create_order(
     let voucher_id = path_id(path, "voucher")?;
     let user_id = user_id(&headers)?;
     let placed = order::place_order(&app, voucher_id, user_id).await?;
+    Ok(created(placed))
+}
+
+/// `--floor`'s order: the stock script alone.
+async fn create_order_unprotected(
+    State(app): State<App>,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+) -> Result<Response, AppError> {
+    let voucher_id = path_id(path, "voucher")?;
+    let user_id = user_id(&headers)?;
+    Ok(created(order::take_order(&app, voucher_id, user_id).await?))
+}
+
+/// 201 with the order's id and `Location`.
+fn created(placed: order::Placed) -> Response {
     let id = placed.order_id.get().to_string();
-    Ok((
+    (
         StatusCode::CREATED,
         [(LOCATION, format!("/orders/{id}"))],
         Json(json!({ "order_id": id })),
     )
-        .into_response())
+        .into_response()
 }
 
 /// `GET /orders/{order_id}` -> the order, once the worker has persisted it.

@@ -40,6 +40,9 @@ pub struct ServerConfig {
     /// Start even if Redis does not persist (no AOF): Redis is the only record of an
     /// accepted order until the worker writes it, so by default the server refuses.
     pub allow_volatile_redis: bool,
+    /// Serve the floor of `scripts/bench seckill`: orders without their protections
+    /// (no lock, idempotency key or rate limit), to price them. Never in production.
+    pub floor: bool,
 }
 
 impl ServerConfig {
@@ -58,6 +61,7 @@ impl ServerConfig {
             worker: WorkerConfig::new(format!("worker-{}-{nanos:08x}", std::process::id())),
             crash_after_takes: None,
             allow_volatile_redis: false,
+            floor: false,
         }
     }
 }
@@ -217,7 +221,12 @@ pub async fn start(
         worker: worker.stats(),
         crash_after_takes: std::sync::Arc::new(CrashAfterTakes::new(config.crash_after_takes)),
     };
-    let router: Router = routes::router(app, limiter, idempotency);
+    let router: Router = if config.floor {
+        tracing::warn!("--floor: orders run without their lock, idempotency key and rate limit");
+        routes::floor_router(app)
+    } else {
+        routes::router(app, limiter, idempotency)
+    };
 
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
