@@ -41,7 +41,9 @@ pub async fn run(url: &str, _timing: Timing, rounds: usize) -> Result<Vec<Figure
             }
         };
         let ours = spawn(&["--allow-volatile-redis"], db.clone()).await?;
-        let floor = spawn(&["--allow-volatile-redis", "--floor"], dir.join("floor.db")).await?;
+        // One Redis stream and consumer group for all four: the floor's workers persist
+        // into the same SQLite file, or ours would find rows missing.
+        let floor = spawn(&["--allow-volatile-redis", "--floor"], db.clone()).await?;
         let urls = |is: &[Instance]| is.iter().map(|i| i.url.clone()).collect::<Vec<_>>();
         let (ours_urls, floor_urls) = (urls(&ours), urls(&floor));
         let (mut rates, mut p99s, mut floor_rates, mut floor_p99s) =
