@@ -15,8 +15,10 @@
 //!   pub/sub connection per client) with jittered exponential backoff as a fallback.
 //! - **Knowing when you lost it**: [`LockGuard::lost`] resolves and
 //!   [`LockGuard::is_held`] turns false when renewal fails or the lease runs out.
-//! - **Fencing tokens**: every fresh grant carries a larger [`FencingToken`];
-//!   [`LockClient::fenced_write`] refuses writes from a stale holder.
+//! - **Fencing tokens**: every grant can take a [`FencingToken`] larger than every
+//!   earlier holder's ([`LockGuard::fence`], on demand, or with the grant through
+//!   [`LockOptions::fenced`]); [`LockClient::fenced_write`] refuses writes from a stale
+//!   holder. A lock taken without one costs a plain `SET NX PX`.
 //! - **Clean release on every path**: explicit [`LockGuard::release`] reports
 //!   [`Released::Unlocked`], [`Released::StillHeld`], [`LockError::Expired`] or
 //!   [`LockError::NotOwner`]; a dropped guard releases in the background.
@@ -49,7 +51,7 @@
 //!     .wait(Duration::from_secs(2))
 //!     .lease(Lease::Fixed(Duration::from_secs(5)));
 //! let guard = client.acquire(("voucher", 7_u64), opts).await?;
-//! let token = guard.fencing_token();
+//! let token = guard.fence().await?; // taken on demand: one more round trip
 //! client.fenced_write("stock:7", token, 99).await?;
 //! guard.release().await?;
 //! # Ok(()) }

@@ -65,7 +65,7 @@ tokio::task_local! {
 /// LockScope::new().run(async {
 ///     let outer = client.lock("account:7").await?;
 ///     let inner = client.lock("account:7").await?; // re-enters, does not wait
-///     assert_eq!(inner.fencing_token(), outer.fencing_token());
+///     assert_eq!(inner.fence().await?, outer.fence().await?); // one grant, one token
 ///     inner.release().await?;
 ///     outer.release().await?;
 ///     Ok(())

@@ -63,8 +63,15 @@ pub trait HeldLock: Send + Sync + 'static {
     fn is_held(&self) -> bool;
     /// How long the lock is known to stay held from now (zero once lost).
     fn valid_for(&self) -> Duration;
-    /// The fencing token of this grant, where the store issues one.
+    /// The fencing token of this grant if it was taken already (Redis locks take it on
+    /// demand: see [`fence`](Self::fence)); `None` where the store issues none.
     fn token(&self) -> Option<FencingToken>;
+    /// The fencing token of this grant, taken now if the store takes tokens on demand
+    /// (Redis: one round trip, see [`LockGuard::fence`](crate::LockGuard::fence));
+    /// `Ok(None)` where the store issues none.
+    fn fence(&self) -> impl Future<Output = Result<Option<FencingToken>, LockError>> + Send {
+        std::future::ready(Ok(self.token()))
+    }
     /// Resolves when the lock is lost; never while it is held.
     fn lost(&self) -> impl Future<Output = ()> + Send + 'static;
     /// Gives back this hold.
@@ -89,6 +96,9 @@ impl HeldLock for crate::LockGuard {
     fn name(&self) -> &str {
         crate::LockGuard::name(self)
     }
+    async fn fence(&self) -> Result<Option<FencingToken>, LockError> {
+        crate::LockGuard::fence(self).await.map(Some)
+    }
     fn is_held(&self) -> bool {
         crate::LockGuard::is_held(self)
     }
@@ -96,7 +106,7 @@ impl HeldLock for crate::LockGuard {
         crate::LockGuard::valid_for(self)
     }
     fn token(&self) -> Option<FencingToken> {
-        Some(self.fencing_token())
+        self.fencing_token()
     }
     fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
         crate::LockGuard::lost(self)
@@ -124,6 +134,9 @@ impl DistributedLock for crate::Redlock {
 impl HeldLock for crate::RedlockGuard {
     fn name(&self) -> &str {
         crate::RedlockGuard::name(self)
+    }
+    async fn fence(&self) -> Result<Option<FencingToken>, LockError> {
+        crate::RedlockGuard::fence(self).await
     }
     fn is_held(&self) -> bool {
         crate::RedlockGuard::is_held(self)

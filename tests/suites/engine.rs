@@ -198,7 +198,7 @@ async fn partitioned_holder_learns_it_lost_and_its_fenced_write_is_refused() {
         .unwrap();
     let other = client(&server, config).await;
     let first = cut_off.lock("ledger").await.unwrap();
-    let first_token = first.fencing_token();
+    let first_token = first.fence().await.unwrap();
     assert_eq!(
         cut_off
             .fenced_write("ledger", first_token, "a0")
@@ -217,10 +217,11 @@ async fn partitioned_holder_learns_it_lost_and_its_fenced_write_is_refused() {
         .await
         .unwrap();
     assert!(cut_at.elapsed() >= lease.saturating_sub(Duration::from_millis(50)));
-    assert!(second.fencing_token() > first_token);
+    let second_token = second.fence().await.unwrap();
+    assert!(second_token > first_token);
     assert_eq!(
         other
-            .fenced_write("ledger", second.fencing_token(), "b")
+            .fenced_write("ledger", second_token, "b")
             .await
             .unwrap(),
         FencedWrite::Written
@@ -232,7 +233,7 @@ async fn partitioned_holder_learns_it_lost_and_its_fenced_write_is_refused() {
         .await
         .unwrap();
     assert!(
-        matches!(late, FencedWrite::Refused { highest } if highest.get() == second.fencing_token().get())
+        matches!(late, FencedWrite::Refused { highest } if highest.get() == second_token.get())
     );
     assert_eq!(
         other.fenced_read("ledger").await.unwrap().as_deref(),
@@ -296,7 +297,7 @@ async fn equal_token_from_another_holder_is_refused() {
     let a = client(&server, LockConfig::new()).await;
     let b = client(&server, LockConfig::new()).await;
     let first = a.try_lock("acct").await.unwrap();
-    let t = first.fencing_token();
+    let t = first.fence().await.unwrap();
     // The failover, reproduced: the lock and the last increment of its counter are
     // missing on the promoted replica.
     let keys = a.keys("acct").unwrap();
@@ -311,17 +312,15 @@ async fn equal_token_from_another_holder_is_refused() {
         .query_async(&mut raw)
         .await
         .unwrap();
-    let second = b.try_lock("acct").await.unwrap();
+    let second = b
+        .acquire("acct", LockOptions::new().wait(Duration::ZERO).fenced())
+        .await
+        .unwrap();
+    let t2 = second.fencing_token().unwrap();
+    assert_eq!(t2.get(), t.get(), "the same number, twice");
+    assert_ne!(t2, t, "but another holder");
     assert_eq!(
-        second.fencing_token().get(),
-        t.get(),
-        "the same number, twice"
-    );
-    assert_ne!(second.fencing_token(), t, "but another holder");
-    assert_eq!(
-        b.fenced_write("acct", second.fencing_token(), "new")
-            .await
-            .unwrap(),
+        b.fenced_write("acct", t2, "new").await.unwrap(),
         FencedWrite::Written
     );
     assert!(matches!(
@@ -330,9 +329,7 @@ async fn equal_token_from_another_holder_is_refused() {
     ));
     // The same holder may write again with its token.
     assert_eq!(
-        b.fenced_write("acct", second.fencing_token(), "again")
-            .await
-            .unwrap(),
+        b.fenced_write("acct", t2, "again").await.unwrap(),
         FencedWrite::Written
     );
     assert_eq!(

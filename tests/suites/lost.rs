@@ -23,10 +23,10 @@ async fn fixed_lease_runs_out_and_the_stale_holder_is_fenced() {
     let a = client(&server, LockConfig::new()).await;
     let b = client(&server, LockConfig::new()).await;
 
-    let first = a.acquire("ledger", fixed(300)).await.unwrap();
+    let first = a.acquire("ledger", fixed(300).fenced()).await.unwrap();
     assert!(first.is_held());
     let second = b
-        .acquire("ledger", fixed(5_000).wait(Duration::from_secs(3)))
+        .acquire("ledger", fixed(5_000).wait(Duration::from_secs(3)).fenced())
         .await
         .unwrap();
     assert!(second.fencing_token() > first.fencing_token());
@@ -38,18 +38,18 @@ async fn fixed_lease_runs_out_and_the_stale_holder_is_fenced() {
     assert_eq!(first.valid_for(), Duration::ZERO);
 
     let newer = b
-        .fenced_write("ledger", second.fencing_token(), "b")
+        .fenced_write("ledger", second.fencing_token().unwrap(), "b")
         .await
         .unwrap();
     assert_eq!(newer, FencedWrite::Written);
     let stale = a
-        .fenced_write("ledger", first.fencing_token(), "a")
+        .fenced_write("ledger", first.fencing_token().unwrap(), "a")
         .await
         .unwrap();
     assert_eq!(
         stale,
         FencedWrite::Refused {
-            highest: second.fencing_token()
+            highest: second.fencing_token().unwrap()
         }
     );
     assert_eq!(
@@ -151,11 +151,10 @@ async fn paused_holder_process_loses_the_lock() {
     )
     .await;
     let g = b.try_lock("vault").await.unwrap();
-    assert!(g.fencing_token().get() > worker_token);
+    let token = g.fence().await.unwrap();
+    assert!(token.get() > worker_token);
     assert_eq!(
-        b.fenced_write("vault", g.fencing_token(), "from-b")
-            .await
-            .unwrap(),
+        b.fenced_write("vault", token, "from-b").await.unwrap(),
         FencedWrite::Written
     );
     signal("-CONT");
@@ -166,10 +165,7 @@ async fn paused_holder_process_loses_the_lock() {
     assert!(status.success());
     assert_eq!(
         line.trim(),
-        format!(
-            "report held=false lost=true write=refused-by-{} release=not-owner",
-            g.fencing_token()
-        )
+        format!("report held=false lost=true write=refused-by-{token} release=not-owner",)
     );
     assert!(g.is_held());
     g.release().await.unwrap();

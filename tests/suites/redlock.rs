@@ -389,11 +389,13 @@ async fn reentrant_holds_and_release_results() {
 
     // Fencing: only the designated node's token, and only when it granted.
     let guard = redlock.try_lock("fenced").await.unwrap();
+    assert_eq!(guard.fencing_token(), None, "taken on demand");
+    assert!(guard.fence().await.unwrap().is_some());
     assert!(guard.fencing_token().is_some());
     guard.release().await.unwrap();
     nodes[0].pause();
     let guard = redlock.try_lock("fenced").await.unwrap();
-    assert_eq!(guard.fencing_token(), None, "node 0 did not grant");
+    assert_eq!(guard.fence().await.unwrap(), None, "node 0 did not grant");
     guard.release().await.unwrap();
     nodes[0].resume();
 }

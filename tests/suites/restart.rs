@@ -63,7 +63,7 @@ async fn outage_gives_errors_and_the_same_client_recovers() {
     // Scripts were flushed by the restart: every script reloads.
     let g = c.lock("k").await.unwrap();
     g.extend(Duration::from_secs(5)).await.unwrap();
-    assert!(g.fencing_token().get() >= 1);
+    assert!(g.fence().await.unwrap().get() >= 1);
     g.release().await.unwrap();
     let e = survivor.release().await.unwrap_err();
     assert!(e.is_lost(), "{e}");

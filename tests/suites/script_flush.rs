@@ -48,7 +48,10 @@ async fn every_script_survives_script_flush() {
     );
     assert!(g.is_held() && g2.is_held());
     flush(&server).await;
-    let w = c.fenced_write("f", g.fencing_token(), "v").await.unwrap(); // fenced_write.lua
+    flush(&server).await;
+    let token = g.fence().await.unwrap(); // fence.lua
+    flush(&server).await;
+    let w = c.fenced_write("f", token, "v").await.unwrap(); // fenced_write.lua
     assert_eq!(w, FencedWrite::Written);
     flush(&server).await;
     assert_eq!(

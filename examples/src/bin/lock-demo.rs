@@ -37,7 +37,7 @@ async fn worker(url: &str, name: &str) -> Res {
             Ok(g) => {
                 println!(
                     "[{name}] try_lock: free, got it at once (token {})",
-                    g.fencing_token()
+                    g.fence().await?
                 );
                 g.release().await?;
             }
@@ -46,18 +46,15 @@ async fn worker(url: &str, name: &str) -> Res {
         }
         let started = Instant::now();
         let guard = client.lock(("demo", "printer")).await?;
+        let token = guard.fence().await?;
         println!(
-            "[{name}] page {page}: got the lock after {:>4} ms, fencing token {}",
+            "[{name}] page {page}: got the lock after {:>4} ms, fencing token {token}",
             started.elapsed().as_millis(),
-            guard.fencing_token()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
         // The printer only accepts pages from the newest holder (fencing).
         let page_text = format!("page {page} from {name}");
-        match client
-            .fenced_write("printer", guard.fencing_token(), page_text)
-            .await?
-        {
+        match client.fenced_write("printer", token, page_text).await? {
             FencedWrite::Written => {}
             refused => {
                 return Err(format!("[{name}] the printer refused a page: {refused:?}").into());

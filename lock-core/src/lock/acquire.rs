@@ -21,7 +21,8 @@ struct Granted {
     value: String,
     seq: u64,
     holder: u64,
-    token: u64,
+    /// Taken with the grant (a fenced request, or a grant through the script).
+    token: Option<u64>,
     valid_until: Instant,
 }
 
@@ -74,7 +75,8 @@ impl Core {
                     req.keys.clone(),
                     scope,
                     g.value,
-                    FencingToken::new(g.token, g.holder),
+                    g.token.map(|t| FencingToken::new(t, g.holder)),
+                    g.holder,
                     g.seq,
                     g.valid_until,
                 ));
@@ -86,7 +88,7 @@ impl Core {
                 }
                 ticket.fulfil(grant.clone());
                 self.watchdog.schedule(&grant);
-                tracing::debug!(lock = %req.keys.name, token = g.token, waited = ?started.elapsed(), "lock granted");
+                tracing::debug!(lock = %req.keys.name, token = ?g.token, waited = ?started.elapsed(), "lock granted");
                 Ok(LockGuard::new(self.clone(), grant, req.watchdog, runtime))
             }
             Err(retry_after) => Err(self.miss(req, wait, started, retry_after)),
@@ -137,19 +139,39 @@ impl Core {
         });
         let lease = req.lease;
         let sent = Instant::now();
-        let reply = self
-            .conn
-            .eval(&ACQUIRE, self.conn.timeout(), |c| {
-                c.arg(3)
-                    .arg(&keys.key)
-                    .arg(&keys.fence)
-                    .arg(&keys.waiters)
-                    .arg(&value)
-                    .arg(lease.as_millis() as u64)
-                    .arg(linger);
-            })
-            .await?;
-        let reply = AcquireReply::decode(reply)?;
+        // Unfenced: a plain `SET NX PX` first, what the raw recipe costs; only a busy
+        // lock (or a fenced request) goes through the script, which also leaves the
+        // waiter marker and reads the holder's lease.
+        let plain = if req.fenced {
+            None
+        } else {
+            let mut set = redis::cmd("SET");
+            set.arg(&keys.key)
+                .arg(&value)
+                .arg("NX")
+                .arg("PX")
+                .arg(lease.as_millis() as u64);
+            let reply: Option<String> = self.conn.query("acquire", &set).await?;
+            reply.map(|_| AcquireReply::Granted { token: None })
+        };
+        let reply = match plain {
+            Some(granted) => granted,
+            None => {
+                let reply = self
+                    .conn
+                    .eval(&ACQUIRE, self.conn.timeout(), |c| {
+                        c.arg(3)
+                            .arg(&keys.key)
+                            .arg(&keys.fence)
+                            .arg(&keys.waiters)
+                            .arg(&value)
+                            .arg(lease.as_millis() as u64)
+                            .arg(linger);
+                    })
+                    .await?;
+                AcquireReply::decode(reply)?
+            }
+        };
         match reply {
             AcquireReply::Granted { token } => {
                 let valid_until = sent + lease - drift(lease);

@@ -245,6 +245,7 @@ pub struct LockOptions {
     pub(crate) scope: Option<LockScope>,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) delimiter: Option<&'static str>,
+    pub(crate) fenced: bool,
 }
 
 impl LockOptions {
@@ -283,6 +284,15 @@ impl LockOptions {
     /// Cap on total hold time under the watchdog. Default: the client's.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// Takes the grant's fencing token with the grant, in the same script call. By
+    /// default a lock is taken with a plain `SET NX PX` (what the raw recipe costs) and
+    /// its token only when asked for ([`LockGuard::fence`](crate::LockGuard::fence), one
+    /// more round trip); ask here when every holder writes with a token.
+    pub fn fenced(mut self) -> Self {
+        self.fenced = true;
         self
     }
 }

@@ -10,11 +10,12 @@ use tokio::runtime::Handle;
 use super::config::{LockConfig, drift};
 use super::registry::{Grant, Loss, Registry};
 use super::watchdog::Watchdog;
+use crate::FencingToken;
 use crate::cleanup;
 use crate::key::LockKeys;
 use crate::owner::{ClientId, LockScope};
 use crate::store::Conn;
-use crate::store::scripts::{GrantReply, RELEASE, RENEW, codes};
+use crate::store::scripts::{FENCE, FenceReply, GrantReply, RELEASE, RENEW, codes};
 use crate::wait::Hub;
 use crate::{LockError, Released};
 
@@ -134,6 +135,29 @@ impl Core {
             grant.keys.name.clone(),
             async move { core.release_last(&grant, lost, &rt).await.map(|_| ()) },
         );
+    }
+
+    /// Takes the fencing token of `grant` now (it was granted without one), unless it
+    /// has one already; a lost grant gets its loss.
+    pub(crate) async fn fence(&self, grant: &Arc<Grant>) -> Result<FencingToken, LockError> {
+        if let Some(loss) = grant.state().lost {
+            return Err(loss.error(&grant.keys.name));
+        }
+        let keys = &grant.keys;
+        let reply = self
+            .conn
+            .eval(&FENCE, self.conn.timeout(), |c| {
+                c.arg(2).arg(&keys.key).arg(&keys.fence).arg(&grant.value);
+            })
+            .await?;
+        match FenceReply::decode(reply)? {
+            // Two holds asking at once may both take one: the first one set stays.
+            FenceReply::Token(t) => Ok(*grant
+                .token
+                .get_or_init(|| FencingToken::new(t, grant.holder))),
+            FenceReply::Lost(GrantReply::NotOwner) => Err(self.lose(grant, Loss::TakenOver)),
+            FenceReply::Lost(_) => Err(self.lose(grant, Loss::Expired)),
+        }
     }
 
     /// Lengthens the lease of `grant` to `lease` from now (one renew call; the script

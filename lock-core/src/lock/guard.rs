@@ -40,8 +40,10 @@ pub enum Released {
 /// - When the lock is lost (renewal refused or failed until the lease ran out, or a
 ///   fixed lease passed), [`is_held`](Self::is_held) turns false and
 ///   [`lost`](Self::lost) resolves, so the critical section can stop.
-/// - [`fencing_token`](Self::fencing_token) grows with every fresh grant of this lock;
-///   hand it to the resource you write so it can refuse stale holders
+/// - [`fence`](Self::fence) gives this grant's fencing token (taken on first use, one
+///   round trip, or with the grant when acquired with
+///   [`LockOptions::fenced`](crate::LockOptions::fenced)); tokens grow with every grant
+///   of this lock. Hand it to the resource you write so it can refuse stale holders
 ///   ([`LockClient::fenced_write`](crate::LockClient::fenced_write)).
 #[must_use = "dropping a LockGuard releases the lock at once"]
 pub struct LockGuard {
@@ -87,9 +89,31 @@ impl LockGuard {
         &self.grant.keys
     }
 
-    /// The fencing token of this grant (shared by re-entered holds).
-    pub fn fencing_token(&self) -> FencingToken {
-        self.grant.token
+    /// The fencing token of this grant, if it was taken already (with a
+    /// [`fenced`](crate::LockOptions::fenced) acquisition, or by [`fence`](Self::fence));
+    /// shared by re-entered holds.
+    pub fn fencing_token(&self) -> Option<FencingToken> {
+        self.grant.token.get().copied()
+    }
+
+    /// The fencing token of this grant: the one taken already, or one taken now (one
+    /// script call that checks the grant still holds the lock, so the token is larger
+    /// than every earlier holder's and smaller than every later one's). Fails with
+    /// [`LockError::Expired`] / [`LockError::NotOwner`] if the grant was lost.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: lock_core::LockClient) -> Result<(), lock_core::LockError> {
+    /// let guard = client.lock(("stock", 7_u64)).await?;
+    /// let token = guard.fence().await?;
+    /// client.fenced_write("stock:7", token, 99).await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn fence(&self) -> Result<FencingToken, LockError> {
+        if let Some(token) = self.fencing_token() {
+            return Ok(token);
+        }
+        self.core.fence(&self.grant).await
     }
 
     /// The owner id this guard holds the lock as (client id and scope).
@@ -206,6 +230,7 @@ impl LockGuard {
             lease: lease.max(super::config::MIN_LEASE),
             watchdog: self.watched,
             max_hold: None,
+            fenced: false,
         };
         self.core.acquire(&request, Duration::ZERO).await
     }

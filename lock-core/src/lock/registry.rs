@@ -44,7 +44,10 @@ pub(crate) struct Grant {
     pub(crate) scope: u64,
     /// The value in Redis: unique to this grant (`<owner>:<grant number>`).
     pub(crate) value: String,
-    pub(crate) token: FencingToken,
+    /// The fencing token, once taken (with the grant, or on demand).
+    pub(crate) token: std::sync::OnceLock<FencingToken>,
+    /// The holder id tokens of this grant carry (unique per grant).
+    pub(crate) holder: u64,
     /// Unique per grant in this client (the watchdog's queue key).
     pub(crate) seq: u64,
     pub(crate) lost_tx: watch::Sender<bool>,
@@ -80,7 +83,8 @@ impl Grant {
         keys: Arc<LockKeys>,
         scope: u64,
         value: String,
-        token: FencingToken,
+        token: Option<FencingToken>,
+        holder: u64,
         seq: u64,
         valid_until: Instant,
     ) -> Self {
@@ -88,7 +92,8 @@ impl Grant {
             keys,
             scope,
             value,
-            token,
+            token: token.map(std::sync::OnceLock::from).unwrap_or_default(),
+            holder,
             seq,
             lost_tx: watch::Sender::new(false),
             state: Mutex::new(GrantState {
@@ -363,7 +368,8 @@ mod tests {
             keys,
             scope,
             format!("c:{scope}:1"),
-            FencingToken::new(1, 1),
+            Some(FencingToken::new(1, 1)),
+            1,
             1,
             Instant::now() + Duration::from_secs(30),
         ));

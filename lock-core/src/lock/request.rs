@@ -17,6 +17,8 @@ pub(crate) struct Request {
     pub(crate) lease: Duration,
     pub(crate) watchdog: bool,
     pub(crate) max_hold: Option<Duration>,
+    /// Take the fencing token with the grant.
+    pub(crate) fenced: bool,
 }
 
 /// Options resolved once per call (the scope above all: every node of a Redlock must
@@ -27,6 +29,7 @@ pub(crate) struct Resolved<'c> {
     pub(crate) watchdog: bool,
     pub(crate) scope: LockScope,
     pub(crate) max_hold: Option<Duration>,
+    pub(crate) fenced: bool,
     /// The wait budget.
     pub(crate) wait: Duration,
 }
@@ -57,6 +60,7 @@ impl<'c> Resolved<'c> {
                 .or_else(LockScope::current)
                 .unwrap_or_default(),
             max_hold: options.max_hold.or(config.max_hold),
+            fenced: options.fenced,
             wait: options.wait.unwrap_or(config.wait),
         })
     }
@@ -73,6 +77,7 @@ impl<'c> Resolved<'c> {
             lease: self.lease,
             watchdog: self.watchdog,
             max_hold: self.max_hold,
+            fenced: self.fenced,
         })
     }
 }

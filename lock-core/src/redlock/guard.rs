@@ -91,13 +91,25 @@ impl RedlockGuard {
             .collect()
     }
 
-    /// The fencing token of the designated node (the first), if it granted this lock.
-    /// Tokens of different nodes are unrelated; never compare them.
+    /// The fencing token of the designated node (the first), if it granted this lock and
+    /// the token was taken (acquired with [`LockOptions::fenced`](crate::LockOptions::fenced),
+    /// or by [`fence`](Self::fence)). Tokens of different nodes are unrelated; never
+    /// compare them.
     pub fn fencing_token(&self) -> Option<FencingToken> {
-        self.nodes
-            .first()
-            .and_then(Option::as_ref)
-            .map(LockGuard::fencing_token)
+        self.designated().and_then(LockGuard::fencing_token)
+    }
+
+    /// The designated node's fencing token, taken now if it was not yet (see
+    /// [`LockGuard::fence`]); `None` when the designated node did not grant this lock.
+    pub async fn fence(&self) -> Result<Option<FencingToken>, LockError> {
+        match self.designated() {
+            Some(g) => g.fence().await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn designated(&self) -> Option<&LockGuard> {
+        self.nodes.first().and_then(Option::as_ref)
     }
 
     /// True while a quorum of copies is known to be in force.

@@ -53,6 +53,8 @@ impl Lua {
 pub(crate) static ACQUIRE: Lua = Lua::new("acquire", include_str!("../../lua/acquire.lua"));
 /// Give back one grant. See `lua/release.lua`.
 pub(crate) static RELEASE: Lua = Lua::new("release", include_str!("../../lua/release.lua"));
+/// The token of a grant taken without one. See `lua/fence.lua`.
+pub(crate) static FENCE: Lua = Lua::new("fence", include_str!("../../lua/fence.lua"));
 /// Renew one or many leases. See `lua/renew.lua`.
 pub(crate) static RENEW: Lua = Lua::new("renew", include_str!("../../lua/renew.lua"));
 /// Write guarded by a fencing token and its holder. See `lua/fenced_write.lua`.
@@ -132,7 +134,7 @@ pub(crate) fn codes(op: &str, reply: Value, n: usize) -> Result<Vec<Code>, LockE
 /// What `acquire.lua` answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AcquireReply {
-    Granted { token: u64 },
+    Granted { token: Option<u64> },
     Busy { pttl_ms: u64 },
 }
 
@@ -140,7 +142,7 @@ impl AcquireReply {
     pub(crate) fn decode(reply: Value) -> Result<Self, LockError> {
         match code_value("acquire", reply)? {
             (Code::Done, token) if token > 0 => Ok(Self::Granted {
-                token: token as u64,
+                token: Some(token as u64),
             }),
             (Code::Busy, pttl) => Ok(Self::Busy {
                 pttl_ms: pttl.max(1) as u64,
@@ -211,6 +213,24 @@ impl GrantReply {
     }
 }
 
+/// The reply of `fence.lua`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FenceReply {
+    Token(u64),
+    Lost(GrantReply),
+}
+
+impl FenceReply {
+    pub(crate) fn decode(reply: Value) -> Result<Self, LockError> {
+        match code_value("fence", reply)? {
+            (Code::Done, token) if token > 0 => Ok(Self::Token(token as u64)),
+            (Code::Expired, _) => Ok(Self::Lost(GrantReply::Expired)),
+            (Code::NotOwner, _) => Ok(Self::Lost(GrantReply::NotOwner)),
+            other => Err(unexpected("fence", &other)),
+        }
+    }
+}
+
 /// One GCRA rate-limit decision. See `lua/gcra.lua`.
 pub(crate) static GCRA: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/gcra.lua")));
@@ -247,6 +267,7 @@ pub(crate) static IDEMPOTENCY_EXTEND: LazyLock<Script> =
 pub const SOURCES: &[(&str, &str)] = &[
     ("acquire.lua", include_str!("../../lua/acquire.lua")),
     ("release.lua", include_str!("../../lua/release.lua")),
+    ("fence.lua", include_str!("../../lua/fence.lua")),
     ("renew.lua", include_str!("../../lua/renew.lua")),
     (
         "fenced_write.lua",
@@ -291,8 +312,17 @@ mod tests {
         let arr = |v: &[i64]| Value::Array(v.iter().map(|i| Value::Int(*i)).collect());
         assert_eq!(
             AcquireReply::decode(arr(&[1, 7])).unwrap(),
-            AcquireReply::Granted { token: 7 }
+            AcquireReply::Granted { token: Some(7) }
         );
+        assert_eq!(
+            FenceReply::decode(arr(&[1, 9])).unwrap(),
+            FenceReply::Token(9)
+        );
+        assert_eq!(
+            FenceReply::decode(arr(&[-2])).unwrap(),
+            FenceReply::Lost(GrantReply::NotOwner)
+        );
+        assert!(FenceReply::decode(arr(&[0, 1])).is_err());
         assert_eq!(
             AcquireReply::decode(arr(&[0, 250])).unwrap(),
             AcquireReply::Busy { pttl_ms: 250 }

@@ -240,6 +240,9 @@ impl HeldLock for AnyGuard {
     fn token(&self) -> Option<FencingToken> {
         each!(self, g => HeldLock::token(g))
     }
+    async fn fence(&self) -> Result<Option<FencingToken>, LockError> {
+        each!(self, g => HeldLock::fence(g).await)
+    }
     fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
         let lost: crate::stores::session::BoxFuture<()> =
             each!(self, g => Box::pin(HeldLock::lost(g)));

@@ -108,7 +108,8 @@ async fn hold(args: &[String]) -> Res {
     let config = LockConfig::new().with_watchdog_lease(lease);
     let client = LockClient::open_with_config(url.as_str(), config).await?;
     let guard = client.try_lock(key.as_str()).await?;
-    println!("token {}", guard.fencing_token());
+    let token = guard.fence().await?;
+    println!("token {token}");
     tokio::task::spawn_blocking(|| {
         let mut line = String::new();
         std::io::stdin().lock().read_line(&mut line)
@@ -119,7 +120,7 @@ async fn hold(args: &[String]) -> Res {
         .await
         .is_ok();
     let write = match client
-        .fenced_write(key.as_str(), guard.fencing_token(), "from-worker")
+        .fenced_write(key.as_str(), token, "from-worker")
         .await?
     {
         FencedWrite::Written => "written".to_string(),

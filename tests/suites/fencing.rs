@@ -1,0 +1,101 @@
+//! Fencing tokens on demand: an uncontended cycle is the raw recipe (`SET NX PX`, then
+//! the compare-and-delete script); a token is taken when asked for, only while the
+//! grant still holds the lock, and grows across holders either way.
+
+mod common;
+
+use std::time::Duration;
+
+use common::client;
+use lock_core::{Lease, LockConfig, LockOptions};
+use lock_tests::RedisServer;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_lock_is_a_plain_set_and_a_fenced_one_a_script() {
+    let server = RedisServer::start();
+    let c = client(&server, LockConfig::new()).await;
+    // Load the scripts first so that what follows is one call each.
+    c.acquire("warm", LockOptions::new().fenced())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let mut monitor = server.monitor().await;
+    let g = c.try_lock("plain").await.unwrap();
+    let acquired = monitor.lines_within(Duration::from_millis(100)).await;
+    assert!(
+        acquired
+            .iter()
+            .any(|l| l.contains("\"SET\"") && l.contains("\"NX\"")),
+        "no SET NX: {acquired:?}"
+    );
+    assert!(
+        !acquired.iter().any(|l| l.contains("EVAL")),
+        "an unfenced uncontended acquire ran a script: {acquired:?}"
+    );
+    assert_eq!(g.fencing_token(), None);
+    g.release().await.unwrap();
+    let _ = monitor.lines_within(Duration::from_millis(100)).await;
+    let f = c
+        .acquire("fenced", LockOptions::new().fenced())
+        .await
+        .unwrap();
+    let acquired = monitor.lines_within(Duration::from_millis(100)).await;
+    assert!(
+        acquired.iter().any(|l| l.contains("EVALSHA")),
+        "a fenced acquire takes its token in the script: {acquired:?}"
+    );
+    assert!(f.fencing_token().is_some());
+    f.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_taken_on_demand_grow_across_holders_and_are_kept() {
+    let server = RedisServer::start();
+    let (a, b) = (
+        client(&server, LockConfig::new()).await,
+        client(&server, LockConfig::new()).await,
+    );
+    let mut last = None;
+    for round in 0..6 {
+        let c = if round % 2 == 0 { &a } else { &b };
+        // Alternate: on demand, fenced at acquisition.
+        let opts = if round % 3 == 0 {
+            LockOptions::new().fenced()
+        } else {
+            LockOptions::new()
+        };
+        let g = c.acquire("ledger", opts).await.unwrap();
+        let t = g.fence().await.unwrap();
+        assert_eq!(g.fence().await.unwrap(), t, "kept, not taken twice");
+        assert_eq!(g.fencing_token(), Some(t));
+        if let Some(prev) = last {
+            assert!(t > prev, "round {round}: {t} after {prev}");
+        }
+        last = Some(t);
+        g.release().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_grant_gets_no_token() {
+    let server = RedisServer::start();
+    let (a, b) = (
+        client(&server, LockConfig::new()).await,
+        client(&server, LockConfig::new()).await,
+    );
+    let short = LockOptions::new().lease(Lease::Fixed(Duration::from_millis(100)));
+    let stale = a.acquire("job", short.clone()).await.unwrap();
+    let next = b
+        .acquire("job", short.wait(Duration::from_secs(2)))
+        .await
+        .unwrap();
+    let err = stale.fence().await.unwrap_err();
+    assert!(err.is_lost(), "{err}");
+    assert!(!stale.is_held());
+    tokio::time::timeout(Duration::from_secs(1), stale.lost())
+        .await
+        .expect("the refused token reports the loss");
+    assert!(next.fence().await.is_ok());
+}
