@@ -47,23 +47,16 @@ impl MariaDbServer {
     pub fn start() -> MariaDbServer {
         let dir = TempDir::new("lock-tests-mariadb");
         let data = dir.path().join("data");
-        let mut install = Command::new(program("mariadb-install-db"));
-        install
-            .arg("--no-defaults")
-            .arg(format!("--datadir={}", data.display()))
-            .args(["--skip-test-db", "--auth-root-authentication-method=normal"]);
-        if !user().is_empty() {
-            install.arg(format!("--user={}", user()));
-        }
-        let out = install.output().unwrap_or_else(|e| {
-            panic!("mariadb-install-db not found ({e}): run scripts/ensure-mariadb or set MARIADB_BIN_DIR")
-        });
-        assert!(
-            out.status.success(),
-            "mariadb-install-db failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        // One `mariadb-install-db` per test process (several at once fail now and then,
+        // and each takes seconds), copied for every server.
+        let template = template();
+        let copied = Command::new("cp")
+            .arg("-a")
+            .arg(template.join("data"))
+            .arg(&data)
+            .status()
+            .expect("run cp");
+        assert!(copied.success(), "cannot copy the MariaDB data template");
         for _ in 0..5 {
             let port = free_port();
             let mut c = Command::new(program("mariadbd"));
@@ -135,6 +128,45 @@ impl MariaDbServer {
     pub fn log(&self) -> String {
         Self::read_log(&self.dir)
     }
+}
+
+/// The data dir made once per test process by `mariadb-install-db` (retried: a
+/// bootstrap under load fails now and then).
+fn template() -> &'static std::path::Path {
+    static TEMPLATE: std::sync::OnceLock<TempDir> = std::sync::OnceLock::new();
+    TEMPLATE
+        .get_or_init(|| {
+            let dir = TempDir::new("lock-tests-mariadb-template");
+            let mut last = String::new();
+            for _ in 0..3 {
+                let data = dir.path().join("data");
+                let _ = std::fs::remove_dir_all(&data);
+                let mut install = Command::new(program("mariadb-install-db"));
+                install
+                    .arg("--no-defaults")
+                    .arg(format!("--datadir={}", data.display()))
+                    .args(["--skip-test-db", "--auth-root-authentication-method=normal"])
+                    .args(["--innodb-buffer-pool-size=16M", "--innodb-log-file-size=16M"]);
+                if !user().is_empty() {
+                    install.arg(format!("--user={}", user()));
+                }
+                let out = install.output().unwrap_or_else(|e| {
+                    panic!(
+                        "mariadb-install-db not found ({e}): run scripts/ensure-mariadb or set MARIADB_BIN_DIR"
+                    )
+                });
+                if out.status.success() {
+                    return dir;
+                }
+                last = format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            panic!("mariadb-install-db failed three times: {last}");
+        })
+        .path()
 }
 
 /// Creates the database `locks`; false while the server does not answer yet.

@@ -78,40 +78,15 @@ impl PostgresServer {
     pub fn start() -> PostgresServer {
         let dir = TempDir::new("lock-tests-postgres");
         let data = dir.path().join("data");
-        if is_root() {
-            let status = Command::new("chown")
-                .args(["-R", "postgres:postgres"])
-                .arg(dir.path())
-                .status()
-                .expect("run chown");
-            assert!(
-                status.success(),
-                "cannot hand {} to the postgres user; is Debian's postgresql installed \
-                 (scripts/ensure-postgres)?",
-                dir.path().display()
-            );
-        }
-        let out = command(program("initdb"))
-            .args([
-                "-A",
-                "trust",
-                "-U",
-                "postgres",
-                "--no-sync",
-                "-E",
-                "UTF8",
-                "-D",
-            ])
+        hand_to_postgres(dir.path());
+        // One initdb per test process, copied (with its owner) for every server.
+        let copied = Command::new("cp")
+            .arg("-a")
+            .arg(template().join("data"))
             .arg(&data)
-            .output()
-            .unwrap_or_else(|e| {
-                panic!("initdb not found ({e}): run scripts/ensure-postgres or set PG_BIN_DIR")
-            });
-        assert!(
-            out.status.success(),
-            "initdb failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+            .status()
+            .expect("run cp");
+        assert!(copied.success(), "cannot copy the PostgreSQL data template");
         for _ in 0..5 {
             let port = free_port();
             let log = std::fs::File::create(dir.path().join("postgres.log")).expect("log file");
@@ -162,6 +137,63 @@ impl PostgresServer {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("postgres.log")).unwrap_or_default()
     }
+}
+
+/// Gives `dir` to the `postgres` user when we are root (PostgreSQL refuses root).
+fn hand_to_postgres(dir: &std::path::Path) {
+    if !is_root() {
+        return;
+    }
+    let status = Command::new("chown")
+        .args(["-R", "postgres:postgres"])
+        .arg(dir)
+        .status()
+        .expect("run chown");
+    assert!(
+        status.success(),
+        "cannot hand {} to the postgres user; is Debian's postgresql installed \
+         (scripts/ensure-postgres)?",
+        dir.display()
+    );
+}
+
+/// The data dir made once per test process by initdb (retried once under load).
+fn template() -> &'static std::path::Path {
+    static TEMPLATE: std::sync::OnceLock<TempDir> = std::sync::OnceLock::new();
+    TEMPLATE
+        .get_or_init(|| {
+            let dir = TempDir::new("lock-tests-postgres-template");
+            hand_to_postgres(dir.path());
+            let mut last = String::new();
+            for _ in 0..2 {
+                let data = dir.path().join("data");
+                let _ = std::fs::remove_dir_all(&data);
+                let out = command(program("initdb"))
+                    .args([
+                        "-A",
+                        "trust",
+                        "-U",
+                        "postgres",
+                        "--no-sync",
+                        "-E",
+                        "UTF8",
+                        "-D",
+                    ])
+                    .arg(&data)
+                    .output()
+                    .unwrap_or_else(|e| {
+                        panic!(
+                            "initdb not found ({e}): run scripts/ensure-postgres or set PG_BIN_DIR"
+                        )
+                    });
+                if out.status.success() {
+                    return dir;
+                }
+                last = String::from_utf8_lossy(&out.stderr).into_owned();
+            }
+            panic!("initdb failed twice: {last}");
+        })
+        .path()
 }
 
 /// Whether the server accepts sessions yet (`pg_isready`'s question, asked by
