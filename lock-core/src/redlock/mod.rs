@@ -48,7 +48,7 @@ pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(200);
 ///   [`RedlockGuard::extend`] and [`RedlockGuard::release`] need a quorum too.
 /// - **Fencing tokens are not promised across nodes**: each node has its own counter,
 ///   and the nodes of two successive grants may differ, so no combination of them is
-///   guaranteed to grow. [`RedlockGuard::fencing_token`] is the token of one designated
+///   guaranteed to grow. [`RedlockGuard::fence`] takes the token of one designated
 ///   node (the first), present only when that node granted: sound as long as that node
 ///   never loses its counter (persistence with `appendfsync always`), and a grant
 ///   without it has no token to write with.
