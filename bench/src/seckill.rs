@@ -14,7 +14,7 @@
 use lock_examples::seckill::instances::{Instance, server_binary};
 use lock_examples::seckill::load::{self, LoadConfig};
 
-use crate::measure::{BoxError, Timing, median};
+use crate::measure::{BoxError, Timing, check_rounds, median, spread};
 use crate::report::Figure;
 
 /// The demo's size.
@@ -70,6 +70,15 @@ pub async fn run(url: &str, _timing: Timing, rounds: usize) -> Result<Vec<Figure
             floor_rates.push(f.throughput());
             floor_p99s.push(ms(f.p99));
         }
+        let rounds_spread = |name: &str, v: &[f64]| {
+            check_rounds("seckill", name, spread(v.iter().copied()))
+        };
+        let disturbed = [
+            rounds_spread("ours_requests_per_s", &rates),
+            rounds_spread("floor_requests_per_s", &floor_rates),
+            rounds_spread("ours_p99", &p99s),
+            rounds_spread("floor_p99", &floor_p99s),
+        ];
         let (rate, p99) = (median(rates), median(p99s));
         let (floor_rate, floor_p99) = (median(floor_rates), median(floor_p99s));
         println!(
@@ -82,9 +91,14 @@ pub async fn run(url: &str, _timing: Timing, rounds: usize) -> Result<Vec<Figure
                 floor_rate,
                 "requests/s",
             )
-            .target(0.5),
+            .target(0.5)
+            .disturbed_by(disturbed[0])
+            .disturbed_by(disturbed[1]),
             // Lower is better: the floor's p99 over ours, so >= 0.5 means ours <= 2x.
-            Figure::vs("seckill_p99_floor_over_ours_ms", floor_p99, p99, "ms").target(0.5),
+            Figure::vs("seckill_p99_floor_over_ours_ms", floor_p99, p99, "ms")
+                .target(0.5)
+                .disturbed_by(disturbed[2])
+                .disturbed_by(disturbed[3]),
         ])
     }
     .await;
