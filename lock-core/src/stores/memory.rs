@@ -9,8 +9,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::session::{BoxFuture, Hold, StoreGuard, Stores};
-use crate::key::{self, LockName};
-use crate::lock::Resolved;
+use crate::key::LockName;
 use crate::{FencingToken, LockConfig, LockError, LockOptions};
 
 /// Locks in this process's memory, with the same API and guard semantics as the
@@ -109,16 +108,7 @@ impl MemoryLocks {
         &self.inner.config
     }
 
-    /// Takes the lock if it is free (or re-enters it); [`LockError::Busy`] otherwise.
-    pub async fn try_lock<N: LockName>(&self, name: N) -> Result<StoreGuard, LockError> {
-        self.acquire(name, LockOptions::new().wait(Duration::ZERO))
-            .await
-    }
-
-    /// Takes the lock, waiting up to the config's wait budget.
-    pub async fn lock<N: LockName>(&self, name: N) -> Result<StoreGuard, LockError> {
-        self.acquire(name, LockOptions::new()).await
-    }
+    super::session::store_conveniences!();
 
     /// Takes the lock with per-call options.
     pub async fn acquire<N: LockName>(
@@ -126,27 +116,15 @@ impl MemoryLocks {
         name: N,
         options: LockOptions,
     ) -> Result<StoreGuard, LockError> {
-        let how = Resolved::new(&self.inner.config, options)?;
-        let name = key::escaped_name(how.delimiter, &name)?;
-        let lease = (!how.watchdog).then_some(how.lease).or(how.max_hold);
-        let wait = how.wait;
         let inner = self.inner.clone();
-        let fresh = {
-            let name = name.clone();
-            async move {
-                let hold = inner.take(&name, lease, wait).await?;
-                Ok(Box::new(hold) as Box<dyn Hold>)
-            }
-        };
-        self.inner
-            .stores
-            .acquire(&name, how.scope.id(), fresh)
+        let stores = &self.inner.stores;
+        stores
+            .acquire_named(&self.inner.config, name, options, |name, how| {
+                let lease = (!how.watchdog).then_some(how.lease).or(how.max_hold);
+                let wait = how.wait;
+                async move { inner.take(&name, lease, wait).await }
+            })
             .await
-    }
-
-    /// Grants held now (one per name and scope).
-    pub fn held_count(&self) -> usize {
-        self.inner.stores.held_count()
     }
 
     /// Entries in the table: held locks, plus expired ones not swept yet (at most twice

@@ -15,7 +15,9 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use crate::{FencingToken, LockError, Released};
+use crate::key::{self, LockName};
+use crate::lock::Resolved;
+use crate::{FencingToken, LockConfig, LockError, LockOptions, Released};
 
 /// A boxed `Send` future.
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -69,9 +71,33 @@ impl Stores {
             .count()
     }
 
+    /// The one acquisition path of every store here: resolves `options` against
+    /// `config`, then re-enters the live grant of `name` in the scope, or takes a fresh
+    /// one with `take(escaped name, resolved options)`.
+    pub(crate) async fn acquire_named<N, H, F, Fut>(
+        self: &Arc<Self>,
+        config: &LockConfig,
+        name: N,
+        options: LockOptions,
+        take: F,
+    ) -> Result<StoreGuard, LockError>
+    where
+        N: LockName,
+        H: Hold,
+        F: FnOnce(String, &Resolved<'_>) -> Fut,
+        Fut: Future<Output = Result<H, LockError>>,
+    {
+        let how = Resolved::new(config, options)?;
+        let name = key::escaped_name(how.delimiter, &name)?;
+        let scope = how.scope.id();
+        let taken = take(name.clone(), &how);
+        let fresh = async move { Ok(Box::new(taken.await?) as Box<dyn Hold>) };
+        self.acquire(&name, scope, fresh).await
+    }
+
     /// Re-enters the live grant of `name` in `scope`, or takes a fresh one with
     /// `fresh` (called with no other acquisition of `name` in `scope` under way).
-    pub(crate) async fn acquire<F>(
+    async fn acquire<F>(
         self: &Arc<Self>,
         name: &str,
         scope: u64,
@@ -128,6 +154,38 @@ impl Drop for Tidy<'_> {
         self.stores.tidy(self.id);
     }
 }
+
+/// The conveniences every store here has beside its `acquire`: `try_lock`, `lock`,
+/// `held_count` (for a store whose `inner` holds its [`Stores`] as `stores`).
+macro_rules! store_conveniences {
+    () => {
+        /// Takes the lock if it is free (or re-enters it); [`LockError::Busy`] otherwise.
+        pub async fn try_lock<N: crate::key::LockName>(
+            &self,
+            name: N,
+        ) -> Result<crate::StoreGuard, crate::LockError> {
+            self.acquire(
+                name,
+                crate::LockOptions::new().wait(std::time::Duration::ZERO),
+            )
+            .await
+        }
+
+        /// Takes the lock, waiting up to the config's wait budget.
+        pub async fn lock<N: crate::key::LockName>(
+            &self,
+            name: N,
+        ) -> Result<crate::StoreGuard, crate::LockError> {
+            self.acquire(name, crate::LockOptions::new()).await
+        }
+
+        /// Grants held now (one per name and scope).
+        pub fn held_count(&self) -> usize {
+            self.inner.stores.held_count()
+        }
+    };
+}
+pub(crate) use store_conveniences;
 
 /// One grant and its holds (one `Arc` per guard).
 struct Shared {

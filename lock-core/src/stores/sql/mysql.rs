@@ -8,10 +8,9 @@ use sqlx::{MySql, MySqlPool};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use super::super::session::{Hold, StoreGuard, Stores};
+use super::super::session::{StoreGuard, Stores};
 use super::{Closing, ConnFuture, Dialect, SqlHold, fnv1a64};
 use crate::key::{self, LockName};
-use crate::lock::Resolved;
 use crate::{LockConfig, LockError, LockOptions};
 
 const STORE: &str = "mysql";
@@ -104,16 +103,7 @@ impl MysqlLocks {
         Ok(server_name(&self.inner.config.namespace, &name))
     }
 
-    /// Takes the lock if it is free (or re-enters it); [`LockError::Busy`] otherwise.
-    pub async fn try_lock<N: LockName>(&self, name: N) -> Result<StoreGuard, LockError> {
-        self.acquire(name, LockOptions::new().wait(Duration::ZERO))
-            .await
-    }
-
-    /// Takes the lock, waiting up to the config's wait budget.
-    pub async fn lock<N: LockName>(&self, name: N) -> Result<StoreGuard, LockError> {
-        self.acquire(name, LockOptions::new()).await
-    }
+    super::super::session::store_conveniences!();
 
     /// Takes the lock with per-call options (wait, scope, delimiter).
     pub async fn acquire<N: LockName>(
@@ -121,27 +111,15 @@ impl MysqlLocks {
         name: N,
         options: LockOptions,
     ) -> Result<StoreGuard, LockError> {
-        let how = Resolved::new(&self.inner.config, options)?;
-        let name = key::escaped_name(how.delimiter, &name)?;
-        let sent = server_name(&self.inner.config.namespace, &name);
-        let wait = how.wait;
         let inner = self.inner.clone();
-        let fresh = {
-            let name = name.clone();
-            async move {
-                let hold = inner.take(name, sent, wait).await?;
-                Ok(Box::new(hold) as Box<dyn Hold>)
-            }
-        };
+        let namespace = &self.inner.config.namespace;
         self.inner
             .stores
-            .acquire(&name, how.scope.id(), fresh)
+            .acquire_named(&self.inner.config, name, options, |name, how| {
+                let (sent, wait) = (server_name(namespace, &name), how.wait);
+                async move { inner.take(name, sent, wait).await }
+            })
             .await
-    }
-
-    /// Grants held now (one per name and scope).
-    pub fn held_count(&self) -> usize {
-        self.inner.stores.held_count()
     }
 }
 

@@ -8,10 +8,9 @@ use sqlx::{PgPool, Postgres};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use super::super::session::{Hold, StoreGuard, Stores};
+use super::super::session::{StoreGuard, Stores};
 use super::{Closing, ConnFuture, Dialect, SqlHold};
 use crate::key::{self, LockName};
-use crate::lock::Resolved;
 use crate::{LockConfig, LockError, LockOptions};
 
 const STORE: &str = "postgres";
@@ -98,16 +97,7 @@ impl PostgresLocks {
         Ok(advisory_key(&self.inner.config.namespace, &name))
     }
 
-    /// Takes the lock if it is free (or re-enters it); [`LockError::Busy`] otherwise.
-    pub async fn try_lock<N: LockName>(&self, name: N) -> Result<StoreGuard, LockError> {
-        self.acquire(name, LockOptions::new().wait(Duration::ZERO))
-            .await
-    }
-
-    /// Takes the lock, waiting up to the config's wait budget.
-    pub async fn lock<N: LockName>(&self, name: N) -> Result<StoreGuard, LockError> {
-        self.acquire(name, LockOptions::new()).await
-    }
+    super::super::session::store_conveniences!();
 
     /// Takes the lock with per-call options (wait, scope, delimiter).
     pub async fn acquire<N: LockName>(
@@ -115,27 +105,15 @@ impl PostgresLocks {
         name: N,
         options: LockOptions,
     ) -> Result<StoreGuard, LockError> {
-        let how = Resolved::new(&self.inner.config, options)?;
-        let name = key::escaped_name(how.delimiter, &name)?;
-        let key = advisory_key(&self.inner.config.namespace, &name);
-        let wait = how.wait;
         let inner = self.inner.clone();
-        let fresh = {
-            let name = name.clone();
-            async move {
-                let hold = inner.take(name, key, wait).await?;
-                Ok(Box::new(hold) as Box<dyn Hold>)
-            }
-        };
+        let namespace = &self.inner.config.namespace;
         self.inner
             .stores
-            .acquire(&name, how.scope.id(), fresh)
+            .acquire_named(&self.inner.config, name, options, |name, how| {
+                let (key, wait) = (advisory_key(namespace, &name), how.wait);
+                async move { inner.take(name, key, wait).await }
+            })
             .await
-    }
-
-    /// Grants held now (one per name and scope).
-    pub fn held_count(&self) -> usize {
-        self.inner.stores.held_count()
     }
 }
 

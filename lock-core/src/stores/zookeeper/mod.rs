@@ -10,9 +10,8 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use self::hold::ZkHold;
-use super::session::{Hold, StoreGuard, Stores};
+use super::session::{StoreGuard, Stores};
 use crate::key::{self, LockName};
-use crate::lock::Resolved;
 use crate::{LockConfig, LockError, LockOptions};
 
 const STORE: &str = "zookeeper";
@@ -122,16 +121,7 @@ impl ZkLocks {
         Ok(lock_path(&self.inner.config.namespace, &name))
     }
 
-    /// Takes the lock if it is free (or re-enters it); [`LockError::Busy`] otherwise.
-    pub async fn try_lock<N: LockName>(&self, name: N) -> Result<StoreGuard, LockError> {
-        self.acquire(name, LockOptions::new().wait(Duration::ZERO))
-            .await
-    }
-
-    /// Takes the lock, waiting up to the config's wait budget.
-    pub async fn lock<N: LockName>(&self, name: N) -> Result<StoreGuard, LockError> {
-        self.acquire(name, LockOptions::new()).await
-    }
+    super::session::store_conveniences!();
 
     /// Takes the lock with per-call options (wait, scope, delimiter).
     pub async fn acquire<N: LockName>(
@@ -139,27 +129,15 @@ impl ZkLocks {
         name: N,
         options: LockOptions,
     ) -> Result<StoreGuard, LockError> {
-        let how = Resolved::new(&self.inner.config, options)?;
-        let name = key::escaped_name(how.delimiter, &name)?;
-        let dir = lock_path(&self.inner.config.namespace, &name);
-        let wait = how.wait;
         let inner = self.inner.clone();
-        let fresh = {
-            let name = name.clone();
-            async move {
-                let hold = inner.take(name, dir, wait).await?;
-                Ok(Box::new(hold) as Box<dyn Hold>)
-            }
-        };
+        let namespace = &self.inner.config.namespace;
         self.inner
             .stores
-            .acquire(&name, how.scope.id(), fresh)
+            .acquire_named(&self.inner.config, name, options, |name, how| {
+                let (dir, wait) = (lock_path(namespace, &name), how.wait);
+                async move { inner.take(name, dir, wait).await }
+            })
             .await
-    }
-
-    /// Grants held now (one per name and scope).
-    pub fn held_count(&self) -> usize {
-        self.inner.stores.held_count()
     }
 }
 
