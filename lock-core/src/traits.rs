@@ -80,157 +80,74 @@ pub trait HeldLock: Send + Sync + 'static {
     fn hold_until_expiry(self);
 }
 
-impl DistributedLock for crate::LockClient {
-    type Guard = crate::LockGuard;
+/// `DistributedLock` for stores whose inherent `acquire` has the trait's shape.
+macro_rules! distributed_lock {
+    ($($(#[$cfg:meta])* $store:ty => $guard:ty),* $(,)?) => {$(
+        $(#[$cfg])*
+        impl DistributedLock for $store {
+            type Guard = $guard;
 
-    fn acquire<N: LockName + Send + Sync>(
-        &self,
-        name: N,
-        options: LockOptions,
-    ) -> impl Future<Output = Result<Self::Guard, LockError>> + Send {
-        crate::LockClient::acquire(self, name, options)
-    }
+            fn acquire<N: LockName + Send + Sync>(
+                &self,
+                name: N,
+                options: LockOptions,
+            ) -> impl Future<Output = Result<Self::Guard, LockError>> + Send {
+                <$store>::acquire(self, name, options)
+            }
+        }
+    )*};
 }
 
-impl HeldLock for crate::LockGuard {
-    fn name(&self) -> &str {
-        crate::LockGuard::name(self)
-    }
-    async fn fence(&self) -> Result<Option<FencingToken>, LockError> {
-        crate::LockGuard::fence(self).await.map(Some)
-    }
-    fn is_held(&self) -> bool {
-        crate::LockGuard::is_held(self)
-    }
-    fn valid_for(&self) -> Duration {
-        crate::LockGuard::valid_for(self)
-    }
-    fn token(&self) -> Option<FencingToken> {
-        self.fencing_token()
-    }
-    fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        crate::LockGuard::lost(self)
-    }
-    fn release(self) -> impl Future<Output = Result<Released, LockError>> + Send {
-        crate::LockGuard::release(self)
-    }
-    fn hold_until_expiry(self) {
-        crate::LockGuard::hold_until_expiry(self)
-    }
+distributed_lock! {
+    crate::LockClient => crate::LockGuard,
+    crate::Redlock => crate::RedlockGuard,
+    crate::MemoryLocks => crate::StoreGuard,
+    #[cfg(feature = "postgres")]
+    crate::PostgresLocks => crate::StoreGuard,
+    #[cfg(feature = "mysql")]
+    crate::MysqlLocks => crate::StoreGuard,
+    #[cfg(feature = "zookeeper")]
+    crate::ZkLocks => crate::StoreGuard,
 }
 
-impl DistributedLock for crate::Redlock {
-    type Guard = crate::RedlockGuard;
-
-    fn acquire<N: LockName + Send + Sync>(
-        &self,
-        name: N,
-        options: LockOptions,
-    ) -> impl Future<Output = Result<Self::Guard, LockError>> + Send {
-        crate::Redlock::acquire(self, name, options)
-    }
+/// `HeldLock` for guards with the same inherent methods; `fence` says how the guard's
+/// own token fetch maps to the trait's.
+macro_rules! held_lock {
+    ($($guard:ty => fence(|$g:ident| $fence:expr)),* $(,)?) => {$(
+        impl HeldLock for $guard {
+            fn name(&self) -> &str {
+                <$guard>::name(self)
+            }
+            fn is_held(&self) -> bool {
+                <$guard>::is_held(self)
+            }
+            fn valid_for(&self) -> Duration {
+                <$guard>::valid_for(self)
+            }
+            fn token(&self) -> Option<FencingToken> {
+                <$guard>::fencing_token(self)
+            }
+            async fn fence(&self) -> Result<Option<FencingToken>, LockError> {
+                let $g = self;
+                $fence
+            }
+            fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+                <$guard>::lost(self)
+            }
+            fn release(self) -> impl Future<Output = Result<Released, LockError>> + Send {
+                <$guard>::release(self)
+            }
+            fn hold_until_expiry(self) {
+                <$guard>::hold_until_expiry(self)
+            }
+        }
+    )*};
 }
 
-impl HeldLock for crate::RedlockGuard {
-    fn name(&self) -> &str {
-        crate::RedlockGuard::name(self)
-    }
-    async fn fence(&self) -> Result<Option<FencingToken>, LockError> {
-        crate::RedlockGuard::fence(self).await
-    }
-    fn is_held(&self) -> bool {
-        crate::RedlockGuard::is_held(self)
-    }
-    fn valid_for(&self) -> Duration {
-        crate::RedlockGuard::valid_for(self)
-    }
-    fn token(&self) -> Option<FencingToken> {
-        self.fencing_token()
-    }
-    fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        crate::RedlockGuard::lost(self)
-    }
-    fn release(self) -> impl Future<Output = Result<Released, LockError>> + Send {
-        crate::RedlockGuard::release(self)
-    }
-    fn hold_until_expiry(self) {
-        crate::RedlockGuard::hold_until_expiry(self)
-    }
-}
-
-impl DistributedLock for crate::MemoryLocks {
-    type Guard = crate::StoreGuard;
-
-    fn acquire<N: LockName + Send + Sync>(
-        &self,
-        name: N,
-        options: LockOptions,
-    ) -> impl Future<Output = Result<Self::Guard, LockError>> + Send {
-        crate::MemoryLocks::acquire(self, name, options)
-    }
-}
-
-#[cfg(feature = "zookeeper")]
-impl DistributedLock for crate::ZkLocks {
-    type Guard = crate::StoreGuard;
-
-    fn acquire<N: LockName + Send + Sync>(
-        &self,
-        name: N,
-        options: LockOptions,
-    ) -> impl Future<Output = Result<Self::Guard, LockError>> + Send {
-        crate::ZkLocks::acquire(self, name, options)
-    }
-}
-
-#[cfg(feature = "mysql")]
-impl DistributedLock for crate::MysqlLocks {
-    type Guard = crate::StoreGuard;
-
-    fn acquire<N: LockName + Send + Sync>(
-        &self,
-        name: N,
-        options: LockOptions,
-    ) -> impl Future<Output = Result<Self::Guard, LockError>> + Send {
-        crate::MysqlLocks::acquire(self, name, options)
-    }
-}
-
-#[cfg(feature = "postgres")]
-impl DistributedLock for crate::PostgresLocks {
-    type Guard = crate::StoreGuard;
-
-    fn acquire<N: LockName + Send + Sync>(
-        &self,
-        name: N,
-        options: LockOptions,
-    ) -> impl Future<Output = Result<Self::Guard, LockError>> + Send {
-        crate::PostgresLocks::acquire(self, name, options)
-    }
-}
-
-impl HeldLock for crate::StoreGuard {
-    fn name(&self) -> &str {
-        crate::StoreGuard::name(self)
-    }
-    fn is_held(&self) -> bool {
-        crate::StoreGuard::is_held(self)
-    }
-    fn valid_for(&self) -> Duration {
-        crate::StoreGuard::valid_for(self)
-    }
-    fn token(&self) -> Option<FencingToken> {
-        self.fencing_token()
-    }
-    fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        crate::StoreGuard::lost(self)
-    }
-    fn release(self) -> impl Future<Output = Result<Released, LockError>> + Send {
-        crate::StoreGuard::release(self)
-    }
-    fn hold_until_expiry(self) {
-        crate::StoreGuard::hold_until_expiry(self)
-    }
+held_lock! {
+    crate::LockGuard => fence(|g| g.fence().await.map(Some)),
+    crate::RedlockGuard => fence(|g| g.fence().await),
+    crate::StoreGuard => fence(|g| Ok(g.fencing_token())),
 }
 
 impl<T: DistributedLock + ?Sized> DistributedLock for &T {
