@@ -11,16 +11,15 @@ use super::config::{MAX_LEASE, drift};
 use super::core::Core;
 use super::guard::LockGuard;
 use super::registry::{Enter, Grant};
+use crate::LockError;
 use crate::cleanup::{self, OnDrop};
 use crate::store::scripts::{ACQUIRE, AcquireReply};
 use crate::wait::{Turn, wait_for_turn};
-use crate::{FencingToken, LockError};
 
 /// What a granted attempt brings back.
 struct Granted {
     value: String,
     seq: u64,
-    holder: u64,
     /// Taken with the grant (a fenced request, or a grant through the script).
     token: Option<u64>,
     valid_until: Instant,
@@ -75,8 +74,7 @@ impl Core {
                     req.keys.clone(),
                     scope,
                     g.value,
-                    g.token.map(|t| FencingToken::new(t, g.holder)),
-                    g.holder,
+                    g.token.map(|t| self.token(g.seq, t)),
                     g.seq,
                     g.valid_until,
                 ));
@@ -123,7 +121,7 @@ impl Core {
         linger: u64,
         runtime: &Handle,
     ) -> Result<Turn<Granted>, LockError> {
-        let (value, holder, seq) = self.next_grant(&req.scope);
+        let (value, seq) = self.next_grant(&req.scope);
         let keys = &req.keys;
         // Until the reply is in, the grant may exist: a cancelled or failed call is
         // undone in the background (the value is this attempt's own).
@@ -188,7 +186,6 @@ impl Core {
                 Ok(Turn::Done(Granted {
                     value,
                     seq,
-                    holder,
                     token,
                     valid_until,
                 }))

@@ -51,18 +51,23 @@ impl Core {
         })
     }
 
-    /// A value and a holder id for a new grant: unique per grant (this client's random
-    /// id and a counter), so a release or renewal can only touch its own grant.
-    pub(crate) fn next_grant(&self, scope: &LockScope) -> (String, u64, u64) {
+    /// A value and a number for a new grant: unique per grant (this client's random id
+    /// and a counter), so a release or renewal can only touch its own grant.
+    pub(crate) fn next_grant(&self, scope: &LockScope) -> (String, u64) {
         use std::fmt::Write as _;
         let seq = self.grants.fetch_add(1, Ordering::Relaxed);
         // `<owner>:<grant number>`: the owner id is recovered from it (`Grant::owner`).
         let mut value = scope.owner(&self.id_hex);
         let _ = write!(value, ":{seq:x}");
-        // Distinct for every grant of this client (an odd multiplier is a bijection),
-        // unrelated between clients (their ids are random).
+        (value, seq)
+    }
+
+    /// Fencing token `token` of this client's grant number `seq`. Its holder id is
+    /// distinct for every grant of this client (an odd multiplier is a bijection) and
+    /// unrelated between clients (their ids are random).
+    pub(crate) fn token(&self, seq: u64, token: u64) -> FencingToken {
         let holder = self.id.low64() ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        (value, holder, seq)
+        FencingToken::new(token, holder)
     }
 
     /// Deletes the grant with value `value` if the lock still holds it
@@ -152,9 +157,7 @@ impl Core {
             .await?;
         match FenceReply::decode(reply)? {
             // Two holds asking at once may both take one: the first one set stays.
-            FenceReply::Token(t) => Ok(*grant
-                .token
-                .get_or_init(|| FencingToken::new(t, grant.holder))),
+            FenceReply::Token(t) => Ok(*grant.token.get_or_init(|| self.token(grant.seq, t))),
             FenceReply::Lost(GrantReply::NotOwner) => Err(self.lose(grant, Loss::TakenOver)),
             FenceReply::Lost(_) => Err(self.lose(grant, Loss::Expired)),
         }

@@ -46,8 +46,6 @@ pub(crate) struct Grant {
     pub(crate) value: String,
     /// The fencing token, once taken (with the grant, or on demand).
     pub(crate) token: std::sync::OnceLock<FencingToken>,
-    /// The holder id tokens of this grant carry (unique per grant).
-    pub(crate) holder: u64,
     /// Unique per grant in this client (the watchdog's queue key).
     pub(crate) seq: u64,
     pub(crate) lost_tx: watch::Sender<bool>,
@@ -84,7 +82,6 @@ impl Grant {
         scope: u64,
         value: String,
         token: Option<FencingToken>,
-        holder: u64,
         seq: u64,
         valid_until: Instant,
     ) -> Self {
@@ -93,7 +90,6 @@ impl Grant {
             scope,
             value,
             token: token.map(std::sync::OnceLock::from).unwrap_or_default(),
-            holder,
             seq,
             lost_tx: watch::Sender::new(false),
             state: Mutex::new(GrantState {
@@ -369,7 +365,6 @@ mod tests {
             scope,
             format!("c:{scope}:1"),
             Some(FencingToken::new(1, 1)),
-            1,
             1,
             Instant::now() + Duration::from_secs(30),
         ));
