@@ -8,12 +8,12 @@
 //! runs with `--user=root`, which MariaDB accepts when asked explicitly.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::sync::OnceLock;
+use std::time::Duration;
 
-use crate::port::free_port;
-use crate::process::{TempDir, spawn};
+use crate::process::{TempDir, copy_dir, is_root, launch_on_free_port, template_dir};
 
 /// One private MariaDB server.
 #[derive(Debug)]
@@ -33,13 +33,9 @@ fn program(name: &str) -> OsString {
     name.into()
 }
 
-fn user() -> &'static str {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
-        "root"
-    } else {
-        ""
-    }
+/// `--user=root` when the tests run as root: MariaDB runs as root only when told so.
+fn as_root() -> Option<&'static str> {
+    is_root().then_some("--user=root")
 }
 
 impl MariaDbServer {
@@ -49,65 +45,42 @@ impl MariaDbServer {
         let data = dir.path().join("data");
         // One `mariadb-install-db` per test process (several at once fail now and then,
         // and each takes seconds), copied for every server.
-        let template = template();
-        let copied = Command::new("cp")
-            .arg("-a")
-            .arg(template.join("data"))
-            .arg(&data)
-            .status()
-            .expect("run cp");
-        assert!(copied.success(), "cannot copy the MariaDB data template");
-        for _ in 0..5 {
-            let port = free_port();
-            let mut c = Command::new(program("mariadbd"));
-            c.arg("--no-defaults")
-                .arg(format!("--datadir={}", data.display()))
-                .arg(format!("--port={port}"))
-                .arg(format!(
-                    "--socket={}",
-                    dir.path().join("mysqld.sock").display()
-                ))
-                .arg(format!(
-                    "--pid-file={}",
-                    dir.path().join("mysqld.pid").display()
-                ))
-                .arg(format!(
-                    "--log-error={}",
-                    dir.path().join("error.log").display()
-                ))
-                .args([
-                    "--bind-address=127.0.0.1",
-                    "--skip-grant-tables",
-                    "--skip-log-bin",
-                    "--innodb-buffer-pool-size=16M",
-                    "--innodb-log-file-size=16M",
-                    "--innodb-flush-log-at-trx-commit=0",
-                    "--max-connections=300",
-                ])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null());
-            if !user().is_empty() {
-                c.arg(format!("--user={}", user()));
-            }
-            let mut child = spawn(c).expect("start mariadbd");
-            let deadline = Instant::now() + Duration::from_secs(60);
-            loop {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break; // port taken, most likely: try another
-                }
-                if create_database(port) {
-                    return MariaDbServer {
-                        child: Some(child),
-                        port,
-                        dir,
-                    };
-                }
-                assert!(Instant::now() < deadline, "mariadbd did not start in 60 s");
-                std::thread::sleep(Duration::from_millis(50));
-            }
+        copy_dir(&template().join("data"), &data);
+        let path = |file: &str| dir.path().join(file).display().to_string();
+        let (child, port) = launch_on_free_port(
+            "mariadbd",
+            Duration::from_secs(60),
+            |port| {
+                let mut c = Command::new(program("mariadbd"));
+                c.arg("--no-defaults")
+                    .arg(format!("--datadir={}", data.display()))
+                    .arg(format!("--port={port}"))
+                    .arg(format!("--socket={}", path("mysqld.sock")))
+                    .arg(format!("--pid-file={}", path("mysqld.pid")))
+                    .arg(format!("--log-error={}", path("error.log")))
+                    .args([
+                        "--bind-address=127.0.0.1",
+                        "--skip-grant-tables",
+                        "--skip-log-bin",
+                        "--innodb-buffer-pool-size=16M",
+                        "--innodb-log-file-size=16M",
+                        "--innodb-flush-log-at-trx-commit=0",
+                        "--max-connections=300",
+                    ])
+                    .args(as_root())
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null());
+                c
+            },
+            create_database,
+            || Self::read_log(&dir),
+        );
+        MariaDbServer {
+            child: Some(child),
+            port,
+            dir,
         }
-        panic!("mariadbd would not start: {}", Self::read_log(&dir));
     }
 
     fn read_log(dir: &TempDir) -> String {
@@ -132,41 +105,33 @@ impl MariaDbServer {
 
 /// The data dir made once per test process by `mariadb-install-db` (retried: a
 /// bootstrap under load fails now and then).
-fn template() -> &'static std::path::Path {
-    static TEMPLATE: std::sync::OnceLock<TempDir> = std::sync::OnceLock::new();
-    TEMPLATE
-        .get_or_init(|| {
-            let dir = TempDir::new("lock-tests-mariadb-template");
-            let mut last = String::new();
-            for _ in 0..3 {
-                let data = dir.path().join("data");
-                let _ = std::fs::remove_dir_all(&data);
-                let mut install = Command::new(program("mariadb-install-db"));
-                install
-                    .arg("--no-defaults")
-                    .arg(format!("--datadir={}", data.display()))
-                    .args(["--skip-test-db", "--auth-root-authentication-method=normal"])
-                    .args(["--innodb-buffer-pool-size=16M", "--innodb-log-file-size=16M"]);
-                if !user().is_empty() {
-                    install.arg(format!("--user={}", user()));
-                }
-                let out = install.output().unwrap_or_else(|e| {
-                    panic!(
-                        "mariadb-install-db not found ({e}): run scripts/ensure-mariadb or set MARIADB_BIN_DIR"
-                    )
-                });
-                if out.status.success() {
-                    return dir;
-                }
-                last = format!(
-                    "{}{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            panic!("mariadb-install-db failed three times: {last}");
-        })
-        .path()
+fn template() -> &'static Path {
+    static TEMPLATE: OnceLock<TempDir> = OnceLock::new();
+    template_dir(&TEMPLATE, "lock-tests-mariadb-template", 3, |dir| {
+        let data = dir.join("data");
+        let _ = std::fs::remove_dir_all(&data);
+        let out = Command::new(program("mariadb-install-db"))
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", data.display()))
+            .args(["--skip-test-db", "--auth-root-authentication-method=normal"])
+            .args(["--innodb-buffer-pool-size=16M", "--innodb-log-file-size=16M"])
+            .args(as_root())
+            .output()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "mariadb-install-db not found ({e}): run scripts/ensure-mariadb or set MARIADB_BIN_DIR"
+                )
+            });
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    })
 }
 
 /// Creates the database `locks`; false while the server does not answer yet.

@@ -9,12 +9,12 @@
 
 use std::ffi::OsString;
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::sync::OnceLock;
+use std::time::Duration;
 
-use crate::port::free_port;
-use crate::process::{TempDir, spawn};
+use crate::process::{TempDir, copy_dir, is_root, launch_on_free_port, template_dir};
 
 /// One private PostgreSQL server (user `postgres`, trust auth, database `postgres`).
 #[derive(Debug)]
@@ -48,11 +48,6 @@ fn program(name: &str) -> OsString {
     }
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// `program args...`, as the `postgres` user when we are root (`setpriv` execs the
 /// program itself, so signals reach it, and `--pdeathsig` ties it to the test process
 /// as the harness does for every server).
@@ -80,47 +75,33 @@ impl PostgresServer {
         let data = dir.path().join("data");
         hand_to_postgres(dir.path());
         // One initdb per test process, copied (with its owner) for every server.
-        let copied = Command::new("cp")
-            .arg("-a")
-            .arg(template().join("data"))
-            .arg(&data)
-            .status()
-            .expect("run cp");
-        assert!(copied.success(), "cannot copy the PostgreSQL data template");
-        for _ in 0..5 {
-            let port = free_port();
-            let log = std::fs::File::create(dir.path().join("postgres.log")).expect("log file");
-            let mut c = command(program("postgres"));
-            c.arg("-D")
-                .arg(&data)
-                .args(["-p", &port.to_string(), "-k"])
-                .arg(dir.path())
-                .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
-                .args(["-c", "max_connections=200"])
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().expect("log file"))
-                .stderr(log);
-            let mut child = spawn(c).expect("start postgres");
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break; // port taken, most likely: try another
-                }
-                if TcpStream::connect(("127.0.0.1", port)).is_ok() && ready(port) {
-                    return PostgresServer {
-                        child: Some(child),
-                        port,
-                        dir,
-                    };
-                }
-                assert!(Instant::now() < deadline, "postgres did not start in 30 s");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        panic!(
-            "postgres would not start: {}",
-            std::fs::read_to_string(dir.path().join("postgres.log")).unwrap_or_default()
+        copy_dir(&template().join("data"), &data);
+        let log_path = dir.path().join("postgres.log");
+        let (child, port) = launch_on_free_port(
+            "postgres",
+            Duration::from_secs(30),
+            |port| {
+                let log = std::fs::File::create(&log_path).expect("log file");
+                let mut c = command(program("postgres"));
+                c.arg("-D")
+                    .arg(&data)
+                    .args(["-p", &port.to_string(), "-k"])
+                    .arg(dir.path())
+                    .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
+                    .args(["-c", "max_connections=200"])
+                    .stdin(Stdio::null())
+                    .stdout(log.try_clone().expect("log file"))
+                    .stderr(log);
+                c
+            },
+            |port| TcpStream::connect(("127.0.0.1", port)).is_ok() && ready(port),
+            || std::fs::read_to_string(&log_path).unwrap_or_default(),
         );
+        PostgresServer {
+            child: Some(child),
+            port,
+            dir,
+        }
     }
 
     /// The server's port on 127.0.0.1.
@@ -140,7 +121,7 @@ impl PostgresServer {
 }
 
 /// Gives `dir` to the `postgres` user when we are root (PostgreSQL refuses root).
-fn hand_to_postgres(dir: &std::path::Path) {
+fn hand_to_postgres(dir: &Path) {
     if !is_root() {
         return;
     }
@@ -158,42 +139,34 @@ fn hand_to_postgres(dir: &std::path::Path) {
 }
 
 /// The data dir made once per test process by initdb (retried once under load).
-fn template() -> &'static std::path::Path {
-    static TEMPLATE: std::sync::OnceLock<TempDir> = std::sync::OnceLock::new();
-    TEMPLATE
-        .get_or_init(|| {
-            let dir = TempDir::new("lock-tests-postgres-template");
-            hand_to_postgres(dir.path());
-            let mut last = String::new();
-            for _ in 0..2 {
-                let data = dir.path().join("data");
-                let _ = std::fs::remove_dir_all(&data);
-                let out = command(program("initdb"))
-                    .args([
-                        "-A",
-                        "trust",
-                        "-U",
-                        "postgres",
-                        "--no-sync",
-                        "-E",
-                        "UTF8",
-                        "-D",
-                    ])
-                    .arg(&data)
-                    .output()
-                    .unwrap_or_else(|e| {
-                        panic!(
-                            "initdb not found ({e}): run scripts/ensure-postgres or set PG_BIN_DIR"
-                        )
-                    });
-                if out.status.success() {
-                    return dir;
-                }
-                last = String::from_utf8_lossy(&out.stderr).into_owned();
-            }
-            panic!("initdb failed twice: {last}");
-        })
-        .path()
+fn template() -> &'static Path {
+    static TEMPLATE: OnceLock<TempDir> = OnceLock::new();
+    template_dir(&TEMPLATE, "lock-tests-postgres-template", 2, |dir| {
+        hand_to_postgres(dir);
+        let data = dir.join("data");
+        let _ = std::fs::remove_dir_all(&data);
+        let out = command(program("initdb"))
+            .args([
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+                "-E",
+                "UTF8",
+                "-D",
+            ])
+            .arg(&data)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("initdb not found ({e}): run scripts/ensure-postgres or set PG_BIN_DIR")
+            });
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    })
 }
 
 /// Whether the server accepts sessions yet (`pg_isready`'s question, asked by

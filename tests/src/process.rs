@@ -156,3 +156,79 @@ pub(crate) fn await_stopped(pid: u32, want_stopped: bool, timeout: Duration) {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+/// Whether the test process runs as root.
+pub(crate) fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Starts a server on a free port: spawns `command(port)` and polls `ready(port)` for up
+/// to `within`. A child that exits first (its port was taken, most likely) is started
+/// again on another port, five times at most; then this panics with `what` and `log()`.
+pub(crate) fn launch_on_free_port(
+    what: &str,
+    within: Duration,
+    mut command: impl FnMut(u16) -> Command,
+    ready: impl Fn(u16) -> bool,
+    log: impl Fn() -> String,
+) -> (Child, u16) {
+    for _ in 0..5 {
+        let port = crate::port::free_port();
+        let mut child = spawn(command(port)).unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(_)) = child.try_wait() {
+                break; // port taken, most likely: try another
+            }
+            if ready(port) {
+                return (child, port);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what} did not start in {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    panic!("{what} would not start: {}", log());
+}
+
+/// The directory `make` fills once per test process (a database's initialized data
+/// dir), kept in `cell`; `make` is tried `tries` times (a bootstrap under load fails now
+/// and then) and panics with its last error.
+pub(crate) fn template_dir(
+    cell: &'static OnceLock<TempDir>,
+    prefix: &str,
+    tries: u32,
+    make: impl Fn(&Path) -> Result<(), String>,
+) -> &'static Path {
+    cell.get_or_init(|| {
+        let dir = TempDir::new(prefix);
+        let mut last = String::new();
+        for _ in 0..tries {
+            match make(dir.path()) {
+                Ok(()) => return dir,
+                Err(e) => last = e,
+            }
+        }
+        panic!("{prefix}: failed {tries} times: {last}");
+    })
+    .path()
+}
+
+/// `cp -a from to`: a copy of a template, owners kept.
+pub(crate) fn copy_dir(from: &Path, to: &Path) {
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .expect("run cp");
+    assert!(
+        copied.success(),
+        "cannot copy {} to {}",
+        from.display(),
+        to.display()
+    );
+}

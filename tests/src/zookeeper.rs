@@ -10,10 +10,9 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::port::free_port;
-use crate::process::{TempDir, signal, spawn};
+use crate::process::{TempDir, launch_on_free_port, signal};
 
 /// One private ZooKeeper server.
 #[derive(Debug)]
@@ -34,61 +33,47 @@ impl ZooKeeperServer {
     /// Starts a fresh server; panics with instructions if ZooKeeper is missing.
     pub fn start() -> ZooKeeperServer {
         let dir = TempDir::new("lock-tests-zookeeper");
-        for _ in 0..5 {
-            let port = free_port();
-            let cfg = dir.path().join("zoo.cfg");
-            let data = dir.path().join("data");
-            std::fs::create_dir_all(&data).expect("zookeeper data dir");
-            std::fs::write(
-                &cfg,
-                format!(
-                    "tickTime=200\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n\
-                     maxClientCnxns=0\nadmin.enableServer=false\n\
-                     4lw.commands.whitelist=ruok,stat\n",
-                    data.display()
-                ),
-            )
-            .expect("write zoo.cfg");
-            let log = std::fs::File::create(dir.path().join("zookeeper.log")).expect("log file");
-            let mut c = Command::new("bash");
-            c.arg(script())
-                .arg("start-foreground")
-                .arg(&cfg)
-                .env("ZOO_LOG_DIR", dir.path())
-                .env("ZOO_LOG4J_PROP", "INFO,CONSOLE")
-                .env(
-                    "JVMFLAGS",
-                    "-Xmx128m -XX:+UseSerialGC -XX:TieredStopAtLevel=1",
+        let (cfg, data) = (dir.path().join("zoo.cfg"), dir.path().join("data"));
+        std::fs::create_dir_all(&data).expect("zookeeper data dir");
+        let log_path = dir.path().join("zookeeper.log");
+        let (child, port) = launch_on_free_port(
+            "zookeeper (run scripts/ensure-zookeeper if it is missing)",
+            Duration::from_secs(60),
+            |port| {
+                std::fs::write(
+                    &cfg,
+                    format!(
+                        "tickTime=200\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n\
+                         maxClientCnxns=0\nadmin.enableServer=false\n\
+                         4lw.commands.whitelist=ruok,stat\n",
+                        data.display()
+                    ),
                 )
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().expect("log file"))
-                .stderr(log);
-            let mut child = spawn(c).unwrap_or_else(|e| {
-                panic!(
-                    "cannot run {}: {e}; run scripts/ensure-zookeeper",
-                    script().display()
-                )
-            });
-            let deadline = Instant::now() + Duration::from_secs(60);
-            loop {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break; // port taken, most likely: try another
-                }
-                if ruok(port) {
-                    return ZooKeeperServer {
-                        child: Some(child),
-                        port,
-                        dir,
-                    };
-                }
-                assert!(Instant::now() < deadline, "zookeeper did not start in 60 s");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-        panic!(
-            "zookeeper would not start: {}",
-            std::fs::read_to_string(dir.path().join("zookeeper.log")).unwrap_or_default()
+                .expect("write zoo.cfg");
+                let log = std::fs::File::create(&log_path).expect("log file");
+                let mut c = Command::new("bash");
+                c.arg(script())
+                    .arg("start-foreground")
+                    .arg(&cfg)
+                    .env("ZOO_LOG_DIR", dir.path())
+                    .env("ZOO_LOG4J_PROP", "INFO,CONSOLE")
+                    .env(
+                        "JVMFLAGS",
+                        "-Xmx128m -XX:+UseSerialGC -XX:TieredStopAtLevel=1",
+                    )
+                    .stdin(Stdio::null())
+                    .stdout(log.try_clone().expect("log file"))
+                    .stderr(log);
+                c
+            },
+            ruok,
+            || std::fs::read_to_string(&log_path).unwrap_or_default(),
         );
+        ZooKeeperServer {
+            child: Some(child),
+            port,
+            dir,
+        }
     }
 
     /// The server's port on 127.0.0.1.
