@@ -2,8 +2,9 @@
 //! across pools, waiting in the server, reentrancy, a killed session firing `lost()`,
 //! cancellation.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+#[path = "common/stores.rs"]
+mod store_checks;
+
 use std::time::{Duration, Instant};
 
 use lock_core::{LockConfig, LockOptions, LockScope, PostgresLocks, Released};
@@ -30,28 +31,7 @@ async fn locks(server: &PostgresServer) -> PostgresLocks {
 async fn two_pools_never_hold_one_name_at_once_and_tokens_grow() {
     let server = PostgresServer::start();
     let stores = [locks(&server).await, locks(&server).await];
-    let inside = Arc::new(AtomicU64::new(0));
-    let last_token = Arc::new(AtomicU64::new(0));
-    let tasks: Vec<_> = (0..16)
-        .map(|i| {
-            let locks = stores[i % 2].clone();
-            let (inside, last_token) = (inside.clone(), last_token.clone());
-            tokio::spawn(async move {
-                for _ in 0..10 {
-                    let g = locks.lock("counter").await.unwrap();
-                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
-                    let t = g.fencing_token().unwrap().get();
-                    assert!(t > last_token.swap(t, Ordering::SeqCst), "token went back");
-                    tokio::task::yield_now().await;
-                    inside.fetch_sub(1, Ordering::SeqCst);
-                    assert_eq!(g.release().await.unwrap(), Released::Unlocked);
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
-    }
+    store_checks::never_two_holders_and_tokens_grow(&stores, 16).await;
     assert_eq!(stores[0].held_count() + stores[1].held_count(), 0);
 }
 
@@ -59,30 +39,7 @@ async fn two_pools_never_hold_one_name_at_once_and_tokens_grow() {
 async fn busy_wait_in_the_server_and_timeout() {
     let server = PostgresServer::start();
     let (a, b) = (locks(&server).await, locks(&server).await);
-    let held = a.lock(("order", 7_u64)).await.unwrap();
-    let err = b.try_lock(("order", 7_u64)).await.unwrap_err();
-    assert!(err.is_busy(), "{err}");
-    let started = Instant::now();
-    let err = b
-        .acquire(
-            ("order", 7_u64),
-            LockOptions::new().wait(Duration::from_millis(300)),
-        )
-        .await
-        .unwrap_err();
-    assert!(err.is_timeout(), "{err}");
-    assert!(started.elapsed() >= Duration::from_millis(300));
-    // A waiter gets it as soon as the holder releases.
-    let waiter = tokio::spawn(async move { b.lock(("order", 7_u64)).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!waiter.is_finished());
-    held.release().await.unwrap();
-    let got = tokio::time::timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("the waiter was woken")
-        .unwrap()
-        .unwrap();
-    assert!(got.is_held());
+    store_checks::busy_then_timeout_then_woken(&a, b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,8 +3,9 @@
 //! and is waited for), predecessor watching, a deleted node and a lost connection
 //! firing `lost()`, cancellation.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+#[path = "common/stores.rs"]
+mod store_checks;
+
 use std::time::{Duration, Instant};
 
 use lock_core::zookeeper_client as zk;
@@ -33,28 +34,7 @@ async fn raw(server: &ZooKeeperServer) -> zk::Client {
 async fn two_sessions_never_hold_one_name_at_once_and_tokens_grow() {
     let server = ZooKeeperServer::start();
     let stores = [locks(&server).await, locks(&server).await];
-    let inside = Arc::new(AtomicU64::new(0));
-    let last_token = Arc::new(AtomicU64::new(0));
-    let tasks: Vec<_> = (0..8)
-        .map(|i| {
-            let locks = stores[i % 2].clone();
-            let (inside, last_token) = (inside.clone(), last_token.clone());
-            tokio::spawn(async move {
-                for _ in 0..10 {
-                    let g = locks.lock("counter").await.unwrap();
-                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
-                    let t = g.fencing_token().unwrap().get();
-                    assert!(t > last_token.swap(t, Ordering::SeqCst), "token went back");
-                    tokio::task::yield_now().await;
-                    inside.fetch_sub(1, Ordering::SeqCst);
-                    assert_eq!(g.release().await.unwrap(), Released::Unlocked);
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
-    }
+    store_checks::never_two_holders_and_tokens_grow(&stores, 8).await;
     let dir = stores[0].lock_path("counter").unwrap();
     let left = raw(&server).await.list_children(&dir).await.unwrap();
     assert!(left.is_empty(), "contender nodes left behind: {left:?}");

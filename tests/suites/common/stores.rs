@@ -1,0 +1,77 @@
+//! The checks every lock store passes the same way, written once against the lock
+//! trait: each store's suite calls them with two clients of its own server.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use lock_core::{DistributedLock, HeldLock, LockOptions, Released};
+
+/// `tasks` tasks, on the two clients in turn, each taking the lock `counter` 10 times:
+/// never two holders at once, every token larger than the one before, every release
+/// `Unlocked`.
+pub async fn never_two_holders_and_tokens_grow<L>(stores: &[L; 2], tasks: usize)
+where
+    L: DistributedLock + Clone + 'static,
+{
+    let inside = Arc::new(AtomicU64::new(0));
+    let last_token = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..tasks)
+        .map(|i| {
+            let locks = stores[i % 2].clone();
+            let (inside, last_token) = (inside.clone(), last_token.clone());
+            tokio::spawn(async move {
+                for _ in 0..10 {
+                    let g = locks.lock_named("counter").await.unwrap();
+                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                    let t = g.token().unwrap().get();
+                    assert!(t > last_token.swap(t, Ordering::SeqCst), "token went back");
+                    tokio::task::yield_now().await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    assert_eq!(g.release().await.unwrap(), Released::Unlocked);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+/// `a` holds `("order", 7)`: `b` is refused at once, times out after its 300 ms budget,
+/// and a waiting `b` gets the lock as soon as `a` releases.
+pub async fn busy_then_timeout_then_woken<L>(a: &L, b: L)
+where
+    L: DistributedLock + 'static,
+{
+    let held = a.lock_named(("order", 7_u64)).await.unwrap();
+    let err = b
+        .try_lock_named(("order", 7_u64))
+        .await
+        .map(drop)
+        .unwrap_err();
+    assert!(err.is_busy(), "{err}");
+    let started = Instant::now();
+    let err = b
+        .acquire(
+            ("order", 7_u64),
+            LockOptions::new().wait(Duration::from_millis(300)),
+        )
+        .await
+        .map(drop)
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    // A waiter gets it as soon as the holder releases.
+    let waiter = tokio::spawn(async move { b.lock_named(("order", 7_u64)).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiter.is_finished());
+    held.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter was woken")
+        .unwrap()
+        .unwrap();
+    assert!(got.is_held());
+}
