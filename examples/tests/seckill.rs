@@ -115,11 +115,10 @@ async fn a_worker_killed_mid_stream_loses_nothing() {
     )
     .await
     .unwrap();
-    let created = http
-        .post_json(&format!("{}/vouchers", a.url), r#"{"stock": 20}"#.into())
+    let voucher = http
+        .create_voucher(&a.url, r#"{"stock": 20}"#.into())
         .await
         .unwrap();
-    let voucher = created.json()["id"].as_i64().unwrap();
     let mut accepted = Vec::new();
     for user in 1..=10 {
         match http.order(&a.url, voucher, user, "k").await {
@@ -242,15 +241,13 @@ async fn a_refusal_before_the_sale_is_not_replayed_after_it_begins() {
     let begins = begins
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap();
-    let created = http
-        .post_json(
-            &format!("{}/vouchers", a.url),
+    let voucher = http
+        .create_voucher(
+            &a.url,
             format!(r#"{{"stock": 5, "begins_at": "{begins}"}}"#),
         )
         .await
         .unwrap();
-    assert_eq!(created.status, 201, "{:?}", created.body);
-    let voucher = created.json()["id"].as_i64().unwrap();
     let early = http.order(&a.url, voucher, 1, "same-key").await.unwrap();
     assert_eq!(early.status, 403, "{:?}", early.body);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -326,11 +323,10 @@ async fn the_floor_serves_orders_without_their_protections() {
         .await
         .unwrap();
     let http = Http::new();
-    let created = http
-        .post_json(&format!("{}/vouchers", floor.url), r#"{"stock": 1}"#.into())
+    let voucher = http
+        .create_voucher(&floor.url, r#"{"stock": 1}"#.into())
         .await
         .unwrap();
-    let voucher = created.json()["id"].as_i64().unwrap();
     let order = |user: i64| {
         let url = format!("{}/vouchers/{voucher}/orders", floor.url);
         let http = &http;

@@ -159,10 +159,10 @@ async fn create_order(
     path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
 ) -> Result<Response, AppError> {
-    let voucher_id = path_id(path, "voucher")?;
-    let user_id = user_id(&headers)?;
-    let placed = order::place_order(&app, voucher_id, user_id).await?;
-    Ok(created(placed))
+    let (voucher_id, user_id) = order_of(path, &headers)?;
+    Ok(created(
+        order::place_order(&app, voucher_id, user_id).await?,
+    ))
 }
 
 /// `--floor`'s order: the stock script alone.
@@ -171,9 +171,16 @@ async fn create_order_unprotected(
     path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
 ) -> Result<Response, AppError> {
-    let voucher_id = path_id(path, "voucher")?;
-    let user_id = user_id(&headers)?;
+    let (voucher_id, user_id) = order_of(path, &headers)?;
     Ok(created(order::take_order(&app, voucher_id, user_id).await?))
+}
+
+/// The voucher and the buyer of an order request.
+fn order_of(
+    path: Result<Path<String>, PathRejection>,
+    headers: &HeaderMap,
+) -> Result<(i64, i64), Problem> {
+    Ok((path_id(path, "voucher")?, user_id(headers)?))
 }
 
 /// 201 with the order's id and `Location`.

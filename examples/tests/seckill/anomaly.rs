@@ -18,11 +18,10 @@ async fn a_conflicting_order_is_counted_as_an_anomaly() {
     let a = Instance::spawn(server_bin(), &redis.url(), &dir.db(), &[])
         .await
         .unwrap();
-    let created = http
-        .post_json(&format!("{}/vouchers", a.url), r#"{"stock": 5}"#.into())
+    let voucher = http
+        .create_voucher(&a.url, r#"{"stock": 5}"#.into())
         .await
         .unwrap();
-    let voucher = created.json()["id"].as_i64().unwrap();
     let r = http.order(&a.url, voucher, 1, "k").await.unwrap();
     assert_eq!(r.status, 201, "{:?}", r.body);
     let order_id: i64 = r.json()["order_id"].as_str().unwrap().parse().unwrap();

@@ -86,11 +86,10 @@ async fn a_buyer_whose_201_was_lost_learns_the_order_by_ordering_again() {
     let b = Instance::spawn(server_bin(), &redis.url(), &dir.db(), &flags)
         .await
         .unwrap();
-    let created = http
-        .post_json(&format!("{}/vouchers", b.url), r#"{"stock": 5}"#.into())
+    let voucher = http
+        .create_voucher(&b.url, r#"{"stock": 5}"#.into())
         .await
         .unwrap();
-    let voucher = created.json()["id"].as_i64().unwrap();
 
     let lost = http.order(&a.url, voucher, 1, "key-1").await;
     assert!(lost.is_err(), "A answered after all: {lost:?}");

@@ -50,11 +50,10 @@ async fn a_redis_that_lost_its_data_reuses_no_voucher_id_and_resells_nothing() {
         .await
         .unwrap();
     let vouchers = format!("{}/vouchers", a.url);
-    let created = http
-        .post_json(&vouchers, r#"{"stock": 5}"#.into())
+    let first = http
+        .create_voucher(&a.url, r#"{"stock": 5}"#.into())
         .await
         .unwrap();
-    let first = created.json()["id"].as_i64().unwrap();
     let r = http.order(&a.url, first, 1, "k1").await.unwrap();
     assert_eq!(r.status, 201, "{:?}", r.body);
     wait_health(&http, &[&a.url], "the order to be persisted", |hs| {

@@ -55,11 +55,10 @@ async fn acknowledged_entries_are_trimmed_and_pending_ones_kept() {
     )
     .await
     .unwrap();
-    let created = http
-        .post_json(&format!("{}/vouchers", a.url), r#"{"stock": 10}"#.into())
+    let voucher = http
+        .create_voucher(&a.url, r#"{"stock": 10}"#.into())
         .await
         .unwrap();
-    let voucher = created.json()["id"].as_i64().unwrap();
     for user in 1..=2u64 {
         let r = http.order(&a.url, voucher, user as i64, "k").await.unwrap();
         assert_eq!(r.status, 201, "{:?}", r.body);

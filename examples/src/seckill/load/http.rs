@@ -125,6 +125,21 @@ impl Http {
         self.send(http::Method::POST, url, &[], Some(body)).await
     }
 
+    /// `POST {base}/vouchers` with `spec` (`{"stock": N, ...}`): the new voucher's id,
+    /// or an error with the status and body of any other answer.
+    pub async fn create_voucher(&self, base: &str, spec: String) -> Result<i64, BoxError> {
+        let created = self.post_json(&format!("{base}/vouchers"), spec).await?;
+        let id = created.json().get("id").and_then(serde_json::Value::as_i64);
+        id.filter(|_| created.status == 201).ok_or_else(|| {
+            format!(
+                "creating the voucher failed: {} {}",
+                created.status,
+                String::from_utf8_lossy(&created.body)
+            )
+            .into()
+        })
+    }
+
     /// `POST {base}/vouchers/{voucher}/orders` as `user` with `key`.
     pub async fn order(
         &self,

@@ -72,23 +72,9 @@ pub async fn run(config: LoadConfig, targets: &[String]) -> Result<Verdict, BoxE
         return Err("no target instance".into());
     }
     let http = Http::new();
-    let created = http
-        .post_json(
-            &format!("{}/vouchers", targets[0]),
-            format!("{{\"stock\": {}}}", config.stock),
-        )
+    let voucher = http
+        .create_voucher(&targets[0], format!("{{\"stock\": {}}}", config.stock))
         .await?;
-    let voucher = created
-        .json()
-        .get("id")
-        .and_then(serde_json::Value::as_i64)
-        .ok_or_else(|| {
-            format!(
-                "creating the voucher failed: {} {}",
-                created.status,
-                String::from_utf8_lossy(&created.body)
-            )
-        })?;
     // Distinct users per voucher, so runs against one Redis do not share rate limits.
     let first_user = voucher * 10_000_000;
     let start = Arc::new(Barrier::new(config.buyers + 1));
