@@ -193,15 +193,21 @@ impl Inner {
     ) -> Result<ZkHold, LockError> {
         let started = Instant::now();
         let client = self.client().await?;
-        let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-        client.mkdir(&dir, &persistent).await.map_err(zk_error)?;
         let uuid = uuid();
         let prefix = format!("{dir}/_c_{uuid}{LOCK_NAME}");
         let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
-        let (stat, seq) = client
-            .create(&prefix, name.as_bytes(), &ephemeral)
-            .await
-            .map_err(zk_error)?;
+        let contend = || client.create(&prefix, name.as_bytes(), &ephemeral);
+        // The lock's node is made only when missing (the first use of a name), not
+        // with a round trip on every acquisition.
+        let (stat, seq) = match contend().await {
+            Err(zk::Error::NoNode) => {
+                let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                client.mkdir(&dir, &persistent).await.map_err(zk_error)?;
+                contend().await
+            }
+            created => created,
+        }
+        .map_err(zk_error)?;
         let ours = format!("{prefix}{seq}");
         // Until granted, leaving (cancelled, busy, timed out, failed) deletes our node.
         let leave = crate::cleanup::OnDrop::new({
