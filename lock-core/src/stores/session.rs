@@ -123,7 +123,6 @@ impl Stores {
         }
         let hold = fresh.await?;
         let shared = Arc::new(Shared {
-            name: name.to_owned(),
             hold: Mutex::new(Some(hold)),
             home: Arc::downgrade(self),
             id: id.clone(),
@@ -189,13 +188,17 @@ pub(crate) use store_conveniences;
 
 /// One grant and its holds (one `Arc` per guard).
 struct Shared {
-    name: String,
     hold: Mutex<Option<Box<dyn Hold>>>,
     home: Weak<Stores>,
+    /// The lock's name and the scope: its slot in `home`.
     id: (String, u64),
 }
 
 impl Shared {
+    fn name(&self) -> &str {
+        &self.id.0
+    }
+
     fn hold(&self) -> MutexGuard<'_, Option<Box<dyn Hold>>> {
         self.hold.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -218,9 +221,7 @@ impl Drop for Shared {
         }
         if let Some(home) = self.home.upgrade() {
             // Our Weak in the slot is dead now, so the slot can go unless in use.
-            let stores = home;
-            let id = std::mem::take(&mut self.id);
-            stores.tidy(&id);
+            home.tidy(&self.id);
         }
     }
 }
@@ -243,7 +244,7 @@ pub struct StoreGuard {
 impl fmt::Debug for StoreGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StoreGuard")
-            .field("lock", &self.shared.name)
+            .field("lock", &self.shared.name())
             .field("token", &self.fencing_token())
             .field("held", &self.is_held())
             .finish_non_exhaustive()
@@ -253,7 +254,7 @@ impl fmt::Debug for StoreGuard {
 impl StoreGuard {
     /// The lock's name as the store sees it (parts escaped and joined).
     pub fn name(&self) -> &str {
-        &self.shared.name
+        self.shared.name()
     }
 
     /// True while the grant is known to be held.
@@ -292,7 +293,7 @@ impl StoreGuard {
             })
         } else {
             Err(LockError::Expired {
-                key: self.shared.name.clone(),
+                key: self.shared.name().to_owned(),
             })
         }
     }
@@ -300,7 +301,7 @@ impl StoreGuard {
     /// Gives back this hold; the grant goes back to the store with the last one.
     pub async fn release(self) -> Result<Released, LockError> {
         let others = Arc::strong_count(&self.shared) - 1;
-        let name = self.shared.name.clone();
+        let name = self.shared.name().to_owned();
         match Arc::into_inner(self.shared) {
             Some(shared) => match shared.take() {
                 Some(hold) => hold.release().await.map(|()| Released::Unlocked),
