@@ -1,26 +1,37 @@
 #!lua
--- idempotency_complete.lua: store the response of a claimed key and keep it for retention.
+-- idempotency_complete.lua: store the responses of claimed keys and keep them for
+-- retention, one entry per key, in one call: a batch of one is the plain call. Entries
+-- are independent: each gets its own reply, in order, as if called alone.
 --
--- KEYS[1]   the record: a string "F<fingerprint> <owner>" while in flight (set by
---           `SET NX PX GET` in lock-core's IdempotencyStore::begin), or
---           "D<fingerprint> <response>" once completed
--- KEYS[2]   channel announcing that the key is no longer in flight (waiters subscribe)
--- ARGV[1]   the claim's in-flight value, "F<fingerprint> <owner>"
--- ARGV[2]   the completed value, "D<fingerprint> <response>"
--- ARGV[3]   retention in milliseconds
--- ARGV[4]   payload published on KEYS[2] (the completing client's id)
+-- Entry i (i = 1 .. #KEYS / 2) uses KEYS[2i-1 .. 2i] and ARGV[4i-3 .. 4i]:
+-- KEYS[2i-1]  the record: a string "F<fingerprint> <owner>" while in flight (set by
+--             `SET NX PX GET` in lock-core's IdempotencyStore::begin, or by
+--             idempotency_begin.lua), or "D<fingerprint> <response>" once completed
+-- KEYS[2i]    channel announcing that the key is no longer in flight (waiters subscribe)
+-- ARGV[4i-3]  the claim's in-flight value, "F<fingerprint> <owner>"
+-- ARGV[4i-2]  the completed value, "D<fingerprint> <response>"
+-- ARGV[4i-1]  retention in milliseconds
+-- ARGV[4i]    payload published on KEYS[2i] (the completing client's id)
 --
--- Returns
+-- Returns an array with one reply per entry:
 --   1    stored, and waiters were told
 --   0    expired: the record no longer exists (the in-flight lease ran out)
 --   -1   not owner: the key was claimed again by someone else, or already completed
-local v = redis.call('GET', KEYS[1])
-if not v then
-  return 0
+--   {'error', message}  this entry failed (its key holds another type); the others stand
+local out = {}
+for i = 1, #KEYS / 2 do
+  local record, channel = KEYS[2 * i - 1], KEYS[2 * i]
+  local v = redis.pcall('GET', record)
+  if type(v) == 'table' then
+    out[i] = {'error', v.err}
+  elseif not v then
+    out[i] = 0
+  elseif v ~= ARGV[4 * i - 3] then
+    out[i] = -1
+  else
+    redis.call('SET', record, ARGV[4 * i - 2], 'PX', ARGV[4 * i - 1])
+    redis.call('PUBLISH', channel, ARGV[4 * i])
+    out[i] = 1
+  end
 end
-if v ~= ARGV[1] then
-  return -1
-end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-redis.call('PUBLISH', KEYS[2], ARGV[4])
-return 1
+return out

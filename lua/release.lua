@@ -1,25 +1,36 @@
 #!lua
--- release.lua: give back one grant (compare-and-delete) and wake waiters if any.
+-- release.lua: give back grants (compare-and-delete) and wake waiters if any, one entry
+-- per grant, in one call: a batch of one is the plain call. Entries are independent:
+-- each gets its own reply, in order, as if called alone.
 --
--- KEYS[1]  the lock
--- KEYS[2]  the waiter marker of the lock
--- KEYS[3]  the release channel of the lock (waiters subscribe to it)
--- ARGV[1]  the grant's value
--- ARGV[2]  payload published on KEYS[3] (the releasing client's id)
+-- Entry i (i = 1 .. #KEYS / 3) uses KEYS[3i-2 .. 3i] and ARGV[2i-1 .. 2i]:
+-- KEYS[3i-2]  the lock
+-- KEYS[3i-1]  the waiter marker of the lock
+-- KEYS[3i]    the release channel of the lock (waiters subscribe to it)
+-- ARGV[2i-1]  the grant's value
+-- ARGV[2i]    payload published on KEYS[3i] (the releasing client's id)
 --
--- Returns {code} (the reply convention of every lock script):
+-- Returns an array with one reply per entry (the reply convention of every lock script):
 --   {1}    released: the lock was deleted; if someone waited, a message was published
 --   {-1}   expired: the lock no longer exists
 --   {-2}   not owner: another grant holds the lock now
-local value = redis.call('GET', KEYS[1])
-if value == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  if redis.call('DEL', KEYS[2]) == 1 then
-    redis.call('PUBLISH', KEYS[3], ARGV[2])
+--   {'error', message}  this entry failed (the lock's key holds another type); the others stand
+local out = {}
+for i = 1, #KEYS / 3 do
+  local lock, waiters, channel = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local value = redis.pcall('GET', lock)
+  if type(value) == 'table' then
+    out[i] = {'error', value.err}
+  elseif value == ARGV[2 * i - 1] then
+    redis.call('DEL', lock)
+    if redis.call('DEL', waiters) == 1 then
+      redis.call('PUBLISH', channel, ARGV[2 * i])
+    end
+    out[i] = {1}
+  elseif value then
+    out[i] = {-2}
+  else
+    out[i] = {-1}
   end
-  return {1}
 end
-if value then
-  return {-2}
-end
-return {-1}
+return out

@@ -10,12 +10,15 @@
 -- Returns an array of n codes, one per key (the reply convention of every lock script):
 --   1    renewed (or already longer)
 --   -1   expired: the lock no longer exists
---   -2   not owner: another grant holds the lock now
+--   -2   not owner: another grant holds the lock now (or the key holds another type:
+--        one such key must not fail the renewal of every other lock in the batch)
 local n = #KEYS
 local out = {}
 for i = 1, n do
-  local value = redis.call('GET', KEYS[i])
-  if value == ARGV[i] then
+  local value = redis.pcall('GET', KEYS[i])
+  if type(value) == 'table' then
+    out[i] = -2
+  elseif value == ARGV[i] then
     redis.call('PEXPIRE', KEYS[i], ARGV[n + i], 'GT')
     out[i] = 1
   elseif value then

@@ -11,6 +11,32 @@ use crate::report::Figure;
 
 const TRIVIAL: &str = "#!lua\nreturn redis.call('EXISTS', KEYS[1])";
 
+/// The peer: GCRA the way go-redis `redis_rate` (v10, `allowN`) computes it, written
+/// here from its description: the same commands (TIME, GET, SET EX), seconds as a
+/// float since 2017-01-01, burst/rate/period/cost arguments and a 4-value reply with
+/// two values as strings. Issued raw with EVALSHA on the same kind of connection.
+const REDIS_RATE_STYLE: &str = r#"
+redis.replicate_commands()
+local key = KEYS[1]
+local burst, rate, period = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local cost = tonumber(ARGV[4])
+local interval = period / rate
+local t = redis.call("TIME")
+local now = (t[1] - 1483228800) + (t[2] / 1000000)
+local tat = tonumber(redis.call("GET", key)) or now
+if tat < now then tat = now end
+local new_tat = tat + interval * cost
+local diff = now - (new_tat - interval * burst)
+if diff < 0 then
+  return {0, 0, tostring(-diff), tostring(tat - now)}
+end
+local reset_after = new_tat - now
+if reset_after > 0 then
+  redis.call("SET", key, new_tat, "EX", math.ceil(reset_after))
+end
+return {cost, diff / interval, tostring(-1), tostring(reset_after)}
+"#;
+
 pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>, BoxError> {
     let client = LockClient::open(url).await?;
     let conn = ConnectionManager::new(redis::Client::open(url)?).await?;
@@ -18,7 +44,14 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
     let script = std::sync::Arc::new(redis::Script::new(TRIVIAL));
     // Generous enough that most decisions are "allowed" (the common case).
     let limiter = client.rate_limiter("bench", RateLimit::per_second(1_000_000));
-    let impls: [(&str, Cycle); 2] = [
+    let unbatched = lock_core::LockClient::open_with_config(
+        url,
+        lock_core::LockConfig::new().with_batching(false),
+    )
+    .await?
+    .rate_limiter("bench-unbatched", RateLimit::per_second(1_000_000));
+    let peer = std::sync::Arc::new(redis::Script::new(REDIS_RATE_STYLE));
+    let impls: [(&str, Cycle); 4] = [
         ("floor", {
             let (conn, script) = (conn.clone(), script.clone());
             cycle(move |t, _| {
@@ -42,6 +75,32 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
                 }
             })
         }),
+        ("redis_rate", {
+            let (conn, peer) = (conn.clone(), peer.clone());
+            cycle(move |t, _| {
+                let (mut conn, peer) = (conn.clone(), peer.clone());
+                async move {
+                    let _: (i64, redis::Value, String, String) = peer
+                        .key(format!("bench:redis_rate:{t}"))
+                        .arg(1_000_000)
+                        .arg(1_000_000)
+                        .arg(1)
+                        .arg(1)
+                        .invoke_async(&mut conn)
+                        .await?;
+                    Ok(())
+                }
+            })
+        }),
+        ("ours_unbatched", {
+            cycle(move |t, _| {
+                let limiter = unbatched.clone();
+                async move {
+                    limiter.check(("user", t)).await?;
+                    Ok(())
+                }
+            })
+        }),
     ];
     let tasks = 64;
     let cycles: Vec<Cycle> = impls.iter().map(|(_, c)| c.clone()).collect();
@@ -59,17 +118,37 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
             rounds_list(s.iter().map(|s| s.cycles_per_s))
         );
     }
-    println!(
-        "ratio ratelimit_ours_vs_floor_{tasks}_tasks {:.2}",
-        rates[1] / rates[0]
-    );
+    for (name, a, b) in [
+        ("ours_vs_floor", 1, 0),
+        ("ours_vs_redis_rate", 1, 2),
+        ("ours_unbatched_vs_redis_rate", 3, 2),
+    ] {
+        println!(
+            "ratio ratelimit_{name}_{tasks}_tasks {:.2}",
+            rates[a] / rates[b]
+        );
+    }
+    let unit = "decisions/s";
     Ok(vec![
         Figure::vs(
             format!("ratelimit_ours_vs_floor_{tasks}_tasks"),
             rates[1],
             rates[0],
-            "decisions/s",
+            unit,
         )
         .target(0.9),
+        Figure::vs(
+            format!("ratelimit_ours_vs_redis_rate_{tasks}_tasks"),
+            rates[1],
+            rates[2],
+            unit,
+        )
+        .target(1.5),
+        Figure::vs(
+            format!("ratelimit_ours_unbatched_vs_redis_rate_{tasks}_tasks"),
+            rates[3],
+            rates[2],
+            unit,
+        ),
     ])
 }

@@ -35,6 +35,7 @@ const RAW: usize = 1;
 const OURS: usize = 2;
 const WATCHDOG: usize = 3;
 const RSLOCK: usize = 4;
+const UNBATCHED: usize = 5;
 
 fn lua_source(name: &str) -> Result<&'static str, BoxError> {
     lock_core::SCRIPT_SOURCES
@@ -44,9 +45,13 @@ fn lua_source(name: &str) -> Result<&'static str, BoxError> {
         .ok_or_else(|| format!("no script {name}").into())
 }
 
-/// The implementations, indexed by [`FLOOR`], [`RAW`], [`OURS`], [`WATCHDOG`], [`RSLOCK`].
-async fn impls(url: &str, conn: &ConnectionManager) -> Result<[Impl; 5], BoxError> {
+/// The implementations, indexed by [`FLOOR`], [`RAW`], [`OURS`], [`WATCHDOG`], [`RSLOCK`],
+/// [`UNBATCHED`].
+async fn impls(url: &str, conn: &ConnectionManager) -> Result<[Impl; 6], BoxError> {
     let client = LockClient::open(url).await?;
+    let unbatched_client =
+        LockClient::open_with_config(url, lock_core::LockConfig::new().with_batching(false))
+            .await?;
     let rslock = rslock::LockManager::new(vec![url.to_string()]);
     let fixed = LockOptions::new()
         .lease(Lease::Fixed(Duration::from_secs(10)))
@@ -87,19 +92,21 @@ async fn impls(url: &str, conn: &ConnectionManager) -> Result<[Impl; 5], BoxErro
             async move {
                 let key = format!("lock:{{bench:raw:{t}}}");
                 let value = format!("0123456789abcdef0123456789abcdef:{t}:{n}");
-                let granted: Vec<i64> = acquire
+                let granted: Vec<Vec<i64>> = acquire
                     .key(&key)
                     .key("lock:fence:{0}")
                     .key(format!("{key}:waiters"))
                     .arg(&value)
                     .arg(10_000)
                     .arg(0)
+                    .arg(0)
                     .invoke_async(&mut conn)
                     .await?;
+                let granted: Vec<i64> = granted.into_iter().next().unwrap_or_default();
                 if granted.first() != Some(&1) {
                     return Err("raw scripts: lock was taken".into());
                 }
-                let _: Vec<i64> = release
+                let _: Vec<Vec<i64>> = release
                     .key(&key)
                     .key(format!("{key}:waiters"))
                     .key(format!("{key}:released"))
@@ -117,6 +124,17 @@ async fn impls(url: &str, conn: &ConnectionManager) -> Result<[Impl; 5], BoxErro
             let (client, fixed) = (client.clone(), fixed.clone());
             async move {
                 let g = client.acquire(("bench", "ours", t), fixed).await?;
+                g.release().await?;
+                Ok(())
+            }
+        })
+    };
+    let unbatched = {
+        let fixed = fixed.clone();
+        cycle(move |t, _| {
+            let (client, fixed) = (unbatched_client.clone(), fixed.clone());
+            async move {
+                let g = client.acquire(("bench", "unbatched", t), fixed).await?;
                 g.release().await?;
                 Ok(())
             }
@@ -153,6 +171,7 @@ async fn impls(url: &str, conn: &ConnectionManager) -> Result<[Impl; 5], BoxErro
         named("ours", "ours_fixed_lease", ours),
         named("ours_watchdog", "ours_watchdog", watchdog),
         named("rslock", "rslock", peer),
+        named("ours_unbatched", "ours_unbatched", unbatched),
     ])
 }
 
@@ -211,15 +230,20 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
         ratio("our_scripts_raw_vs_floor", RAW, FLOOR);
         ratio("ours_watchdog_vs_floor", WATCHDOG, FLOOR);
         ratio("ours_vs_rslock", OURS, RSLOCK);
+        ratio("ours_unbatched_vs_floor", UNBATCHED, FLOOR);
+        ratio("ours_vs_ours_unbatched", OURS, UNBATCHED);
         let unit = "cycles/s";
         let figure = |name: &str, a: usize, b: usize| {
             Figure::vs(format!("{name}_{tasks}_tasks"), rates[a], rates[b], unit)
                 .disturbed_by(spreads[a])
                 .disturbed_by(spreads[b])
         };
-        figures.push(figure("ours_vs_floor", OURS, FLOOR).target(0.9));
+        // Batching: >= 1.5x the recipe and >= 2x rslock under load, >= 0.95x alone.
+        let (vs_floor, vs_rslock) = if tasks == 1 { (0.95, 1.0) } else { (1.5, 2.0) };
+        figures.push(figure("ours_vs_floor", OURS, FLOOR).target(vs_floor));
         figures.push(figure("ours_watchdog_vs_floor", WATCHDOG, FLOOR));
-        figures.push(figure("ours_vs_rslock", OURS, RSLOCK).target(1.3));
+        figures.push(figure("ours_vs_rslock", OURS, RSLOCK).target(vs_rslock));
+        figures.push(figure("ours_unbatched_vs_floor", UNBATCHED, FLOOR));
     }
     Ok(figures)
 }

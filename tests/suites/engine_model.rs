@@ -178,9 +178,10 @@ fn still_held(tasks: &[Held], grant: &str) -> bool {
     })
 }
 
-async fn run_model(seed: u64, run_for: Duration) {
+async fn run_model(seed: u64, run_for: Duration, batching: bool) {
     let server = RedisServer::start();
     let config = LockConfig::new()
+        .with_batching(batching)
         .with_watchdog_lease(Duration::from_millis(150))
         .with_command_timeout(Duration::from_secs(2));
     let clients = [
@@ -242,12 +243,23 @@ async fn run_model(seed: u64, run_for: Duration) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_two_owners_ever_believe_they_hold_one_name() {
+fn seed() -> u64 {
     let seed = std::env::var("MODEL_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| fastrand::u64(..));
     println!("MODEL_SEED={seed}");
-    run_model(seed, Duration::from_secs(4)).await;
+    seed
+}
+
+/// With batching (the default): concurrent acquisitions and releases share script calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_two_owners_ever_believe_they_hold_one_name() {
+    run_model(seed(), Duration::from_secs(4), true).await;
+}
+
+/// With every call its own command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_two_owners_without_batching() {
+    run_model(seed(), Duration::from_secs(3), false).await;
 }

@@ -60,6 +60,18 @@ async fn two_processes_never_overlap() {
     );
 }
 
+/// The same with every call its own command (batching off).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_never_overlap_without_batching() {
+    let server = RedisServer::start();
+    let (acquired, counters) = run_two_processes(&server, &["--no-batching"]).await;
+    assert_eq!(acquired.iter().sum::<u64>(), 2 * 16 * 200);
+    assert_eq!(
+        counters, acquired,
+        "a lost update means two holders overlapped"
+    );
+}
+
 /// The same workload without the lock loses updates: the test above can fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_lock_updates_are_lost() {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 
 use super::{IdempotencyKeys, IdempotencyStore};
+use crate::store::batch::{Entry, Turn};
 use crate::store::scripts::{IDEMPOTENCY_ABANDON, IDEMPOTENCY_COMPLETE, IDEMPOTENCY_EXTEND};
 use crate::{LockClient, LockError};
 
@@ -79,6 +80,18 @@ impl Claim {
         self.done = true;
     }
 
+    /// Undoes [`disarm`](Self::disarm): dropped, the claim abandons itself again.
+    pub(super) fn rearm(&mut self) {
+        self.done = false;
+    }
+
+    /// Abandons this claim in the background when called (the claim itself may be gone
+    /// by then).
+    pub(super) fn abandon_later(&self) -> impl FnOnce() + Send + Sync + 'static {
+        let (shared, runtime) = (self.shared.clone(), self.runtime.clone());
+        move || abandon_in_background(shared, &runtime)
+    }
+
     /// The key's name as stored (parts escaped and joined).
     pub fn key(&self) -> &str {
         &self.shared.keys.name
@@ -114,17 +127,45 @@ impl Claim {
         done.extend_from_slice(fingerprint.as_bytes());
         done.push(b' ');
         done.extend_from_slice(record);
-        let mut inv = IDEMPOTENCY_COMPLETE.prepare_invoke();
-        inv.key(&s.keys.record)
-            .key(&s.keys.channel)
-            .arg(&s.in_flight)
-            .arg(done)
-            .arg(retention.as_millis() as u64)
-            .arg(&inner.id_hex);
-        // On a Redis error `done` stays false: drop abandons (owner-checked, so a
+        let entry = || {
+            // Queued, the entry answers for the claim if this future is dropped: the
+            // claim is abandoned once its completion's fate is known (owner-checked,
+            // so a completion that went through stays).
+            let (shared, runtime) = (self.shared.clone(), self.runtime.clone());
+            Entry::new()
+                .key(&s.keys.record)
+                .key(&s.keys.channel)
+                .arg(&s.in_flight)
+                .arg(&done[..])
+                .arg(retention.as_millis() as u64)
+                .arg(&inner.id_hex)
+                .on_orphan(move |reply| {
+                    if !matches!(reply, Some(Ok(_))) {
+                        abandon_in_background(shared, &runtime);
+                    }
+                })
+        };
+        let reply = match inner
+            .conn
+            .turn(&IDEMPOTENCY_COMPLETE, &s.keys.record, entry)
+        {
+            Turn::Alone(alone) => {
+                inner
+                    .conn
+                    .alone(&IDEMPOTENCY_COMPLETE, alone, entry())
+                    .await
+            }
+            Turn::Queued(pending) => {
+                // Dropped while queued, the entry's orphan hook answers for the claim.
+                self.done = true;
+                pending.await
+            }
+        };
+        // On a Redis error the claim's drop abandons it (owner-checked, so a
         // completion that did go through is left alone).
-        let reply: i64 = inner.conn.invoke("idempotency complete", &inv).await?;
-        self.done = true;
+        self.done = reply.is_ok();
+        let reply: i64 = redis::FromRedisValue::from_redis_value(reply?)
+            .map_err(|e| LockError::UnexpectedReply(format!("idempotency_complete.lua: {e}")))?;
         let result = outcome(reply, &s.keys, "idempotency_complete.lua");
         if result.is_ok() {
             inner.hub.notify_local(&s.keys.channel);
@@ -186,15 +227,19 @@ impl Drop for Claim {
         if self.done {
             return;
         }
-        let shared = self.shared.clone();
-        self.runtime.spawn(async move {
-            match abandon(&shared).await {
-                Ok(()) => tracing::debug!(key = %shared.keys.name, "dropped idempotency claim abandoned"),
-                Err(e) if e.is_lost() => {}
-                Err(e) => tracing::warn!(key = %shared.keys.name, error = %e, "dropped idempotency claim could not be abandoned; its lease will free the key"),
-            }
-        });
+        abandon_in_background(self.shared.clone(), &self.runtime);
     }
+}
+
+/// Abandons the claim in the background (a dropped claim, a completion orphaned).
+fn abandon_in_background(shared: Arc<Shared>, runtime: &Handle) {
+    runtime.spawn(async move {
+        match abandon(&shared).await {
+            Ok(()) => tracing::debug!(key = %shared.keys.name, "dropped idempotency claim abandoned"),
+            Err(e) if e.is_lost() => {}
+            Err(e) => tracing::warn!(key = %shared.keys.name, error = %e, "dropped idempotency claim could not be abandoned; its lease will free the key"),
+        }
+    });
 }
 
 /// Maps an owner-checked script's 1 / 0 / -1.

@@ -16,6 +16,8 @@ use tracing::Instrument;
 
 use crate::key::LockName;
 use crate::lock::config::{MAX_LEASE, check_lease};
+use crate::store::batch::{Entry, Turn as BatchTurn};
+use crate::store::scripts::IDEMPOTENCY_BEGIN;
 use crate::wait::{Turn, wait_for_turn};
 use crate::{LockClient, LockError};
 
@@ -255,23 +257,49 @@ impl IdempotencyStore {
             inner.id_hex,
             NEXT_CLAIM.fetch_add(1, Ordering::Relaxed)
         );
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(&keys.record)
-            .arg(&in_flight)
-            .arg("NX")
-            .arg("PX")
-            .arg(lease.as_millis() as u64)
-            .arg("GET");
+        let lease_ms = lease.as_millis() as u64;
         // Until the reply says otherwise the key may be claimed: dropped (error,
         // timeout, cancelled future), the claim abandons itself.
         let mut claim = Claim::new(
             self.client.clone(),
             keys.clone(),
-            in_flight,
+            in_flight.clone(),
             lease,
             runtime.clone(),
         );
-        let found: Option<Vec<u8>> = inner.conn.query("idempotency begin", &cmd).await?;
+        let entry = || {
+            // Queued, the entry answers for the claim if this future is dropped: a key
+            // it claimed (or may have) is abandoned once the reply is in.
+            let abandon = claim.abandon_later();
+            Entry::new()
+                .key(&keys.record)
+                .arg(&in_flight)
+                .arg(lease_ms)
+                .on_orphan(move |reply| match reply.map(|r| r.and_then(begin_reply)) {
+                    Some(Ok(Some(_))) | None => {}
+                    Some(_) => abandon(),
+                })
+        };
+        let found = match inner.conn.turn(&IDEMPOTENCY_BEGIN, &keys.record, entry) {
+            BatchTurn::Alone(alone) => {
+                let mut cmd = redis::cmd("SET");
+                cmd.arg(&keys.record)
+                    .arg(&in_flight)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(lease_ms)
+                    .arg("GET");
+                let found = inner.conn.query("idempotency begin", &cmd).await;
+                drop(alone);
+                found?
+            }
+            BatchTurn::Queued(pending) => {
+                claim.disarm();
+                let reply = pending.await;
+                claim.rearm();
+                begin_reply(reply?)?
+            }
+        };
         let Some(mut found) = found else {
             return Ok(Begin::New(claim));
         };
@@ -302,5 +330,21 @@ impl IdempotencyStore {
         Ok(Begin::InFlight {
             retry_after: Duration::from_millis(pttl.max(1) as u64),
         })
+    }
+}
+
+/// One entry of `idempotency_begin.lua`: `None` claimed, or what the record holds.
+fn begin_reply(reply: redis::Value) -> Result<Option<Vec<u8>>, LockError> {
+    match reply {
+        redis::Value::Array(mut items) if items.len() <= 1 => match items.pop() {
+            None => Ok(None),
+            Some(redis::Value::BulkString(found)) => Ok(Some(found)),
+            Some(other) => Err(LockError::UnexpectedReply(format!(
+                "idempotency_begin.lua returned {other:?}"
+            ))),
+        },
+        other => Err(LockError::UnexpectedReply(format!(
+            "idempotency_begin.lua returned {other:?}"
+        ))),
     }
 }

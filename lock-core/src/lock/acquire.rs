@@ -13,7 +13,9 @@ use super::guard::LockGuard;
 use super::registry::{Enter, Grant};
 use crate::LockError;
 use crate::cleanup::{self, OnDrop};
-use crate::store::scripts::{ACQUIRE, AcquireReply};
+use crate::key::LockKeys;
+use crate::store::batch::{Entry, Turn as LaneTurn};
+use crate::store::scripts::{ACQUIRE, AcquireReply, single};
 use crate::wait::{Turn, wait_for_turn};
 
 /// What a granted attempt brings back.
@@ -114,7 +116,9 @@ impl Core {
         }
     }
 
-    /// One acquire script call with a fresh grant value.
+    /// One acquisition attempt with a fresh grant value: alone on the connection, a
+    /// plain `SET NX PX` (the script when busy or fenced); queued behind another
+    /// acquisition in flight, an entry of the next batched acquire call.
     async fn attempt(
         self: &Arc<Self>,
         req: &Request,
@@ -123,52 +127,48 @@ impl Core {
     ) -> Result<Turn<Granted>, LockError> {
         let (value, seq) = self.next_grant(&req.scope);
         let keys = &req.keys;
-        // Until the reply is in, the grant may exist: a cancelled or failed call is
-        // undone in the background (the value is this attempt's own).
-        let undo = OnDrop::new(|| {
-            let (core, keys, value) = (self.clone(), keys.clone(), value.clone());
-            let name = keys.name.clone();
-            cleanup::spawn(
-                runtime,
-                "undoing an unfinished acquisition",
-                name,
-                async move { core.delete_call(&keys, &value).await.map(|_| ()) },
-            );
-        });
         let lease = req.lease;
         let sent = Instant::now();
-        // Unfenced: a plain `SET NX PX` first, what the raw recipe costs; only a busy
-        // lock (or a fenced request) goes through the script, which also leaves the
-        // waiter marker and reads the holder's lease.
-        let plain = if req.fenced {
-            None
-        } else {
-            let mut set = redis::cmd("SET");
-            set.arg(&keys.key)
+        let entry = || {
+            // Sent, but its caller went away: a grant (or an unknown outcome) is given
+            // back, after its reply, so the give-back cannot overtake it.
+            let (core, k, v, rt) = (self.clone(), keys.clone(), value.clone(), runtime.clone());
+            Entry::new()
+                .key(&keys.key)
+                .key(&keys.fence)
+                .key(&keys.waiters)
                 .arg(&value)
-                .arg("NX")
-                .arg("PX")
-                .arg(lease.as_millis() as u64);
-            let reply: Option<String> = self.conn.query("acquire", &set).await?;
-            reply.map(|_| AcquireReply::Granted { token: None })
+                .arg(lease.as_millis() as u64)
+                .arg(linger)
+                .arg(u8::from(req.fenced))
+                .on_orphan(move |reply| {
+                    let Some(reply) = reply else {
+                        return; // never sent
+                    };
+                    let granted = reply.and_then(AcquireReply::decode);
+                    if !matches!(granted, Ok(AcquireReply::Busy { .. })) {
+                        core.give_back_in_background(&k, &v, &rt);
+                    }
+                })
         };
-        let reply = match plain {
-            Some(granted) => granted,
-            None => {
-                let reply = self
-                    .conn
-                    .eval(&ACQUIRE, self.conn.timeout(), |c| {
-                        c.arg(3)
-                            .arg(&keys.key)
-                            .arg(&keys.fence)
-                            .arg(&keys.waiters)
-                            .arg(&value)
-                            .arg(lease.as_millis() as u64)
-                            .arg(linger);
-                    })
-                    .await?;
-                AcquireReply::decode(reply)?
+        let reply = match self.conn.turn(&ACQUIRE, &keys.key, entry) {
+            LaneTurn::Alone(alone) => {
+                // Until the reply is in, the grant may exist: a cancelled or failed call
+                // is undone in the background (the value is this attempt's own).
+                let undo = OnDrop::new(|| self.give_back_in_background(keys, &value, runtime));
+                let reply = self.attempt_alone(req, &value, linger).await;
+                drop(alone);
+                let reply = reply?;
+                undo.disarm();
+                reply
             }
+            LaneTurn::Queued(pending) => match pending.await.and_then(AcquireReply::decode) {
+                Ok(reply) => reply,
+                Err(e) => {
+                    self.give_back_in_background(keys, &value, runtime);
+                    return Err(e);
+                }
+            },
         };
         match reply {
             AcquireReply::Granted { token } => {
@@ -177,12 +177,12 @@ impl Core {
                     // The reply came after the lease it granted: nothing of it can be
                     // relied on, so give it back now rather than block everyone.
                     tracing::warn!(lock = %keys.name, "grant arrived with no validity left; given back");
+                    let undo = OnDrop::new(|| self.give_back_in_background(keys, &value, runtime));
                     let result = self.delete_call(keys, &value).await;
                     undo.disarm();
                     result?;
                     return Ok(Turn::Retry(Duration::ZERO));
                 }
-                undo.disarm();
                 Ok(Turn::Done(Granted {
                     value,
                     seq,
@@ -190,11 +190,60 @@ impl Core {
                     valid_until,
                 }))
             }
-            AcquireReply::Busy { pttl_ms } => {
-                undo.disarm();
-                Ok(Turn::Retry(Duration::from_millis(pttl_ms)))
+            AcquireReply::Busy { pttl_ms } => Ok(Turn::Retry(Duration::from_millis(pttl_ms))),
+        }
+    }
+
+    /// An attempt alone on the connection. Unfenced: a plain `SET NX PX` first, what the
+    /// raw recipe costs; only a busy lock (or a fenced request) goes through the script,
+    /// which also leaves the waiter marker and reads the holder's lease.
+    async fn attempt_alone(
+        &self,
+        req: &Request,
+        value: &str,
+        linger: u64,
+    ) -> Result<AcquireReply, LockError> {
+        let keys = &req.keys;
+        let lease = req.lease.as_millis() as u64;
+        if !req.fenced {
+            let mut set = redis::cmd("SET");
+            set.arg(&keys.key).arg(value).arg("NX").arg("PX").arg(lease);
+            let reply: Option<String> = self.conn.query("acquire", &set).await?;
+            if reply.is_some() {
+                return Ok(AcquireReply::Granted { token: None });
             }
         }
+        let reply = self
+            .conn
+            .eval(&ACQUIRE, self.conn.timeout(), |c| {
+                c.arg(3)
+                    .arg(&keys.key)
+                    .arg(&keys.fence)
+                    .arg(&keys.waiters)
+                    .arg(value)
+                    .arg(lease)
+                    .arg(linger)
+                    .arg(u8::from(req.fenced));
+            })
+            .await?;
+        AcquireReply::decode(single(reply)?)
+    }
+
+    /// Gives back the grant `value` of `keys` in the background (compare-and-delete).
+    pub(crate) fn give_back_in_background(
+        self: &Arc<Self>,
+        keys: &Arc<LockKeys>,
+        value: &str,
+        runtime: &Handle,
+    ) {
+        let (core, keys, value) = (self.clone(), keys.clone(), value.to_owned());
+        let name = keys.name.clone();
+        cleanup::spawn(
+            runtime,
+            "undoing an unfinished acquisition",
+            name,
+            async move { core.delete_call(&keys, &value).await.map(|_| ()) },
+        );
     }
 
     /// The scope already holds the grant: one more hold, and a longer lease if this

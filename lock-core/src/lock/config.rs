@@ -84,6 +84,7 @@ pub struct LockConfig {
     pub(crate) backoff: Backoff,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) command_timeout: Duration,
+    pub(crate) batching: bool,
 }
 
 impl Default for LockConfig {
@@ -105,6 +106,7 @@ impl LockConfig {
             backoff: Backoff::default(),
             max_hold: None,
             command_timeout: Duration::from_secs(2),
+            batching: true,
         }
     }
 
@@ -161,6 +163,24 @@ impl LockConfig {
     /// Limit on every single Redis call. Default 2 s.
     pub fn with_command_timeout(mut self, timeout: Duration) -> Self {
         self.command_timeout = timeout;
+        self
+    }
+
+    /// Coalesce concurrent calls into one script call per batch. Default on.
+    ///
+    /// Lock acquisitions and releases, GCRA decisions and idempotency claims and
+    /// completions that arrive while an earlier call of the same kind (on the same hash
+    /// slot) is in flight on this client's connection are sent together, as one script
+    /// call over all their keys, once that call is back. A lone call goes at once as
+    /// before: nothing waits for a timer, so an idle client sees no added latency,
+    /// and a busy one sends far fewer commands (Redis spends most of a small script call
+    /// on per-command overhead). Each caller still gets its own reply or error.
+    ///
+    /// Turn it off to compare, or where every call must be its own command (a proxy
+    /// that inspects scripts, commandstats kept per call). A queued call may wait for
+    /// the batch ahead of it, so its time limit is twice the command timeout.
+    pub fn with_batching(mut self, on: bool) -> Self {
+        self.batching = on;
         self
     }
 

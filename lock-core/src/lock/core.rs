@@ -15,6 +15,7 @@ use crate::cleanup;
 use crate::key::LockKeys;
 use crate::owner::{ClientId, LockScope};
 use crate::store::Conn;
+use crate::store::batch::Entry;
 use crate::store::scripts::{FENCE, FenceReply, GrantReply, RELEASE, RENEW, codes};
 use crate::wait::Hub;
 use crate::{LockError, Released};
@@ -80,13 +81,13 @@ impl Core {
     ) -> Result<GrantReply, LockError> {
         let reply = self
             .conn
-            .eval(&RELEASE, self.conn.timeout(), |c| {
-                c.arg(3)
-                    .arg(&keys.key)
-                    .arg(&keys.waiters)
-                    .arg(&keys.channel)
+            .call(&RELEASE, &keys.key, || {
+                Entry::new()
+                    .key(&keys.key)
+                    .key(&keys.waiters)
+                    .key(&keys.channel)
                     .arg(value)
-                    .arg(&self.id_hex);
+                    .arg(&self.id_hex)
             })
             .await?;
         let r = GrantReply::decode("release", reply)?;

@@ -124,7 +124,11 @@ impl LockClient {
         config: LockConfig,
     ) -> Result<Self, LockError> {
         config.validate()?;
-        let conn = Conn::new(RedisStore::single(manager), config.command_timeout);
+        let conn = Conn::new(
+            RedisStore::single(manager),
+            config.command_timeout,
+            config.batching,
+        );
         Self::build(conn, pubsub.into_iter().collect(), config)
     }
 
@@ -202,7 +206,11 @@ impl LockClient {
         config: LockConfig,
     ) -> Result<Self, LockError> {
         config.validate()?;
-        let conn = Conn::new(RedisStore::cluster(conn), config.command_timeout);
+        let conn = Conn::new(
+            RedisStore::cluster(conn),
+            config.command_timeout,
+            config.batching,
+        );
         Self::build(conn, pubsub, config)
     }
 
@@ -235,6 +243,13 @@ impl LockClient {
     /// Number of locks this client holds or is acquiring right now.
     pub fn held_count(&self) -> usize {
         self.inner.registry.len()
+    }
+
+    /// Calls (lock acquisitions and releases, rate-limit decisions, idempotency claims
+    /// and completions) waiting behind a call in flight to go in the next batch; 0 with
+    /// batching off. See [`LockConfig::with_batching`].
+    pub fn queued_calls(&self) -> usize {
+        self.inner.conn.queued_calls()
     }
 
     /// Takes the lock if it is free (or re-enters it); fails with

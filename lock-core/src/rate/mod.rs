@@ -8,6 +8,7 @@ use std::time::Duration;
 pub use rule::{LimitRule, RuleDecision, RuleLimiter};
 
 use crate::key::{self, LockName, NameWriter};
+use crate::store::batch::Entry;
 use crate::store::scripts::GCRA;
 use crate::{LockClient, LockError};
 
@@ -229,12 +230,18 @@ impl RateLimiter {
     ) -> Result<Decision, LockError> {
         self.limit.validate()?;
         let k = self.client.prefixed_key(&self.name, key, "gcra")?;
-        let mut inv = GCRA.prepare_invoke();
-        inv.key(k)
-            .arg(self.limit.emission_interval().as_micros() as u64)
-            .arg(self.limit.burst)
-            .arg(cost);
-        let reply: Vec<i64> = self.client.inner.conn.invoke("rate_limit", &inv).await?;
+        let conn = &self.client.inner.conn;
+        let reply = conn
+            .call(&GCRA, &k, || {
+                Entry::new()
+                    .key(&k)
+                    .arg(self.limit.emission_interval().as_micros() as u64)
+                    .arg(self.limit.burst)
+                    .arg(cost)
+            })
+            .await?;
+        let reply: Vec<i64> = redis::FromRedisValue::from_redis_value(reply)
+            .map_err(|e| LockError::UnexpectedReply(format!("gcra.lua: {e}")))?;
         let us = |v: i64| Duration::from_micros(v.max(0) as u64);
         match reply[..] {
             [allowed, remaining, retry_us, reset_us] => Ok(Decision {

@@ -8,6 +8,7 @@
 //! the per-call time limit and typed replies; the watchdog's batching, the waiting loop
 //! and the Redlock fan-out are written once against it.
 
+pub(crate) mod batch;
 mod deployment;
 pub mod key;
 pub(crate) mod scripts;
@@ -42,13 +43,16 @@ pub(crate) trait Store: Send + Sync + 'static {
 pub(crate) struct Conn {
     store: Arc<dyn Store>,
     timeout: Duration,
+    /// The batch lanes; `None` with batching off.
+    lanes: Option<Arc<batch::Lanes>>,
 }
 
 impl Conn {
-    pub(crate) fn new(store: impl Store, timeout: Duration) -> Self {
+    pub(crate) fn new(store: impl Store, timeout: Duration, batching: bool) -> Self {
         Self {
             store: Arc::new(store),
             timeout,
+            lanes: batching.then(Default::default),
         }
     }
 

@@ -1,9 +1,12 @@
 //! Every Lua script of the crate, loaded from the workspace's `lua/` folder, and the
 //! typed replies of the lock scripts.
 //!
-//! The lock scripts (acquire, release, renew, fenced write) run through [`Lua`] and
+//! The lock scripts (acquire, release, renew, fence, fenced write) and the batched
+//! scripts (GCRA, idempotency begin and complete) run through [`Lua`] and
 //! [`Conn::eval`](super::Conn::eval): EVALSHA, and EVAL of the source on a NOSCRIPT
-//! reply (after a server restart or `SCRIPT FLUSH`). They share one reply convention,
+//! reply (after a server restart or `SCRIPT FLUSH`). The batched ones (acquire,
+//! release, GCRA, idempotency begin and complete) take any number of entries and answer
+//! one reply per entry (see [`super::batch`]). They share one reply convention,
 //! decoded in one place ([`Code`]): a code first, then a value:
 //! `1` done, `0` busy, `-1` expired (no such lock), `-2` not owner (another grant).
 //! The other scripts run through [`redis::Script`] (EVALSHA, loading on NOSCRIPT).
@@ -117,6 +120,17 @@ pub(crate) fn code_value(op: &str, reply: Value) -> Result<(Code, i64), LockErro
     Err(unexpected(op, &reply))
 }
 
+/// The one entry of a batched script's reply to a batch of one (an error reply is the
+/// entry's error).
+pub(crate) fn single(reply: Value) -> Result<Value, LockError> {
+    match reply {
+        Value::Array(mut items) if items.len() == 1 => {
+            super::batch::entry_reply(items.pop().unwrap_or(Value::Nil))
+        }
+        other => Err(unexpected("batched script", &other)),
+    }
+}
+
 /// `{code, ...}` with exactly `n` codes (a batched script's reply).
 pub(crate) fn codes(op: &str, reply: Value, n: usize) -> Result<Vec<Code>, LockError> {
     if let Value::Array(items) = &reply
@@ -141,8 +155,9 @@ pub(crate) enum AcquireReply {
 impl AcquireReply {
     pub(crate) fn decode(reply: Value) -> Result<Self, LockError> {
         match code_value("acquire", reply)? {
-            (Code::Done, token) if token > 0 => Ok(Self::Granted {
-                token: Some(token as u64),
+            // Token 0: granted without one (not asked for).
+            (Code::Done, token) if token >= 0 => Ok(Self::Granted {
+                token: (token > 0).then_some(token as u64),
             }),
             (Code::Busy, pttl) => Ok(Self::Busy {
                 pttl_ms: pttl.max(1) as u64,
@@ -231,9 +246,8 @@ impl FenceReply {
     }
 }
 
-/// One GCRA rate-limit decision. See `lua/gcra.lua`.
-pub(crate) static GCRA: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/gcra.lua")));
+/// GCRA rate-limit decisions. See `lua/gcra.lua`.
+pub(crate) static GCRA: Lua = Lua::new("gcra", include_str!("../../lua/gcra.lua"));
 /// The seed's fixed-window rule with lockout. See `lua/limit_rule.lua`.
 pub(crate) static LIMIT_RULE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/limit_rule.lua")));
@@ -253,9 +267,17 @@ pub(crate) static NEXT_ID: LazyLock<Script> =
 pub(crate) static RESERVE_IDS: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/reserve_ids.lua")));
 
-/// Store the response of a claimed key. See `lua/idempotency_complete.lua`.
-pub(crate) static IDEMPOTENCY_COMPLETE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/idempotency_complete.lua")));
+/// Claim idempotency keys (batches; alone it is a plain command). See
+/// `lua/idempotency_begin.lua`.
+pub(crate) static IDEMPOTENCY_BEGIN: Lua = Lua::new(
+    "idempotency_begin",
+    include_str!("../../lua/idempotency_begin.lua"),
+);
+/// Store the responses of claimed keys. See `lua/idempotency_complete.lua`.
+pub(crate) static IDEMPOTENCY_COMPLETE: Lua = Lua::new(
+    "idempotency_complete",
+    include_str!("../../lua/idempotency_complete.lua"),
+);
 /// Free a claimed key. See `lua/idempotency_abandon.lua`.
 pub(crate) static IDEMPOTENCY_ABANDON: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/idempotency_abandon.lua")));
@@ -289,6 +311,10 @@ pub const SOURCES: &[(&str, &str)] = &[
     ),
     ("next_id.lua", include_str!("../../lua/next_id.lua")),
     ("reserve_ids.lua", include_str!("../../lua/reserve_ids.lua")),
+    (
+        "idempotency_begin.lua",
+        include_str!("../../lua/idempotency_begin.lua"),
+    ),
     (
         "idempotency_complete.lua",
         include_str!("../../lua/idempotency_complete.lua"),
@@ -327,7 +353,14 @@ mod tests {
             AcquireReply::decode(arr(&[0, 250])).unwrap(),
             AcquireReply::Busy { pttl_ms: 250 }
         );
-        assert!(AcquireReply::decode(arr(&[1, 0])).is_err(), "token 0");
+        assert_eq!(
+            AcquireReply::decode(arr(&[1, 0])).unwrap(),
+            AcquireReply::Granted { token: None }
+        );
+        assert!(
+            AcquireReply::decode(arr(&[1, -3])).is_err(),
+            "negative token"
+        );
         assert!(AcquireReply::decode(arr(&[-1])).is_err());
         assert_eq!(
             GrantReply::decode("release", arr(&[-2])).unwrap(),

@@ -1,6 +1,6 @@
 //! A second OS process for the cross-process suites. Not a user tool.
 //!
-//! `lock-worker count URL TASKS ITERS KEYS SLEEP_US [--no-lock]`
+//! `lock-worker count URL TASKS ITERS KEYS SLEEP_US [--no-lock] [--no-batching]`
 //!   TASKS tasks each take ITERS locks round-robin over KEYS keys; inside each lock a
 //!   deliberately non-atomic GET, sleep, SET increments `counter:<k>`. Prints
 //!   `done <acquisitions of key 0> <key 1> ...` and exits.
@@ -58,7 +58,10 @@ async fn count(args: &[String]) -> Res {
     let (tasks, iters, keys, sleep_us): (usize, usize, usize, u64) =
         (arg(args, 1)?, arg(args, 2)?, arg(args, 3)?, arg(args, 4)?);
     let use_lock = !args.iter().any(|a| a == "--no-lock");
-    let config = LockConfig::new().with_wait(Duration::from_secs(60));
+    let batching = !args.iter().any(|a| a == "--no-batching");
+    let config = LockConfig::new()
+        .with_wait(Duration::from_secs(60))
+        .with_batching(batching);
     let client = LockClient::open_with_config(url.as_str(), config).await?;
     let redis = redis::Client::open(url.as_str())?;
     let mut handles = Vec::new();

@@ -1,0 +1,386 @@
+//! Coalescing of concurrent script calls: calls of one script (on one hash slot) that
+//! arrive while an earlier call of theirs is in flight go to Redis together, as one call
+//! of the same script over all their keys.
+//!
+//! How a batch forms, per lane (a script and a key group):
+//! - An idle lane: the call goes at once, on the caller's own future ([`Turn::Alone`]);
+//!   no timer, no task, no added latency. The lane is busy until that call ends.
+//! - A busy lane: the call is queued ([`Turn::Queued`]). When the call in flight ends
+//!   (or its caller goes away), one driver task sends what queued, up to [`MAX_BATCH`]
+//!   entries per call, one call at a time, until the queue is empty; then the lane is
+//!   idle again.
+//!
+//! Per entry, nothing changes: the scripts loop over their entries (the same keys and
+//! arguments per entry, one file each, laid out in their headers) and answer one reply
+//! per entry, `{'error', message}` for an entry that failed (`redis.pcall`), so each
+//! caller gets its own.
+//! A call that fails as a whole (Redis down, a timeout) fails every entry with that
+//! error. An entry whose caller went away before its batch was sent is left out; one
+//! that went away after is handed to its orphan hook with the reply (the lock's
+//! acquisition gives such a grant back).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use redis::{ToRedisArgs, Value};
+use tokio::sync::oneshot;
+
+use super::Conn;
+use super::scripts::Lua;
+use crate::LockError;
+
+/// The most entries one script call carries.
+pub(crate) const MAX_BATCH: usize = 128;
+
+/// What to do for an entry whose caller went away: with its reply if it was sent,
+/// with `None` if it was left out.
+type Orphan = Box<dyn FnOnce(Option<Result<Value, LockError>>) + Send + Sync>;
+
+/// One entry of a batched script call: its keys and arguments in the script's per-entry
+/// layout.
+pub(crate) struct Entry {
+    keys: Vec<String>,
+    args: Vec<Vec<u8>>,
+    orphan: Option<Orphan>,
+}
+
+impl Entry {
+    pub(crate) fn new() -> Self {
+        Self {
+            keys: Vec::with_capacity(3),
+            args: Vec::with_capacity(4),
+            orphan: None,
+        }
+    }
+
+    pub(crate) fn key(mut self, key: &str) -> Self {
+        self.keys.push(key.to_owned());
+        self
+    }
+
+    pub(crate) fn arg(mut self, arg: impl ToRedisArgs) -> Self {
+        self.args.extend(arg.to_redis_args());
+        self
+    }
+
+    /// What to do if the caller is gone: with the reply once it arrives (sent), or
+    /// with `None` (left out before sending).
+    pub(crate) fn on_orphan(
+        mut self,
+        f: impl FnOnce(Option<Result<Value, LockError>>) + Send + Sync + 'static,
+    ) -> Self {
+        self.orphan = Some(Box::new(f));
+        self
+    }
+
+    /// The keys and arguments of `entries`, in order: every entry's keys, then every
+    /// entry's arguments (`numkeys` first).
+    fn fill(entries: &[&Entry], cmd: &mut redis::Cmd) {
+        cmd.arg(entries.iter().map(|e| e.keys.len()).sum::<usize>());
+        for e in entries {
+            cmd.arg(&e.keys);
+        }
+        for e in entries {
+            for a in &e.args {
+                cmd.arg(&a[..]);
+            }
+        }
+    }
+}
+
+struct Queued {
+    entry: Entry,
+    reply: oneshot::Sender<Result<Value, LockError>>,
+}
+
+type LaneId = (&'static str, u16);
+
+/// Every lane of one connection: a lane exists while a call of it is in flight, with
+/// what queued behind that call.
+#[derive(Default)]
+pub(crate) struct Lanes {
+    busy: Mutex<HashMap<LaneId, Vec<Queued>>>,
+}
+
+impl Lanes {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<LaneId, Vec<Queued>>> {
+        // A panic while holding the lock cannot leave the map half-changed (only
+        // single inserts, removes and takes happen under it).
+        self.busy.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Conn {
+    /// Calls waiting behind a call in flight, over every lane.
+    pub(crate) fn queued_calls(&self) -> usize {
+        self.lanes
+            .as_ref()
+            .map_or(0, |l| l.lock().values().map(Vec::len).sum())
+    }
+}
+
+/// A caller's place in a lane.
+pub(crate) enum Turn {
+    /// Nothing of this lane is in flight: send now, on the caller's future. The lane
+    /// stays busy until this is dropped.
+    Alone(Alone),
+    /// Queued behind a call in flight: the reply arrives with a later batch.
+    Queued(Pending),
+}
+
+/// The lane is this caller's while this lives; dropping it hands what queued meanwhile
+/// to a driver task.
+pub(crate) struct Alone {
+    lane: Option<(Conn, &'static Lua, u16)>,
+}
+
+impl Drop for Alone {
+    fn drop(&mut self) {
+        if let Some((conn, script, group)) = self.lane.take() {
+            hand_over(conn, script, group);
+        }
+    }
+}
+
+/// The reply of a queued entry.
+pub(crate) struct Pending {
+    rx: oneshot::Receiver<Result<Value, LockError>>,
+    op: &'static str,
+    limit: Duration,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Future for Pending {
+    type Output = Result<Value, LockError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let Poll::Ready(reply) = Pin::new(&mut self.rx).poll(cx) {
+            return Poll::Ready(reply.unwrap_or_else(|_| {
+                Err(LockError::UnexpectedReply(format!(
+                    "{}: the batch carrying this call was dropped (runtime shutting down)",
+                    self.op
+                )))
+            }));
+        }
+        match self.sleep.as_mut().poll(cx) {
+            // Dropping the receiver then leaves the entry out (not sent yet) or hands
+            // its reply to the orphan hook (sent).
+            Poll::Ready(()) => Poll::Ready(Err(LockError::RedisTimeout {
+                op: self.op,
+                after: self.limit,
+            })),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Conn {
+    /// A place for a call of `script` on `key`'s group: alone (send now) or queued with
+    /// the entry `entry` builds (built only then). With batching off, always alone.
+    pub(crate) fn turn(
+        &self,
+        script: &'static Lua,
+        key: &str,
+        entry: impl FnOnce() -> Entry,
+    ) -> Turn {
+        match self.enter(script, key, entry) {
+            Ok(pending) => Turn::Queued(pending),
+            Err((alone, _)) => Turn::Alone(alone),
+        }
+    }
+
+    /// [`turn`](Self::turn), giving the entry builder back when alone.
+    fn enter<F: FnOnce() -> Entry>(
+        &self,
+        script: &'static Lua,
+        key: &str,
+        entry: F,
+    ) -> Result<Pending, (Alone, F)> {
+        let Some(lanes) = &self.lanes else {
+            return Err((Alone { lane: None }, entry));
+        };
+        let group = self.group(key);
+        let mut busy = lanes.lock();
+        match busy.get_mut(&(script.op(), group)) {
+            Some(queue) => {
+                let (tx, rx) = oneshot::channel();
+                queue.push(Queued {
+                    entry: entry(),
+                    reply: tx,
+                });
+                // One batch ahead of this one, then this one.
+                let limit = self.timeout * 2;
+                Ok(Pending {
+                    rx,
+                    op: script.op(),
+                    limit,
+                    sleep: Box::pin(tokio::time::sleep(limit)),
+                })
+            }
+            None => {
+                busy.insert((script.op(), group), Vec::new());
+                let alone = Alone {
+                    lane: Some((self.clone(), script, group)),
+                };
+                Err((alone, entry))
+            }
+        }
+    }
+
+    /// One entry's call of a batched script: alone as a batch of one, or queued. The
+    /// entry's reply (an error reply is an error).
+    pub(crate) async fn call(
+        &self,
+        script: &'static Lua,
+        key: &str,
+        entry: impl FnOnce() -> Entry,
+    ) -> Result<Value, LockError> {
+        match self.enter(script, key, entry) {
+            Ok(pending) => pending.await,
+            Err((alone, entry)) => self.alone(script, alone, entry()).await,
+        }
+    }
+
+    /// Sends `entry` alone (a batch of one) while holding the lane; its reply.
+    pub(crate) async fn alone(
+        &self,
+        script: &'static Lua,
+        alone: Alone,
+        entry: Entry,
+    ) -> Result<Value, LockError> {
+        let items = send_batch(self, script, &[&entry]).await;
+        // The lane is handed over whether the call succeeded or not.
+        drop(alone);
+        let reply = items?.pop().ok_or_else(|| {
+            LockError::UnexpectedReply(format!("{}.lua: empty reply", script.op()))
+        })?;
+        entry_reply(reply)
+    }
+}
+
+/// Sends `entries` as one call of `script`; the reply of each, in order.
+async fn send_batch(
+    conn: &Conn,
+    script: &'static Lua,
+    entries: &[&Entry],
+) -> Result<Vec<Value>, LockError> {
+    let reply = conn
+        .eval(script, conn.timeout(), |c| Entry::fill(entries, c))
+        .await?;
+    match reply {
+        Value::Array(items) if items.len() == entries.len() => Ok(items),
+        other => Err(LockError::UnexpectedReply(format!(
+            "{}.lua returned {other:?} for {} entries",
+            script.op(),
+            entries.len()
+        ))),
+    }
+}
+
+/// One entry's reply: `{'error', message}` becomes the entry's error. (A nested error
+/// reply would fail the whole reply in redis-rs, and so every entry of the batch.)
+pub(crate) fn entry_reply(v: Value) -> Result<Value, LockError> {
+    if let Value::Array(items) = &v
+        && let [Value::BulkString(tag), Value::BulkString(message)] = items.as_slice()
+        && tag == b"error"
+    {
+        let message = String::from_utf8_lossy(message).into_owned();
+        return Err(LockError::Redis(redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "the script failed for this entry",
+            message,
+        ))));
+    }
+    Ok(v)
+}
+
+/// The error a failed batch gives each of its entries: the one it would have had alone.
+fn each(e: &LockError) -> LockError {
+    match e {
+        LockError::RedisTimeout { op, after } => LockError::RedisTimeout { op, after: *after },
+        LockError::Redis(r) => LockError::Redis(r.clone()),
+        other => LockError::UnexpectedReply(other.to_string()),
+    }
+}
+
+/// The lane's own call ended: hand what queued to a driver task, or mark it idle.
+fn hand_over(conn: Conn, script: &'static Lua, group: u16) {
+    let Some(lanes) = conn.lanes.clone() else {
+        return;
+    };
+    let mut busy = lanes.lock();
+    let waiting = busy
+        .get(&(script.op(), group))
+        .is_some_and(|q| !q.is_empty());
+    if !waiting {
+        busy.remove(&(script.op(), group));
+        return;
+    }
+    drop(busy);
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            rt.spawn(drive(conn, lanes, script, group));
+        }
+        Err(_) => {
+            // No runtime to send them on: the queued callers get an error now (their
+            // receivers see the senders dropped) rather than wait.
+            lanes.lock().remove(&(script.op(), group));
+        }
+    }
+}
+
+/// Sends what queued on a lane, a batch at a time, until nothing is left.
+async fn drive(conn: Conn, lanes: Arc<Lanes>, script: &'static Lua, group: u16) {
+    loop {
+        let mut batch: Vec<Queued> = {
+            let mut busy = lanes.lock();
+            let Some(queue) = busy.get_mut(&(script.op(), group)) else {
+                return;
+            };
+            if queue.is_empty() {
+                busy.remove(&(script.op(), group));
+                return;
+            }
+            let n = queue.len().min(MAX_BATCH);
+            queue.drain(..n).collect()
+        };
+        // Callers gone before sending: left out.
+        let (gone, batch): (Vec<Queued>, Vec<Queued>) =
+            batch.drain(..).partition(|q| q.reply.is_closed());
+        for q in gone {
+            if let Some(orphan) = q.entry.orphan {
+                orphan(None);
+            }
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        let entries: Vec<&Entry> = batch.iter().map(|q| &q.entry).collect();
+        let replies = send_batch(&conn, script, &entries).await;
+        drop(entries);
+        match replies {
+            Ok(items) => {
+                for (q, v) in batch.into_iter().zip(items) {
+                    deliver(q, entry_reply(v));
+                }
+            }
+            Err(e) => {
+                for q in batch {
+                    deliver(q, Err(each(&e)));
+                }
+            }
+        }
+    }
+}
+
+fn deliver(q: Queued, reply: Result<Value, LockError>) {
+    if let Err(reply) = q.reply.send(reply)
+        && let Some(orphan) = q.entry.orphan
+    {
+        orphan(Some(reply));
+    }
+}
