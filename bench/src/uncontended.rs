@@ -118,23 +118,23 @@ async fn impls(url: &str, conn: &ConnectionManager) -> Result<[Impl; 6], BoxErro
             }
         })
     };
-    let ours = {
-        let client = client.clone();
-        cycle(move |t, _| {
-            let (client, fixed) = (client.clone(), fixed.clone());
-            async move {
-                let g = client.acquire(("bench", "ours", t), fixed).await?;
-                g.release().await?;
-                Ok(())
-            }
-        })
-    };
     let unbatched = {
         let fixed = fixed.clone();
         cycle(move |t, _| {
             let (client, fixed) = (unbatched_client.clone(), fixed.clone());
             async move {
                 let g = client.acquire(("bench", "unbatched", t), fixed).await?;
+                g.release().await?;
+                Ok(())
+            }
+        })
+    };
+    let ours = {
+        let client = client.clone();
+        cycle(move |t, _| {
+            let (client, fixed) = (client.clone(), fixed.clone());
+            async move {
+                let g = client.acquire(("bench", "ours", t), fixed).await?;
                 g.release().await?;
                 Ok(())
             }
