@@ -128,8 +128,8 @@ impl Claim {
         done.push(b' ');
         done.extend_from_slice(record);
         let entry = || {
-            // Queued, the entry answers for the claim if this future is dropped: the
-            // claim is abandoned once its completion's fate is known (owner-checked,
+            // Queued, the entry answers for the claim (this future dropped, or an error):
+            // the claim is abandoned once its completion's fate is known (owner-checked,
             // so a completion that went through stays).
             let (shared, runtime) = (self.shared.clone(), self.runtime.clone());
             Entry::new()
@@ -139,32 +139,28 @@ impl Claim {
                 .arg(&done[..])
                 .arg(retention.as_millis() as u64)
                 .arg(&inner.id_hex)
-                .on_orphan(move |reply| {
+                .cleanup(move |reply| {
                     if !matches!(reply, Some(Ok(_))) {
                         abandon_in_background(shared, &runtime);
                     }
                 })
         };
-        let reply = match inner
-            .conn
-            .turn(&IDEMPOTENCY_COMPLETE, &s.keys.record, entry)
-        {
-            Turn::Alone(alone) => {
-                inner
-                    .conn
-                    .alone(&IDEMPOTENCY_COMPLETE, alone, entry())
-                    .await
+        let conn = &inner.conn;
+        let reply = match conn.turn(&IDEMPOTENCY_COMPLETE, &s.keys.record, entry) {
+            Turn::Alone(alone, entry) => {
+                let reply = conn.send_one(&IDEMPOTENCY_COMPLETE, &entry()).await;
+                drop(alone);
+                // On a Redis error the claim's drop abandons it (owner-checked, so a
+                // completion that did go through is left alone).
+                self.done = reply.is_ok();
+                reply?
             }
             Turn::Queued(pending) => {
-                // Dropped while queued, the entry's orphan hook answers for the claim.
                 self.done = true;
-                pending.await
+                pending.await?
             }
         };
-        // On a Redis error the claim's drop abandons it (owner-checked, so a
-        // completion that did go through is left alone).
-        self.done = reply.is_ok();
-        let reply: i64 = redis::FromRedisValue::from_redis_value(reply?)
+        let reply: i64 = redis::FromRedisValue::from_redis_value(reply)
             .map_err(|e| LockError::UnexpectedReply(format!("idempotency_complete.lua: {e}")))?;
         let result = outcome(reply, &s.keys, "idempotency_complete.lua");
         if result.is_ok() {
@@ -231,7 +227,8 @@ impl Drop for Claim {
     }
 }
 
-/// Abandons the claim in the background (a dropped claim, a completion orphaned).
+/// Abandons the claim in the background (a dropped claim, a queued completion left to
+/// clean up).
 fn abandon_in_background(shared: Arc<Shared>, runtime: &Handle) {
     runtime.spawn(async move {
         match abandon(&shared).await {

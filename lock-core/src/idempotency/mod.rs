@@ -268,20 +268,20 @@ impl IdempotencyStore {
             runtime.clone(),
         );
         let entry = || {
-            // Queued, the entry answers for the claim if this future is dropped: a key
-            // it claimed (or may have) is abandoned once the reply is in.
+            // Queued, the entry answers for the claim (this future dropped, or an
+            // error): a key it claimed (or may have) is abandoned once the reply is in.
             let abandon = claim.abandon_later();
             Entry::new()
                 .key(&keys.record)
                 .arg(&in_flight)
                 .arg(lease_ms)
-                .on_orphan(move |reply| match reply.map(|r| r.and_then(begin_reply)) {
+                .cleanup(move |reply| match reply.map(|r| r.and_then(begin_reply)) {
                     Some(Ok(Some(_))) | None => {}
                     Some(_) => abandon(),
                 })
         };
         let found = match inner.conn.turn(&IDEMPOTENCY_BEGIN, &keys.record, entry) {
-            BatchTurn::Alone(alone) => {
+            BatchTurn::Alone(alone, _) => {
                 let mut cmd = redis::cmd("SET");
                 cmd.arg(&keys.record)
                     .arg(&in_flight)
@@ -295,9 +295,9 @@ impl IdempotencyStore {
             }
             BatchTurn::Queued(pending) => {
                 claim.disarm();
-                let reply = pending.await;
+                let reply = pending.await?;
                 claim.rearm();
-                begin_reply(reply?)?
+                begin_reply(reply)?
             }
         };
         let Some(mut found) = found else {

@@ -15,7 +15,7 @@ use crate::LockError;
 use crate::cleanup::{self, OnDrop};
 use crate::key::LockKeys;
 use crate::store::batch::{Entry, Turn as LaneTurn};
-use crate::store::scripts::{ACQUIRE, AcquireReply, single};
+use crate::store::scripts::{ACQUIRE, AcquireReply};
 use crate::wait::{Turn, wait_for_turn};
 
 /// What a granted attempt brings back.
@@ -130,8 +130,8 @@ impl Core {
         let lease = req.lease;
         let sent = Instant::now();
         let entry = || {
-            // Sent, but its caller went away: a grant (or an unknown outcome) is given
-            // back, after its reply, so the give-back cannot overtake it.
+            // Queued: a grant its caller will not take (gone), or an unknown outcome (an
+            // error), is given back once the reply is in.
             let (core, k, v, rt) = (self.clone(), keys.clone(), value.clone(), runtime.clone());
             Entry::new()
                 .key(&keys.key)
@@ -141,7 +141,7 @@ impl Core {
                 .arg(lease.as_millis() as u64)
                 .arg(linger)
                 .arg(u8::from(req.fenced))
-                .on_orphan(move |reply| {
+                .cleanup(move |reply| {
                     let Some(reply) = reply else {
                         return; // never sent
                     };
@@ -151,24 +151,26 @@ impl Core {
                     }
                 })
         };
+        // Until the reply is in, the grant may exist: a cancelled or failed call is
+        // undone in the background (the value is this attempt's own).
+        let undo = || OnDrop::new(|| self.give_back_in_background(keys, &value, runtime));
         let reply = match self.conn.turn(&ACQUIRE, &keys.key, entry) {
-            LaneTurn::Alone(alone) => {
-                // Until the reply is in, the grant may exist: a cancelled or failed call
-                // is undone in the background (the value is this attempt's own).
-                let undo = OnDrop::new(|| self.give_back_in_background(keys, &value, runtime));
-                let reply = self.attempt_alone(req, &value, linger).await;
+            LaneTurn::Alone(alone, entry) => {
+                let undo = undo();
+                let reply = self.attempt_alone(req, &value, entry).await;
                 drop(alone);
                 let reply = reply?;
                 undo.disarm();
                 reply
             }
-            LaneTurn::Queued(pending) => match pending.await.and_then(AcquireReply::decode) {
-                Ok(reply) => reply,
-                Err(e) => {
-                    self.give_back_in_background(keys, &value, runtime);
-                    return Err(e);
-                }
-            },
+            LaneTurn::Queued(pending) => {
+                // An error is the entry's cleanup's to undo.
+                let value = pending.await?;
+                let undo = undo();
+                let reply = AcquireReply::decode(value)?;
+                undo.disarm();
+                reply
+            }
         };
         match reply {
             AcquireReply::Granted { token } => {
@@ -177,7 +179,7 @@ impl Core {
                     // The reply came after the lease it granted: nothing of it can be
                     // relied on, so give it back now rather than block everyone.
                     tracing::warn!(lock = %keys.name, "grant arrived with no validity left; given back");
-                    let undo = OnDrop::new(|| self.give_back_in_background(keys, &value, runtime));
+                    let undo = undo();
                     let result = self.delete_call(keys, &value).await;
                     undo.disarm();
                     result?;
@@ -201,36 +203,26 @@ impl Core {
         &self,
         req: &Request,
         value: &str,
-        linger: u64,
+        entry: impl FnOnce() -> Entry,
     ) -> Result<AcquireReply, LockError> {
-        let keys = &req.keys;
-        let lease = req.lease.as_millis() as u64;
         if !req.fenced {
+            let keys = &req.keys;
             let mut set = redis::cmd("SET");
-            set.arg(&keys.key).arg(value).arg("NX").arg("PX").arg(lease);
+            set.arg(&keys.key)
+                .arg(value)
+                .arg("NX")
+                .arg("PX")
+                .arg(req.lease.as_millis() as u64);
             let reply: Option<String> = self.conn.query("acquire", &set).await?;
             if reply.is_some() {
                 return Ok(AcquireReply::Granted { token: None });
             }
         }
-        let reply = self
-            .conn
-            .eval(&ACQUIRE, self.conn.timeout(), |c| {
-                c.arg(3)
-                    .arg(&keys.key)
-                    .arg(&keys.fence)
-                    .arg(&keys.waiters)
-                    .arg(value)
-                    .arg(lease)
-                    .arg(linger)
-                    .arg(u8::from(req.fenced));
-            })
-            .await?;
-        AcquireReply::decode(single(reply)?)
+        AcquireReply::decode(self.conn.send_one(&ACQUIRE, &entry()).await?)
     }
 
     /// Gives back the grant `value` of `keys` in the background (compare-and-delete).
-    pub(crate) fn give_back_in_background(
+    fn give_back_in_background(
         self: &Arc<Self>,
         keys: &Arc<LockKeys>,
         value: &str,

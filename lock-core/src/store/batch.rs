@@ -15,9 +15,11 @@
 //! per entry, `{'error', message}` for an entry that failed (`redis.pcall`), so each
 //! caller gets its own.
 //! A call that fails as a whole (Redis down, a timeout) fails every entry with that
-//! error. An entry whose caller went away before its batch was sent is left out; one
-//! that went away after is handed to its orphan hook with the reply (the lock's
-//! acquisition gives such a grant back).
+//! error. An entry whose caller went away before its batch was sent is left out.
+//! Whatever a queued entry leaves to undo is its own cleanup's to undo, run once the
+//! outcome is known: after an error, or after a reply its caller is no longer there to
+//! take (the lock's acquisition gives such a grant back); so an undo never overtakes
+//! what it undoes, and callers undo nothing themselves on the queued path.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -36,16 +38,15 @@ use crate::LockError;
 /// The most entries one script call carries.
 pub(crate) const MAX_BATCH: usize = 128;
 
-/// What to do for an entry whose caller went away: with its reply if it was sent,
-/// with `None` if it was left out.
-type Orphan = Box<dyn FnOnce(Option<Result<Value, LockError>>) + Send + Sync>;
+/// A queued entry's cleanup (see [`Entry::cleanup`]).
+type Cleanup = Box<dyn FnOnce(Option<Result<Value, LockError>>) + Send + Sync>;
 
 /// One entry of a batched script call: its keys and arguments in the script's per-entry
 /// layout.
 pub(crate) struct Entry {
     keys: Vec<String>,
     args: Vec<Vec<u8>>,
-    orphan: Option<Orphan>,
+    cleanup: Option<Cleanup>,
 }
 
 impl Entry {
@@ -53,7 +54,7 @@ impl Entry {
         Self {
             keys: Vec::with_capacity(3),
             args: Vec::with_capacity(4),
-            orphan: None,
+            cleanup: None,
         }
     }
 
@@ -67,13 +68,15 @@ impl Entry {
         self
     }
 
-    /// What to do if the caller is gone: with the reply once it arrives (sent), or
-    /// with `None` (left out before sending).
-    pub(crate) fn on_orphan(
+    /// What to undo for this entry when queued, run once its outcome is known and its
+    /// caller will not act on it: with its error (the caller gets a copy), with its
+    /// reply if the caller went away after it was sent, or with `None` if the caller
+    /// went away before (nothing was sent).
+    pub(crate) fn cleanup(
         mut self,
         f: impl FnOnce(Option<Result<Value, LockError>>) + Send + Sync + 'static,
     ) -> Self {
-        self.orphan = Some(Box::new(f));
+        self.cleanup = Some(Box::new(f));
         self
     }
 
@@ -124,10 +127,10 @@ impl Conn {
 }
 
 /// A caller's place in a lane.
-pub(crate) enum Turn {
-    /// Nothing of this lane is in flight: send now, on the caller's future. The lane
-    /// stays busy until this is dropped.
-    Alone(Alone),
+pub(crate) enum Turn<F> {
+    /// Nothing of this lane is in flight: send now, on the caller's future (the entry
+    /// builder comes back unused). The lane stays busy until the [`Alone`] is dropped.
+    Alone(Alone, F),
     /// Queued behind a call in flight: the reply arrives with a later batch.
     Queued(Pending),
 }
@@ -168,7 +171,7 @@ impl Future for Pending {
         }
         match self.sleep.as_mut().poll(cx) {
             // Dropping the receiver then leaves the entry out (not sent yet) or hands
-            // its reply to the orphan hook (sent).
+            // its reply to its cleanup (sent).
             Poll::Ready(()) => Poll::Ready(Err(LockError::RedisTimeout {
                 op: self.op,
                 after: self.limit,
@@ -179,29 +182,16 @@ impl Future for Pending {
 }
 
 impl Conn {
-    /// A place for a call of `script` on `key`'s group: alone (send now) or queued with
-    /// the entry `entry` builds (built only then). With batching off, always alone.
-    pub(crate) fn turn(
-        &self,
-        script: &'static Lua,
-        key: &str,
-        entry: impl FnOnce() -> Entry,
-    ) -> Turn {
-        match self.enter(script, key, entry) {
-            Ok(pending) => Turn::Queued(pending),
-            Err((alone, _)) => Turn::Alone(alone),
-        }
-    }
-
-    /// [`turn`](Self::turn), giving the entry builder back when alone.
-    fn enter<F: FnOnce() -> Entry>(
+    /// A place for a call of `script` on `key`'s group: alone (send now), or queued
+    /// with the entry `entry` builds (built only then). With batching off, always alone.
+    pub(crate) fn turn<F: FnOnce() -> Entry>(
         &self,
         script: &'static Lua,
         key: &str,
         entry: F,
-    ) -> Result<Pending, (Alone, F)> {
+    ) -> Turn<F> {
         let Some(lanes) = &self.lanes else {
-            return Err((Alone { lane: None }, entry));
+            return Turn::Alone(Alone { lane: None }, entry);
         };
         let group = self.group(key);
         let mut busy = lanes.lock();
@@ -214,7 +204,7 @@ impl Conn {
                 });
                 // One batch ahead of this one, then this one.
                 let limit = self.timeout * 2;
-                Ok(Pending {
+                Turn::Queued(Pending {
                     rx,
                     op: script.op(),
                     limit,
@@ -226,7 +216,7 @@ impl Conn {
                 let alone = Alone {
                     lane: Some((self.clone(), script, group)),
                 };
-                Err((alone, entry))
+                Turn::Alone(alone, entry)
             }
         }
     }
@@ -239,26 +229,25 @@ impl Conn {
         key: &str,
         entry: impl FnOnce() -> Entry,
     ) -> Result<Value, LockError> {
-        match self.enter(script, key, entry) {
-            Ok(pending) => pending.await,
-            Err((alone, entry)) => self.alone(script, alone, entry()).await,
+        match self.turn(script, key, entry) {
+            Turn::Queued(pending) => pending.await,
+            Turn::Alone(alone, entry) => {
+                let reply = self.send_one(script, &entry()).await;
+                // The lane is handed over whether the call succeeded or not.
+                drop(alone);
+                reply
+            }
         }
     }
 
-    /// Sends `entry` alone (a batch of one) while holding the lane; its reply.
-    pub(crate) async fn alone(
+    /// Sends `entry` as a batch of one; its reply (an error entry is an error).
+    pub(crate) async fn send_one(
         &self,
         script: &'static Lua,
-        alone: Alone,
-        entry: Entry,
+        entry: &Entry,
     ) -> Result<Value, LockError> {
-        let items = send_batch(self, script, &[&entry]).await;
-        // The lane is handed over whether the call succeeded or not.
-        drop(alone);
-        let reply = items?.pop().ok_or_else(|| {
-            LockError::UnexpectedReply(format!("{}.lua: empty reply", script.op()))
-        })?;
-        entry_reply(reply)
+        let reply = send_batch(self, script, &[entry]).await?.pop();
+        entry_reply(reply.unwrap_or(Value::Nil))
     }
 }
 
@@ -336,7 +325,7 @@ fn hand_over(conn: Conn, script: &'static Lua, group: u16) {
 /// Sends what queued on a lane, a batch at a time, until nothing is left.
 async fn drive(conn: Conn, lanes: Arc<Lanes>, script: &'static Lua, group: u16) {
     loop {
-        let mut batch: Vec<Queued> = {
+        let batch: Vec<Queued> = {
             let mut busy = lanes.lock();
             let Some(queue) = busy.get_mut(&(script.op(), group)) else {
                 return;
@@ -350,10 +339,10 @@ async fn drive(conn: Conn, lanes: Arc<Lanes>, script: &'static Lua, group: u16) 
         };
         // Callers gone before sending: left out.
         let (gone, batch): (Vec<Queued>, Vec<Queued>) =
-            batch.drain(..).partition(|q| q.reply.is_closed());
+            batch.into_iter().partition(|q| q.reply.is_closed());
         for q in gone {
-            if let Some(orphan) = q.entry.orphan {
-                orphan(None);
+            if let Some(cleanup) = q.entry.cleanup {
+                cleanup(None);
             }
         }
         if batch.is_empty() {
@@ -377,10 +366,21 @@ async fn drive(conn: Conn, lanes: Arc<Lanes>, script: &'static Lua, group: u16) 
     }
 }
 
+/// Hands an entry its reply; what its caller will not act on goes to its cleanup.
 fn deliver(q: Queued, reply: Result<Value, LockError>) {
-    if let Err(reply) = q.reply.send(reply)
-        && let Some(orphan) = q.entry.orphan
-    {
-        orphan(Some(reply));
+    let Queued {
+        entry,
+        reply: caller,
+    } = q;
+    let left = match reply {
+        Err(e) => {
+            let copy = each(&e);
+            let _ = caller.send(Err(e));
+            Some(Err(copy))
+        }
+        Ok(v) => caller.send(Ok(v)).err(),
+    };
+    if let (Some(left), Some(cleanup)) = (left, entry.cleanup) {
+        cleanup(Some(left));
     }
 }

@@ -120,17 +120,6 @@ pub(crate) fn code_value(op: &str, reply: Value) -> Result<(Code, i64), LockErro
     Err(unexpected(op, &reply))
 }
 
-/// The one entry of a batched script's reply to a batch of one (an error reply is the
-/// entry's error).
-pub(crate) fn single(reply: Value) -> Result<Value, LockError> {
-    match reply {
-        Value::Array(mut items) if items.len() == 1 => {
-            super::batch::entry_reply(items.pop().unwrap_or(Value::Nil))
-        }
-        other => Err(unexpected("batched script", &other)),
-    }
-}
-
 /// `{code, ...}` with exactly `n` codes (a batched script's reply).
 pub(crate) fn codes(op: &str, reply: Value, n: usize) -> Result<Vec<Code>, LockError> {
     if let Value::Array(items) = &reply
