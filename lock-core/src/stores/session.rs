@@ -156,7 +156,31 @@ impl Drop for Tidy<'_> {
 
 /// The conveniences every store here has beside its `acquire`: `try_lock`, `lock`,
 /// `held_count` (for a store whose `inner` holds its [`Stores`] as `stores`).
+///
+/// `store_conveniences!(target)` also writes `acquire`, for a store whose
+/// `inner.take(name, target, wait)` takes the lock at `target(namespace, name)` (the
+/// server-side name, advisory key or node path), waiting up to `wait`.
 macro_rules! store_conveniences {
+    ($target:path) => {
+        /// Takes the lock with per-call options (wait, scope, delimiter).
+        pub async fn acquire<N: crate::key::LockName>(
+            &self,
+            name: N,
+            options: crate::LockOptions,
+        ) -> Result<crate::StoreGuard, crate::LockError> {
+            let inner = self.inner.clone();
+            let namespace = &self.inner.config.namespace;
+            self.inner
+                .stores
+                .acquire_named(&self.inner.config, name, options, |name, how| {
+                    let (target, wait) = ($target(namespace, &name), how.wait);
+                    async move { inner.take(name, target, wait).await }
+                })
+                .await
+        }
+
+        $crate::stores::session::store_conveniences!();
+    };
     () => {
         /// Takes the lock if it is free (or re-enters it); [`LockError::Busy`] otherwise.
         pub async fn try_lock<N: crate::key::LockName>(

@@ -8,10 +8,10 @@ use sqlx::{MySql, MySqlPool};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use super::super::session::{StoreGuard, Stores};
+use super::super::session::Stores;
 use super::{Closing, ConnFuture, Dialect, SqlHold, fnv1a64};
 use crate::key::{self, LockName};
-use crate::{LockConfig, LockError, LockOptions};
+use crate::{LockConfig, LockError};
 
 const STORE: &str = "mysql";
 
@@ -103,24 +103,7 @@ impl MysqlLocks {
         Ok(server_name(&self.inner.config.namespace, &name))
     }
 
-    super::super::session::store_conveniences!();
-
-    /// Takes the lock with per-call options (wait, scope, delimiter).
-    pub async fn acquire<N: LockName>(
-        &self,
-        name: N,
-        options: LockOptions,
-    ) -> Result<StoreGuard, LockError> {
-        let inner = self.inner.clone();
-        let namespace = &self.inner.config.namespace;
-        self.inner
-            .stores
-            .acquire_named(&self.inner.config, name, options, |name, how| {
-                let (sent, wait) = (server_name(namespace, &name), how.wait);
-                async move { inner.take(name, sent, wait).await }
-            })
-            .await
-    }
+    super::super::session::store_conveniences!(server_name);
 }
 
 /// `<namespace>:<name>`, or its hashed form when longer than the server's limit.

@@ -8,10 +8,10 @@ use sqlx::{PgPool, Postgres};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use super::super::session::{StoreGuard, Stores};
+use super::super::session::Stores;
 use super::{Closing, ConnFuture, Dialect, SqlHold};
 use crate::key::{self, LockName};
-use crate::{LockConfig, LockError, LockOptions};
+use crate::{LockConfig, LockError};
 
 const STORE: &str = "postgres";
 
@@ -97,24 +97,7 @@ impl PostgresLocks {
         Ok(advisory_key(&self.inner.config.namespace, &name))
     }
 
-    super::super::session::store_conveniences!();
-
-    /// Takes the lock with per-call options (wait, scope, delimiter).
-    pub async fn acquire<N: LockName>(
-        &self,
-        name: N,
-        options: LockOptions,
-    ) -> Result<StoreGuard, LockError> {
-        let inner = self.inner.clone();
-        let namespace = &self.inner.config.namespace;
-        self.inner
-            .stores
-            .acquire_named(&self.inner.config, name, options, |name, how| {
-                let (key, wait) = (advisory_key(namespace, &name), how.wait);
-                async move { inner.take(name, key, wait).await }
-            })
-            .await
-    }
+    super::super::session::store_conveniences!(advisory_key);
 }
 
 /// FNV-1a 64 of `<namespace>:<name>`, as a signed advisory key.

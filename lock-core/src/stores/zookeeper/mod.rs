@@ -10,9 +10,9 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use self::hold::ZkHold;
-use super::session::{StoreGuard, Stores};
+use super::session::Stores;
 use crate::key::{self, LockName};
-use crate::{LockConfig, LockError, LockOptions};
+use crate::{LockConfig, LockError};
 
 const STORE: &str = "zookeeper";
 /// Curator's lock node name: `_c_<uuid>-lock-<sequence>`.
@@ -121,24 +121,7 @@ impl ZkLocks {
         Ok(lock_path(&self.inner.config.namespace, &name))
     }
 
-    super::session::store_conveniences!();
-
-    /// Takes the lock with per-call options (wait, scope, delimiter).
-    pub async fn acquire<N: LockName>(
-        &self,
-        name: N,
-        options: LockOptions,
-    ) -> Result<StoreGuard, LockError> {
-        let inner = self.inner.clone();
-        let namespace = &self.inner.config.namespace;
-        self.inner
-            .stores
-            .acquire_named(&self.inner.config, name, options, |name, how| {
-                let (dir, wait) = (lock_path(namespace, &name), how.wait);
-                async move { inner.take(name, dir, wait).await }
-            })
-            .await
-    }
+    super::session::store_conveniences!(lock_path);
 }
 
 /// `/<namespace>/<name>`, one path segment each, escaped for ZooKeeper.
