@@ -99,33 +99,23 @@ async fn a_terminated_session_fires_lost_and_lets_another_owner_in() {
     .unwrap();
     assert!(killed);
     let killed_at = Instant::now();
-    tokio::time::timeout(Duration::from_secs(2), g.lost())
-        .await
-        .expect("lost() fired within the check period and lease");
-    assert!(killed_at.elapsed() < Duration::from_millis(1_000));
-    assert!(!g.is_held());
-    let next = b.try_lock("job").await.unwrap();
-    assert!(next.fencing_token() > g.fencing_token());
-    let err = g.release().await.unwrap_err();
-    assert!(err.is_lost(), "{err}");
+    let fired = store_checks::loss_lets_another_owner_in(
+        g,
+        &b,
+        "job",
+        killed_at,
+        "lost() fired within the check period and lease",
+    )
+    .await;
+    assert!(fired < Duration::from_millis(1_000));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_wait_leaves_no_lock_and_no_connection_behind() {
     let server = PostgresServer::start();
     let (a, b) = (locks(&server).await, locks(&server).await);
-    let held = a.lock("x").await.unwrap();
-    for _ in 0..5 {
-        let cut = tokio::time::timeout(Duration::from_millis(50), b.lock("x")).await;
-        assert!(cut.is_err(), "the wait was cut");
-    }
-    held.release().await.unwrap();
-    // The cancelled sessions were closed: none of them holds or later takes the lock.
-    let g = tokio::time::timeout(Duration::from_secs(5), a.lock("x"))
-        .await
-        .expect("free after the holder's release")
-        .unwrap();
-    g.release().await.unwrap();
+    // A cancelled wait closes its session: none of them holds or later takes the lock.
+    store_checks::cancelled_waits_leave_no_lock(&a, &b).await;
     assert_eq!(b.held_count(), 0);
     let waiting: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",

@@ -142,14 +142,15 @@ async fn a_deleted_node_fires_lost_and_lets_another_owner_in() {
     let admin = raw(&server).await;
     let node = admin.list_children(&dir).await.unwrap().remove(0);
     admin.delete(&format!("{dir}/{node}"), None).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(2), g.lost())
-        .await
-        .expect("lost() fired on the deletion");
-    assert!(!g.is_held());
-    let next = b.try_lock("job").await.unwrap();
-    assert!(next.fencing_token() > g.fencing_token());
-    let err = g.release().await.unwrap_err();
-    assert!(err.is_lost(), "{err}");
+    let deleted_at = Instant::now();
+    store_checks::loss_lets_another_owner_in(
+        g,
+        &b,
+        "job",
+        deleted_at,
+        "lost() fired on the deletion",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

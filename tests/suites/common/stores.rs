@@ -75,3 +75,49 @@ where
         .unwrap();
     assert!(got.is_held());
 }
+
+/// The store took `g`'s hold away behind its back (a killed session, a deleted node) at
+/// `taken_at`: `lost()` fires within 2 s (`fired` says why it should), the guard stops
+/// claiming the lock, `b` takes `name` with a larger fencing token, and releasing `g`
+/// reports the loss. Returns how long after `taken_at` `lost()` fired.
+pub async fn loss_lets_another_owner_in<G, L>(
+    g: G,
+    b: &L,
+    name: &str,
+    taken_at: Instant,
+    fired: &str,
+) -> Duration
+where
+    G: HeldLock,
+    L: DistributedLock,
+{
+    tokio::time::timeout(Duration::from_secs(2), g.lost())
+        .await
+        .expect(fired);
+    let after = taken_at.elapsed();
+    assert!(!g.is_held());
+    let next = b.try_lock_named(name).await.unwrap();
+    assert!(next.token() > g.token());
+    let err = g.release().await.unwrap_err();
+    assert!(err.is_lost(), "{err}");
+    after
+}
+
+/// `a` holds `x` while five waits of `b` on it are cut short: once `a` releases, `a`
+/// takes `x` again within 5 s (none of the cancelled waits holds or later takes it).
+pub async fn cancelled_waits_leave_no_lock<L>(a: &L, b: &L)
+where
+    L: DistributedLock,
+{
+    let held = a.lock_named("x").await.unwrap();
+    for _ in 0..5 {
+        let cut = tokio::time::timeout(Duration::from_millis(50), b.lock_named("x")).await;
+        assert!(cut.is_err(), "the wait was cut");
+    }
+    held.release().await.unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(5), a.lock_named("x"))
+        .await
+        .expect("free after the holder's release")
+        .unwrap();
+    g.release().await.unwrap();
+}
