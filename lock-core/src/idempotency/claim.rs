@@ -9,6 +9,7 @@ use tokio::runtime::Handle;
 
 use super::{IdempotencyKeys, IdempotencyStore};
 use crate::store::batch::{Entry, Turn};
+use crate::store::decode;
 use crate::store::scripts::{IDEMPOTENCY_ABANDON, IDEMPOTENCY_COMPLETE, IDEMPOTENCY_EXTEND};
 use crate::{LockClient, LockError};
 
@@ -160,8 +161,7 @@ impl Claim {
                 pending.await?
             }
         };
-        let reply: i64 = redis::FromRedisValue::from_redis_value(reply)
-            .map_err(|e| LockError::UnexpectedReply(format!("idempotency_complete.lua: {e}")))?;
+        let reply: i64 = decode(IDEMPOTENCY_COMPLETE.op(), reply)?;
         let result = outcome(reply, &s.keys, "idempotency_complete.lua");
         if result.is_ok() {
             inner.hub.notify_local(&s.keys.channel);

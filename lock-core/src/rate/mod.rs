@@ -231,7 +231,7 @@ impl RateLimiter {
         self.limit.validate()?;
         let k = self.client.prefixed_key(&self.name, key, "gcra")?;
         let conn = &self.client.inner.conn;
-        let reply = conn
+        let reply: Vec<i64> = conn
             .call(&GCRA, &k, || {
                 Entry::new()
                     .key(&k)
@@ -240,8 +240,6 @@ impl RateLimiter {
                     .arg(cost)
             })
             .await?;
-        let reply: Vec<i64> = redis::FromRedisValue::from_redis_value(reply)
-            .map_err(|e| LockError::UnexpectedReply(format!("gcra.lua: {e}")))?;
         let us = |v: i64| Duration::from_micros(v.max(0) as u64);
         match reply[..] {
             [allowed, remaining, retry_us, reset_us] => Ok(Decision {

@@ -28,11 +28,11 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use redis::{ToRedisArgs, Value};
+use redis::{FromRedisValue, ToRedisArgs, Value};
 use tokio::sync::oneshot;
 
-use super::Conn;
 use super::scripts::Lua;
+use super::{Conn, decode};
 use crate::LockError;
 
 /// The most entries one script call carries.
@@ -222,14 +222,14 @@ impl Conn {
     }
 
     /// One entry's call of a batched script: alone as a batch of one, or queued. The
-    /// entry's reply (an error reply is an error).
-    pub(crate) async fn call(
+    /// entry's reply as `T` (an error reply is an error).
+    pub(crate) async fn call<T: FromRedisValue>(
         &self,
         script: &'static Lua,
         key: &str,
         entry: impl FnOnce() -> Entry,
-    ) -> Result<Value, LockError> {
-        match self.turn(script, key, entry) {
+    ) -> Result<T, LockError> {
+        let reply = match self.turn(script, key, entry) {
             Turn::Queued(pending) => pending.await,
             Turn::Alone(alone, entry) => {
                 let reply = self.send_one(script, &entry()).await;
@@ -237,7 +237,8 @@ impl Conn {
                 drop(alone);
                 reply
             }
-        }
+        };
+        decode(script.op(), reply?)
     }
 
     /// Sends `entry` as a batch of one; its reply (an error entry is an error).

@@ -127,6 +127,7 @@ async fn limit(
     }
 }
 
-fn decode<T: FromRedisValue>(op: &'static str, value: Value) -> Result<T, LockError> {
+/// `value` as `T`, or the reply `op` did not expect.
+pub(crate) fn decode<T: FromRedisValue>(op: &'static str, value: Value) -> Result<T, LockError> {
     T::from_redis_value(value).map_err(|e| LockError::UnexpectedReply(format!("{op}: {e}")))
 }
