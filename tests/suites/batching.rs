@@ -64,6 +64,9 @@ fn total(by_name: &BTreeMap<String, u64>) -> u64 {
 /// Loads the library's scripts (a first call of each), so counts start after.
 async fn warm_up(c: &LockClient) {
     c.try_lock("warm").await.unwrap().release().await.unwrap();
+    // A lone grant is a plain SET: a fenced one loads acquire.lua.
+    let fenced = LockOptions::new().wait(Duration::ZERO).fenced();
+    c.acquire("warm", fenced).await.unwrap().release().await.unwrap();
     let limiter = c.rate_limiter("warm", RateLimit::per_second(10));
     limiter.check("warm").await.unwrap();
     let store = c.idempotency_store("warm");
