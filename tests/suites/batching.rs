@@ -66,7 +66,12 @@ async fn warm_up(c: &LockClient) {
     c.try_lock("warm").await.unwrap().release().await.unwrap();
     // A lone grant is a plain SET: a fenced one loads acquire.lua.
     let fenced = LockOptions::new().wait(Duration::ZERO).fenced();
-    c.acquire("warm", fenced).await.unwrap().release().await.unwrap();
+    c.acquire("warm", fenced)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     let limiter = c.rate_limiter("warm", RateLimit::per_second(10));
     limiter.check("warm").await.unwrap();
     let store = c.idempotency_store("warm");
