@@ -22,8 +22,8 @@ for i = 1, #KEYS / 3 do
   if type(value) == 'table' then
     out[i] = {'error', value.err}
   elseif value == ARGV[2 * i - 1] then
-    redis.call('DEL', lock)
-    if redis.call('DEL', waiters) == 1 then
+    -- The lock exists (just read): a count of 2 means someone waited.
+    if redis.call('DEL', lock, waiters) == 2 then
       redis.call('PUBLISH', channel, ARGV[2 * i])
     end
     out[i] = {1}
