@@ -8,14 +8,21 @@
 //! figure is never from a broken run. The floor: two more processes started with
 //! `--floor`, the same HTTP stack and routes whose order only runs the stock script (no
 //! lock, idempotency key or rate limit); rounds alternate between the two, so both see
-//! the same machine. Prints each round and returns the medians and the ratios (targets:
-//! requests/s >= 0.5x the floor's, p99 <= 2x the floor's).
+//! the same machine. Two more run with `--no-batching` (every lock, rate-limit and
+//! idempotency call sent on its own), to show what batching changes. Prints each round
+//! and returns the medians and the ratios (targets: requests/s >= 0.5x the floor's, p99
+//! <= 2x the floor's).
 
 use lock_examples::seckill::instances::{Instance, server_binary};
 use lock_examples::seckill::load::{self, LoadConfig};
 
 use crate::measure::{BoxError, Timing, check_rounds, median, spread};
 use crate::report::Figure;
+
+/// Indices of the three service configurations measured.
+const OURS: usize = 0;
+const UNBATCHED: usize = 1;
+const FLOOR: usize = 2;
 
 /// The demo's size.
 const CONFIG: LoadConfig = LoadConfig {
@@ -41,64 +48,84 @@ pub async fn run(url: &str, _timing: Timing, rounds: usize) -> Result<Vec<Figure
             }
         };
         let ours = spawn(&["--allow-volatile-redis"], db.clone()).await?;
-        // One Redis stream and consumer group for all four: the floor's workers persist
-        // into the same SQLite file, or ours would find rows missing.
+        let unbatched = spawn(&["--allow-volatile-redis", "--no-batching"], db.clone()).await?;
+        // One Redis stream and consumer group for all: the floor's workers persist into
+        // the same SQLite file, or ours would find rows missing.
         let floor = spawn(&["--allow-volatile-redis", "--floor"], db.clone()).await?;
         let urls = |is: &[Instance]| is.iter().map(|i| i.url.clone()).collect::<Vec<_>>();
-        let (ours_urls, floor_urls) = (urls(&ours), urls(&floor));
-        let (mut rates, mut p99s, mut floor_rates, mut floor_p99s) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        // Measured in this order in every round: ours, ours unbatched, the floor.
+        let sets = [urls(&ours), urls(&unbatched), urls(&floor)];
+        let names = ["ours", "ours_unbatched", "floor"];
+        let (mut rates, mut p99s) = ([vec![], vec![], vec![]], [vec![], vec![], vec![]]);
         for round in 0..rounds {
-            let v = load::run(CONFIG, &ours_urls).await?;
-            if !v.violations().is_empty() {
-                return Err(format!("the seckill verdict failed:\n{v}").into());
+            let mut line = format!("seckill round {round}");
+            for (i, set) in sets.iter().enumerate() {
+                let v = load::run(CONFIG, set).await?;
+                // The floor has no idempotency or rate limit: its verdict is not judged.
+                if i != FLOOR && !v.violations().is_empty() {
+                    return Err(format!("the seckill verdict failed ({}):\n{v}", names[i]).into());
+                }
+                let p99 = v.p99.as_secs_f64() * 1000.0;
+                line += &format!(
+                    " | {} requests_per_s {:.0} p50_ms {:.1} p99_ms {p99:.1}",
+                    names[i],
+                    v.throughput(),
+                    v.p50.as_secs_f64() * 1000.0
+                );
+                rates[i].push(v.throughput());
+                p99s[i].push(p99);
             }
-            // The floor has no idempotency or rate limit: its verdict is not judged.
-            let f = load::run(CONFIG, &floor_urls).await?;
-            let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
-            println!(
-                "seckill round {round} requests_per_s {:.0} p50_ms {:.1} p99_ms {:.1} | floor requests_per_s {:.0} p50_ms {:.1} p99_ms {:.1}",
-                v.throughput(),
-                ms(v.p50),
-                ms(v.p99),
-                f.throughput(),
-                ms(f.p50),
-                ms(f.p99)
-            );
-            rates.push(v.throughput());
-            p99s.push(ms(v.p99));
-            floor_rates.push(f.throughput());
-            floor_p99s.push(ms(f.p99));
+            println!("{line}");
         }
-        let rounds_spread = |name: &str, v: &[f64]| {
-            check_rounds("seckill", name, spread(v.iter().copied()))
+        let disturbed = |i: usize| {
+            [
+                check_rounds(
+                    "seckill",
+                    &format!("{}_requests_per_s", names[i]),
+                    spread(rates[i].iter().copied()),
+                ),
+                check_rounds(
+                    "seckill",
+                    &format!("{}_p99", names[i]),
+                    spread(p99s[i].iter().copied()),
+                ),
+            ]
         };
-        let disturbed = [
-            rounds_spread("ours_requests_per_s", &rates),
-            rounds_spread("floor_requests_per_s", &floor_rates),
-            rounds_spread("ours_p99", &p99s),
-            rounds_spread("floor_p99", &floor_p99s),
-        ];
-        let (rate, p99) = (median(rates), median(p99s));
-        let (floor_rate, floor_p99) = (median(floor_rates), median(floor_p99s));
-        println!(
-            "seckill requests_per_s {rate:.0} p99_ms {p99:.1}; floor requests_per_s {floor_rate:.0} p99_ms {floor_p99:.1}"
-        );
+        let disturbed = [disturbed(OURS), disturbed(UNBATCHED), disturbed(FLOOR)];
+        let rate = |i: usize| median(rates[i].iter().copied());
+        let p99 = |i: usize| median(p99s[i].iter().copied());
+        for (i, name) in names.iter().enumerate() {
+            println!(
+                "seckill {name} requests_per_s {:.0} p99_ms {:.1}",
+                rate(i),
+                p99(i)
+            );
+        }
+        let rate_vs = |label: &str, a: usize, b: usize| {
+            Figure::vs(label, rate(a), rate(b), "requests/s")
+                .disturbed_by(disturbed[a][0])
+                .disturbed_by(disturbed[b][0])
+        };
+        // Lower is better: b's p99 over a's, so >= 0.5 means a's is <= 2x b's.
+        let p99_vs = |label: &str, a: usize, b: usize| {
+            Figure::vs(label, p99(b), p99(a), "ms")
+                .disturbed_by(disturbed[a][1])
+                .disturbed_by(disturbed[b][1])
+        };
         Ok(vec![
-            Figure::vs(
+            rate_vs(
                 "seckill_requests_per_s_vs_floor (2 instances, 2000 buyers, 100 units)",
-                rate,
-                floor_rate,
-                "requests/s",
+                OURS,
+                FLOOR,
             )
-            .target(0.5)
-            .disturbed_by(disturbed[0])
-            .disturbed_by(disturbed[1]),
-            // Lower is better: the floor's p99 over ours, so >= 0.5 means ours <= 2x.
-            Figure::vs("seckill_p99_floor_over_ours_ms", floor_p99, p99, "ms")
-                .target(0.5)
-                .disturbed_by(disturbed[2])
-                .disturbed_by(disturbed[3]),
+            .target(0.5),
+            p99_vs("seckill_p99_floor_over_ours_ms", OURS, FLOOR).target(0.5),
+            rate_vs(
+                "seckill_requests_per_s_batched_vs_unbatched",
+                OURS,
+                UNBATCHED,
+            ),
+            p99_vs("seckill_p99_unbatched_over_batched_ms", OURS, UNBATCHED),
         ])
     }
     .await;

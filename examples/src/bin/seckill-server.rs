@@ -4,7 +4,7 @@
 //! seckill-server [--listen ADDR] [--redis URL] [--db PATH]
 //!                [--user-rate N] [--user-burst N] [--claim-idle-ms N]
 //!                [--crash-after-reads N] [--crash-after-takes N]
-//!                [--allow-volatile-redis] [--floor]
+//!                [--allow-volatile-redis] [--floor] [--no-batching]
 //! ```
 //!
 //! Prints `seckill-server listening on http://ADDR` on stdout once it accepts requests
@@ -19,7 +19,7 @@ use lock_examples::seckill::server::{self, ServerConfig};
 const USAGE: &str = "usage: seckill-server [--listen ADDR] [--redis URL] [--db PATH]
                       [--user-rate N] [--user-burst N] [--claim-idle-ms N]
                       [--crash-after-reads N] [--crash-after-takes N]
-                      [--allow-volatile-redis] [--floor]
+                      [--allow-volatile-redis] [--floor] [--no-batching]
   --listen ADDR          address to listen on (default 127.0.0.1:8080; port 0: any free port)
   --redis URL            the Redis shared by every instance (default redis://127.0.0.1:6379/)
   --db PATH              the SQLite file shared by every instance (default seckill.db)
@@ -33,7 +33,9 @@ const USAGE: &str = "usage: seckill-server [--listen ADDR] [--redis URL] [--db P
                          server refuses, since Redis holds accepted orders until the
                          worker writes them
   --floor                the benchmark's floor: orders run the stock script alone (no
-                         lock, idempotency key or rate limit); never in production";
+                         lock, idempotency key or rate limit); never in production
+  --no-batching          send every lock, rate-limit and idempotency call on its own
+                         instead of coalescing concurrent ones (LockConfig::with_batching)";
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -51,6 +53,10 @@ fn parse_args() -> Result<ServerConfig, BoxError> {
         }
         if arg == "--floor" {
             config.floor = true;
+            continue;
+        }
+        if arg == "--no-batching" {
+            config.batching = false;
             continue;
         }
         let value = it

@@ -43,6 +43,10 @@ pub struct ServerConfig {
     /// Serve the floor of `scripts/bench seckill`: orders without their protections
     /// (no lock, idempotency key or rate limit), to price them. Never in production.
     pub floor: bool,
+    /// Coalesce the service's concurrent lock, rate-limit and idempotency calls into
+    /// batched script calls (lock-core's default); off for `scripts/bench seckill`'s
+    /// comparison.
+    pub batching: bool,
 }
 
 impl ServerConfig {
@@ -62,6 +66,7 @@ impl ServerConfig {
             crash_after_takes: None,
             allow_volatile_redis: false,
             floor: false,
+            batching: true,
         }
     }
 }
@@ -193,7 +198,8 @@ pub async fn start(
         client.clone(),
         LockConfig::new()
             .with_command_timeout(REDIS_TIMEOUT)
-            .with_watchdog_lease(CLAIM_LEASE),
+            .with_watchdog_lease(CLAIM_LEASE)
+            .with_batching(config.batching),
     )
     .await?;
     let ids = IdGenerator::new(
