@@ -29,9 +29,9 @@ use lock_tower::idempotency::IdempotencyLayer;
 use redis::aio::ConnectionManager;
 
 use crate::measure::{
-    BoxError, Cycle, Timing, cycle, measure_rounds, median, median_rates, rounds_list,
+    BoxError, Cycle, Timing, check_all, cycle, measure_rounds, median, median_rates, rounds_list,
 };
-use crate::report::Figure;
+use crate::report::{Figure, ratio_text};
 
 /// Requests in flight at once.
 const TASKS: usize = 32;
@@ -187,28 +187,16 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
             median(s.iter().map(|s| s.client_us))
         );
     }
-    println!(
-        "ratio idempotency_fresh_ours_vs_by_hand {:.2}",
-        rates[1] / rates[0]
-    );
-    println!(
-        "ratio idempotency_replay_ours_vs_by_hand {:.2}",
-        rates[3] / rates[2]
-    );
-    Ok(vec![
-        Figure::vs(
-            "idempotency_fresh_ours_vs_by_hand",
-            rates[1],
-            rates[0],
-            "requests/s",
-        )
-        .target(0.8),
-        Figure::vs(
-            "idempotency_replay_ours_vs_by_hand",
-            rates[3],
-            rates[2],
-            "requests/s",
-        )
-        .target(0.8),
-    ])
+    let names: Vec<&str> = impls.iter().map(|(n, _)| *n).collect();
+    let spreads = check_all(&format!("idempotency_tasks={TASKS}"), &names, &samples);
+    let mut figures = Vec::new();
+    for (name, a, b) in [("fresh", 1, 0), ("replay", 3, 2)] {
+        let name = format!("idempotency_{name}_ours_vs_by_hand");
+        println!(
+            "ratio {name} {}",
+            ratio_text(rates[a], rates[b], [spreads[a], spreads[b]])
+        );
+        figures.push(Figure::between(name, (a, b), &rates, &spreads, "requests/s").target(0.8));
+    }
+    Ok(figures)
 }

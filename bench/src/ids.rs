@@ -11,9 +11,9 @@ use lock_core::ids::{IdConfig, IdGenerator, IdMode};
 use redis::aio::ConnectionManager;
 
 use crate::measure::{
-    BoxError, Cycle, Timing, cycle, measure_rounds, median, median_rates, rounds_list,
+    BoxError, Cycle, Timing, check_all, cycle, measure_rounds, median, median_rates, rounds_list,
 };
-use crate::report::Figure;
+use crate::report::{Figure, ratio_text};
 
 /// Tasks taking ids at once.
 const TASKS: usize = 64;
@@ -56,8 +56,13 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
             median(s.iter().map(|s| s.client_us))
         );
     }
-    println!("ratio segment_vs_per_id {:.1}", rates[1] / rates[0]);
+    let names: Vec<&str> = impls.iter().map(|(n, _)| *n).collect();
+    let spreads = check_all("ids", &names, &samples);
+    println!(
+        "ratio segment_vs_per_id {}",
+        ratio_text(rates[1], rates[0], [spreads[1], spreads[0]])
+    );
     Ok(vec![
-        Figure::vs("segment_vs_per_id", rates[1], rates[0], "ids/s").target(20.0),
+        Figure::between("segment_vs_per_id", (1, 0), &rates, &spreads, "ids/s").target(20.0),
     ])
 }

@@ -7,8 +7,10 @@ use lock_core::{Lease, LockClient, LockError, LockOptions};
 use lock_macros::cache_lock;
 use redis::aio::ConnectionManager;
 
-use crate::measure::{BoxError, Cycle, Timing, cycle, measure_rounds, median_rates, rounds_list};
-use crate::report::Figure;
+use crate::measure::{
+    BoxError, Cycle, Timing, check_all, cycle, measure_rounds, median_rates, rounds_list,
+};
+use crate::report::{Figure, ratio_text};
 
 /// The body both versions run: trivial, so the lock's cost is what shows.
 fn work(id: u64) -> u64 {
@@ -68,19 +70,14 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
                 rounds_list(s.iter().map(|s| s.cycles_per_s))
             );
         }
+        let names: Vec<&str> = impls.iter().map(|(n, _)| *n).collect();
+        let spreads = check_all(&format!("macro_tasks={tasks}"), &names, &samples);
+        let name = format!("macro_vs_by_hand_{tasks}_tasks");
         println!(
-            "ratio macro_vs_by_hand_{tasks}_tasks {:.2}",
-            rates[1] / rates[0]
+            "ratio {name} {}",
+            ratio_text(rates[1], rates[0], [spreads[1], spreads[0]])
         );
-        figures.push(
-            Figure::vs(
-                format!("macro_vs_by_hand_{tasks}_tasks"),
-                rates[1],
-                rates[0],
-                "calls/s",
-            )
-            .target(0.95),
-        );
+        figures.push(Figure::between(name, (1, 0), &rates, &spreads, "calls/s").target(0.95));
     }
     Ok(figures)
 }

@@ -43,20 +43,17 @@
 //!
 //! # Disturbed runs
 //!
-//! A benchmark whose rounds disagree is not a result. For every implementation of the
-//! uncontended and hot-key measurements, the spread of its per-round rates,
-//! `(max - min) / median` (cycles per second; handoffs per second on the hot key), must
-//! stay within [`measure::MAX_ROUND_SPREAD`], 0.15 (15%). Above that bound a
-//! `disturbed <bench> <impl> spread <x.xx> (bound 0.15)` line follows its per-round
-//! line (`<bench>` is `uncontended_tasks=N` or `hot_key`), and every figure and ratio
-//! computed from that implementation (as value or baseline) is marked disturbed: its
-//! ratio reads `DISTURBED (spread x.xx)` instead of a number, in the `ratio` lines and
-//! in the table, and its target is not judged. Every run ends with
-//! `figures: N, disturbed: K ...` and, if K > 0, says "rounds disagree by more than
-//! 15%: rerun on a quiet machine; this run is not a result" and exits with status 1.
-//! The other benchmarks print their per-round lines too but do not check them yet
-//! (a benchmark needs [`measure::round_spread`], [`measure::check_rounds`] and
-//! [`report::Figure::disturbed_by`] for that).
+//! A benchmark whose rounds disagree is not a result. For every implementation of every
+//! benchmark, the spread of its per-round rates, `(max - min) / median` (cycles,
+//! decisions, ids, calls or requests per second; handoffs per second on the hot key;
+//! the seckill p99 as well), must stay within [`measure::MAX_ROUND_SPREAD`], 0.15
+//! (15%). Above that bound a `disturbed <bench> <impl> spread <x.xx> (bound 0.15)` line
+//! follows its per-round line, and every figure and ratio computed from that
+//! implementation (as value or baseline) is marked disturbed: its ratio reads
+//! `DISTURBED (spread x.xx)` instead of a number and its target is not judged. Every
+//! run ends with `figures: N, disturbed: K ...` and, if K > 0, says "rounds disagree by
+//! more than 15%: rerun on a quiet machine; this run is not a result" and exits with
+//! status 1; `all` then prints no table, only the disturbed figures' names.
 //!
 //! # Reading the ratios
 //!
@@ -279,7 +276,14 @@ async fn main() -> Result<(), BoxError> {
             rows.extend(figures.into_iter().map(|f| (bench.name, f)));
             println!();
         }
-        println!("{}", report::table(&rows));
+        // A table is a result: none from a run with a disturbed figure.
+        if report::disturbed_count(rows.iter().map(|(_, f)| f)) == 0 {
+            println!("{}", report::table(&rows));
+        } else {
+            for (bench, f) in rows.iter().filter(|(_, f)| f.disturbed.is_some()) {
+                println!("disturbed figure: {bench} {} ({})", f.name, f.ratio_text());
+            }
+        }
         finish(rows.iter().map(|(_, f)| f));
         return Ok(());
     }

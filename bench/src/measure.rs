@@ -147,6 +147,16 @@ pub fn check_rounds(bench: &str, imp: &str, spread: f64) -> Option<f64> {
     })
 }
 
+/// [`check_rounds`] for every implementation of a benchmark, named in `names` in the
+/// order of `samples`: the spread of each disturbed one, `None` for the others.
+pub fn check_all(bench: &str, names: &[&str], samples: &[Vec<Sample>]) -> Vec<Option<f64>> {
+    names
+        .iter()
+        .zip(samples)
+        .map(|(name, s)| check_rounds(bench, name, round_spread(s)))
+        .collect()
+}
+
 /// Seconds of CPU the redis-server has used (user + system), from INFO CPU.
 async fn server_cpu(conn: &mut ConnectionManager) -> Result<f64, BoxError> {
     let info: String = redis::cmd("INFO").arg("CPU").query_async(conn).await?;
@@ -322,6 +332,23 @@ mod tests {
         assert_eq!(check_rounds("t", "x", 0.15), None);
         let s = check_rounds("t", "x", round_spread(&rates(&[100.0, 80.0, 120.0])));
         assert!((s.expect("disturbed") - 0.4).abs() < 1e-12, "{s:?}");
+    }
+
+    #[test]
+    fn every_implementation_is_checked() {
+        let samples = [
+            rates(&[100.0, 101.0]),
+            rates(&[100.0, 130.0]),
+            rates(&[5.0]),
+        ];
+        let spreads = check_all("t", &["calm", "noisy", "one_round"], &samples);
+        assert_eq!(spreads.len(), 3);
+        assert_eq!(spreads[0], None);
+        assert!(
+            spreads[1].is_some_and(|s| s > MAX_ROUND_SPREAD),
+            "{spreads:?}"
+        );
+        assert_eq!(spreads[2], None);
     }
 
     #[test]

@@ -5,9 +5,9 @@ use lock_core::{LockClient, RateLimit};
 use redis::aio::ConnectionManager;
 
 use crate::measure::{
-    BoxError, Cycle, Timing, cycle, measure_rounds, median, median_rates, rounds_list,
+    BoxError, Cycle, Timing, check_all, cycle, measure_rounds, median, median_rates, rounds_list,
 };
-use crate::report::Figure;
+use crate::report::{Figure, ratio_text};
 
 const TRIVIAL: &str = "#!lua\nreturn redis.call('EXISTS', KEYS[1])";
 
@@ -118,37 +118,24 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
             rounds_list(s.iter().map(|s| s.cycles_per_s))
         );
     }
-    for (name, a, b) in [
-        ("ours_vs_floor", 1, 0),
-        ("ours_vs_redis_rate", 1, 2),
-        ("ours_unbatched_vs_redis_rate", 3, 2),
+    let names: Vec<&str> = impls.iter().map(|(n, _)| *n).collect();
+    let spreads = check_all(&format!("ratelimit_tasks={tasks}"), &names, &samples);
+    let mut figures = Vec::new();
+    for (name, a, b, target) in [
+        ("ours_vs_floor", 1, 0, Some(0.9)),
+        ("ours_vs_redis_rate", 1, 2, Some(1.5)),
+        ("ours_unbatched_vs_redis_rate", 3, 2, None),
     ] {
         println!(
-            "ratio ratelimit_{name}_{tasks}_tasks {:.2}",
-            rates[a] / rates[b]
+            "ratio ratelimit_{name}_{tasks}_tasks {}",
+            ratio_text(rates[a], rates[b], [spreads[a], spreads[b]])
         );
+        let name = format!("ratelimit_{name}_{tasks}_tasks");
+        let f = Figure::between(name, (a, b), &rates, &spreads, "decisions/s");
+        figures.push(match target {
+            Some(t) => f.target(t),
+            None => f,
+        });
     }
-    let unit = "decisions/s";
-    Ok(vec![
-        Figure::vs(
-            format!("ratelimit_ours_vs_floor_{tasks}_tasks"),
-            rates[1],
-            rates[0],
-            unit,
-        )
-        .target(0.9),
-        Figure::vs(
-            format!("ratelimit_ours_vs_redis_rate_{tasks}_tasks"),
-            rates[1],
-            rates[2],
-            unit,
-        )
-        .target(1.5),
-        Figure::vs(
-            format!("ratelimit_ours_unbatched_vs_redis_rate_{tasks}_tasks"),
-            rates[3],
-            rates[2],
-            unit,
-        ),
-    ])
+    Ok(figures)
 }

@@ -37,6 +37,21 @@ impl Figure {
         }
     }
 
+    /// Implementation `a`'s median against `b`'s, out of one measurement's medians
+    /// `rates` and round spreads `spreads` (as [`crate::measure::check_all`] returns
+    /// them): disturbed if either side was.
+    pub fn between(
+        name: impl Into<String>,
+        (a, b): (usize, usize),
+        rates: &[f64],
+        spreads: &[Option<f64>],
+        unit: &'static str,
+    ) -> Self {
+        Self::vs(name, rates[a], rates[b], unit)
+            .disturbed_by(spreads[a])
+            .disturbed_by(spreads[b])
+    }
+
     /// A value without a baseline (e.g. the seckill throughput).
     pub fn alone(name: impl Into<String>, value: f64, unit: &'static str) -> Self {
         Self {
