@@ -24,6 +24,8 @@ pub struct Reply {
     pub content_type: String,
     /// The `Location` header, if any.
     pub location: Option<String>,
+    /// The `Retry-After` header, if any.
+    pub retry_after: Option<String>,
     /// The body.
     pub body: Bytes,
     /// Time from sending to the end of the body.
@@ -108,6 +110,11 @@ impl Http {
             location: parts
                 .headers
                 .get("location")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+            retry_after: parts
+                .headers
+                .get("retry-after")
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned),
             body,

@@ -1,0 +1,109 @@
+//! What the small example programs share: where their store is, where they listen, and
+//! starting one as a child process from a test.
+//!
+//! Every small program (`cache-lock-axum`, `payments`, `rate-limited-api`) takes
+//! `--listen ADDR` (default `127.0.0.1:3000`; port 0 picks a free one) and reads its
+//! Redis from `REDIS_URL` (default `redis://127.0.0.1:6379/`), prints
+//! `<name> listening on http://ADDR` once it accepts requests, and stops on SIGINT or
+//! SIGTERM.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::seckill::instances::{BoxError, shutdown_signal};
+
+/// The Redis a program uses: `REDIS_URL`, or a local default.
+pub fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
+}
+
+/// The `--listen ADDR` argument, or `127.0.0.1:3000`; any other argument is an error
+/// naming the program's usage.
+pub fn listen_addr(usage: &str) -> Result<SocketAddr, BoxError> {
+    let mut addr = SocketAddr::from(([127, 0, 0, 1], 3000));
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--listen" => {
+                let v = args.next().ok_or("--listen needs IP:PORT")?;
+                addr = v
+                    .parse()
+                    .map_err(|e| format!("--listen: expected IP:PORT, got {v:?}: {e}"))?;
+            }
+            "-h" | "--help" => {
+                println!("{usage}");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other:?}\n{usage}").into()),
+        }
+    }
+    Ok(addr)
+}
+
+/// Serves `router` on `addr` until SIGINT or SIGTERM, after printing
+/// `<name> listening on http://ADDR`.
+pub async fn serve(name: &str, addr: SocketAddr, router: axum::Router) -> Result<(), BoxError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    println!("{name} listening on http://{}", listener.local_addr()?);
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown_signal())
+    .await?;
+    Ok(())
+}
+
+/// Runs a program's `main` body: its error goes to stderr with the program's name and
+/// exit status 1.
+pub fn exit_on_error(name: &str, result: Result<(), BoxError>) {
+    if let Err(e) = result {
+        eprintln!("{name}: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// A program started by a test; killed on drop.
+#[derive(Debug)]
+pub struct Running {
+    _child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+}
+
+/// Starts `bin` with `args` and `REDIS_URL=redis`, listening on a free port, and waits
+/// (at most 30 s) for its `listening on` line.
+pub async fn start(bin: &Path, redis: &str, args: &[&str]) -> Result<Running, BoxError> {
+    let mut child = Command::new(bin)
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .env("REDIS_URL", redis)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+    let stdout = child.stdout.take().ok_or("no stdout pipe")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await;
+    let url = match first {
+        Ok(Ok(Some(line))) => line
+            .split_once("listening on ")
+            .map(|(_, url)| url.trim().to_string()),
+        _ => None,
+    };
+    let Some(url) = url else {
+        let _ = child.kill().await;
+        return Err(format!("{} did not start; its log is above", bin.display()).into());
+    };
+    // Keep the pipe drained so the child never blocks on a full stdout.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok(Running { _child: child, url })
+}
