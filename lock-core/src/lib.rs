@@ -71,10 +71,11 @@ mod idempotency;
 pub mod ids;
 pub use store::key;
 mod lock;
+pub mod metrics;
 mod owner;
 #[doc(hidden)]
 pub mod __private {
-    //! Re-exported for `#[cache_lock]`; not a public API.
+    //! Re-exported for `#[cache_lock]` and `lock-tower`; not a public API.
     pub use crate::private::*;
 }
 mod private;
