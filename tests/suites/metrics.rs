@@ -209,6 +209,39 @@ async fn a_renewal_and_a_lost_lock_are_counted() {
     );
 }
 
+/// A Redlock counts once per Redlock call under `redlock`, not once per node copy; the
+/// in-memory store under `memory`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_and_the_memory_store_are_counted_under_their_own_store() {
+    let mut tally = Tally::start().await;
+    let masters = lock_tests::RedisMasters::start(3);
+    let redlock = lock_core::Redlock::open(masters.urls(), LockConfig::new()).unwrap();
+    let g = redlock.try_lock("batch").await.unwrap();
+    assert!(redlock.try_lock("batch").await.unwrap_err().is_busy());
+    assert_eq!(g.release().await.unwrap(), Released::Unlocked);
+    let rl = |k: &'static str, v: &'static str| [("store", "redlock"), (k, v)];
+    assert_eq!(tally.counter(ACQ, &rl("outcome", "granted")), 1);
+    assert_eq!(tally.counter(ACQ, &rl("outcome", "busy")), 1);
+    assert_eq!(tally.counter(REL, &rl("result", "unlocked")), 1);
+    assert_eq!(
+        tally
+            .observed("lock_hold_seconds", &[("store", "redlock")])
+            .len(),
+        1
+    );
+    assert_eq!(tally.counter(ACQ, &[("store", "redis")]), 0, "node copies");
+    assert_eq!(tally.counter(REL, &[("store", "redis")]), 0, "node copies");
+
+    let memory = lock_core::MemoryLocks::new();
+    let g = memory.try_lock("batch").await.unwrap();
+    assert!(memory.try_lock("batch").await.unwrap_err().is_busy());
+    assert_eq!(g.release().await.unwrap(), Released::Unlocked);
+    let mem = |k: &'static str, v: &'static str| [("store", "memory"), (k, v)];
+    assert_eq!(tally.counter(ACQ, &mem("outcome", "granted")), 1);
+    assert_eq!(tally.counter(ACQ, &mem("outcome", "busy")), 1);
+    assert_eq!(tally.counter(REL, &mem("result", "unlocked")), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rate_limit_decisions_are_counted_and_a_peek_is_not() {
     let mut tally = Tally::start().await;
