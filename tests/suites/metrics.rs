@@ -258,6 +258,54 @@ async fn rate_limit_decisions_are_counted_and_a_peek_is_not() {
     assert_eq!(tally.counter(name, &[]), 2);
 }
 
+/// Redis gone: lock-tower's layer lets the request through (or refuses it), and says so;
+/// the idempotency store counts the lookup as `unavailable`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_open_or_closed_and_an_unavailable_store_are_counted() {
+    use axum::body::Body;
+    use lock_tower::rate_limit::{HeaderKey, RateLimitLayer};
+    use tower::ServiceExt;
+
+    let mut tally = Tally::start().await;
+    let mut server = RedisServer::start();
+    let config = LockConfig::new().with_command_timeout(Duration::from_millis(300));
+    let c = client(&server, config).await;
+    let app = |fail_closed: bool| {
+        let limiter = c.rate_limiter("api", RateLimit::per_second(100));
+        let key = HeaderKey(http::HeaderName::from_static("x-user-id"));
+        axum::Router::new()
+            .route("/", axum::routing::get(|| async { "ok" }))
+            .layer(RateLimitLayer::new(limiter, key).fail_closed(fail_closed))
+    };
+    let get = || {
+        let r = http::Request::get("/").header("x-user-id", "7");
+        r.body(Body::empty()).unwrap()
+    };
+    assert_eq!(app(false).oneshot(get()).await.unwrap().status(), 200);
+    server.kill();
+    assert_eq!(app(false).oneshot(get()).await.unwrap().status(), 200);
+    assert_eq!(app(true).oneshot(get()).await.unwrap().status(), 503);
+    let store = c.idempotency_store("idem");
+    assert!(
+        store
+            .begin("k", "fp", Duration::from_secs(5))
+            .await
+            .is_err()
+    );
+
+    let name = "rate_limit_decisions_total";
+    for outcome in ["allowed", "failed_open", "failed_closed"] {
+        assert_eq!(tally.counter(name, &[("outcome", outcome)]), 1, "{outcome}");
+    }
+    assert_eq!(
+        tally.counter(name, &[]),
+        3,
+        "a failed check is no other decision"
+    );
+    let unavailable = [("outcome", "unavailable")];
+    assert_eq!(tally.counter("idempotency_outcomes_total", &unavailable), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idempotency_outcomes_are_counted() {
     let mut tally = Tally::start().await;
@@ -317,34 +365,13 @@ async fn no_label_carries_a_lock_name() {
         "events were recorded: {}",
         tally.seen.len()
     );
-    let allowed = [
-        "redis",
-        "redis_cluster",
-        "redlock",
-        "zookeeper",
-        "mysql",
-        "postgres",
-        "memory",
-        "granted",
-        "reentered",
-        "busy",
-        "timed_out",
-        "error",
-        "unlocked",
-        "still_held",
-        "expired",
-        "not_owner",
-        "renewed",
-        "allowed",
-        "limited",
-        "failed_open",
-        "failed_closed",
-        "new",
-        "replayed",
-        "in_flight",
-        "mismatch",
-        "unavailable",
-    ];
+    let allowed: Vec<&str> = concat!(
+        "redis redis_cluster redlock zookeeper mysql postgres memory ",
+        "granted reentered busy timed_out error unlocked still_held expired not_owner renewed ",
+        "allowed limited failed_open failed_closed new replayed in_flight mismatch unavailable",
+    )
+    .split(' ')
+    .collect();
     for (key, _) in &tally.seen {
         for label in key.key().labels() {
             assert!(
