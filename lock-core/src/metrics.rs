@@ -328,7 +328,6 @@ mod record {
 }
 
 #[cfg(not(feature = "metrics"))]
-#[allow(clippy::missing_const_for_fn)]
 mod record {
     use std::time::Duration;
 
@@ -352,7 +351,6 @@ mod record {
     pub(crate) fn idempotency(_: IdempotencyOutcome) {}
 }
 
-#[allow(unused_imports)]
 pub(crate) use record::{
     acquired, held, idempotency, lost, rate_limit, released, renewal_call, renewed,
 };
