@@ -55,9 +55,32 @@ async fn flash_sale_on_two_instances_and_a_second_run_adds_no_duplicates() {
     let store = OrderStore::open(&dir.db()).unwrap();
     assert_eq!(store.count().await.unwrap(), 50);
 
+    // Each instance exports what its orders did, in the Prometheus text format.
+    let http = Http::new();
+    let mut granted = 0;
+    for url in &urls {
+        let m = http.get(&format!("{url}/metrics")).await.unwrap();
+        assert_eq!(m.status, 200);
+        assert_eq!(m.content_type, "text/plain; version=0.0.4");
+        let text = String::from_utf8_lossy(&m.body);
+        granted += counter(
+            &text,
+            r#"lock_acquisitions_total{store="redis",outcome="granted"}"#,
+        );
+        assert!(
+            text.contains("# TYPE lock_acquisitions_total counter"),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"lock_hold_seconds_bucket{store="redis",le="#),
+            "{text}"
+        );
+    }
+    // At least one per accepted order (the per-user lock); more for the refused ones.
+    assert!(granted >= 50, "granted acquisitions: {granted}");
+
     // Once the sale is persisted, the workers trim what the group acknowledged: the
     // stream is empty again (issue 14b, item 3; before, it kept every order forever).
-    let http = Http::new();
     wait_health(&http, &[&a.url, &b.url], "the stream to be trimmed", |hs| {
         hs.iter().all(|h| drained(h) && h["stream"]["length"] == 0)
     })
@@ -345,4 +368,12 @@ async fn the_floor_serves_orders_without_their_protections() {
         "one per user, from the script alone"
     );
     assert_eq!(order(2).await.status, 410, "sold out");
+}
+
+/// The value of the series `series` (name and labels, as rendered) in a Prometheus text
+/// page; 0 if absent.
+fn counter(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0)
 }

@@ -34,6 +34,9 @@
 //!   Cluster (one hash tag per lock, redirections and failovers followed, renewals
 //!   batched per slot); [`Redlock`] takes one lock on a quorum of N independent
 //!   masters, with the same guard API ([`RedlockGuard`]).
+//! - **Metrics** (the `metrics` feature): acquisitions, waits, holds, renewals, losses,
+//!   releases, rate-limit decisions and idempotency outcomes through the `metrics`
+//!   facade, with bounded labels; see [`metrics`].
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -71,10 +74,11 @@ mod idempotency;
 pub mod ids;
 pub use store::key;
 mod lock;
+pub mod metrics;
 mod owner;
 #[doc(hidden)]
 pub mod __private {
-    //! Re-exported for `#[cache_lock]`; not a public API.
+    //! Re-exported for `#[cache_lock]` and `lock-tower`; not a public API.
     pub use crate::private::*;
 }
 mod private;

@@ -78,3 +78,14 @@ pub fn typed<T, F: Future<Output = T>>(fut: F) -> F {
 pub fn lock_error<E: From<LockError>>(e: LockError) -> E {
     E::from(e)
 }
+
+/// Counts a rate-limited request that Redis could not decide (for `lock-tower`): let
+/// through (`open`) or refused.
+pub fn rate_limit_failed(open: bool) {
+    use crate::metrics::{RateOutcome, rate_limit};
+    rate_limit(if open {
+        RateOutcome::FailedOpen
+    } else {
+        RateOutcome::FailedClosed
+    });
+}

@@ -5,7 +5,7 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Request, State};
-use axum::http::header::LOCATION;
+use axum::http::header::{CONTENT_TYPE, LOCATION};
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -54,6 +54,7 @@ fn routes(place_order: MethodRouter<App>) -> Router<App> {
         .route("/vouchers/{id}/orders", get(list_orders).merge(place_order))
         .route("/orders/{order_id}", get(get_order))
         .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
         // Last, so it wraps everything: unknown routes, wrong methods and axum's own
         // rejections (413) are problem+json too.
         .layer(middleware::from_fn(problem::problem_json_errors))
@@ -240,4 +241,15 @@ async fn healthz(State(app): State<App>) -> Result<Response, AppError> {
         "stream": backlog,
     });
     Ok((status, Json(body)).into_response())
+}
+
+/// `GET /metrics` -> lock-core's metrics (acquisitions, waits, holds, renewals, losses,
+/// releases, rate-limit decisions, idempotency outcomes) in the Prometheus text format.
+async fn metrics(State(app): State<App>) -> Result<Response, AppError> {
+    let handle = app.metrics.as_ref().ok_or_else(|| {
+        Problem::not_found("this process exports no metrics (another recorder was installed)")
+    })?;
+    handle.run_upkeep();
+    let text = handle.render();
+    Ok(([(CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }

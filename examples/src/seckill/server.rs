@@ -2,11 +2,13 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use lock_core::ids::{IdConfig, IdMode};
 use lock_core::{IdGenerator, LockClient, LockConfig, RateLimit};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::watch;
 
@@ -88,6 +90,37 @@ pub(crate) struct App {
     pub(crate) store: OrderStore,
     pub(crate) worker: std::sync::Arc<WorkerStats>,
     pub(crate) crash_after_takes: std::sync::Arc<CrashAfterTakes>,
+    /// What `GET /metrics` renders (`None`: another recorder was installed first).
+    pub(crate) metrics: Option<PrometheusHandle>,
+}
+
+/// Histogram buckets of lock-core's timings (seconds): from a local round trip to the
+/// watchdog lease.
+const BUCKETS: &[f64] = &[
+    0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// The process's Prometheus recorder, installed by the first instance started in it
+/// (lock-core's metrics go to it); `None` if the process had a recorder already.
+fn prometheus() -> Option<PrometheusHandle> {
+    static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let installed = PrometheusBuilder::new()
+                .set_buckets(BUCKETS)
+                .and_then(PrometheusBuilder::install_recorder);
+            match installed {
+                Ok(handle) => {
+                    lock_core::metrics::describe();
+                    Some(handle)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics are not exported: no Prometheus recorder");
+                    None
+                }
+            }
+        })
+        .clone()
 }
 
 async fn connection(
@@ -226,7 +259,9 @@ pub async fn start(
         store,
         worker: worker.stats(),
         crash_after_takes: std::sync::Arc::new(CrashAfterTakes::new(config.crash_after_takes)),
+        metrics: prometheus(),
     };
+    let upkeep = app.metrics.clone();
     let router: Router = if config.floor {
         tracing::warn!("--floor: orders run without their lock, idempotency key and rate limit");
         routes::floor_router(app)
@@ -240,6 +275,18 @@ pub async fn start(
     let addr = listener.local_addr()?;
     let (shutdown, rx) = watch::channel(false);
     let worker = tokio::spawn(worker.run(rx.clone()));
+    if let Some(handle) = upkeep {
+        // Histogram samples wait in the recorder until upkeep folds them in.
+        let mut stop = rx.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stop.wait_for(|s| *s) => return,
+                    () = tokio::time::sleep(Duration::from_secs(5)) => handle.run_upkeep(),
+                }
+            }
+        });
+    }
     let mut stop = rx;
     let serve = tokio::spawn(async move {
         axum::serve(

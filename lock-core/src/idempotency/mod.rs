@@ -16,6 +16,7 @@ use tracing::Instrument;
 
 use crate::key::LockName;
 use crate::lock::config::{MAX_LEASE, check_lease};
+use crate::metrics::{self, IdempotencyOutcome};
 use crate::store::batch::{Entry, Turn as BatchTurn};
 use crate::store::scripts::IDEMPOTENCY_BEGIN;
 use crate::wait::{Turn, wait_for_turn};
@@ -200,9 +201,14 @@ impl IdempotencyStore {
             )
         })?;
         let span = tracing::debug_span!("idempotency.begin", key = %keys.name, ?wait);
-        self.begin_loop(keys, fingerprint, lease, wait, runtime)
+        let found = self
+            .begin_loop(keys, fingerprint, lease, wait, runtime)
             .instrument(span)
-            .await
+            .await;
+        if let Some(outcome) = IdempotencyOutcome::of(&found) {
+            metrics::idempotency(outcome);
+        }
+        found
     }
 
     async fn begin_loop(

@@ -14,6 +14,7 @@ use super::registry::{Enter, Grant};
 use crate::LockError;
 use crate::cleanup::{self, OnDrop};
 use crate::key::LockKeys;
+use crate::metrics::{self, Acquired, StoreKind};
 use crate::store::batch::{Entry, Turn as LaneTurn};
 use crate::store::scripts::{ACQUIRE, AcquireReply};
 use crate::wait::{Turn, wait_for_turn};
@@ -28,21 +29,42 @@ struct Granted {
 }
 
 impl Core {
-    /// Takes the lock for `req`, waiting up to `wait`.
+    /// Takes the lock for `req`, waiting up to `wait`, and counts the outcome once (a
+    /// Redlock's node copy is counted by its Redlock instead).
     pub(crate) async fn acquire(
         self: &Arc<Self>,
         req: &Request,
         wait: Duration,
     ) -> Result<LockGuard, LockError> {
+        let started = Instant::now();
+        let mut reentered = false;
+        let result = self.enter_or_take(req, wait, started, &mut reentered).await;
+        if !req.quorum_copy {
+            let outcome = Acquired::of(&result, reentered);
+            metrics::acquired(self.kind, outcome, started.elapsed());
+        }
+        result
+    }
+
+    /// Re-enters the scope's grant (setting `reentered`) or takes a fresh one.
+    async fn enter_or_take(
+        self: &Arc<Self>,
+        req: &Request,
+        wait: Duration,
+        started: Instant,
+        reentered: &mut bool,
+    ) -> Result<LockGuard, LockError> {
         let runtime = Handle::try_current().map_err(|_| {
             LockError::InvalidConfig("locks must be taken inside a tokio runtime".into())
         })?;
-        let started = Instant::now();
         let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
         let scope = req.scope.id();
         let ticket = loop {
             match self.registry.enter(&req.keys.key, scope, req.watchdog) {
-                Enter::Reentered(grant) => return self.reentered(grant, req, runtime).await,
+                Enter::Reentered(grant) => {
+                    *reentered = true;
+                    return self.reentered(grant, req, runtime).await;
+                }
                 Enter::Acquire(ticket) => break ticket,
                 Enter::Wait { ready, own_release } => {
                     // Our own release finishes within one command timeout, whatever
@@ -79,6 +101,11 @@ impl Core {
                     g.token.map(|t| self.token(g.seq, t)),
                     g.seq,
                     g.valid_until,
+                    if req.quorum_copy {
+                        StoreKind::Redlock
+                    } else {
+                        self.kind
+                    },
                 ));
                 if req.watchdog {
                     let mut st = grant.state();

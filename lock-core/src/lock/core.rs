@@ -13,6 +13,7 @@ use super::watchdog::Watchdog;
 use crate::FencingToken;
 use crate::cleanup;
 use crate::key::LockKeys;
+use crate::metrics::StoreKind;
 use crate::owner::{ClientId, LockScope};
 use crate::store::Conn;
 use crate::store::batch::Entry;
@@ -28,6 +29,8 @@ pub(crate) struct Core {
     pub(crate) registry: Arc<Registry>,
     pub(crate) hub: Hub,
     pub(crate) watchdog: Watchdog,
+    /// The `store` label of this client's metrics.
+    pub(crate) kind: StoreKind,
     grants: AtomicU64,
 }
 
@@ -36,6 +39,7 @@ impl Core {
         conn: Conn,
         pubsub: Vec<redis::Client>,
         config: LockConfig,
+        kind: StoreKind,
     ) -> Result<Self, LockError> {
         let id = ClientId::random()?;
         let id_hex = id.to_hex();
@@ -48,6 +52,7 @@ impl Core {
             id,
             id_hex,
             registry,
+            kind,
             grants: AtomicU64::new(1),
         })
     }
@@ -114,17 +119,20 @@ impl Core {
             self.registry.released(&grant.keys.key);
         }
         let name = &grant.keys.name;
-        match (reply?, lost) {
-            (GrantReply::Done, None) => {
+        let result = match (reply, lost) {
+            (Err(e), _) => Err(e),
+            (Ok(GrantReply::Done), None) => {
                 tracing::debug!(lock = %name, "lock released");
                 Ok(Released::Unlocked)
             }
-            (GrantReply::Done, Some(loss)) | (GrantReply::Expired, Some(loss)) => {
+            (Ok(GrantReply::Done), Some(loss)) | (Ok(GrantReply::Expired), Some(loss)) => {
                 Err(loss.error(name))
             }
-            (GrantReply::Expired, None) => Err(self.lose(grant, Loss::Expired)),
-            (GrantReply::NotOwner, _) => Err(self.lose(grant, Loss::TakenOver)),
-        }
+            (Ok(GrantReply::Expired), None) => Err(self.lose(grant, Loss::Expired)),
+            (Ok(GrantReply::NotOwner), _) => Err(self.lose(grant, Loss::TakenOver)),
+        };
+        grant.count_release(&result, true);
+        result
     }
 
     /// [`release_last`](Self::release_last) as a background task (a dropped guard).

@@ -173,8 +173,10 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<Released, LockError> {
         self.done = true;
         match self.core.registry.release(&self.grant, self.watched, true) {
-            Plan::StillHeld(holds_left) => Ok(Released::StillHeld { holds_left }),
-            Plan::Lost(loss) => Err(loss.error(&self.grant.keys.name)),
+            Plan::StillHeld(holds_left) => {
+                self.released_locally(Ok(Released::StillHeld { holds_left }))
+            }
+            Plan::Lost(loss) => self.released_locally(Err(loss.error(&self.grant.keys.name))),
             Plan::Last => {
                 self.core
                     .release_last(&self.grant, None, &self.runtime)
@@ -186,6 +188,12 @@ impl LockGuard {
                     .await
             }
         }
+    }
+
+    /// A hold given back without a Redis call (others remain): counted, and returned.
+    fn released_locally(&self, result: Result<Released, LockError>) -> Result<Released, LockError> {
+        self.grant.count_release(&result, false);
+        result
     }
 
     /// Lets the lock run out on its own: stops renewing it and never releases it, so it
@@ -231,6 +239,7 @@ impl LockGuard {
             watchdog: self.watched,
             max_hold: None,
             fenced: false,
+            quorum_copy: self.grant.store == crate::metrics::StoreKind::Redlock,
         };
         self.core.acquire(&request, Duration::ZERO).await
     }
@@ -243,7 +252,12 @@ impl Drop for LockGuard {
         }
         // Local bookkeeping now (renewal stops at once); the Redis call in the background.
         match self.core.registry.release(&self.grant, self.watched, true) {
-            Plan::StillHeld(_) | Plan::Lost(_) => {}
+            Plan::StillHeld(holds_left) => {
+                let _ = self.released_locally(Ok(Released::StillHeld { holds_left }));
+            }
+            Plan::Lost(loss) => {
+                let _ = self.released_locally(Err(loss.error(&self.grant.keys.name)));
+            }
             Plan::Last => self
                 .core
                 .release_in_background(&self.grant, None, &self.runtime),

@@ -29,6 +29,7 @@ use self::config::{LockConfig, LockOptions};
 use self::core::Core;
 use crate::LockError;
 use crate::key::{self, LockKeys, LockName};
+use crate::metrics::StoreKind;
 use crate::owner::ClientId;
 use crate::store::{Conn, RedisStore};
 
@@ -129,7 +130,7 @@ impl LockClient {
             config.command_timeout,
             config.batching,
         );
-        Self::build(conn, pubsub.into_iter().collect(), config)
+        Self::build(conn, pubsub.into_iter().collect(), config, StoreKind::Redis)
     }
 
     /// Connects to a Redis Cluster through any of its `nodes` (seed addresses; the
@@ -211,16 +212,17 @@ impl LockClient {
             config.command_timeout,
             config.batching,
         );
-        Self::build(conn, pubsub, config)
+        Self::build(conn, pubsub, config, StoreKind::RedisCluster)
     }
 
     fn build(
         conn: Conn,
         pubsub: Vec<redis::Client>,
         config: LockConfig,
+        kind: StoreKind,
     ) -> Result<Self, LockError> {
         Ok(Self {
-            inner: Arc::new(Core::new(conn, pubsub, config)?),
+            inner: Arc::new(Core::new(conn, pubsub, config, kind)?),
         })
     }
 

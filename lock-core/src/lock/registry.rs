@@ -16,6 +16,7 @@ use tokio::sync::futures::OwnedNotified;
 use tokio::sync::{Notify, watch};
 
 use crate::key::LockKeys;
+use crate::metrics::{self, StoreKind};
 use crate::{FencingToken, LockError};
 
 /// Why a grant was lost, as far as this client knows.
@@ -48,6 +49,10 @@ pub(crate) struct Grant {
     pub(crate) token: std::sync::OnceLock<FencingToken>,
     /// Unique per grant in this client (the watchdog's queue key).
     pub(crate) seq: u64,
+    /// The `store` label of its metrics (`Redlock` for a Redlock's node copy).
+    pub(crate) store: StoreKind,
+    /// When it was granted (for the hold time).
+    pub(crate) granted: Instant,
     pub(crate) lost_tx: watch::Sender<bool>,
     state: Mutex<GrantState>,
 }
@@ -84,6 +89,7 @@ impl Grant {
         token: Option<FencingToken>,
         seq: u64,
         valid_until: Instant,
+        store: StoreKind,
     ) -> Self {
         Self {
             keys,
@@ -91,6 +97,8 @@ impl Grant {
             value,
             token: token.map(std::sync::OnceLock::from).unwrap_or_default(),
             seq,
+            store,
+            granted: Instant::now(),
             lost_tx: watch::Sender::new(false),
             state: Mutex::new(GrantState {
                 holds: 1,
@@ -111,6 +119,14 @@ impl Grant {
         self.value
             .rsplit_once(':')
             .map_or(self.value.as_str(), |(owner, _)| owner)
+    }
+
+    /// Counts the release of one hold that returned `result` (`last`: the grant's last
+    /// hold, so its hold time too); a Redlock's node copy is counted by its Redlock.
+    pub(crate) fn count_release(&self, result: &Result<crate::Released, LockError>, last: bool) {
+        if self.store != StoreKind::Redlock {
+            metrics::release(self.store, result, last.then(|| self.granted.elapsed()));
+        }
     }
 
     pub(crate) fn state(&self) -> MutexGuard<'_, GrantState> {
@@ -298,6 +314,7 @@ impl Registry {
         }
         drop(maps);
         grant.lost_tx.send_replace(true);
+        metrics::lost(grant.store);
         true
     }
 
@@ -367,6 +384,7 @@ mod tests {
             Some(FencingToken::new(1, 1)),
             1,
             Instant::now() + Duration::from_secs(30),
+            StoreKind::Redis,
         ));
         ticket.fulfil(g.clone());
         g

@@ -19,6 +19,8 @@ pub(crate) struct Request {
     pub(crate) max_hold: Option<Duration>,
     /// Take the fencing token with the grant.
     pub(crate) fenced: bool,
+    /// A node copy of a Redlock: the Redlock counts its acquisition and release.
+    pub(crate) quorum_copy: bool,
 }
 
 /// Options resolved once per call (the scope above all: every node of a Redlock must
@@ -78,6 +80,7 @@ impl<'c> Resolved<'c> {
             watchdog: self.watchdog,
             max_hold: self.max_hold,
             fenced: self.fenced,
+            quorum_copy: false,
         })
     }
 }

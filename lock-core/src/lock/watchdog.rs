@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 
 use super::config::{LockConfig, drift};
 use super::registry::{Grant, Loss, Registry};
+use crate::metrics::{self, Renewal, StoreKind};
 use crate::store::Conn;
 use crate::store::scripts::{GrantReply, RENEW, codes};
 
@@ -204,10 +205,11 @@ impl Shared {
     /// Splits the due grants into script calls of at most [`MAX_BATCH`] keys, one group
     /// per hash slot on a Cluster (a script's keys must share a slot).
     fn batches(&self, due: Vec<Arc<Grant>>) -> Vec<Vec<Arc<Grant>>> {
-        let mut by_group: BTreeMap<u16, Vec<Arc<Grant>>> = BTreeMap::new();
+        // Split by metrics label too, so each call's latency has one `store`.
+        let mut by_group: BTreeMap<(u16, StoreKind), Vec<Arc<Grant>>> = BTreeMap::new();
         for grant in due {
             by_group
-                .entry(self.conn.group(&grant.keys.key))
+                .entry((self.conn.group(&grant.keys.key), grant.store))
                 .or_default()
                 .push(grant);
         }
@@ -249,11 +251,15 @@ impl Shared {
             })
             .await
             .and_then(|r| codes("renew", r, batch.len()));
+        if let Some(first) = batch.first() {
+            metrics::renewal_call(first.store, sent.elapsed());
+        }
         match reply {
             Ok(codes) => {
                 tracing::trace!(locks = batch.len(), "watchdog renewed");
                 for (grant, code) in batch.iter().zip(codes) {
                     let outcome = GrantReply::from_code("renew", code);
+                    metrics::renewed(grant.store, Renewal::of(&outcome), 1);
                     match outcome {
                         Ok(GrantReply::Done) => {
                             let mut st = grant.state();
@@ -285,6 +291,7 @@ impl Shared {
                 tracing::warn!(locks = batch.len(), error = %e, "watchdog renewal failed; retrying");
                 let retry = Instant::now() + (self.period / 4).min(Duration::from_secs(1));
                 for grant in &batch {
+                    metrics::renewed(grant.store, Renewal::Error, 1);
                     let mut st = grant.state();
                     st.renewing = false;
                     if st.next_renewal.is_some() {

@@ -8,6 +8,7 @@ use std::time::Duration;
 pub use rule::{LimitRule, RuleDecision, RuleLimiter};
 
 use crate::key::{self, LockName, NameWriter};
+use crate::metrics::{self, RateOutcome};
 use crate::store::batch::Entry;
 use crate::store::scripts::GCRA;
 use crate::{LockClient, LockError};
@@ -242,13 +243,19 @@ impl RateLimiter {
             .await?;
         let us = |v: i64| Duration::from_micros(v.max(0) as u64);
         match reply[..] {
-            [allowed, remaining, retry_us, reset_us] => Ok(Decision {
-                allowed: allowed == 1,
-                remaining: u32::try_from(remaining.max(0)).unwrap_or(u32::MAX),
-                retry_after: (allowed != 1).then(|| us(retry_us)),
-                reset_after: us(reset_us),
-                limit: self.limit,
-            }),
+            [allowed, remaining, retry_us, reset_us] => {
+                if cost > 0 {
+                    // A peek (cost 0) decides nothing.
+                    metrics::rate_limit(RateOutcome::of(allowed == 1));
+                }
+                Ok(Decision {
+                    allowed: allowed == 1,
+                    remaining: u32::try_from(remaining.max(0)).unwrap_or(u32::MAX),
+                    retry_after: (allowed != 1).then(|| us(retry_us)),
+                    reset_after: us(reset_us),
+                    limit: self.limit,
+                })
+            }
             _ => Err(LockError::UnexpectedReply(format!(
                 "gcra.lua returned {reply:?}"
             ))),

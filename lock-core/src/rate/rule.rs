@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::key::LockName;
+use crate::metrics::{self, RateOutcome};
 use crate::store::scripts::LIMIT_RULE;
 use crate::{LockClient, LockError};
 
@@ -112,12 +113,16 @@ impl RuleLimiter {
             .arg(self.rule.lock_time);
         let reply: Vec<i64> = self.client.inner.conn.invoke("limit_rule", &inv).await?;
         match reply[..] {
-            [allowed, count, retry_ms, locked] => Ok(RuleDecision {
-                allowed: allowed == 1,
-                count: u32::try_from(count.max(0)).unwrap_or(u32::MAX),
-                retry_after: (allowed != 1).then(|| Duration::from_millis(retry_ms.max(0) as u64)),
-                locked_out: locked == 1,
-            }),
+            [allowed, count, retry_ms, locked] => {
+                metrics::rate_limit(RateOutcome::of(allowed == 1));
+                Ok(RuleDecision {
+                    allowed: allowed == 1,
+                    count: u32::try_from(count.max(0)).unwrap_or(u32::MAX),
+                    retry_after: (allowed != 1)
+                        .then(|| Duration::from_millis(retry_ms.max(0) as u64)),
+                    locked_out: locked == 1,
+                })
+            }
             _ => Err(LockError::UnexpectedReply(format!(
                 "limit_rule.lua returned {reply:?}"
             ))),

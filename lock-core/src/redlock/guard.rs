@@ -7,6 +7,7 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
 use super::quorum::{self, ReleaseTally, ReleaseVerdict, each_within};
+use crate::metrics::{self, StoreKind};
 use crate::{FencingToken, LockError, LockGuard, Released};
 
 /// A lock held on a quorum of a [`Redlock`](crate::Redlock)'s nodes.
@@ -32,6 +33,8 @@ pub struct RedlockGuard {
     quorum: usize,
     drift: Duration,
     node_timeout: Duration,
+    /// When the quorum granted it (for the hold time).
+    granted: Instant,
 }
 
 impl std::fmt::Debug for RedlockGuard {
@@ -59,6 +62,7 @@ impl RedlockGuard {
             quorum,
             drift,
             node_timeout,
+            granted: Instant::now(),
         }
     }
 
@@ -200,7 +204,7 @@ impl RedlockGuard {
             }
         };
         let key = self.name.clone();
-        match verdict {
+        let result = match verdict {
             ReleaseVerdict::Unlocked => Ok(Released::Unlocked),
             ReleaseVerdict::StillHeld { holds_left } => Ok(Released::StillHeld { holds_left }),
             ReleaseVerdict::NotOwner => Err(LockError::NotOwner { key }),
@@ -213,7 +217,11 @@ impl RedlockGuard {
                 nodes,
                 cause,
             }),
-        }
+        };
+        let last = !matches!(result, Ok(Released::StillHeld { .. }));
+        let held = last.then(|| self.granted.elapsed());
+        metrics::release(StoreKind::Redlock, &result, held);
+        result
     }
 
     /// Sets the lease of every copy to `lease` from now; needs a quorum.
@@ -251,6 +259,14 @@ impl RedlockGuard {
     /// Takes the same lock again as the same owner on every node that holds a copy (a
     /// re-entered hold; no waiting); needs a quorum.
     pub async fn reenter(&self) -> Result<RedlockGuard, LockError> {
+        let started = Instant::now();
+        let result = self.reenter_copies().await;
+        let outcome = metrics::Acquired::of(&result, true);
+        metrics::acquired(StoreKind::Redlock, outcome, started.elapsed());
+        result
+    }
+
+    async fn reenter_copies(&self) -> Result<RedlockGuard, LockError> {
         let timeout = self.node_timeout;
         // Nodes without a copy answer `None` at once.
         let answers = each_within(timeout, &self.nodes, |g| async move {
@@ -294,6 +310,7 @@ impl RedlockGuard {
             quorum: self.quorum,
             drift: self.drift,
             node_timeout: self.node_timeout,
+            granted: self.granted,
         })
     }
 

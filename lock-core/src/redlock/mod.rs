@@ -19,6 +19,7 @@ pub use guard::RedlockGuard;
 use crate::key::{self, LockKeys, LockName};
 use crate::lock::config::{LockConfig, LockOptions};
 use crate::lock::{Request, Resolved};
+use crate::metrics::{self, StoreKind};
 use crate::wait::{Turn, wait_for_turn};
 use crate::{LockClient, LockError, LockGuard};
 
@@ -203,11 +204,20 @@ impl Redlock {
             .inner
             .nodes
             .iter()
-            .map(|n| resolved.request(&n.config().namespace, &name))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|n| {
+                let mut request = resolved.request(&n.config().namespace, &name)?;
+                request.quorum_copy = true;
+                Ok(request)
+            })
+            .collect::<Result<Vec<_>, LockError>>()?;
         let wait = resolved.wait;
         let span = tracing::debug_span!("redlock.acquire", lock = %requests[0].keys.name, ?wait);
-        tracing::Instrument::instrument(self.acquire_requests(requests, wait), span).await
+        let started = Instant::now();
+        let result =
+            tracing::Instrument::instrument(self.acquire_requests(requests, wait), span).await;
+        let outcome = metrics::Acquired::of(&result, false);
+        metrics::acquired(StoreKind::Redlock, outcome, started.elapsed());
+        result
     }
 
     async fn acquire_requests(

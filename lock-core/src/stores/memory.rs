@@ -98,7 +98,7 @@ impl MemoryLocks {
                 table: Mutex::new(Table::default()),
                 released: Notify::new(),
                 tokens: AtomicU64::new(0),
-                stores: Arc::default(),
+                stores: Arc::new(Stores::new(crate::metrics::StoreKind::Memory)),
             }),
         }
     }

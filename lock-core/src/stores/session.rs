@@ -13,10 +13,11 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::key::{self, LockName};
 use crate::lock::Resolved;
+use crate::metrics::{self, StoreKind};
 use crate::{FencingToken, LockConfig, LockError, LockOptions, Released};
 
 /// A boxed `Send` future.
@@ -45,9 +46,10 @@ pub(crate) trait Hold: Send + Sync + 'static {
 type Slot = Arc<tokio::sync::Mutex<Weak<Shared>>>;
 
 /// The reentrancy table of one store client: (lock name, scope) -> its live grant.
-#[derive(Default)]
 pub(crate) struct Stores {
     slots: Mutex<HashMap<(String, u64), Slot>>,
+    /// The `store` label of its metrics.
+    kind: StoreKind,
 }
 
 impl fmt::Debug for Stores {
@@ -59,6 +61,13 @@ impl fmt::Debug for Stores {
 }
 
 impl Stores {
+    pub(crate) fn new(kind: StoreKind) -> Self {
+        Self {
+            slots: Mutex::default(),
+            kind,
+        }
+    }
+
     fn slots(&self) -> MutexGuard<'_, HashMap<(String, u64), Slot>> {
         self.slots.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -92,16 +101,23 @@ impl Stores {
         let scope = how.scope.id();
         let taken = take(name.clone(), &how);
         let fresh = async move { Ok(Box::new(taken.await?) as Box<dyn Hold>) };
-        self.acquire(&name, scope, fresh).await
+        let started = Instant::now();
+        let mut reentered = false;
+        let result = self.acquire(&name, scope, fresh, &mut reentered).await;
+        let outcome = metrics::Acquired::of(&result, reentered);
+        metrics::acquired(self.kind, outcome, started.elapsed());
+        result
     }
 
-    /// Re-enters the live grant of `name` in `scope`, or takes a fresh one with
-    /// `fresh` (called with no other acquisition of `name` in `scope` under way).
+    /// Re-enters the live grant of `name` in `scope` (setting `reentered`), or takes a
+    /// fresh one with `fresh` (called with no other acquisition of `name` in `scope`
+    /// under way).
     async fn acquire<F>(
         self: &Arc<Self>,
         name: &str,
         scope: u64,
         fresh: F,
+        reentered: &mut bool,
     ) -> Result<StoreGuard, LockError>
     where
         F: Future<Output = Result<Box<dyn Hold>, LockError>>,
@@ -119,6 +135,7 @@ impl Stores {
             && !shared.valid_for().is_zero()
         {
             tracing::debug!(lock = %name, "lock re-entered");
+            *reentered = true;
             return Ok(StoreGuard { shared });
         }
         let hold = fresh.await?;
@@ -126,6 +143,8 @@ impl Stores {
             hold: Mutex::new(Some(hold)),
             home: Arc::downgrade(self),
             id: id.clone(),
+            kind: self.kind,
+            granted: Instant::now(),
         });
         *live = Arc::downgrade(&shared);
         Ok(StoreGuard { shared })
@@ -216,6 +235,8 @@ struct Shared {
     home: Weak<Stores>,
     /// The lock's name and the scope: its slot in `home`.
     id: (String, u64),
+    kind: StoreKind,
+    granted: Instant,
 }
 
 impl Shared {
@@ -326,7 +347,8 @@ impl StoreGuard {
     pub async fn release(self) -> Result<Released, LockError> {
         let others = Arc::strong_count(&self.shared) - 1;
         let name = self.shared.name().to_owned();
-        match Arc::into_inner(self.shared) {
+        let (kind, granted) = (self.shared.kind, self.shared.granted);
+        let result = match Arc::into_inner(self.shared) {
             Some(shared) => match shared.take() {
                 Some(hold) => hold.release().await.map(|()| Released::Unlocked),
                 None => Err(LockError::Expired { key: name }),
@@ -334,7 +356,10 @@ impl StoreGuard {
             None => Ok(Released::StillHeld {
                 holds_left: u32::try_from(others.max(1)).unwrap_or(u32::MAX),
             }),
-        }
+        };
+        let last = !matches!(result, Ok(Released::StillHeld { .. }));
+        metrics::release(kind, &result, last.then(|| granted.elapsed()));
+        result
     }
 
     /// Keeps the grant until its lease runs out (an anti-resubmit window) where the

@@ -30,6 +30,7 @@ pub(crate) async fn check(limiter: RateLimiter, key: LimitKey, fail_closed: bool
         }
         Err(e) if fail_closed => {
             tracing::warn!(error = %e, "rate limit unavailable; failing closed");
+            lock_core::__private::rate_limit_failed(false);
             Verdict::Respond(problem(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "rate-limit-unavailable",
@@ -39,6 +40,7 @@ pub(crate) async fn check(limiter: RateLimiter, key: LimitKey, fail_closed: bool
         Err(e) => {
             let limit = limiter.limit();
             tracing::warn!(error = %e, ?limit, "rate limit unavailable; failing open");
+            lock_core::__private::rate_limit_failed(true);
             Verdict::Call(HeaderMap::new())
         }
     }

@@ -18,6 +18,7 @@ use tokio::sync::{Mutex, watch};
 use tokio::time::Instant;
 
 use super::session::{BoxFuture, Hold};
+use crate::metrics::{self, Renewal, StoreKind};
 use crate::{FencingToken, LockConfig, LockError};
 
 /// A future borrowing a session.
@@ -29,6 +30,8 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     type Db: Database;
     /// The store's name in errors and logs.
     const STORE: &'static str;
+    /// The store's `store` label in metrics.
+    const KIND: StoreKind;
     /// Whether the session still holds the lock (an error counts as no).
     fn check<'a>(&'a self, conn: &'a mut PoolConnection<Self::Db>) -> ConnFuture<'a, bool>;
     /// Gives the lock back: `true` if the session held it.
@@ -127,11 +130,22 @@ impl<D: Dialect> SqlHold<D> {
                         None => false,
                     }
                 };
-                if tokio::time::timeout_at(until, check).await.unwrap_or(false) {
+                // A session check is this store's renewal: it extends what the guard
+                // may count on.
+                let checked = tokio::time::timeout_at(until, check).await;
+                metrics::renewal_call(D::KIND, sent.elapsed());
+                let renewal = match checked {
+                    Ok(true) => Renewal::Renewed,
+                    Ok(false) => Renewal::Expired,
+                    Err(_) => Renewal::Error,
+                };
+                metrics::renewed(D::KIND, renewal, 1);
+                if renewal == Renewal::Renewed {
                     tx.send_replace(Some(sent + lease));
                 } else {
                     tracing::warn!(lock = %lock, store = D::STORE, "lock lost: its session no longer holds it or stopped answering");
                     tx.send_replace(None);
+                    metrics::lost(D::KIND);
                     return;
                 }
             }

@@ -81,7 +81,7 @@ impl MysqlLocks {
                 pool,
                 config,
                 counter: OnceCell::new(),
-                stores: Arc::default(),
+                stores: Arc::new(Stores::new(crate::metrics::StoreKind::Mysql)),
             }),
         }
     }
@@ -210,6 +210,7 @@ struct NamedLock {
 impl Dialect for NamedLock {
     type Db = MySql;
     const STORE: &'static str = STORE;
+    const KIND: crate::metrics::StoreKind = crate::metrics::StoreKind::Mysql;
 
     fn check<'a>(&'a self, conn: &'a mut PoolConnection<MySql>) -> ConnFuture<'a, bool> {
         Box::pin(async move {

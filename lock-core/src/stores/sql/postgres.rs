@@ -75,7 +75,7 @@ impl PostgresLocks {
                 pool,
                 config,
                 sequence: OnceCell::new(),
-                stores: Arc::default(),
+                stores: Arc::new(Stores::new(crate::metrics::StoreKind::Postgres)),
             }),
         }
     }
@@ -218,6 +218,7 @@ struct Advisory {
 impl Dialect for Advisory {
     type Db = Postgres;
     const STORE: &'static str = STORE;
+    const KIND: crate::metrics::StoreKind = crate::metrics::StoreKind::Postgres;
 
     fn check<'a>(&'a self, conn: &'a mut PoolConnection<Postgres>) -> ConnFuture<'a, bool> {
         Box::pin(async move { sqlx::query("SELECT 1").execute(&mut **conn).await.is_ok() })

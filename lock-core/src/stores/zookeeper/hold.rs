@@ -7,6 +7,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use super::{terminal, zk_error};
+use crate::metrics::{self, StoreKind};
 use crate::stores::session::{BoxFuture, Hold};
 use crate::{FencingToken, LockError};
 
@@ -40,6 +41,7 @@ impl ZkHold {
             let lost = |why: &str| {
                 tracing::warn!(lock = %lock, "lock lost: {why}");
                 tx.send_replace(Standing::Lost);
+                metrics::lost(StoreKind::Zookeeper);
             };
             // The node's own watch: fires on its deletion (or any change).
             let mut node_watch = match watching.check_and_watch_stat(&node).await {

@@ -110,7 +110,7 @@ impl ZkLocks {
                 client: tokio::sync::Mutex::new(client),
                 cluster,
                 config,
-                stores: Arc::default(),
+                stores: Arc::new(Stores::new(crate::metrics::StoreKind::Zookeeper)),
             }),
         }
     }

@@ -1,0 +1,369 @@
+//! Metrics through the [`metrics`](https://docs.rs/metrics) facade, behind the `metrics`
+//! cargo feature: this crate records, the exporter (Prometheus, StatsD, ...) is yours.
+//!
+//! Every name, label and description lives here. Labels come from fixed sets, so the
+//! number of series stays bounded: never a lock name, key or owner.
+//!
+//! | metric | kind | labels |
+//! | --- | --- | --- |
+//! | `lock_acquisitions_total` | counter | `store`, `outcome`: `granted`, `reentered`, `busy`, `timed_out`, `error` |
+//! | `lock_wait_seconds` | histogram | `store`: from the call to granted, busy or timed out |
+//! | `lock_hold_seconds` | histogram | `store`: from the grant to the release of its last hold |
+//! | `lock_releases_total` | counter | `store`, `result`: `unlocked`, `still_held`, `expired`, `not_owner`, `error` |
+//! | `lock_renewals_total` | counter | `store`, `result`: `renewed`, `expired`, `not_owner`, `error` |
+//! | `lock_renewal_seconds` | histogram | `store`: one renewal call (a batch of locks, on Redis) |
+//! | `lock_lost_total` | counter | `store` |
+//! | `rate_limit_decisions_total` | counter | `outcome`: `allowed`, `limited`, `failed_open`, `failed_closed` |
+//! | `idempotency_outcomes_total` | counter | `outcome`: `new`, `replayed`, `in_flight`, `mismatch`, `unavailable` |
+//!
+//! `store` is one of `redis`, `redis_cluster`, `redlock`, `zookeeper`, `mysql`,
+//! `postgres`, `memory`.
+//!
+//! What counts as one event:
+//! - An acquisition is counted once, when the call returns (a wait that retries is one
+//!   acquisition); a future dropped before it returns is not counted. A re-entry of a
+//!   lock the scope already holds is `reentered`, not `granted`, and its release is
+//!   `still_held` unless it was the last hold.
+//! - A dropped guard's background release is counted with its result on Redis; the
+//!   other stores give it back without reporting, so it is not counted there.
+//! - A [`Redlock`](crate::Redlock) counts acquisitions, releases and hold times once
+//!   per Redlock call, under `redlock` (its node copies' own are not counted), but
+//!   renewals and losses per node copy (one lost copy is not yet a lost Redlock).
+//! - Renewals are the watchdog's (on Redis) and the session checks of the database
+//!   stores; [`LockGuard::extend`](crate::LockGuard::extend) is not counted.
+//! - Losses are counted once per grant, when the client learns of them (a renewal or
+//!   release that finds another grant or none, or the lease running out by the local
+//!   clock); the in-memory store's leases end silently and are not counted.
+//! - Rate-limit decisions are those of [`RateLimiter::check`](crate::RateLimiter::check)
+//!   and [`RuleLimiter::try_access`](crate::RuleLimiter::try_access) (a peek decides
+//!   nothing); `failed_open` and `failed_closed` are recorded by `lock-tower`'s layer
+//!   when Redis could not decide.
+//! - Idempotency outcomes are those of
+//!   [`IdempotencyStore::begin_or_wait`](crate::IdempotencyStore::begin_or_wait), one
+//!   per call; `unavailable` is a Redis error, other errors (a bad key) are not counted.
+//!
+//! With the feature off every function here is an empty `#[inline]` function.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), lock_core::LockError> {
+//! // With an exporter installed as the global recorder (e.g. metrics-exporter-prometheus):
+//! lock_core::metrics::describe(); // once: descriptions and units for the exporter
+//! let client = lock_core::LockClient::open("redis://127.0.0.1:6379/").await?;
+//! let guard = client.lock("nightly-report").await?;
+//! // lock_acquisitions_total{store="redis",outcome="granted"} is now 1
+//! guard.release().await?;
+//! // lock_releases_total{store="redis",result="unlocked"} and lock_hold_seconds too
+//! # Ok(()) }
+//! ```
+
+use std::time::Duration;
+
+use crate::{LockError, Released};
+
+/// Acquisitions by store and outcome.
+pub const ACQUISITIONS: &str = "lock_acquisitions_total";
+/// Time from an acquisition call to its outcome (granted, busy or timed out).
+pub const WAIT: &str = "lock_wait_seconds";
+/// Time from a grant to the release of its last hold.
+pub const HOLD: &str = "lock_hold_seconds";
+/// Releases by store and result.
+pub const RELEASES: &str = "lock_releases_total";
+/// Renewals by store and result.
+pub const RENEWALS: &str = "lock_renewals_total";
+/// Latency of one renewal call.
+pub const RENEWAL_LATENCY: &str = "lock_renewal_seconds";
+/// Locks lost (taken over or expired while held), by store.
+pub const LOST: &str = "lock_lost_total";
+/// Rate-limit decisions by outcome.
+pub const RATE_LIMIT_DECISIONS: &str = "rate_limit_decisions_total";
+/// Idempotency-key lookups by outcome.
+pub const IDEMPOTENCY_OUTCOMES: &str = "idempotency_outcomes_total";
+
+/// Registers the description and unit of every metric above with the installed
+/// recorder (call it once, after installing the exporter). A no-op without the
+/// `metrics` feature.
+#[inline]
+pub fn describe() {
+    #[cfg(feature = "metrics")]
+    {
+        use metrics::{Unit, describe_counter, describe_histogram};
+        describe_counter!(ACQUISITIONS, "Lock acquisitions by store and outcome.");
+        describe_histogram!(
+            WAIT,
+            Unit::Seconds,
+            "Time from a lock acquisition call to granted, busy or timed out."
+        );
+        describe_histogram!(
+            HOLD,
+            Unit::Seconds,
+            "Time from a lock grant to the release of its last hold."
+        );
+        describe_counter!(RELEASES, "Lock releases by store and result.");
+        describe_counter!(RENEWALS, "Lock lease renewals by store and result.");
+        describe_histogram!(
+            RENEWAL_LATENCY,
+            Unit::Seconds,
+            "Latency of one lease renewal call."
+        );
+        describe_counter!(LOST, "Locks lost while held, by store.");
+        describe_counter!(RATE_LIMIT_DECISIONS, "Rate-limit decisions by outcome.");
+        describe_counter!(IDEMPOTENCY_OUTCOMES, "Idempotency-key lookups by outcome.");
+    }
+}
+
+/// Where a lock lives: the `store` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum StoreKind {
+    Redis,
+    RedisCluster,
+    Redlock,
+    Memory,
+    #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
+    Zookeeper,
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    Mysql,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    Postgres,
+}
+
+impl StoreKind {
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) const fn label(self) -> &'static str {
+        match self {
+            Self::Redis => "redis",
+            Self::RedisCluster => "redis_cluster",
+            Self::Redlock => "redlock",
+            Self::Memory => "memory",
+            Self::Zookeeper => "zookeeper",
+            Self::Mysql => "mysql",
+            Self::Postgres => "postgres",
+        }
+    }
+}
+
+/// How an acquisition ended: the `outcome` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Acquired {
+    Granted,
+    Reentered,
+    Busy,
+    TimedOut,
+    Error,
+}
+
+impl Acquired {
+    /// The outcome of a call that returned `result`; `reentered`: its success was a
+    /// re-entry.
+    pub(crate) fn of<T>(result: &Result<T, LockError>, reentered: bool) -> Self {
+        match result {
+            Ok(_) if reentered => Self::Reentered,
+            Ok(_) => Self::Granted,
+            Err(LockError::Busy { .. }) => Self::Busy,
+            Err(LockError::Timeout { .. }) => Self::TimedOut,
+            Err(_) => Self::Error,
+        }
+    }
+
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    const fn label(self) -> &'static str {
+        match self {
+            Self::Granted => "granted",
+            Self::Reentered => "reentered",
+            Self::Busy => "busy",
+            Self::TimedOut => "timed_out",
+            Self::Error => "error",
+        }
+    }
+}
+
+/// The `result` label of a release.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+fn release_label(result: &Result<Released, LockError>) -> &'static str {
+    match result {
+        Ok(Released::StillHeld { .. }) => "still_held",
+        Ok(_) => "unlocked",
+        Err(LockError::Expired { .. }) => "expired",
+        Err(LockError::NotOwner { .. }) => "not_owner",
+        Err(_) => "error",
+    }
+}
+
+/// What one lock's renewal found: the `result` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renewal {
+    Renewed,
+    Expired,
+    NotOwner,
+    Error,
+}
+
+impl Renewal {
+    /// What a renew script's answer for one lock says.
+    pub(crate) fn of(reply: &Result<crate::store::scripts::GrantReply, LockError>) -> Self {
+        use crate::store::scripts::GrantReply;
+        match reply {
+            Ok(GrantReply::Done) => Self::Renewed,
+            Ok(GrantReply::Expired) => Self::Expired,
+            Ok(GrantReply::NotOwner) => Self::NotOwner,
+            Err(_) => Self::Error,
+        }
+    }
+
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    const fn label(self) -> &'static str {
+        match self {
+            Self::Renewed => "renewed",
+            Self::Expired => "expired",
+            Self::NotOwner => "not_owner",
+            Self::Error => "error",
+        }
+    }
+}
+
+/// A rate-limit decision: the `outcome` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RateOutcome {
+    Allowed,
+    Limited,
+    FailedOpen,
+    FailedClosed,
+}
+
+impl RateOutcome {
+    pub(crate) const fn of(allowed: bool) -> Self {
+        if allowed {
+            Self::Allowed
+        } else {
+            Self::Limited
+        }
+    }
+}
+
+/// An idempotency lookup's outcome: the `outcome` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IdempotencyOutcome {
+    New,
+    Replayed,
+    InFlight,
+    Mismatch,
+    Unavailable,
+}
+
+impl IdempotencyOutcome {
+    /// The outcome of a lookup that returned `found`; `None` for an error other than
+    /// Redis's (a bad key or setting decides nothing).
+    pub(crate) fn of(found: &Result<crate::Begin, LockError>) -> Option<Self> {
+        use crate::Begin;
+        Some(match found {
+            Ok(Begin::New(_)) => Self::New,
+            Ok(Begin::Completed(_)) => Self::Replayed,
+            Ok(Begin::InFlight { .. }) => Self::InFlight,
+            Ok(Begin::Mismatch) => Self::Mismatch,
+            Err(e) if e.is_redis() => Self::Unavailable,
+            Err(_) => return None,
+        })
+    }
+}
+
+#[cfg(feature = "metrics")]
+mod record {
+    use std::time::Duration;
+
+    use super::*;
+
+    pub(crate) fn acquired(store: StoreKind, outcome: Acquired, waited: Duration) {
+        let store = store.label();
+        metrics::counter!(ACQUISITIONS, "store" => store, "outcome" => outcome.label())
+            .increment(1);
+        if matches!(
+            outcome,
+            Acquired::Granted | Acquired::Busy | Acquired::TimedOut
+        ) {
+            metrics::histogram!(WAIT, "store" => store).record(waited);
+        }
+    }
+
+    pub(crate) fn released(store: StoreKind, result: &Result<Released, LockError>) {
+        metrics::counter!(RELEASES, "store" => store.label(), "result" => release_label(result))
+            .increment(1);
+    }
+
+    pub(crate) fn held(store: StoreKind, held: Duration) {
+        metrics::histogram!(HOLD, "store" => store.label()).record(held);
+    }
+
+    pub(crate) fn renewed(store: StoreKind, result: Renewal, locks: u64) {
+        metrics::counter!(RENEWALS, "store" => store.label(), "result" => result.label())
+            .increment(locks);
+    }
+
+    pub(crate) fn renewal_call(store: StoreKind, took: Duration) {
+        metrics::histogram!(RENEWAL_LATENCY, "store" => store.label()).record(took);
+    }
+
+    pub(crate) fn lost(store: StoreKind) {
+        metrics::counter!(LOST, "store" => store.label()).increment(1);
+    }
+
+    pub(crate) fn rate_limit(outcome: RateOutcome) {
+        let outcome = match outcome {
+            RateOutcome::Allowed => "allowed",
+            RateOutcome::Limited => "limited",
+            RateOutcome::FailedOpen => "failed_open",
+            RateOutcome::FailedClosed => "failed_closed",
+        };
+        metrics::counter!(RATE_LIMIT_DECISIONS, "outcome" => outcome).increment(1);
+    }
+
+    pub(crate) fn idempotency(outcome: IdempotencyOutcome) {
+        let outcome = match outcome {
+            IdempotencyOutcome::New => "new",
+            IdempotencyOutcome::Replayed => "replayed",
+            IdempotencyOutcome::InFlight => "in_flight",
+            IdempotencyOutcome::Mismatch => "mismatch",
+            IdempotencyOutcome::Unavailable => "unavailable",
+        };
+        metrics::counter!(IDEMPOTENCY_OUTCOMES, "outcome" => outcome).increment(1);
+    }
+}
+
+#[cfg(not(feature = "metrics"))]
+mod record {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[inline]
+    pub(crate) fn acquired(_: StoreKind, _: Acquired, _: Duration) {}
+    #[inline]
+    pub(crate) fn released(_: StoreKind, _: &Result<Released, LockError>) {}
+    #[inline]
+    pub(crate) fn held(_: StoreKind, _: Duration) {}
+    #[inline]
+    pub(crate) fn renewed(_: StoreKind, _: Renewal, _: u64) {}
+    #[inline]
+    pub(crate) fn renewal_call(_: StoreKind, _: Duration) {}
+    #[inline]
+    pub(crate) fn lost(_: StoreKind) {}
+    #[inline]
+    pub(crate) fn rate_limit(_: RateOutcome) {}
+    #[inline]
+    pub(crate) fn idempotency(_: IdempotencyOutcome) {}
+}
+
+pub(crate) use record::{
+    acquired, held, idempotency, lost, rate_limit, released, renewal_call, renewed,
+};
+
+/// Records a release of `store` that returned `result`, and, when it gave back the last
+/// hold of a grant, how long that grant was held (`held`).
+pub(crate) fn release(
+    store: StoreKind,
+    result: &Result<Released, LockError>,
+    held_for: Option<Duration>,
+) {
+    released(store, result);
+    if let Some(d) = held_for {
+        held(store, d);
+    }
+}
