@@ -399,4 +399,20 @@ mod tests {
             }
         }
     }
+
+    /// `lua/` is what the package ships: it must hold exactly the library's scripts
+    /// (an application's scripts live with the application, e.g. `examples/lua/`).
+    #[test]
+    fn lua_dir_holds_exactly_the_sources() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("lua");
+        let mut files: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.ends_with(".lua"))
+            .collect();
+        files.sort();
+        let mut sources: Vec<String> = super::SOURCES.iter().map(|(n, _)| n.to_string()).collect();
+        sources.sort();
+        assert_eq!(files, sources, "lua/ and SOURCES disagree");
+    }
 }
