@@ -4,7 +4,6 @@
 //!   (`seckill-load`), the main job `scripts/demo` runs.
 //! - `lock-demo` (a binary only): two OS processes taking turns on one lock.
 
-#![forbid(unsafe_code)]
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+// Lints: `[workspace.lints]` in the workspace Cargo.toml.
 
 pub mod seckill;

@@ -59,8 +59,7 @@
 //!
 //! Keys: see [`key`] for the layout and why user input cannot forge another lock's key.
 
-#![forbid(unsafe_code)]
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+// Lints: `[workspace.lints]` in the workspace Cargo.toml.
 
 mod classify;
 mod cleanup;

@@ -156,8 +156,7 @@
 //! }
 //! ```
 
-#![forbid(unsafe_code)]
-#![warn(missing_docs, unreachable_pub)]
+// Lints: `[workspace.lints]` in the workspace Cargo.toml.
 
 mod attr;
 mod expand;

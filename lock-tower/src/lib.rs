@@ -16,8 +16,7 @@
 //! Features: `axum` reads the peer address from axum's `ConnectInfo`, and makes
 //! `Problem` an axum `IntoResponse`.
 
-#![forbid(unsafe_code)]
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+// Lints: `[workspace.lints]` in the workspace Cargo.toml.
 
 mod body;
 mod check;
