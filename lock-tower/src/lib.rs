@@ -18,6 +18,11 @@
 
 // Lints: `[workspace.lints]` in the workspace Cargo.toml.
 
+// The README's examples compile as doctests, so the README stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 mod body;
 mod check;
 mod hash;
