@@ -58,6 +58,10 @@
 //! ```
 //!
 //! Keys: see [`key`] for the layout and why user input cannot forge another lock's key.
+//!
+//! Redis 7.0 or newer is required (the scripts use the Redis 7 `#!lua` shebang):
+//! [`LockClient::open`] and [`LockClient::open_cluster`] read the server's version and
+//! refuse an older one with [`LockError::UnsupportedRedis`].
 
 // Lints: `[workspace.lints]` in the workspace Cargo.toml.
 

@@ -237,7 +237,7 @@ impl FenceReply {
 
 /// GCRA rate-limit decisions. See `lua/gcra.lua`.
 pub(crate) static GCRA: Lua = Lua::new("gcra", include_str!("../../lua/gcra.lua"));
-/// The seed's fixed-window rule with lockout. See `lua/limit_rule.lua`.
+/// The fixed-window rule with a lockout. See `lua/limit_rule.lua`.
 pub(crate) static LIMIT_RULE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/limit_rule.lua")));
 /// Take permits of an expiring semaphore. See `lua/semaphore_acquire.lua`.
