@@ -9,8 +9,7 @@
 //!   `redlock` (a lock over several masters) and `lock-by-url` (Redis, PostgreSQL, MySQL,
 //!   ZooKeeper or memory, chosen by URL). `tests/programs.rs` runs each of them.
 
-#![forbid(unsafe_code)]
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+// Lints: `[workspace.lints]` in the workspace Cargo.toml.
 
 pub mod programs;
 pub mod seckill;

@@ -45,6 +45,14 @@ pub enum LockError {
     InvalidKey(String),
     /// A lease, wait or period outside what this crate accepts.
     InvalidConfig(String),
+    /// The Redis server is older than the scripts need (checked once, when a client
+    /// opens). Upgrade the server; retrying will not help.
+    UnsupportedRedis {
+        /// The version the server reported (and on a Cluster, which node).
+        found: String,
+        /// The oldest version that works: `7.0`.
+        needed: &'static str,
+    },
     /// The process-wide or per-call operation timed out talking to Redis.
     RedisTimeout {
         /// What we were doing.
@@ -186,6 +194,11 @@ impl fmt::Display for LockError {
             ),
             Self::InvalidKey(why) => write!(f, "invalid lock key: {why}"),
             Self::InvalidConfig(why) => write!(f, "invalid lock configuration: {why}"),
+            Self::UnsupportedRedis { found, needed } => write!(
+                f,
+                "the Redis server is version {found}, but lock-core needs Redis {needed} or \
+                 newer (its scripts use the Redis 7 `#!lua` shebang); upgrade the server"
+            ),
             Self::RedisTimeout { op, after } => write!(
                 f,
                 "redis did not answer `{op}` within {after:?}; is the server up and reachable?"

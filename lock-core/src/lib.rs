@@ -61,9 +61,17 @@
 //! ```
 //!
 //! Keys: see [`key`] for the layout and why user input cannot forge another lock's key.
+//!
+//! Redis 7.0 or newer is required (the scripts use the Redis 7 `#!lua` shebang):
+//! [`LockClient::open`] and [`LockClient::open_cluster`] read the server's version and
+//! refuse an older one with [`LockError::UnsupportedRedis`].
 
-#![forbid(unsafe_code)]
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+// Lints: `[workspace.lints]` in the workspace Cargo.toml.
+
+// The README's examples compile as doctests, so the README stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 mod classify;
 mod cleanup;

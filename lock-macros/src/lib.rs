@@ -1,5 +1,5 @@
-//! `#[cache_lock]`: a Redis lock around an async fn, the Rust form of the Java
-//! `@CacheLock` aspect.
+//! `#[cache_lock]`: a distributed lock held while an async fn runs, so that a
+//! concurrent duplicate call (same key, any process) is refused before its body runs.
 //!
 //! ```no_run
 //! use lock_core::{LockClient, LockError};
@@ -156,8 +156,12 @@
 //! }
 //! ```
 
-#![forbid(unsafe_code)]
-#![warn(missing_docs, unreachable_pub)]
+// Lints: `[workspace.lints]` in the workspace Cargo.toml.
+
+// The README's examples compile as doctests, so the README stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 mod attr;
 mod expand;

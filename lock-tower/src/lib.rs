@@ -16,8 +16,12 @@
 //! Features: `axum` reads the peer address from axum's `ConnectInfo`, and makes
 //! `Problem` an axum `IntoResponse`.
 
-#![forbid(unsafe_code)]
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+// Lints: `[workspace.lints]` in the workspace Cargo.toml.
+
+// The README's examples compile as doctests, so the README stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 mod body;
 mod check;

@@ -1,6 +1,9 @@
 //! Process plumbing: temporary directories, spawning children that die with
 //! the test process, and job-control signals.
 
+// The one place in the workspace with unsafe code: libc calls (kill, prctl, geteuid).
+#![allow(unsafe_code)]
+
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};

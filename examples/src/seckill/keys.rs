@@ -5,7 +5,7 @@
 //! deployment ever be a Redis Cluster. The lock, rate-limit, id and idempotency keys
 //! belong to lock-core, under its own namespace.
 
-/// The orders stream: one entry per accepted order (`lua/seckill_take.lua`).
+/// The orders stream: one entry per accepted order (`examples/lua/seckill_take.lua`).
 pub(crate) const STREAM: &str = "seckill:{seckill}:orders";
 /// The consumer group of the workers that persist the stream into SQLite.
 pub(crate) const GROUP: &str = "persist";

@@ -11,7 +11,7 @@
 //!    user's order is refused before it does any work (409 `lock-busy`); the lock and the
 //!    key in flight free themselves about 2 s after an instance died holding them;
 //! 5. an order id from the [`IdGenerator`](lock_core::IdGenerator) (segment mode);
-//! 6. `lua/seckill_take.lua`, one atomic script: sale window, stock and buyers
+//! 6. `examples/lua/seckill_take.lua`, one atomic script: sale window, stock and buyers
 //!    checked, stock decremented, buyer recorded with the order id and the order
 //!    appended to a Redis Stream. Oversell and double orders are impossible here even
 //!    without the lock; a repeat gets 409 `already-ordered` naming the existing order;

@@ -13,10 +13,10 @@ use super::keys;
 use super::problem::{AppError, Problem};
 use super::server::App;
 
-/// `lua/seckill_take.lua`: window, stock and buyer checks, decrement, buyer record and
-/// stream append in one step.
+/// `examples/lua/seckill_take.lua`: window, stock and buyer checks, decrement, buyer
+/// record and stream append in one step.
 static TAKE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/seckill_take.lua")));
+    LazyLock::new(|| redis::Script::new(include_str!("../../lua/seckill_take.lua")));
 
 /// How long the claims of an order in flight (its idempotency key, the per-user lock)
 /// outlive an instance that died holding them. Both are renewed every third of it while
@@ -180,8 +180,8 @@ pub(crate) async fn take_order(
     }
 }
 
-/// Reads the script's reply (see the header of `lua/seckill_take.lua`); `None` for
-/// anything the script never returns.
+/// Reads the script's reply (see the header of `examples/lua/seckill_take.lua`); `None`
+/// for anything the script never returns.
 pub(crate) fn parse_take(reply: &Value) -> Option<Take> {
     let Value::Array(items) = reply else {
         return None;

@@ -13,9 +13,9 @@ use super::keys;
 use super::problem::Problem;
 use super::server::App;
 
-/// `lua/seckill_voucher.lua`: the voucher hash, unless one exists under that id.
+/// `examples/lua/seckill_voucher.lua`: the voucher hash, unless one exists under that id.
 static CREATE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/seckill_voucher.lua")));
+    LazyLock::new(|| redis::Script::new(include_str!("../../lua/seckill_voucher.lua")));
 
 /// Largest stock of one voucher.
 pub(crate) const MAX_STOCK: i64 = 100_000_000;

@@ -1,4 +1,4 @@
-//! Server-issued one-time tokens (seed 002): issue before the form, consume on submit.
+//! Server-issued one-time tokens: issue before the form, consume on submit.
 
 use std::fmt::Write as _;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! Order ids: 64-bit numbers, unique across processes and restarts, time-ordered to the
 //! second, strictly increasing within one process.
 //!
-//! Layout (the seed's global order id):
+//! Layout:
 //!
 //! ```text
 //!  bit 63   62 ...................... 32   31 ...................... 0

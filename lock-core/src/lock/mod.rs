@@ -31,7 +31,7 @@ use crate::LockError;
 use crate::key::{self, LockKeys, LockName};
 use crate::metrics::StoreKind;
 use crate::owner::ClientId;
-use crate::store::{Conn, RedisStore};
+use crate::store::{Conn, RedisStore, version};
 
 /// A handle on one Redis deployment for taking distributed locks.
 ///
@@ -85,10 +85,14 @@ impl LockClient {
 
     /// Builds on the user's [`redis::Client`]: opens a [`ConnectionManager`] (timeouts
     /// from `config`) for commands and, lazily, one pub/sub connection for waiters.
+    ///
+    /// Reads the server's version once (`INFO server`) and refuses a Redis older than
+    /// 7.0 with [`LockError::UnsupportedRedis`]; [`open`](Self::open) and
+    /// [`open_with_config`](Self::open_with_config) come here.
     pub async fn from_client(client: redis::Client, config: LockConfig) -> Result<Self, LockError> {
         config.validate()?;
         let t = config.command_timeout;
-        let manager = tokio::time::timeout(
+        let mut manager = tokio::time::timeout(
             t,
             ConnectionManager::new_with_config(client.clone(), manager_config(t, 2)),
         )
@@ -97,6 +101,7 @@ impl LockClient {
             op: "connect",
             after: t,
         })??;
+        version::require_supported(&mut manager, t).await?;
         Self::from_connection(manager, Some(client), config)
     }
 
@@ -104,6 +109,8 @@ impl LockClient {
     /// fails fast: a server that is down now is not an error here, and while it is down
     /// each call fails after one connection attempt (no reconnect retries inside the
     /// call), so a dead node costs a refused connection, not the command timeout.
+    /// Connecting later, it cannot refuse a Redis older than 7.0 up front: on such a
+    /// server the first script call fails.
     /// [`Redlock::open`](crate::Redlock::open) uses it, so that a Redlock starts with a
     /// minority of its nodes down and does not wait on them. Needs a tokio runtime.
     pub fn open_lazy<T: IntoConnectionInfo>(url: T, config: LockConfig) -> Result<Self, LockError> {
@@ -118,7 +125,8 @@ impl LockClient {
 
     /// Builds on the user's own [`ConnectionManager`]. `pubsub` is where waiters'
     /// pub/sub connection goes; with `None`, waiters are woken by this client's own
-    /// releases and otherwise poll with backoff.
+    /// releases and otherwise poll with backoff. Unlike [`from_client`](Self::from_client)
+    /// it does not ask the server's version: make sure it runs Redis 7.0 or newer.
     pub fn from_connection(
         manager: ConnectionManager,
         pubsub: Option<redis::Client>,
@@ -134,7 +142,8 @@ impl LockClient {
     }
 
     /// Connects to a Redis Cluster through any of its `nodes` (seed addresses; the
-    /// others are discovered), with `config`.
+    /// others are discovered), with `config`. Like [`from_client`](Self::from_client),
+    /// refuses a cluster whose masters run a Redis older than 7.0.
     ///
     /// Behavior on a cluster:
     /// - Every key of one lock shares one hash tag, so each script runs on the master
@@ -185,12 +194,13 @@ impl LockClient {
             .response_timeout(t)
             .retries(3)
             .build()?;
-        let conn = tokio::time::timeout(t, cluster.get_async_connection())
+        let mut conn = tokio::time::timeout(t, cluster.get_async_connection())
             .await
             .map_err(|_| LockError::RedisTimeout {
                 op: "connect",
                 after: t,
             })??;
+        version::require_supported(&mut conn, t).await?;
         let pubsub = infos
             .into_iter()
             .map(redis::Client::open)
@@ -200,7 +210,8 @@ impl LockClient {
 
     /// Builds on the user's own cluster connection. `pubsub` lists nodes of that
     /// cluster for the waiters' pub/sub connection (tried in turn); empty means local
-    /// wake-ups and backoff only.
+    /// wake-ups and backoff only. It does not ask the servers' version: make sure they
+    /// run Redis 7.0 or newer.
     pub fn from_cluster_connection(
         conn: redis::cluster_async::ClusterConnection,
         pubsub: Vec<redis::Client>,

@@ -1,4 +1,4 @@
-//! Rate limiting on Redis: GCRA ([`RateLimiter`]) and the seed's fixed-window rule with
+//! Rate limiting on Redis: GCRA ([`RateLimiter`]) and a fixed-window rule with a
 //! lockout ([`LimitRule`]).
 
 mod rule;

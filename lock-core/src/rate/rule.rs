@@ -1,4 +1,4 @@
-//! The seed's `AccessSpeedLimit` rule: a fixed window with a lockout.
+//! A fixed-window rate rule with a lockout for keys that keep going over it.
 
 use std::time::Duration;
 
@@ -11,8 +11,8 @@ use crate::{LockClient, LockError};
 /// more than `lock_count` calls in one window is locked out for `lock_time` (every call
 /// refused, none counted), then starts a fresh window.
 ///
-/// The seed's example: an IP may pass 5 times a second, and more than 7 attempts lock
-/// it out for 2 seconds:
+/// For example, an IP may pass 5 times a second, and more than 7 attempts lock it out
+/// for 2 seconds:
 ///
 /// ```no_run
 /// # async fn demo(client: lock_core::LockClient) -> Result<(), lock_core::LockError> {
@@ -88,7 +88,7 @@ pub struct RuleLimiter {
 }
 
 impl LockClient {
-    /// The seed's `tryAccess(key, rule)`: a [`LimitRule`] under `name`.
+    /// A limiter applying `rule` to each key under `name`; see [`LimitRule`].
     pub fn limit_rule(&self, name: impl Into<String>, rule: LimitRule) -> RuleLimiter {
         RuleLimiter {
             client: self.clone(),

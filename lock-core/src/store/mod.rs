@@ -12,6 +12,7 @@ pub(crate) mod batch;
 mod deployment;
 pub mod key;
 pub(crate) mod scripts;
+pub(crate) mod version;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -237,7 +237,7 @@ impl FenceReply {
 
 /// GCRA rate-limit decisions. See `lua/gcra.lua`.
 pub(crate) static GCRA: Lua = Lua::new("gcra", include_str!("../../lua/gcra.lua"));
-/// The seed's fixed-window rule with lockout. See `lua/limit_rule.lua`.
+/// The fixed-window rule with a lockout. See `lua/limit_rule.lua`.
 pub(crate) static LIMIT_RULE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/limit_rule.lua")));
 /// Take permits of an expiring semaphore. See `lua/semaphore_acquire.lua`.
@@ -398,5 +398,21 @@ mod tests {
                 assert!(header.contains(word), "{name} header lacks {word}");
             }
         }
+    }
+
+    /// `lua/` is what the package ships: it must hold exactly the library's scripts
+    /// (an application's scripts live with the application, e.g. `examples/lua/`).
+    #[test]
+    fn lua_dir_holds_exactly_the_sources() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("lua");
+        let mut files: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.ends_with(".lua"))
+            .collect();
+        files.sort();
+        let mut sources: Vec<String> = super::SOURCES.iter().map(|(n, _)| n.to_string()).collect();
+        sources.sort();
+        assert_eq!(files, sources, "lua/ and SOURCES disagree");
     }
 }

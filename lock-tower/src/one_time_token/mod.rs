@@ -1,5 +1,5 @@
-//! Server-issued one-time tokens (the seed's token mechanism): a submission must carry a
-//! token the server issued, and each token is accepted once.
+//! Server-issued one-time tokens: a submission must carry a token the server issued, and
+//! each token is accepted once.
 //!
 //! The server issues a token with [`lock_core::OneTimeTokens::issue`] (e.g. with the
 //! order form), the client sends it back in the `One-Time-Token` header, and this layer

@@ -1,6 +1,6 @@
 //! Helpers for the idempotency layer suites: a counting handler behind a gate, requests
 //! through `oneshot` or over real TCP, and the stored records.
-#![allow(dead_code)]
+#![allow(dead_code, unreachable_pub)]
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! The checks every lock store passes the same way, written once against the lock
 //! trait: each store's suite calls them with two clients of its own server.
-#![allow(dead_code)]
+#![allow(dead_code, unreachable_pub)]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

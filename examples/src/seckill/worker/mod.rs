@@ -19,7 +19,7 @@
 //! - An order that conflicts with a different row (same voucher and user, another
 //!   order id) cannot be written: it is logged as an error, counted in
 //!   [`WorkerSnapshot::anomalies`] (`GET /healthz`) and acknowledged.
-//! - A malformed entry (not written by `lua/seckill_take.lua`) is logged and
+//! - A malformed entry (not written by `examples/lua/seckill_take.lua`) is logged and
 //!   acknowledged, so it cannot block the stream.
 
 mod reply;

@@ -55,6 +55,9 @@ pub(crate) const MAX_SERVER_NAME: usize = 64;
 /// guard.release().await?;
 /// # Ok(()) }
 /// ```
+///
+/// [`StoreGuard::lost`]: crate::StoreGuard::lost
+/// [`StoreGuard::valid_for`]: crate::StoreGuard::valid_for
 #[derive(Clone, Debug)]
 pub struct MysqlLocks {
     inner: Arc<Inner>,

@@ -53,6 +53,9 @@ pub const FENCE_SEQUENCE: &str = "lock_core_fence";
 /// guard.release().await?;
 /// # Ok(()) }
 /// ```
+///
+/// [`StoreGuard::lost`]: crate::StoreGuard::lost
+/// [`StoreGuard::valid_for`]: crate::StoreGuard::valid_for
 #[derive(Clone, Debug)]
 pub struct PostgresLocks {
     inner: Arc<Inner>,

@@ -54,6 +54,9 @@ const LOCK_NAME: &str = "-lock-";
 /// guard.release().await?;
 /// # Ok(()) }
 /// ```
+///
+/// [`StoreGuard::lost`]: crate::StoreGuard::lost
+/// [`StoreGuard::valid_for`]: crate::StoreGuard::valid_for
 #[derive(Clone, Debug)]
 pub struct ZkLocks {
     inner: Arc<Inner>,
