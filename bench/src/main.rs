@@ -81,6 +81,9 @@
 //! target stays in the table), then the disturbed-figures summary. A benchmark joins
 //! the table by one line in [`BENCHES`].
 
+// A binary: its modules' `pub` items are the program's own, crate-wide by nature.
+#![allow(unreachable_pub)]
+
 mod hot;
 mod idempotency;
 mod ids;

@@ -14,11 +14,11 @@ mod booking {
     use super::*;
 
     /// Who holds which seat (a database table in the real service).
-    pub type Seats = Arc<Mutex<HashMap<u32, String>>>;
+    pub(crate) type Seats = Arc<Mutex<HashMap<u32, String>>>;
 
     /// Books `seat` for `user` under the seat's lock: `Ok(true)` if it was free,
     /// `Ok(false)` if someone has it, `Err(busy)` if another booking of it is running.
-    pub async fn book<L: DistributedLock>(
+    pub(crate) async fn book<L: DistributedLock>(
         locks: &L,
         seats: &Seats,
         seat: u32,
