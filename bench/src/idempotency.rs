@@ -126,6 +126,8 @@ async fn send(
 ) -> Result<(), BoxError> {
     let request = Request::post(format!("http://{addr}/pay"))
         .header("idempotency-key", key)
+        // Keys are scoped per caller: a keyed request without one is refused (400).
+        .header("authorization", "Bearer bench")
         .header("content-type", "text/plain")
         .body(Full::new(Bytes::from_static(b"10 EUR")))?;
     let response = client.request(request).await?;
