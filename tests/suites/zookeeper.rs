@@ -41,6 +41,30 @@ async fn two_sessions_never_hold_one_name_at_once_and_tokens_grow() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_chroot_is_a_configuration_error_at_connect() {
+    let server = ZooKeeperServer::start();
+    let url = format!("{}/locks-root", server.connect_string());
+    match ZkLocks::connect(&url, config()).await {
+        Err(lock_core::LockError::InvalidConfig(why)) => {
+            assert!(why.contains("/locks-root does not exist"), "{why}")
+        }
+        other => panic!("expected InvalidConfig, got {:?}", other.map(|_| ())),
+    }
+    let _ = raw(&server)
+        .await
+        .create(
+            "/locks-root",
+            b"",
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    let locks = ZkLocks::connect(&url, config()).await.unwrap();
+    let held = locks.try_lock("report").await.unwrap();
+    assert_eq!(held.release().await.unwrap(), Released::Unlocked);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_curator_style_contender_excludes_us_and_is_waited_for() {
     let server = ZooKeeperServer::start();
     let locks = locks(&server).await;

@@ -86,6 +86,26 @@ async fn open(cluster: &str, config: &LockConfig) -> Result<zk::Client, LockErro
         .map_err(zk_error)
 }
 
+/// Fails when `cluster` names a chroot that does not exist (every lock below it would
+/// fail with `NoNode`).
+async fn require_chroot(client: &zk::Client, cluster: &str) -> Result<(), LockError> {
+    let chroot = cluster
+        .split_once('/')
+        .map_or("", |(_, c)| c.trim_end_matches('/'));
+    if chroot.is_empty() {
+        return Ok(());
+    }
+    // Paths are relative to the chroot: "/" is the chroot itself.
+    match client.check_stat("/").await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) | Err(zk::Error::NoNode) => Err(LockError::InvalidConfig(format!(
+            "the ZooKeeper chroot /{chroot} does not exist: create it once \
+             (zkCli.sh create /{chroot}) or connect without a chroot"
+        ))),
+        Err(e) => Err(zk_error(e)),
+    }
+}
+
 pub(super) fn terminal(state: zk::SessionState) -> bool {
     matches!(
         state,
@@ -97,8 +117,11 @@ impl ZkLocks {
     /// Connects to `cluster` (`host:port[,host:port...][/chroot]`), with the config's
     /// watchdog lease as the session timeout. A chroot must exist already (create it
     /// once, as with any ZooKeeper client); the lock paths below it are created on use.
+    /// A missing chroot is an [`LockError::InvalidConfig`] here, not a `NoNode` at the
+    /// first acquisition.
     pub async fn connect(cluster: &str, config: LockConfig) -> Result<Self, LockError> {
         let client = open(cluster, &config).await?;
+        require_chroot(&client, cluster).await?;
         Ok(Self::build(client, Some(cluster.to_owned()), config))
     }
 
