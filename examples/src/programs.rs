@@ -9,13 +9,10 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Stdio;
-use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use crate::seckill::instances::{BoxError, shutdown_signal};
+use crate::seckill::instances::{BoxError, shutdown_signal, spawn_listening};
 
 /// The Redis a program uses: `REDIS_URL`, or a local default.
 pub fn redis_url() -> String {
@@ -81,29 +78,10 @@ pub struct Running {
 /// Starts `bin` with `args` and `REDIS_URL=redis`, listening on a free port, and waits
 /// (at most 30 s) for its `listening on` line.
 pub async fn start(bin: &Path, redis: &str, args: &[&str]) -> Result<Running, BoxError> {
-    let mut child = Command::new(bin)
-        .args(["--listen", "127.0.0.1:0"])
+    let mut cmd = Command::new(bin);
+    cmd.args(["--listen", "127.0.0.1:0"])
         .args(args)
-        .env("REDIS_URL", redis)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
-    let stdout = child.stdout.take().ok_or("no stdout pipe")?;
-    let mut lines = BufReader::new(stdout).lines();
-    let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await;
-    let url = match first {
-        Ok(Ok(Some(line))) => line
-            .split_once("listening on ")
-            .map(|(_, url)| url.trim().to_string()),
-        _ => None,
-    };
-    let Some(url) = url else {
-        let _ = child.kill().await;
-        return Err(format!("{} did not start; its log is above", bin.display()).into());
-    };
-    // Keep the pipe drained so the child never blocks on a full stdout.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        .env("REDIS_URL", redis);
+    let (child, url) = spawn_listening(cmd, bin).await?;
     Ok(Running { _child: child, url })
 }

@@ -53,39 +53,15 @@ impl Instance {
         db: &Path,
         extra: &[&str],
     ) -> Result<Instance, BoxError> {
-        let mut child = Command::new(bin)
-            .args(["--listen", "127.0.0.1:0", "--redis", redis, "--db"])
+        let mut cmd = Command::new(bin);
+        cmd.args(["--listen", "127.0.0.1:0", "--redis", redis, "--db"])
             .arg(db)
             .args(extra)
             .env(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
-        let stdout = child.stdout.take().ok_or("no stdout pipe")?;
-        let mut lines = BufReader::new(stdout).lines();
-        let first = tokio::time::timeout(START_TIMEOUT, lines.next_line()).await;
-        let url = match first {
-            Ok(Ok(Some(line))) => line
-                .split_once("listening on ")
-                .map(|(_, url)| url.trim().to_string()),
-            _ => None,
-        };
-        let Some(url) = url else {
-            let _ = child.kill().await;
-            let status = child.wait().await.ok();
-            return Err(format!(
-                "{} did not start (exit status {status:?}); its log is above",
-                bin.display()
-            )
-            .into());
-        };
-        // Keep the pipe drained so the child never blocks on a full stdout.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+            );
+        let (child, url) = spawn_listening(cmd, bin).await?;
         Ok(Instance { child, url })
     }
 
@@ -98,6 +74,42 @@ impl Instance {
     pub fn exited(&mut self) -> Option<ExitStatus> {
         self.child.try_wait().ok().flatten()
     }
+}
+
+/// Starts `cmd` (the program `bin`) with its stdout piped and waits (at most 30 s) for
+/// its first line, `... listening on URL`; the child (killed on drop) and the URL. A
+/// child that prints something else or nothing is killed and reported.
+pub(crate) async fn spawn_listening(
+    mut cmd: Command,
+    bin: &Path,
+) -> Result<(Child, String), BoxError> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+    let stdout = child.stdout.take().ok_or("no stdout pipe")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let first = tokio::time::timeout(START_TIMEOUT, lines.next_line()).await;
+    let url = match first {
+        Ok(Ok(Some(line))) => line
+            .split_once("listening on ")
+            .map(|(_, url)| url.trim().to_string()),
+        _ => None,
+    };
+    let Some(url) = url else {
+        let _ = child.kill().await;
+        let status = child.wait().await.ok();
+        return Err(format!(
+            "{} did not start (exit status {status:?}); its log is above",
+            bin.display()
+        )
+        .into());
+    };
+    // Keep the pipe drained so the child never blocks on a full stdout.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok((child, url))
 }
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.
