@@ -11,7 +11,7 @@
 //! | `lock_hold_seconds` | histogram | `store`: from the grant to the release of its last hold |
 //! | `lock_releases_total` | counter | `store`, `result`: `unlocked`, `still_held`, `expired`, `not_owner`, `error` |
 //! | `lock_renewals_total` | counter | `store`, `result`: `renewed`, `expired`, `not_owner`, `error` |
-//! | `lock_renewal_seconds` | histogram | `store`: one renewal call (a batch of locks, on Redis) |
+//! | `lock_renewal_seconds` | histogram | `store` (of the connection: a Redlock's node calls count as `redis`): one renewal call (a batch of locks, on Redis) |
 //! | `lock_lost_total` | counter | `store` |
 //! | `rate_limit_decisions_total` | counter | `outcome`: `allowed`, `limited`, `failed_open`, `failed_closed` |
 //! | `idempotency_outcomes_total` | counter | `outcome`: `new`, `replayed`, `in_flight`, `mismatch`, `unavailable` |

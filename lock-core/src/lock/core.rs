@@ -46,7 +46,7 @@ impl Core {
         let registry = Arc::new(Registry::default());
         Ok(Self {
             hub: Hub::new(pubsub, id_hex.clone(), config.command_timeout),
-            watchdog: Watchdog::new(conn.clone(), registry.clone(), &config),
+            watchdog: Watchdog::new(conn.clone(), kind, registry.clone(), &config),
             conn,
             config,
             id,

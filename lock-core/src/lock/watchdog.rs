@@ -35,6 +35,8 @@ pub(crate) struct Watchdog {
 
 struct Shared {
     conn: Conn,
+    /// The `store` label of the connection's renewal calls.
+    kind: StoreKind,
     registry: Arc<Registry>,
     /// The lease renewals apply.
     lease: Duration,
@@ -52,10 +54,16 @@ struct Queue {
 }
 
 impl Watchdog {
-    pub(crate) fn new(conn: Conn, registry: Arc<Registry>, config: &LockConfig) -> Self {
+    pub(crate) fn new(
+        conn: Conn,
+        kind: StoreKind,
+        registry: Arc<Registry>,
+        config: &LockConfig,
+    ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 conn,
+                kind,
                 registry,
                 lease: config.watchdog_lease,
                 period: config.watchdog_period(),
@@ -205,11 +213,10 @@ impl Shared {
     /// Splits the due grants into script calls of at most [`MAX_BATCH`] keys, one group
     /// per hash slot on a Cluster (a script's keys must share a slot).
     fn batches(&self, due: Vec<Arc<Grant>>) -> Vec<Vec<Arc<Grant>>> {
-        // Split by metrics label too, so each call's latency has one `store`.
-        let mut by_group: BTreeMap<(u16, StoreKind), Vec<Arc<Grant>>> = BTreeMap::new();
+        let mut by_group: BTreeMap<u16, Vec<Arc<Grant>>> = BTreeMap::new();
         for grant in due {
             by_group
-                .entry((self.conn.group(&grant.keys.key), grant.store))
+                .entry(self.conn.group(&grant.keys.key))
                 .or_default()
                 .push(grant);
         }
@@ -251,9 +258,7 @@ impl Shared {
             })
             .await
             .and_then(|r| codes("renew", r, batch.len()));
-        if let Some(first) = batch.first() {
-            metrics::renewal_call(first.store, sent.elapsed());
-        }
+        metrics::renewal_call(self.kind, sent.elapsed());
         match reply {
             Ok(codes) => {
                 tracing::trace!(locks = batch.len(), "watchdog renewed");
