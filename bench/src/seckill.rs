@@ -77,40 +77,34 @@ pub async fn run(url: &str, _timing: Timing, rounds: usize) -> Result<Vec<Figure
             }
             println!("{line}");
         }
-        let disturbed = |i: usize| {
-            [
-                check_rounds(
-                    "seckill",
-                    &format!("{}_requests_per_s", names[i]),
-                    spread(rates[i].iter().copied()),
-                ),
-                check_rounds(
-                    "seckill",
-                    &format!("{}_p99", names[i]),
-                    spread(p99s[i].iter().copied()),
-                ),
-            ]
+        // Each configuration's medians and, if its rounds disagree, their spread.
+        let summary = |what: &str, per_round: &[Vec<f64>; 3]| {
+            let medians: Vec<f64> = per_round
+                .iter()
+                .map(|v| median(v.iter().copied()))
+                .collect();
+            let spreads: Vec<Option<f64>> = (0..3)
+                .map(|i| {
+                    let name = format!("{}_{what}", names[i]);
+                    check_rounds("seckill", &name, spread(per_round[i].iter().copied()))
+                })
+                .collect();
+            (medians, spreads)
         };
-        let disturbed = [disturbed(OURS), disturbed(UNBATCHED), disturbed(FLOOR)];
-        let rate = |i: usize| median(rates[i].iter().copied());
-        let p99 = |i: usize| median(p99s[i].iter().copied());
+        let (rate, rate_spread) = summary("requests_per_s", &rates);
+        let (p99, p99_spread) = summary("p99", &p99s);
         for (i, name) in names.iter().enumerate() {
             println!(
                 "seckill {name} requests_per_s {:.0} p99_ms {:.1}",
-                rate(i),
-                p99(i)
+                rate[i], p99[i]
             );
         }
         let rate_vs = |label: &str, a: usize, b: usize| {
-            Figure::vs(label, rate(a), rate(b), "requests/s")
-                .disturbed_by(disturbed[a][0])
-                .disturbed_by(disturbed[b][0])
+            Figure::between(label, (a, b), &rate, &rate_spread, "requests/s")
         };
         // Lower is better: b's p99 over a's, so >= 0.5 means a's is <= 2x b's.
         let p99_vs = |label: &str, a: usize, b: usize| {
-            Figure::vs(label, p99(b), p99(a), "ms")
-                .disturbed_by(disturbed[a][1])
-                .disturbed_by(disturbed[b][1])
+            Figure::between(label, (b, a), &p99, &p99_spread, "ms")
         };
         Ok(vec![
             rate_vs(
