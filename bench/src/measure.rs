@@ -93,27 +93,34 @@ pub fn rounds_list(values: impl IntoIterator<Item = f64>) -> String {
         .join(" ")
 }
 
-/// The most one implementation's rounds may disagree, as a [`spread`], before its
+/// The most one implementation's middle rounds may disagree, as a [`spread`], before its
 /// measurement counts as disturbed (something else ran on the machine) and every figure
 /// computed from it stops being a result.
 pub const MAX_ROUND_SPREAD: f64 = 0.15;
 
-/// How far per-round values disagree: `(max - min) / median`. 0 for fewer than two
-/// values or when all are equal; infinite when a value is not finite or the median is
-/// not positive while the values differ (no meaningful relative spread).
+/// How many rounds [`spread`] sets aside at each end out of `n`: a quarter, rounded
+/// down, of all but one (none of 3 or 4, one of 5 to 8, two of 9 to 12).
+pub fn trimmed(n: usize) -> usize {
+    n.saturating_sub(1) / 4
+}
+
+/// How far per-round values disagree: `(max - min) / median` over the middle rounds,
+/// the [`trimmed`] fastest and slowest set aside (one round that a neighbour on the
+/// host slowed down, or sped up, says nothing of the others; the median is robust to
+/// it already). 0 for fewer than two values or when the middle ones are equal;
+/// infinite when a value is not finite or the median is not positive while the values
+/// differ (no meaningful relative spread).
 pub fn spread(values: impl IntoIterator<Item = f64>) -> f64 {
-    let v: Vec<f64> = values.into_iter().collect();
+    let mut v: Vec<f64> = values.into_iter().collect();
     if v.len() < 2 {
         return 0.0;
     }
     if v.iter().any(|x| !x.is_finite()) {
         return f64::INFINITY;
     }
-    let (min, max) = v
-        .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
-            (lo.min(x), hi.max(x))
-        });
+    v.sort_by(f64::total_cmp);
+    let cut = trimmed(v.len());
+    let (min, max) = (v[cut], v[v.len() - 1 - cut]);
     if max == min {
         return 0.0;
     }
@@ -309,6 +316,25 @@ mod tests {
         // Even count: the median is the mean of the middle two, (140 - 60) / 100.
         let s = spread([60.0, 90.0, 110.0, 140.0]);
         assert!((s - 0.8).abs() < 1e-12, "{s}");
+    }
+
+    #[test]
+    fn spread_sets_aside_the_outer_quarter_from_five_rounds() {
+        assert_eq!(
+            (3..=13).map(trimmed).collect::<Vec<_>>(),
+            [0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3]
+        );
+        // Five rounds, one far off: the middle three (95, 100, 104) agree.
+        let s = spread([100.0, 60.0, 95.0, 104.0, 150.0]);
+        assert!((s - 9.0 / 100.0).abs() < 1e-12, "{s}");
+        assert!(!exceeds_bound(s));
+        // Two far off on the same side are not set aside: (130 - 95) / 100.
+        let s = spread([100.0, 95.0, 130.0, 160.0, 90.0]);
+        assert!((s - 0.35).abs() < 1e-12, "{s}");
+        assert!(exceeds_bound(s));
+        // Three rounds: nothing is set aside.
+        let s = spread([100.0, 60.0, 101.0]);
+        assert!((s - 0.41).abs() < 1e-12, "{s}");
     }
 
     #[test]

@@ -133,13 +133,15 @@ pub fn disturbed_count<'a>(figures: impl IntoIterator<Item = &'a Figure>) -> usi
 
 /// The run's summary line: how many of `total` figures were disturbed.
 pub fn summary(total: usize, disturbed: usize) -> String {
-    format!("figures: {total}, disturbed: {disturbed} (round spread bound {MAX_ROUND_SPREAD:.2})")
+    format!(
+        "figures: {total}, disturbed: {disturbed} (middle-round spread bound {MAX_ROUND_SPREAD:.2})"
+    )
 }
 
 /// Why a run with a disturbed figure is not a result.
 pub fn not_a_result() -> String {
     format!(
-        "rounds disagree by more than {:.0}%: rerun on a quiet machine; this run is not a result",
+        "middle rounds disagree by more than {:.0}%: rerun on a quiet machine; this run is not a result",
         MAX_ROUND_SPREAD * 100.0
     )
 }
@@ -269,15 +271,15 @@ mod tests {
         );
         assert_eq!(
             summary(5, 0),
-            "figures: 5, disturbed: 0 (round spread bound 0.15)"
+            "figures: 5, disturbed: 0 (middle-round spread bound 0.15)"
         );
         assert_eq!(
             summary(5, 2),
-            "figures: 5, disturbed: 2 (round spread bound 0.15)"
+            "figures: 5, disturbed: 2 (middle-round spread bound 0.15)"
         );
         assert_eq!(
             not_a_result(),
-            "rounds disagree by more than 15%: rerun on a quiet machine; this run is not a result"
+            "middle rounds disagree by more than 15%: rerun on a quiet machine; this run is not a result"
         );
     }
 }

@@ -84,9 +84,34 @@ async fn warm_up(c: &LockClient) {
     }
 }
 
-/// 64 tasks, each on names of its own: lock and release, a GCRA decision, an
-/// idempotency claim and its completion, `ROUNDS` times. Returns commands per operation.
-async fn commands_per_operation(batching: bool) -> f64 {
+/// What 64 tasks, each on names of its own, send: lock and release, a GCRA decision, an
+/// idempotency claim and its completion, `ROUNDS` times each.
+struct Sent {
+    /// Commands by name.
+    by_name: BTreeMap<String, u64>,
+    /// Operations made (five per round per task).
+    operations: f64,
+}
+
+impl Sent {
+    /// Script calls (`EVALSHA`, `EVAL`) per operation.
+    fn scripts_per_operation(&self) -> f64 {
+        let scripts: u64 = self
+            .by_name
+            .iter()
+            .filter(|(name, _)| name.starts_with("EVAL"))
+            .map(|(_, n)| n)
+            .sum();
+        scripts as f64 / self.operations
+    }
+
+    /// Commands of any kind per operation.
+    fn commands_per_operation(&self) -> f64 {
+        total(&self.by_name) as f64 / self.operations
+    }
+}
+
+async fn sent_by_64_tasks(batching: bool) -> Sent {
     let server = RedisServer::start();
     let c = client(&server, LockConfig::new().with_batching(batching)).await;
     let limiter = c.rate_limiter("api", RateLimit::per_second(1000).with_burst(1000));
@@ -119,21 +144,38 @@ async fn commands_per_operation(batching: bool) -> f64 {
     for t in tasks {
         t.await.unwrap();
     }
-    let sent = sent_since(&server, &mut monitor).await;
-    let operations = (TASKS * ROUNDS * 5) as f64;
-    let per_op = total(&sent) as f64 / operations;
+    let sent = Sent {
+        by_name: sent_since(&server, &mut monitor).await,
+        operations: (TASKS * ROUNDS * 5) as f64,
+    };
     println!(
-        "batching {batching}: {sent:?} for {operations} operations = {per_op:.3} per operation"
+        "batching {batching}: {:?} for {} operations = {:.3} scripts, {:.3} commands per operation",
+        sent.by_name,
+        sent.operations,
+        sent.scripts_per_operation(),
+        sent.commands_per_operation()
     );
-    per_op
+    sent
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_form_under_64_tasks() {
-    let per_op = commands_per_operation(true).await;
+    let sent = sent_by_64_tasks(true).await;
+    let per_op = sent.scripts_per_operation();
     assert!(
         per_op < 0.25,
-        "{per_op:.3} commands per operation: batches did not form"
+        "{per_op:.3} script calls per operation: batches did not form"
+    );
+    // A free lock is taken with the plain `SET NX PX` of the raw recipe, never queued
+    // into a script (where the same SET costs Redis several times more). (A fresh
+    // idempotency claim alone on its lane is a plain SET too.)
+    let sets = sent.by_name.get("SET").copied().unwrap_or(0);
+    assert!(sets >= (TASKS * ROUNDS) as u64, "{:?}", sent.by_name);
+    assert_eq!(
+        sent.by_name.get("EVALSHA acquire.lua"),
+        None,
+        "{:?}",
+        sent.by_name
     );
 }
 
@@ -141,10 +183,18 @@ async fn batches_form_under_64_tasks() {
 /// measures what it claims.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_batching_every_operation_is_a_command() {
-    let per_op = commands_per_operation(false).await;
+    let sent = sent_by_64_tasks(false).await;
+    let per_op = sent.commands_per_operation();
     assert!(
         (per_op - 1.0).abs() < 1e-9,
         "{per_op:.3} commands per operation"
+    );
+    // A plain SET per acquisition and per fresh idempotency claim; a script for each
+    // of the three others.
+    assert!(
+        (sent.scripts_per_operation() - 0.6).abs() < 1e-9,
+        "{:?}",
+        sent.by_name
     );
 }
 
@@ -197,8 +247,9 @@ async fn one_batch_carries_mixed_outcomes_to_their_own_callers() {
     let busy = other.try_lock("busy").await.unwrap();
     let short = LockOptions::new().lease(Lease::Fixed(Duration::from_millis(100)));
 
-    // Acquisitions: granted, granted with a fencing token, busy; and a name refused
-    // before it reaches Redis.
+    // Acquisitions through the script (fenced ones, and a busy lock): granted with a
+    // fencing token, busy; a name refused before it reaches Redis; and a plain one
+    // beside them, which goes at once as a SET and never queues.
     assert!(matches!(
         c.try_lock(("bad", "")).await,
         Err(LockError::InvalidKey(_))
@@ -206,40 +257,39 @@ async fn one_batch_carries_mixed_outcomes_to_their_own_callers() {
     warm_up(&c).await;
     let mut monitor = server.monitor().await;
     server.pause();
+    let fenced = || LockOptions::new().wait(Duration::ZERO).fenced();
+    let take_fenced = |name: &'static str| {
+        let (c, options) = (c.clone(), fenced());
+        tokio::spawn(async move {
+            c.acquire(name, options).await.map(|g| {
+                let t = g.fencing_token();
+                (g, t)
+            })
+        })
+    };
+    let plain = tokio::spawn({
+        let c = c.clone();
+        async move { c.try_lock("first").await }
+    });
     let pending = vec![
-        tokio::spawn({
-            let c = c.clone();
-            async move { c.try_lock("first").await.map(|g| (g, None)) }
-        }),
-        tokio::spawn({
-            let c = c.clone();
-            async move { c.try_lock("free").await.map(|g| (g, None)) }
-        }),
-        tokio::spawn({
-            let c = c.clone();
-            async move {
-                let g = c.acquire("fenced", LockOptions::new().wait(Duration::ZERO).fenced());
-                g.await.map(|g| {
-                    let t = g.fencing_token();
-                    (g, t)
-                })
-            }
-        }),
-        tokio::spawn({
-            let c = c.clone();
-            async move { c.try_lock("busy").await.map(|g| (g, None)) }
-        }),
+        take_fenced("alone"),
+        take_fenced("free"),
+        take_fenced("busy"),
     ];
     let mut out = in_one_batch(&server, &c, pending).await.into_iter();
-    let first = out.next().unwrap().unwrap().0;
-    let free = out.next().unwrap().unwrap().0;
-    let (fenced, token) = out.next().unwrap().unwrap();
-    assert!(token.is_some(), "a fenced entry gets its token");
+    let first = plain.await.unwrap().unwrap();
+    let (alone, t1) = out.next().unwrap().unwrap();
+    let (free, t2) = out.next().unwrap().unwrap();
+    assert!(
+        t1.is_some() && t2.is_some(),
+        "a fenced entry gets its token"
+    );
     assert!(matches!(out.next().unwrap(), Err(LockError::Busy { .. })));
-    // Alone: a plain SET (and the script if that one was busy); then one batch of the
-    // other three. Unbatched, the four take five commands.
+    // The plain SET; the script alone; then one batch of the other two.
     let sent = sent_since(&server, &mut monitor).await;
-    assert!(total(&sent) <= 3, "{sent:?}");
+    assert_eq!(sent.get("SET"), Some(&1), "{sent:?}");
+    assert_eq!(sent.get("EVALSHA acquire.lua"), Some(&2), "{sent:?}");
+    assert_eq!(total(&sent), 3, "{sent:?}");
 
     // Releases: released, expired, taken over, and a key that now holds another type.
     let expired = c.acquire("expired", short.clone()).await.unwrap();
@@ -271,7 +321,7 @@ async fn one_batch_carries_mixed_outcomes_to_their_own_callers() {
         tokio::spawn(expired.release()),
         tokio::spawn(taken.release()),
         tokio::spawn(odd.release()),
-        tokio::spawn(fenced.release()),
+        tokio::spawn(alone.release()),
     ];
     let out = in_one_batch(&server, &c, pending).await;
     assert!(matches!(out[0], Ok(Released::Unlocked)));
@@ -288,10 +338,16 @@ async fn one_batch_carries_mixed_outcomes_to_their_own_callers() {
     );
     assert!(matches!(out[4], Err(LockError::Redis(_))), "{:?}", out[4]);
     assert!(matches!(out[5], Ok(Released::Unlocked)));
+    // (The other client's pub/sub bookkeeping may show up beside them.)
     let sent = sent_since(&server, &mut monitor).await;
+    let scripts: u64 = sent
+        .iter()
+        .filter(|(name, _)| name.starts_with("EVAL"))
+        .map(|(_, n)| n)
+        .sum();
     assert_eq!(
-        total(&sent),
-        2,
+        (sent.get("EVALSHA release.lua"), scripts),
+        (Some(&2), 2),
         "one release alone, then one batch of five: {sent:?}"
     );
     assert!(newcomer.is_held());
@@ -307,10 +363,16 @@ async fn a_batch_that_times_out_fails_every_entry_and_leaves_no_lock() {
     // that timed out never makes: a running service has its scripts loaded.
     warm_up(&c).await;
     server.pause();
-    let calls: Vec<_> = (0..8)
+    // Eight through the script (fenced): one alone, seven queued behind it; and four
+    // plain SETs sent at once beside them.
+    let calls: Vec<_> = (0..12)
         .map(|i| {
             let c = c.clone();
-            tokio::spawn(async move { c.try_lock(("t", i)).await })
+            tokio::spawn(async move {
+                let options = LockOptions::new().wait(Duration::ZERO);
+                let options = if i < 8 { options.fenced() } else { options };
+                c.acquire(("t", i), options).await
+            })
         })
         .collect();
     eventually(Duration::from_secs(5), "the calls to queue", || async {
@@ -335,7 +397,7 @@ async fn a_batch_that_times_out_fails_every_entry_and_leaves_no_lock() {
     // is answered, the server has run all of that, and any grant it made exists until
     // given back.
     c.try_lock("after").await.unwrap().release().await.unwrap();
-    for i in 0..8 {
+    for i in 0..12 {
         let key = c.keys(("t", i)).unwrap().key;
         eventually(Duration::from_secs(5), "no lock left behind", || async {
             !common::exists(&server, &key).await

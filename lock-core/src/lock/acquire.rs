@@ -143,9 +143,12 @@ impl Core {
         }
     }
 
-    /// One acquisition attempt with a fresh grant value: alone on the connection, a
-    /// plain `SET NX PX` (the script when busy or fenced); queued behind another
-    /// acquisition in flight, an entry of the next batched acquire call.
+    /// One acquisition attempt with a fresh grant value. Unfenced, a plain `SET NX PX`
+    /// first, sent at once whatever else is in flight (concurrent commands share the
+    /// connection's pipeline; inside a script the same SET costs Redis several times
+    /// more). Only what needs the script goes through the acquire lane (alone, or an
+    /// entry of the next batched call): a fenced request, and a lock the SET found
+    /// busy (the script leaves the waiter marker and reads the holder's lease).
     async fn attempt(
         self: &Arc<Self>,
         req: &Request,
@@ -181,23 +184,16 @@ impl Core {
         // Until the reply is in, the grant may exist: a cancelled or failed call is
         // undone in the background (the value is this attempt's own).
         let undo = || OnDrop::new(|| self.give_back_in_background(keys, &value, runtime));
-        let reply = match self.conn.turn(&ACQUIRE, &keys.key, entry) {
-            LaneTurn::Alone(alone, entry) => {
-                let undo = undo();
-                let reply = self.attempt_alone(req, &value, entry).await;
-                drop(alone);
-                let reply = reply?;
-                undo.disarm();
-                reply
-            }
-            LaneTurn::Queued(pending) => {
-                // An error is the entry's cleanup's to undo.
-                let value = pending.await?;
-                let undo = undo();
-                let reply = AcquireReply::decode(value)?;
-                undo.disarm();
-                reply
-            }
+        let set_first = !req.fenced && {
+            let undo = undo();
+            let granted = self.plain_set(req, &value).await?;
+            undo.disarm();
+            granted
+        };
+        let reply = if set_first {
+            AcquireReply::Granted { token: None }
+        } else {
+            self.attempt_script(keys, entry, undo).await?
         };
         match reply {
             AcquireReply::Granted { token } => {
@@ -223,29 +219,47 @@ impl Core {
         }
     }
 
-    /// An attempt alone on the connection. Unfenced: a plain `SET NX PX` first, what the
-    /// raw recipe costs; only a busy lock (or a fenced request) goes through the script,
-    /// which also leaves the waiter marker and reads the holder's lease.
-    async fn attempt_alone(
+    /// `SET key value NX PX lease`, what the raw recipe costs: whether it granted.
+    async fn plain_set(&self, req: &Request, value: &str) -> Result<bool, LockError> {
+        let mut set = redis::cmd("SET");
+        set.arg(&req.keys.key)
+            .arg(value)
+            .arg("NX")
+            .arg("PX")
+            .arg(req.lease.as_millis() as u64);
+        let reply: Option<String> = self.conn.query("acquire", &set).await?;
+        Ok(reply.is_some())
+    }
+
+    /// The attempt through `acquire.lua`: alone on its lane, or queued as an entry of
+    /// the next batch. `undo` arms the give-back of a grant whose outcome is unknown
+    /// (a queued entry's error is its cleanup's to undo instead).
+    async fn attempt_script<U>(
         &self,
-        req: &Request,
-        value: &str,
+        keys: &LockKeys,
         entry: impl FnOnce() -> Entry,
-    ) -> Result<AcquireReply, LockError> {
-        if !req.fenced {
-            let keys = &req.keys;
-            let mut set = redis::cmd("SET");
-            set.arg(&keys.key)
-                .arg(value)
-                .arg("NX")
-                .arg("PX")
-                .arg(req.lease.as_millis() as u64);
-            let reply: Option<String> = self.conn.query("acquire", &set).await?;
-            if reply.is_some() {
-                return Ok(AcquireReply::Granted { token: None });
+        undo: impl Fn() -> OnDrop<U>,
+    ) -> Result<AcquireReply, LockError>
+    where
+        U: FnOnce(),
+    {
+        match self.conn.turn(&ACQUIRE, &keys.key, entry) {
+            LaneTurn::Alone(alone, entry) => {
+                let undo = undo();
+                let reply = self.conn.send_one(&ACQUIRE, &entry()).await;
+                drop(alone);
+                let reply = AcquireReply::decode(reply?)?;
+                undo.disarm();
+                Ok(reply)
+            }
+            LaneTurn::Queued(pending) => {
+                let value = pending.await?;
+                let undo = undo();
+                let reply = AcquireReply::decode(value)?;
+                undo.disarm();
+                Ok(reply)
             }
         }
-        AcquireReply::decode(self.conn.send_one(&ACQUIRE, &entry()).await?)
     }
 
     /// Gives back the grant `value` of `keys` in the background (compare-and-delete).
