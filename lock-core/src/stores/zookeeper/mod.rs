@@ -86,21 +86,20 @@ async fn open(cluster: &str, config: &LockConfig) -> Result<zk::Client, LockErro
         .map_err(zk_error)
 }
 
-/// Fails when `cluster` names a chroot that does not exist (every lock below it would
-/// fail with `NoNode`).
-async fn require_chroot(client: &zk::Client, cluster: &str) -> Result<(), LockError> {
-    let chroot = cluster
-        .split_once('/')
-        .map_or("", |(_, c)| c.trim_end_matches('/'));
-    if chroot.is_empty() {
+/// Fails when the client's chroot does not exist (every lock below it would fail with
+/// `NoNode`).
+async fn require_chroot(client: &zk::Client) -> Result<(), LockError> {
+    // The chroot the client parsed from the connect string; "/" without one.
+    let chroot = client.path();
+    if chroot == "/" {
         return Ok(());
     }
     // Paths are relative to the chroot: "/" is the chroot itself.
     match client.check_stat("/").await {
         Ok(Some(_)) => Ok(()),
         Ok(None) | Err(zk::Error::NoNode) => Err(LockError::InvalidConfig(format!(
-            "the ZooKeeper chroot /{chroot} does not exist: create it once \
-             (zkCli.sh create /{chroot}) or connect without a chroot"
+            "the ZooKeeper chroot {chroot} does not exist: create it once \
+             (zkCli.sh create {chroot}) or connect without a chroot"
         ))),
         Err(e) => Err(zk_error(e)),
     }
@@ -121,7 +120,7 @@ impl ZkLocks {
     /// first acquisition.
     pub async fn connect(cluster: &str, config: LockConfig) -> Result<Self, LockError> {
         let client = open(cluster, &config).await?;
-        require_chroot(&client, cluster).await?;
+        require_chroot(&client).await?;
         Ok(Self::build(client, Some(cluster.to_owned()), config))
     }
 
