@@ -184,13 +184,13 @@ impl Core {
         // Until the reply is in, the grant may exist: a cancelled or failed call is
         // undone in the background (the value is this attempt's own).
         let undo = || OnDrop::new(|| self.give_back_in_background(keys, &value, runtime));
-        let set_first = !req.fenced && {
+        let granted_by_set = !req.fenced && {
             let undo = undo();
             let granted = self.plain_set(req, &value).await?;
             undo.disarm();
             granted
         };
-        let reply = if set_first {
+        let reply = if granted_by_set {
             AcquireReply::Granted { token: None }
         } else {
             self.attempt_script(keys, entry, undo).await?
@@ -243,23 +243,19 @@ impl Core {
     where
         U: FnOnce(),
     {
-        match self.conn.turn(&ACQUIRE, &keys.key, entry) {
+        let (value, undo) = match self.conn.turn(&ACQUIRE, &keys.key, entry) {
             LaneTurn::Alone(alone, entry) => {
                 let undo = undo();
-                let reply = self.conn.send_one(&ACQUIRE, &entry()).await;
+                let value = self.conn.send_one(&ACQUIRE, &entry()).await;
                 drop(alone);
-                let reply = AcquireReply::decode(reply?)?;
-                undo.disarm();
-                Ok(reply)
+                (value?, undo)
             }
-            LaneTurn::Queued(pending) => {
-                let value = pending.await?;
-                let undo = undo();
-                let reply = AcquireReply::decode(value)?;
-                undo.disarm();
-                Ok(reply)
-            }
-        }
+            // An error is the queued entry's cleanup's to undo: armed only after.
+            LaneTurn::Queued(pending) => (pending.await?, undo()),
+        };
+        let reply = AcquireReply::decode(value)?;
+        undo.disarm();
+        Ok(reply)
     }
 
     /// Gives back the grant `value` of `keys` in the background (compare-and-delete).
