@@ -61,6 +61,15 @@ fn total(by_name: &BTreeMap<String, u64>) -> u64 {
     by_name.values().sum()
 }
 
+/// Script calls (`EVALSHA`, `EVAL`) among `by_name`.
+fn script_calls(by_name: &BTreeMap<String, u64>) -> u64 {
+    by_name
+        .iter()
+        .filter(|(name, _)| name.starts_with("EVAL"))
+        .map(|(_, n)| n)
+        .sum()
+}
+
 /// Loads the library's scripts (a first call of each), so counts start after.
 async fn warm_up(c: &LockClient) {
     c.try_lock("warm").await.unwrap().release().await.unwrap();
@@ -96,13 +105,7 @@ struct Sent {
 impl Sent {
     /// Script calls (`EVALSHA`, `EVAL`) per operation.
     fn scripts_per_operation(&self) -> f64 {
-        let scripts: u64 = self
-            .by_name
-            .iter()
-            .filter(|(name, _)| name.starts_with("EVAL"))
-            .map(|(_, n)| n)
-            .sum();
-        scripts as f64 / self.operations
+        script_calls(&self.by_name) as f64 / self.operations
     }
 
     /// Commands of any kind per operation.
@@ -257,9 +260,9 @@ async fn one_batch_carries_mixed_outcomes_to_their_own_callers() {
     warm_up(&c).await;
     let mut monitor = server.monitor().await;
     server.pause();
-    let fenced = || LockOptions::new().wait(Duration::ZERO).fenced();
     let take_fenced = |name: &'static str| {
-        let (c, options) = (c.clone(), fenced());
+        let c = c.clone();
+        let options = LockOptions::new().wait(Duration::ZERO).fenced();
         tokio::spawn(async move {
             c.acquire(name, options).await.map(|g| {
                 let t = g.fencing_token();
@@ -340,13 +343,8 @@ async fn one_batch_carries_mixed_outcomes_to_their_own_callers() {
     assert!(matches!(out[5], Ok(Released::Unlocked)));
     // (The other client's pub/sub bookkeeping may show up beside them.)
     let sent = sent_since(&server, &mut monitor).await;
-    let scripts: u64 = sent
-        .iter()
-        .filter(|(name, _)| name.starts_with("EVAL"))
-        .map(|(_, n)| n)
-        .sum();
     assert_eq!(
-        (sent.get("EVALSHA release.lua"), scripts),
+        (sent.get("EVALSHA release.lua"), script_calls(&sent)),
         (Some(&2), 2),
         "one release alone, then one batch of five: {sent:?}"
     );
