@@ -51,13 +51,14 @@
 //! the fastest and slowest quarter ([`measure::trimmed`]: none of 3 or 4 rounds, one
 //! at each end of 5 to 8, two of 9 to 12): on a shared host one round now and then
 //! runs beside a neighbour's burst, and that round says nothing of the others, while
-//! rounds that disagree among themselves still make the run no result. Above that bound a `disturbed <bench> <impl> spread <x.xx> (bound 0.15)` line
-//! follows its per-round line, and every figure and ratio computed from that
-//! implementation (as value or baseline) is marked disturbed: its ratio reads
-//! `DISTURBED (spread x.xx)` instead of a number and its target is not judged. Every
-//! run ends with `figures: N, disturbed: K ...` and, if K > 0, says "middle rounds disagree by
-//! more than 15%: rerun on a quiet machine; this run is not a result" and exits with
-//! status 1; `all` then prints no table, only the disturbed figures' names.
+//! rounds that disagree among themselves still make the run no result. Above that
+//! bound a `disturbed <bench> <impl> spread <x.xx> (bound 0.15)` line follows its
+//! per-round line, and every figure and ratio computed from that implementation (as
+//! value or baseline) is marked disturbed: its ratio reads `DISTURBED (spread x.xx)`
+//! instead of a number and its target is not judged. Every run ends with
+//! `figures: N, disturbed: K ...` and, if K > 0, says "middle rounds disagree by more
+//! than 15%: rerun on a quiet machine; this run is not a result" and exits with status
+//! 1; `all` then prints no table, only the disturbed figures' names.
 //!
 //! # Reading the ratios
 //!

@@ -83,10 +83,12 @@ pub async fn run(url: &str, _timing: Timing, rounds: usize) -> Result<Vec<Figure
                 .iter()
                 .map(|v| median(v.iter().copied()))
                 .collect();
-            let spreads: Vec<Option<f64>> = (0..3)
-                .map(|i| {
-                    let name = format!("{}_{what}", names[i]);
-                    check_rounds("seckill", &name, spread(per_round[i].iter().copied()))
+            let spreads: Vec<Option<f64>> = per_round
+                .iter()
+                .zip(names)
+                .map(|(v, name)| {
+                    let name = format!("{name}_{what}");
+                    check_rounds("seckill", &name, spread(v.iter().copied()))
                 })
                 .collect();
             (medians, spreads)
