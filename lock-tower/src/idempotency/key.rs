@@ -46,10 +46,13 @@ where
 ///
 /// Behavior: the value is an RFC 8941 sf-string, as the IETF draft
 /// (draft-ietf-httpapi-idempotency-key-header) says: `"8e03978e-40d5"` or `"a b"`,
-/// printable ASCII with `\"` and `\\` escapes. As a leniency, a bare sf-token is
-/// accepted too (`order-1`: a letter or `*`, then letters, digits and
-/// ``!#$%&'*+-.^_`|~:/``). Other structured items (`12345`, `:YWJj:`, `?1`),
-/// parameters (`;a=1`) or the header twice are malformed.
+/// printable ASCII with `\"` and `\\` escapes. As a leniency (Stripe's clients send
+/// unquoted UUIDs), a bare value is taken literally when it is made of letters, digits
+/// and ``!#$%&'*+-.^_`|~:/`` only, whatever its first character: `8e03978e-40d5`,
+/// `12345`, `order-1`. A bare value and its quoted form are the same key, since they
+/// denote the same string. Anything else is malformed: an empty value, a bare value
+/// with other characters (`a b`, `?1`, `(a b)`), parameters (`a;x=1`, `"a";x=1`), or
+/// the header twice.
 #[derive(Debug, Clone)]
 pub struct HeaderKey(HeaderName);
 
@@ -90,31 +93,24 @@ impl<B> ExtractKey<B> for HeaderKey {
     }
 }
 
-/// An RFC 8941 sf-string (the draft's syntax) or, leniently, a bare sf-token. Other
-/// structured items (integers, byte sequences, booleans, ...) are refused by name.
+/// An RFC 8941 sf-string (the draft's syntax) or, leniently, a bare key taken literally.
+/// A bare value with a character no token holds (a parameter's `;`, a list's `,` or
+/// `(`, a boolean's `?`, a space) is refused.
 fn parse_value(value: &str) -> Result<String, String> {
-    let quote_it = |what: &str| {
-        Err(format!(
-            "is {what}; the key must be a quoted string, e.g. \"{value}\""
-        ))
-    };
-    let Some(first) = value.chars().next() else {
+    if value.is_empty() {
         return Err("is empty".into());
-    };
-    match first {
-        '"' => parse_string(&value[1..]),
-        c if c.is_ascii_alphabetic() || c == '*' => {
-            match value.chars().find(|c| !is_token_char(*c)) {
-                None => Ok(value.to_owned()),
-                Some(c) => Err(format!(
-                    "is neither a quoted string nor a bare token; {c:?} is not allowed in a token"
-                )),
-            }
-        }
-        c if c.is_ascii_digit() || c == '-' => quote_it("a number"),
-        ':' => quote_it("a byte sequence"),
-        '?' => quote_it("a boolean"),
-        _ => Err("must be a quoted string (an RFC 8941 sf-string)".into()),
+    }
+    if let Some(quoted) = value.strip_prefix('"') {
+        return parse_string(quoted);
+    }
+    // Bare: any run of token characters, so that unquoted UUIDs and numbers are keys
+    // even where an sf parser would read an integer.
+    match value.chars().find(|c| !is_token_char(*c)) {
+        None => Ok(value.to_owned()),
+        Some(c) => Err(format!(
+            "has {c:?}, which a bare key cannot hold; quote the key (an RFC 8941 \
+             sf-string) to use it"
+        )),
     }
 }
 
@@ -175,18 +171,26 @@ mod tests {
     }
 
     #[test]
-    fn quoted_strings_and_tokens() {
+    fn quoted_strings_and_bare_keys() {
         assert_eq!(extract(&[]), Ok(None));
         assert_eq!(extract(&["\"abc-1\""]), Ok(Some("abc-1".into())));
         assert_eq!(extract(&[r#""a\"b\\c""#]), Ok(Some(r#"a"b\c"#.into())));
         assert_eq!(extract(&["\"a b\""]), Ok(Some("a b".into())));
         assert!(validate("a b").is_ok());
-        assert_eq!(
-            extract(&["\"8e03978e-40d5\""]),
-            Ok(Some("8e03978e-40d5".into()))
-        );
         assert_eq!(extract(&["order-1"]), Ok(Some("order-1".into())));
         assert_eq!(extract(&["  tok  "]), Ok(Some("tok".into())));
+        // Bare keys are taken literally, whatever their first character.
+        for bare in [
+            "12345",
+            "8e03978e-40d5",
+            "-1",
+            "1.5",
+            ":YWJj:",
+            "*x",
+            "a/b:c",
+        ] {
+            assert_eq!(extract(&[bare]), Ok(Some(bare.into())), "{bare:?}");
+        }
         for bad in [
             "\"abc",
             "\"a\"b",
@@ -194,17 +198,27 @@ mod tests {
             "a,b",
             "a;x=1",
             "\"a\";x=1",
+            "(a b)",
             "a b",
-            "12345",
-            ":YWJj:",
             "?1",
-            "8e03978e-40d5",
             "",
         ] {
             assert!(extract(&[bad]).is_err(), "{bad:?}");
         }
-        assert!(extract(&["12345"]).unwrap_err().contains("a number"));
+        let e = extract(&["a;x=1"]).unwrap_err();
+        assert!(e.contains("';'") && e.contains("quote"), "{e}");
         assert!(extract(&["a", "b"]).unwrap_err().contains("more than once"));
+    }
+
+    /// A UUID starting with each hex digit, bare and quoted: one key.
+    #[test]
+    fn uuids_are_keys_whatever_their_first_digit() {
+        for first in "0123456789abcdef".chars() {
+            let id = format!("{first}e03978e-40d5-4e2a-9c1b-7f61a2b3c4d5");
+            let quoted = format!("\"{id}\"");
+            assert_eq!(extract(&[&id]), Ok(Some(id.clone())));
+            assert_eq!(extract(&[&quoted]), Ok(Some(id.clone())));
+        }
     }
 
     #[test]

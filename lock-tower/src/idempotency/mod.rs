@@ -10,9 +10,10 @@
 //!   through untouched. A protected request without a key passes through unprotected, or
 //!   gets 400 with [`IdempotencyLayer::require_key`].
 //! - **Keys**: from [`HeaderKey`] (`Idempotency-Key`, an RFC 8941 sf-string as the draft
-//!   says, or leniently a bare sf-token) or any [`ExtractKey`]; 1 to [`MAX_KEY_LEN`]
-//!   printable ASCII characters. Malformed (or another structured item, such as
-//!   `12345`): 400.
+//!   says, or leniently a bare key such as an unquoted UUID, the same key as its quoted
+//!   form) or any [`ExtractKey`]; 1 to [`MAX_KEY_LEN`] printable ASCII characters.
+//!   Malformed (a bare key with spaces or other characters a token cannot hold,
+//!   parameters, the header twice): 400.
 //! - **Scope**: the stored key is method + path + [`Principal`] (default: a hash of
 //!   `Authorization`) + the client's key, so one client never sees another's response.
 //!   A keyed request without a principal gets 400, unless
