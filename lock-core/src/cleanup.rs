@@ -1,12 +1,26 @@
-//! The one helper for "clean up on drop, in the background".
+//! The one owner of background work: "clean up on drop, in the background".
 //!
 //! A guard that is dropped, an acquisition whose future is cancelled mid-request, a
-//! release that is cancelled while its reply is in flight: each leaves work for Redis
-//! that must still happen. [`OnDrop`] runs a closure unless disarmed, and [`spawn`]
-//! runs the cleanup on the runtime the lock was taken on and logs a failure (the lease
-//! frees the lock in the end either way).
+//! release that is cancelled while its reply is in flight: each leaves work for the
+//! store that must still happen, and often a name in the client's registry that waits
+//! for it. [`OnDrop`] runs a closure unless disarmed, and [`spawn`] runs the cleanup on
+//! a runtime that is alive, so no state waits forever on a task that never runs:
+//! - the caller's runtime when there is one (cheap, and tokio's paused clock in tests
+//!   stays the clock of the work);
+//! - otherwise, or when that runtime shuts down before the task started (a guard
+//!   dropped as a `#[tokio::test]` ends, a runtime that ended while a client lived on
+//!   in another), the process's own background runtime ([`background`]): one thread
+//!   with a current-thread runtime, started on first need, that lives as long as the
+//!   process.
+//!
+//! A task that had started when its runtime shut down is dropped mid-way; the work it
+//! was doing is guarded by its own [`OnDrop`]s, which spawn their cleanup again here
+//! (and so on the background runtime).
 
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::OnceLock;
+use std::task::{Context, Poll};
 
 use tokio::runtime::Handle;
 
@@ -34,15 +48,118 @@ impl<F: FnOnce()> Drop for OnDrop<F> {
     }
 }
 
-/// Runs `cleanup` in the background on `runtime`; a failure is logged with `what` and
-/// `lock`. Never blocks, never panics (a runtime that is shutting down drops the task).
-pub(crate) fn spawn<Fut>(runtime: &Handle, what: &'static str, lock: String, cleanup: Fut)
+/// The process's background runtime: one thread, a current-thread runtime with IO and
+/// time, started on first use. `None` only if the OS refused the thread or the runtime
+/// (then the work is dropped and logged: the lease frees what it held).
+pub(crate) fn background() -> Option<&'static Handle> {
+    static BACKGROUND: OnceLock<Option<Handle>> = OnceLock::new();
+    BACKGROUND
+        .get_or_init(|| {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!(error = %e, "lock-core: cannot build the background runtime");
+                    return None;
+                }
+            };
+            let handle = runtime.handle().clone();
+            let started = std::thread::Builder::new()
+                .name("lock-core-background".into())
+                .spawn(move || runtime.block_on(std::future::pending::<()>()));
+            match started {
+                Ok(_) => Some(handle),
+                Err(e) => {
+                    tracing::error!(error = %e, "lock-core: cannot start the background thread");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// Runs `cleanup` in the background on a live runtime (see the module docs); a failure
+/// is logged with `what` and `lock`. Never blocks, never panics, needs no runtime.
+pub(crate) fn spawn<Fut>(what: &'static str, lock: String, cleanup: Fut)
 where
     Fut: Future<Output = Result<(), LockError>> + Send + 'static,
 {
-    runtime.spawn(async move {
+    spawn_task(async move {
         if let Err(e) = cleanup.await {
             tracing::debug!(lock = %lock, error = %e, "{what} failed; the lease frees the lock");
         }
     });
+}
+
+/// Runs `task` on a live runtime: the caller's, or the background runtime when there is
+/// none or the caller's shuts down before the task started.
+pub(crate) fn spawn_task<Fut>(task: Fut)
+where
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let task = Box::pin(task);
+    match Handle::try_current() {
+        // A runtime that is shutting down drops the task unpolled: it moves on then.
+        Ok(rt) => drop(rt.spawn(Rescued::new(task, false))),
+        Err(_) => to_background(task),
+    }
+}
+
+fn to_background<Fut>(task: Pin<Box<Fut>>)
+where
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    match background() {
+        Some(rt) => drop(rt.spawn(Rescued::new(task, true))),
+        None => {
+            tracing::warn!("lock-core: no runtime for background work; leases free what it held")
+        }
+    }
+}
+
+/// A task that moves to the background runtime if dropped before it ran.
+struct Rescued<Fut: Future<Output = ()> + Send + 'static> {
+    task: Option<Pin<Box<Fut>>>,
+    started: bool,
+    /// Already on the background runtime: dropped unpolled only as the process ends.
+    on_background: bool,
+}
+
+impl<Fut: Future<Output = ()> + Send + 'static> Rescued<Fut> {
+    fn new(task: Pin<Box<Fut>>, on_background: bool) -> Self {
+        Self {
+            task: Some(task),
+            started: false,
+            on_background,
+        }
+    }
+}
+
+impl<Fut: Future<Output = ()> + Send + 'static> Future for Rescued<Fut> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.started = true;
+        let Some(task) = self.task.as_mut() else {
+            return Poll::Ready(());
+        };
+        let Poll::Ready(()) = task.as_mut().poll(cx) else {
+            return Poll::Pending;
+        };
+        self.task = None;
+        Poll::Ready(())
+    }
+}
+
+impl<Fut: Future<Output = ()> + Send + 'static> Drop for Rescued<Fut> {
+    fn drop(&mut self) {
+        if self.started || self.on_background {
+            return;
+        }
+        if let Some(task) = self.task.take() {
+            to_background(task);
+        }
+    }
 }

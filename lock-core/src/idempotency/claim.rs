@@ -5,8 +5,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::runtime::Handle;
-
 use super::{IdempotencyKeys, IdempotencyStore};
 use crate::store::batch::{Entry, Turn};
 use crate::store::decode;
@@ -27,12 +25,11 @@ use crate::{LockClient, LockError};
 ///   after the claim.
 /// - Dropped without `complete` or `abandon` (early return, panic, a cancelled future, a
 ///   `complete` that failed on a Redis error), the claim is abandoned in the background
-///   on the runtime it was made on. Dropping never blocks; if Redis cannot be reached
+///   (on the dropping task's runtime, or the process's background runtime). Dropping never blocks; if Redis cannot be reached
 ///   then, the lease frees the key.
 #[must_use = "dropping a Claim abandons it: the key is freed in the background"]
 pub struct Claim {
     shared: Arc<Shared>,
-    runtime: Handle,
     done: bool,
 }
 
@@ -61,7 +58,6 @@ impl Claim {
         keys: Arc<IdempotencyKeys>,
         in_flight: String,
         lease: Duration,
-        runtime: Handle,
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
@@ -71,7 +67,6 @@ impl Claim {
                 lease,
                 claimed_at: Instant::now(),
             }),
-            runtime,
             done: false,
         }
     }
@@ -89,8 +84,8 @@ impl Claim {
     /// Abandons this claim in the background when called (the claim itself may be gone
     /// by then).
     pub(super) fn abandon_later(&self) -> impl FnOnce() + Send + Sync + 'static {
-        let (shared, runtime) = (self.shared.clone(), self.runtime.clone());
-        move || abandon_in_background(shared, &runtime)
+        let shared = self.shared.clone();
+        move || abandon_in_background(shared)
     }
 
     /// The key's name as stored (parts escaped and joined).
@@ -132,7 +127,7 @@ impl Claim {
             // Queued, the entry answers for the claim (this future dropped, or an error):
             // the claim is abandoned once its completion's fate is known (owner-checked,
             // so a completion that went through stays).
-            let (shared, runtime) = (self.shared.clone(), self.runtime.clone());
+            let shared = self.shared.clone();
             Entry::new()
                 .key(&s.keys.record)
                 .key(&s.keys.channel)
@@ -142,7 +137,7 @@ impl Claim {
                 .arg(&inner.id_hex)
                 .cleanup(move |reply| {
                     if !matches!(reply, Some(Ok(_))) {
-                        abandon_in_background(shared, &runtime);
+                        abandon_in_background(shared);
                     }
                 })
         };
@@ -223,19 +218,25 @@ impl Drop for Claim {
         if self.done {
             return;
         }
-        abandon_in_background(self.shared.clone(), &self.runtime);
+        abandon_in_background(self.shared.clone());
     }
 }
 
 /// Abandons the claim in the background (a dropped claim, a queued completion left to
 /// clean up).
-fn abandon_in_background(shared: Arc<Shared>, runtime: &Handle) {
-    runtime.spawn(async move {
+fn abandon_in_background(shared: Arc<Shared>) {
+    let name = shared.keys.name.clone();
+    crate::cleanup::spawn("abandoning a dropped idempotency claim", name, async move {
         match abandon(&shared).await {
-            Ok(()) => tracing::debug!(key = %shared.keys.name, "dropped idempotency claim abandoned"),
+            Ok(()) => {
+                tracing::debug!(key = %shared.keys.name, "dropped idempotency claim abandoned")
+            }
             Err(e) if e.is_lost() => {}
-            Err(e) => tracing::warn!(key = %shared.keys.name, error = %e, "dropped idempotency claim could not be abandoned; its lease will free the key"),
+            Err(e) => {
+                tracing::warn!(key = %shared.keys.name, error = %e, "dropped idempotency claim could not be abandoned; its lease will free the key")
+            }
         }
+        Ok(())
     });
 }
 

@@ -195,14 +195,14 @@ impl IdempotencyStore {
             )));
         }
         let keys = self.keys(&key)?;
-        let runtime = Handle::try_current().map_err(|_| {
-            LockError::InvalidConfig(
+        if Handle::try_current().is_err() {
+            return Err(LockError::InvalidConfig(
                 "idempotency keys must be claimed inside a tokio runtime".into(),
-            )
-        })?;
+            ));
+        }
         let span = tracing::debug_span!("idempotency.begin", key = %keys.name, ?wait);
         let found = self
-            .begin_loop(keys, fingerprint, lease, wait, runtime)
+            .begin_loop(keys, fingerprint, lease, wait)
             .instrument(span)
             .await;
         if let Some(outcome) = IdempotencyOutcome::of(&found) {
@@ -217,31 +217,28 @@ impl IdempotencyStore {
         fingerprint: &str,
         lease: Duration,
         wait: Duration,
-        runtime: Handle,
     ) -> Result<Begin, LockError> {
         let inner = &self.client.inner;
         let keys = Arc::new(keys);
         let started = Instant::now();
         let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
-        let (keys, runtime) = (&keys, &runtime);
+        let keys = &keys;
         let listen = || Some((&inner.hub, keys.channel.as_str()));
         let turn = wait_for_turn(
             &inner.config.backoff,
             listen,
             deadline,
             |subscribed| async move {
-                Ok(
-                    match self.attempt(keys, fingerprint, lease, runtime).await? {
-                        Begin::InFlight { retry_after } => Turn::Retry(retry_after),
-                        found => {
-                            if subscribed && !matches!(found, Begin::New(_)) {
-                                // One local waiter is woken per message: pass the turn on.
-                                inner.hub.notify_local(&keys.channel);
-                            }
-                            Turn::Done(found)
+                Ok(match self.attempt(keys, fingerprint, lease).await? {
+                    Begin::InFlight { retry_after } => Turn::Retry(retry_after),
+                    found => {
+                        if subscribed && !matches!(found, Begin::New(_)) {
+                            // One local waiter is woken per message: pass the turn on.
+                            inner.hub.notify_local(&keys.channel);
                         }
-                    },
-                )
+                        Turn::Done(found)
+                    }
+                })
             },
         )
         .await?;
@@ -255,7 +252,6 @@ impl IdempotencyStore {
         keys: &Arc<IdempotencyKeys>,
         fingerprint: &str,
         lease: Duration,
-        runtime: &Handle,
     ) -> Result<Begin, LockError> {
         let inner = &self.client.inner;
         let in_flight = format!(
@@ -266,13 +262,7 @@ impl IdempotencyStore {
         let lease_ms = lease.as_millis() as u64;
         // Until the reply says otherwise the key may be claimed: dropped (error,
         // timeout, cancelled future), the claim abandons itself.
-        let mut claim = Claim::new(
-            self.client.clone(),
-            keys.clone(),
-            in_flight.clone(),
-            lease,
-            runtime.clone(),
-        );
+        let mut claim = Claim::new(self.client.clone(), keys.clone(), in_flight.clone(), lease);
         let entry = || {
             // Queued, the entry answers for the claim (this future dropped, or an
             // error): a key it claimed (or may have) is abandoned once the reply is in.

@@ -54,16 +54,18 @@ impl Core {
         started: Instant,
         reentered: &mut bool,
     ) -> Result<LockGuard, LockError> {
-        let runtime = Handle::try_current().map_err(|_| {
-            LockError::InvalidConfig("locks must be taken inside a tokio runtime".into())
-        })?;
+        if Handle::try_current().is_err() {
+            return Err(LockError::InvalidConfig(
+                "locks must be taken inside a tokio runtime".into(),
+            ));
+        }
         let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
         let scope = req.scope.id();
         let ticket = loop {
             match self.registry.enter(&req.keys.key, scope, req.watchdog) {
                 Enter::Reentered(grant) => {
                     *reentered = true;
-                    return self.reentered(grant, req, runtime).await;
+                    return self.reentered(grant, req).await;
                 }
                 Enter::Acquire(ticket) => break ticket,
                 Enter::Wait { ready, own_release } => {
@@ -89,7 +91,7 @@ impl Core {
         };
         let listen = || Some((&self.hub, req.keys.channel.as_str()));
         let turn = wait_for_turn(&self.config.backoff, listen, deadline, |_| {
-            self.attempt(req, linger, &runtime)
+            self.attempt(req, linger)
         })
         .await?;
         match turn {
@@ -116,7 +118,7 @@ impl Core {
                 ticket.fulfil(grant.clone());
                 self.watchdog.schedule(&grant);
                 tracing::debug!(lock = %req.keys.name, token = ?g.token, waited = ?started.elapsed(), "lock granted");
-                Ok(LockGuard::new(self.clone(), grant, req.watchdog, runtime))
+                Ok(LockGuard::new(self.clone(), grant, req.watchdog))
             }
             Err(retry_after) => Err(self.miss(req, wait, started, retry_after)),
         }
@@ -153,7 +155,6 @@ impl Core {
         self: &Arc<Self>,
         req: &Request,
         linger: u64,
-        runtime: &Handle,
     ) -> Result<Turn<Granted>, LockError> {
         let (value, seq) = self.next_grant(&req.scope);
         let keys = &req.keys;
@@ -162,7 +163,7 @@ impl Core {
         let entry = || {
             // Queued: a grant its caller will not take (gone), or an unknown outcome (an
             // error), is given back once the reply is in.
-            let (core, k, v, rt) = (self.clone(), keys.clone(), value.clone(), runtime.clone());
+            let (core, k, v) = (self.clone(), keys.clone(), value.clone());
             Entry::new()
                 .key(&keys.key)
                 .key(&keys.fence)
@@ -177,13 +178,13 @@ impl Core {
                     };
                     let granted = reply.and_then(AcquireReply::decode);
                     if !matches!(granted, Ok(AcquireReply::Busy { .. })) {
-                        core.give_back_in_background(&k, &v, &rt);
+                        core.give_back_in_background(&k, &v);
                     }
                 })
         };
         // Until the reply is in, the grant may exist: a cancelled or failed call is
         // undone in the background (the value is this attempt's own).
-        let undo = || OnDrop::new(|| self.give_back_in_background(keys, &value, runtime));
+        let undo = || OnDrop::new(|| self.give_back_in_background(keys, &value));
         let granted_by_set = !req.fenced && {
             let undo = undo();
             let granted = self.plain_set(req, &value).await?;
@@ -259,20 +260,12 @@ impl Core {
     }
 
     /// Gives back the grant `value` of `keys` in the background (compare-and-delete).
-    fn give_back_in_background(
-        self: &Arc<Self>,
-        keys: &Arc<LockKeys>,
-        value: &str,
-        runtime: &Handle,
-    ) {
+    fn give_back_in_background(self: &Arc<Self>, keys: &Arc<LockKeys>, value: &str) {
         let (core, keys, value) = (self.clone(), keys.clone(), value.to_owned());
         let name = keys.name.clone();
-        cleanup::spawn(
-            runtime,
-            "undoing an unfinished acquisition",
-            name,
-            async move { core.delete_call(&keys, &value).await.map(|_| ()) },
-        );
+        cleanup::spawn("undoing an unfinished acquisition", name, async move {
+            core.delete_call_patiently(&keys, &value).await.map(|_| ())
+        });
     }
 
     /// The scope already holds the grant: one more hold, and a longer lease if this
@@ -281,9 +274,8 @@ impl Core {
         self: &Arc<Self>,
         grant: Arc<Grant>,
         req: &Request,
-        runtime: Handle,
     ) -> Result<LockGuard, LockError> {
-        let guard = LockGuard::new(self.clone(), grant.clone(), req.watchdog, runtime);
+        let guard = LockGuard::new(self.clone(), grant.clone(), req.watchdog);
         if req.watchdog {
             let mut st = grant.state();
             if st.next_renewal.is_none() {

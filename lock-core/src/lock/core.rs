@@ -5,8 +5,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::runtime::Handle;
-
 use super::config::{LockConfig, drift};
 use super::registry::{Grant, Loss, Registry};
 use super::watchdog::Watchdog;
@@ -102,18 +100,48 @@ impl Core {
         Ok(r)
     }
 
+    /// [`delete_call`](Self::delete_call) for background work, which has nobody to
+    /// report a failure to: a failed call is tried again (at most twice more, within
+    /// about a second), since a connection's first call after it broke (its runtime
+    /// ended, the server restarted) fails while it reconnects. Repeating is safe: the
+    /// call deletes only this grant's own value. After a failed try, `Expired` means
+    /// that try may have deleted it: reported as done.
+    pub(crate) async fn delete_call_patiently(
+        &self,
+        keys: &LockKeys,
+        value: &str,
+    ) -> Result<GrantReply, LockError> {
+        let mut failed = 0u32;
+        loop {
+            match self.delete_call(keys, value).await {
+                Err(e) if e.is_redis() && failed < 2 => {
+                    failed += 1;
+                    tracing::debug!(lock = %keys.name, error = %e, "background delete failed; trying again");
+                    tokio::time::sleep(Duration::from_millis(100) * 4u32.pow(failed - 1)).await;
+                }
+                Ok(GrantReply::Expired) if failed > 0 => return Ok(GrantReply::Done),
+                other => return other,
+            }
+        }
+    }
+
     /// Gives back the last hold of a live grant (`lost`: of a grant already lost, which
     /// is deleted if still ours and reported as lost). Cancelled mid-call, the release
-    /// finishes in the background.
+    /// finishes in the background. `patiently`: in the background, where a failed call
+    /// is tried again.
     pub(crate) async fn release_last(
         self: &Arc<Self>,
         grant: &Arc<Grant>,
         lost: Option<Loss>,
-        runtime: &Handle,
+        patiently: bool,
     ) -> Result<Released, LockError> {
         self.watchdog.unschedule(grant);
-        let background = cleanup::OnDrop::new(|| self.release_in_background(grant, lost, runtime));
-        let reply = self.delete_call(&grant.keys, &grant.value).await;
+        let background = cleanup::OnDrop::new(|| self.release_in_background(grant, lost));
+        let reply = if patiently {
+            self.delete_call_patiently(&grant.keys, &grant.value).await
+        } else {
+            self.delete_call(&grant.keys, &grant.value).await
+        };
         background.disarm();
         if lost.is_none() {
             self.registry.released(&grant.keys.key);
@@ -136,19 +164,11 @@ impl Core {
     }
 
     /// [`release_last`](Self::release_last) as a background task (a dropped guard).
-    pub(crate) fn release_in_background(
-        self: &Arc<Self>,
-        grant: &Arc<Grant>,
-        lost: Option<Loss>,
-        runtime: &Handle,
-    ) {
-        let (core, grant, rt) = (self.clone(), grant.clone(), runtime.clone());
-        cleanup::spawn(
-            runtime,
-            "background release",
-            grant.keys.name.clone(),
-            async move { core.release_last(&grant, lost, &rt).await.map(|_| ()) },
-        );
+    pub(crate) fn release_in_background(self: &Arc<Self>, grant: &Arc<Grant>, lost: Option<Loss>) {
+        let (core, grant) = (self.clone(), grant.clone());
+        cleanup::spawn("background release", grant.keys.name.clone(), async move {
+            core.release_last(&grant, lost, true).await.map(|_| ())
+        });
     }
 
     /// Takes the fencing token of `grant` now (it was granted without one), unless it

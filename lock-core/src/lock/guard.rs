@@ -4,7 +4,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::runtime::Handle;
 use tokio::sync::watch;
 
 use super::Request;
@@ -35,8 +34,8 @@ pub enum Released {
 ///   [`Released::StillHeld`] (re-entered), or the errors [`LockError::Expired`] and
 ///   [`LockError::NotOwner`] when the lease ran out before.
 /// - Dropped without `release` (early return, `?`, panic, a cancelled future), it stops
-///   its renewal at once and releases in the background on the runtime it was acquired
-///   on. Dropping never blocks.
+///   its renewal at once and releases in the background (on the dropping task's runtime,
+///   or the process's background runtime when there is none). Dropping never blocks.
 /// - When the lock is lost (renewal refused or failed until the lease ran out, or a
 ///   fixed lease passed), [`is_held`](Self::is_held) turns false and
 ///   [`lost`](Self::lost) resolves, so the critical section can stop.
@@ -52,7 +51,6 @@ pub struct LockGuard {
     /// This hold asked for the watchdog lease.
     watched: bool,
     lost: watch::Receiver<bool>,
-    runtime: Handle,
     done: bool,
 }
 
@@ -67,14 +65,13 @@ impl std::fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
-    pub(crate) fn new(core: Arc<Core>, grant: Arc<Grant>, watched: bool, runtime: Handle) -> Self {
+    pub(crate) fn new(core: Arc<Core>, grant: Arc<Grant>, watched: bool) -> Self {
         let lost = grant.lost_tx.subscribe();
         Self {
             core,
             grant,
             watched,
             lost,
-            runtime,
             done: false,
         }
     }
@@ -177,16 +174,8 @@ impl LockGuard {
                 self.released_locally(Ok(Released::StillHeld { holds_left }))
             }
             Plan::Lost(loss) => self.released_locally(Err(loss.error(&self.grant.keys.name))),
-            Plan::Last => {
-                self.core
-                    .release_last(&self.grant, None, &self.runtime)
-                    .await
-            }
-            Plan::LastLost(loss) => {
-                self.core
-                    .release_last(&self.grant, Some(loss), &self.runtime)
-                    .await
-            }
+            Plan::Last => self.core.release_last(&self.grant, None, false).await,
+            Plan::LastLost(loss) => self.core.release_last(&self.grant, Some(loss), false).await,
         }
     }
 
@@ -258,13 +247,8 @@ impl Drop for LockGuard {
             Plan::Lost(loss) => {
                 let _ = self.released_locally(Err(loss.error(&self.grant.keys.name)));
             }
-            Plan::Last => self
-                .core
-                .release_in_background(&self.grant, None, &self.runtime),
-            Plan::LastLost(loss) => {
-                self.core
-                    .release_in_background(&self.grant, Some(loss), &self.runtime)
-            }
+            Plan::Last => self.core.release_in_background(&self.grant, None),
+            Plan::LastLost(loss) => self.core.release_in_background(&self.grant, Some(loss)),
         }
     }
 }

@@ -10,8 +10,10 @@
 //!
 //! The queue holds one entry per grant (its next due time: the renewal, or the end of
 //! the lease); entries are removed when a grant is released, so the queue is bounded
-//! by what is held. The task is started on the runtime of the call that needs it and
-//! started again if that runtime has ended.
+//! by what is held. The task and its renewals run on the process's background runtime
+//! (`cleanup::background`), not on the caller's: a lock outlives the runtime it was
+//! taken on (a client shared by several runtimes), and its renewals and lost signal
+//! must go on. A renewal dropped before its reply puts its grants back in the queue.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -22,6 +24,7 @@ use tokio::task::JoinHandle;
 
 use super::config::{LockConfig, drift};
 use super::registry::{Grant, Loss, Registry};
+use crate::cleanup::{self, OnDrop};
 use crate::metrics::{self, Renewal, StoreKind};
 use crate::store::Conn;
 use crate::store::scripts::{GrantReply, RENEW, codes};
@@ -74,20 +77,23 @@ impl Watchdog {
     }
 
     /// (Re)places `grant` in the queue at its next due time, and makes sure the task
-    /// runs (on this runtime if the one it ran on has ended) and wakes for it.
+    /// runs and wakes for it.
     pub(crate) fn schedule(&self, grant: &Arc<Grant>) {
         self.shared.place(grant);
         let mut q = self.shared.queue();
         if q.task.as_ref().is_some_and(|t| !t.is_finished()) {
             return;
         }
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
+        let runtime = cleanup::background()
+            .cloned()
+            .or_else(|| tokio::runtime::Handle::try_current().ok());
+        match runtime {
+            Some(rt) => {
                 let weak = Arc::downgrade(&self.shared);
                 q.task = Some(rt.spawn(run(weak, self.shared.wake.clone())));
                 self.shared.wake.notify_one();
             }
-            Err(_) => tracing::warn!("lock watchdog: no tokio runtime to run on"),
+            None => tracing::warn!("lock watchdog: no tokio runtime to run on"),
         }
     }
 
@@ -242,6 +248,7 @@ impl Shared {
             .map(|g| g.state().valid_until.saturating_duration_since(sent))
             .max()
             .unwrap_or_default();
+        let unanswered = OnDrop::new(|| self.retry_soon(&batch));
         let reply = self
             .conn
             .eval(&RENEW, left.max(Duration::from_millis(1)), |c| {
@@ -258,6 +265,7 @@ impl Shared {
             })
             .await
             .and_then(|r| codes("renew", r, batch.len()));
+        unanswered.disarm();
         metrics::renewal_call(self.kind, sent.elapsed());
         match reply {
             Ok(codes) => {
@@ -294,18 +302,25 @@ impl Shared {
             }
             Err(e) => {
                 tracing::warn!(locks = batch.len(), error = %e, "watchdog renewal failed; retrying");
-                let retry = Instant::now() + (self.period / 4).min(Duration::from_secs(1));
                 for grant in &batch {
                     metrics::renewed(grant.store, Renewal::Error, 1);
-                    let mut st = grant.state();
-                    st.renewing = false;
-                    if st.next_renewal.is_some() {
-                        st.next_renewal = Some(retry);
-                    }
-                    drop(st);
-                    self.place(grant);
                 }
+                self.retry_soon(&batch);
             }
+        }
+    }
+
+    /// A renewal of `batch` failed or never finished: try again soon.
+    fn retry_soon(&self, batch: &[Arc<Grant>]) {
+        let retry = Instant::now() + (self.period / 4).min(Duration::from_secs(1));
+        for grant in batch {
+            let mut st = grant.state();
+            st.renewing = false;
+            if st.next_renewal.is_some() {
+                st.next_renewal = Some(retry);
+            }
+            drop(st);
+            self.place(grant);
         }
     }
 }

@@ -91,7 +91,7 @@ impl SemaphoreOptions {
 ///   name.
 /// - **Clean release on every path.** [`Permits::release`] reports how many permits were
 ///   still held (fewer than asked when some had expired: reported, not an error); dropped
-///   `Permits` are released in the background on the runtime they were acquired on,
+///   `Permits` are released in the background (see [`Permits`]),
 ///   without blocking. An acquisition that fails or is cancelled mid-request gives back
 ///   whatever the script may have granted.
 /// - **Bad input is an error, never a panic:** a limit of zero, `n == 0`, `n` above the
@@ -275,17 +275,17 @@ impl Semaphore {
         lease: Duration,
         wait: Duration,
     ) -> Result<Permits, LockError> {
-        let runtime = Handle::try_current().map_err(|_| {
-            LockError::InvalidConfig(
+        if Handle::try_current().is_err() {
+            return Err(LockError::InvalidConfig(
                 "semaphore permits must be taken inside a tokio runtime".into(),
-            )
-        })?;
+            ));
+        }
         let inner = &self.shared.client.inner;
         let started = Instant::now();
         let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
         let listen = || Some((&inner.hub, self.shared.channel.as_str()));
         let turn = wait_for_turn(&inner.config.backoff, listen, deadline, |_| async {
-            Ok(match self.attempt(n, lease, &runtime).await? {
+            Ok(match self.attempt(n, lease).await? {
                 Attempt::Granted(permits) => Turn::Done(permits),
                 Attempt::Busy(retry_after) => Turn::Retry(retry_after),
             })
@@ -311,12 +311,7 @@ impl Semaphore {
     }
 
     /// One acquire script call with `n` fresh permit ids.
-    async fn attempt(
-        &self,
-        n: u32,
-        lease: Duration,
-        runtime: &Handle,
-    ) -> Result<Attempt, LockError> {
+    async fn attempt(&self, n: u32, lease: Duration) -> Result<Attempt, LockError> {
         let inner = &self.shared.client.inner;
         let ids: Vec<String> = (0..n)
             .map(|_| {
@@ -332,7 +327,7 @@ impl Semaphore {
             inv.arg(id);
         }
         // Until the reply says otherwise the script may have granted these ids.
-        let mut pending = permits::Pending::new(self.clone(), ids, runtime.clone());
+        let mut pending = permits::Pending::new(self.clone(), ids);
         let start = Instant::now();
         let reply: Vec<i64> = inner.conn.invoke("semaphore acquire", &inv).await?;
         match reply[..] {
@@ -346,7 +341,6 @@ impl Semaphore {
                     self.clone(),
                     ids,
                     start + lease,
-                    runtime.clone(),
                 )))
             }
             [0, retry_ms, _free] => {

@@ -3,8 +3,6 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tokio::runtime::Handle;
-
 use super::Semaphore;
 use crate::LockError;
 use crate::lock::config::check_lease;
@@ -19,8 +17,8 @@ use crate::store::scripts::{SEMAPHORE_EXTEND, SEMAPHORE_RELEASE};
 /// - [`extend`](Self::extend) sets a new lease from now on the permits still held, and
 ///   says how many those were; expired permits are never revived.
 /// - Dropped without `release` (early return, `?`, panic, a cancelled future), they are
-///   released in the background on the runtime they were acquired on. Dropping never
-///   blocks. If Redis cannot be reached then, the lease frees them.
+///   released in the background (on the dropping task's runtime, or the process's
+///   background runtime when there is none). Dropping never blocks. If Redis cannot be reached then, the lease frees them.
 /// - [`valid_for`](Self::valid_for) is this process's estimate of the remaining lease,
 ///   measured from before the grant, so it never overstates it by more than clock drift.
 #[must_use = "dropping Permits releases them at once"]
@@ -28,7 +26,6 @@ pub struct Permits {
     semaphore: Semaphore,
     ids: Vec<String>,
     valid_until: Mutex<Instant>,
-    runtime: Handle,
     done: bool,
 }
 
@@ -47,17 +44,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Permits {
-    pub(super) fn new(
-        semaphore: Semaphore,
-        ids: Vec<String>,
-        valid_until: Instant,
-        runtime: Handle,
-    ) -> Self {
+    pub(super) fn new(semaphore: Semaphore, ids: Vec<String>, valid_until: Instant) -> Self {
         Self {
             semaphore,
             ids,
             valid_until: Mutex::new(valid_until),
-            runtime,
             done: false,
         }
     }
@@ -133,11 +124,15 @@ impl Drop for Permits {
         }
         let semaphore = self.semaphore.clone();
         let ids = std::mem::take(&mut self.ids);
-        self.runtime.spawn(async move {
+        let name = semaphore.name().to_owned();
+        crate::cleanup::spawn("releasing dropped permits", name, async move {
             match release_ids(&semaphore, &ids).await {
                 Ok(released) => log_release(&semaphore, released, ids.len()),
-                Err(e) => tracing::warn!(semaphore = %semaphore.name(), error = %e, "dropped permits could not be released; their lease will free them"),
+                Err(e) => {
+                    tracing::warn!(semaphore = %semaphore.name(), error = %e, "dropped permits could not be released; their lease will free them")
+                }
             }
+            Ok(())
         });
     }
 }
@@ -185,16 +180,11 @@ async fn release_ids(semaphore: &Semaphore, ids: &[String]) -> Result<usize, Loc
 pub(super) struct Pending {
     semaphore: Semaphore,
     ids: Vec<String>,
-    runtime: Handle,
 }
 
 impl Pending {
-    pub(super) fn new(semaphore: Semaphore, ids: Vec<String>, runtime: Handle) -> Self {
-        Self {
-            semaphore,
-            ids,
-            runtime,
-        }
+    pub(super) fn new(semaphore: Semaphore, ids: Vec<String>) -> Self {
+        Self { semaphore, ids }
     }
 
     /// The outcome is known: hands the ids over and makes drop a no-op.
@@ -210,10 +200,9 @@ impl Drop for Pending {
         }
         let semaphore = self.semaphore.clone();
         let ids = std::mem::take(&mut self.ids);
-        self.runtime.spawn(async move {
-            if let Err(e) = release_ids(&semaphore, &ids).await {
-                tracing::debug!(semaphore = %semaphore.name(), error = %e, "cleanup of an unfinished acquire failed; the lease will free it");
-            }
+        let name = semaphore.name().to_owned();
+        crate::cleanup::spawn("undoing an unfinished acquire", name, async move {
+            release_ids(&semaphore, &ids).await.map(|_| ())
         });
     }
 }

@@ -311,28 +311,63 @@ fn hand_over(conn: Conn, script: &'static Lua, group: u16) {
         return;
     }
     drop(busy);
-    match tokio::runtime::Handle::try_current() {
-        Ok(rt) => {
-            rt.spawn(drive(conn, lanes, script, group));
+    let driving = Driving {
+        lanes,
+        lane: (script.op(), group),
+        in_flight: Vec::new(),
+        emptied: false,
+    };
+    crate::cleanup::spawn_task(drive(conn, driving, script));
+}
+
+/// A lane's driver: while it lives the lane is busy. Dropped before it emptied the lane
+/// (its runtime ended mid-call), it fails the batch in flight, each entry to its
+/// cleanup as an unknown outcome, and frees the lane, failing what queued behind.
+struct Driving {
+    lanes: Arc<Lanes>,
+    lane: LaneId,
+    in_flight: Vec<Queued>,
+    /// The driver emptied and freed the lane (it may be another call's again).
+    emptied: bool,
+}
+
+impl Drop for Driving {
+    fn drop(&mut self) {
+        if self.emptied {
+            return;
         }
-        Err(_) => {
-            // No runtime to send them on: the queued callers get an error now (their
-            // receivers see the senders dropped) rather than wait.
-            lanes.lock().remove(&(script.op(), group));
+        for q in self.in_flight.drain(..) {
+            let op = self.lane.0;
+            deliver(
+                q,
+                Err(LockError::UnexpectedReply(format!(
+                    "{op}: the task sending this call's batch ended (its runtime shut down)"
+                ))),
+            );
+        }
+        let queued = self.lanes.lock().remove(&self.lane);
+        for q in queued.into_iter().flatten() {
+            if let Some(cleanup) = q.entry.cleanup {
+                cleanup(None);
+            }
         }
     }
 }
 
 /// Sends what queued on a lane, a batch at a time, until nothing is left.
-async fn drive(conn: Conn, lanes: Arc<Lanes>, script: &'static Lua, group: u16) {
+async fn drive(conn: Conn, mut driving: Driving, script: &'static Lua) {
+    let lanes = driving.lanes.clone();
+    let group = driving.lane.1;
     loop {
         let batch: Vec<Queued> = {
             let mut busy = lanes.lock();
             let Some(queue) = busy.get_mut(&(script.op(), group)) else {
+                driving.emptied = true;
                 return;
             };
             if queue.is_empty() {
                 busy.remove(&(script.op(), group));
+                driving.emptied = true;
                 return;
             }
             let n = queue.len().min(MAX_BATCH);
@@ -349,9 +384,11 @@ async fn drive(conn: Conn, lanes: Arc<Lanes>, script: &'static Lua, group: u16) 
         if batch.is_empty() {
             continue;
         }
-        let entries: Vec<&Entry> = batch.iter().map(|q| &q.entry).collect();
+        driving.in_flight = batch;
+        let entries: Vec<&Entry> = driving.in_flight.iter().map(|q| &q.entry).collect();
         let replies = send_batch(&conn, script, &entries).await;
         drop(entries);
+        let batch = std::mem::take(&mut driving.in_flight);
         match replies {
             Ok(items) => {
                 for (q, v) in batch.into_iter().zip(items) {

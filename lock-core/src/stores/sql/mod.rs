@@ -214,15 +214,8 @@ impl<D: Dialect> Hold for SqlHold<D> {
     }
 
     fn release_in_background(self: Box<Self>) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            // No runtime: closing the session frees the lock on the server.
-            if let Ok(mut slot) = self.conn.try_lock() {
-                drop(slot.take().map(Closing::new));
-            }
-            return;
-        };
         let name = self.name.clone();
-        crate::cleanup::spawn(&runtime, "releasing a database lock", name, async move {
+        crate::cleanup::spawn("releasing a database lock", name, async move {
             self.release().await
         });
     }

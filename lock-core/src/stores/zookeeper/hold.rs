@@ -148,12 +148,9 @@ impl Hold for ZkHold {
     }
 
     fn release_in_background(self: Box<Self>) {
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let name = self.name.clone();
-            crate::cleanup::spawn(&runtime, "releasing a ZooKeeper lock", name, async move {
-                self.release().await
-            });
-        }
-        // Without a runtime the node stays until the session ends.
+        let name = self.name.clone();
+        crate::cleanup::spawn("releasing a ZooKeeper lock", name, async move {
+            self.release().await
+        });
     }
 }
