@@ -9,6 +9,9 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+/// The error bound of the bodies the layers read (as `http_body_util`'s `BoxError`).
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 pin_project! {
     /// Response body of the services in this crate.
     ///

@@ -9,9 +9,11 @@ use http_body::Body;
 use pin_project_lite::pin_project;
 use tower::Service;
 
-use super::layer::Settings;
-use super::phases::{BoxError, BoxFuture, Prepared, Running, finish};
+use super::phases::{BoxFuture, Prepared, Running, finish, prepare};
+use super::scope::Scope;
+use super::settings::Settings;
 use crate::ResponseBody;
+use crate::body::BoxError;
 use crate::check::polled_after_completion;
 
 pin_project! {
@@ -75,14 +77,22 @@ impl<S, B, R> ResponseFuture<S, B, R>
 where
     S: Service<Request<B>>,
 {
+    /// Protected: buffer the body and claim `scope`, then call `inner` (or answer).
     pub(crate) fn preparing(
-        prepare: BoxFuture<Prepared<B, Response<ResponseBody<R>>>>,
-        inner: S,
         settings: Arc<Settings>,
-    ) -> Self {
+        scope: Scope,
+        request: Request<B>,
+        inner: S,
+    ) -> Self
+    where
+        B: Body + From<Bytes> + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<BoxError>,
+        R: Send + 'static,
+    {
         Self {
             state: State::Preparing {
-                prepare,
+                prepare: Box::pin(prepare(settings.clone(), scope, request)),
                 inner: Some(inner),
                 settings,
             },

@@ -8,24 +8,7 @@ use tower::Layer;
 use super::key::HeaderKey;
 use super::scope::AuthorizationHash;
 use super::service::{IdempotencyService, Shared};
-
-/// The settings every request of one layer shares.
-#[derive(Debug, Clone)]
-pub(crate) struct Settings {
-    pub(crate) store: IdempotencyStore,
-    pub(crate) methods: Vec<Method>,
-    pub(crate) require_key: bool,
-    pub(crate) max_body_bytes: usize,
-    pub(crate) max_stored_bytes: usize,
-    pub(crate) retention: Duration,
-    pub(crate) lease: Duration,
-    pub(crate) wait: Duration,
-    pub(crate) store_server_errors: bool,
-    pub(crate) store_status: fn(StatusCode) -> bool,
-    pub(crate) deny_headers: Vec<HeaderName>,
-    pub(crate) allow_anonymous: bool,
-    pub(crate) fail_closed: bool,
-}
+use super::settings::Settings;
 
 /// Makes POST and PATCH requests idempotent by key; see the [module docs](super).
 ///
@@ -43,21 +26,7 @@ impl IdempotencyLayer {
     /// Idempotency on `store`, with every default.
     pub fn new(store: IdempotencyStore) -> Self {
         Self {
-            settings: Settings {
-                store,
-                methods: vec![Method::POST, Method::PATCH],
-                require_key: false,
-                max_body_bytes: 1024 * 1024,
-                max_stored_bytes: 1024 * 1024,
-                retention: Duration::from_secs(24 * 3600),
-                lease: Duration::from_secs(10),
-                wait: Duration::ZERO,
-                store_server_errors: false,
-                store_status: stored_by_default,
-                deny_headers: vec![HeaderName::from_static("set-cookie")],
-                allow_anonymous: false,
-                fail_closed: true,
-            },
+            settings: Settings::new(store),
             extractor: HeaderKey::default(),
             principal: AuthorizationHash,
         }
@@ -142,7 +111,7 @@ impl<K, P> IdempotencyLayer<K, P> {
     }
 
     /// Which statuses are stored (and replayed); the others free the key, so a retry
-    /// runs again. Default [`stored_by_default`]: every status but 408, 425 and 429.
+    /// runs again. Default [`stored_by_default`](super::stored_by_default): every status but 408, 425 and 429.
     /// 5xx statuses are not asked about: [`store_server_errors`](Self::store_server_errors)
     /// decides those.
     ///
@@ -210,16 +179,6 @@ impl<K, P> IdempotencyLayer<K, P> {
         self.settings.fail_closed = fail_closed;
         self
     }
-}
-
-/// The default of [`IdempotencyLayer::store_status`]: `false` for the statuses that
-/// ask for a retry (408 Request Timeout, 425 Too Early, 429 Too Many Requests), `true`
-/// for the rest.
-pub fn stored_by_default(status: StatusCode) -> bool {
-    !matches!(
-        status,
-        StatusCode::REQUEST_TIMEOUT | StatusCode::TOO_EARLY | StatusCode::TOO_MANY_REQUESTS
-    )
 }
 
 impl<S, K: Clone, P: Clone> Layer<S> for IdempotencyLayer<K, P> {

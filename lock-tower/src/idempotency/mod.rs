@@ -85,6 +85,10 @@
 //! # Ok(()) }
 //! ```
 
+// The files depend one way: `layer` builds the `service`, which makes the `future`,
+// which drives the `phases` (before and after the handler). All of them read
+// `settings`, which imports nothing here; `key`, `scope` and `record` import none of
+// the others.
 mod future;
 mod key;
 mod layer;
@@ -92,9 +96,11 @@ mod phases;
 mod record;
 mod scope;
 mod service;
+mod settings;
 
 pub use future::ResponseFuture;
 pub use key::{ExtractKey, HeaderKey, MAX_KEY_LEN};
-pub use layer::{IdempotencyLayer, stored_by_default};
+pub use layer::IdempotencyLayer;
 pub use scope::{AuthorizationHash, Principal};
 pub use service::IdempotencyService;
+pub use settings::stored_by_default;

@@ -15,13 +15,13 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use lock_core::{Begin, Claim, IdempotencyStore, LockError};
 
-use super::layer::Settings;
 use super::record;
 use super::scope::{Scope, fingerprint};
+use super::settings::Settings;
 use crate::ResponseBody;
+use crate::body::BoxError;
 use crate::problem::problem;
 
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// What to do once the key was looked up.

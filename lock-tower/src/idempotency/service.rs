@@ -8,10 +8,10 @@ use tower::Service;
 
 use super::future::ResponseFuture;
 use super::key::{ExtractKey, validate};
-use super::layer::Settings;
-use super::phases::{BoxError, prepare};
 use super::scope::{Principal, Scope};
+use super::settings::Settings;
 use crate::ResponseBody;
+use crate::body::BoxError;
 use crate::problem::problem;
 
 /// What the layer hands every service it makes (one `Arc` clone per request).
@@ -135,7 +135,6 @@ where
             ));
         }
         let scope = Scope::new(request.method(), request.uri().path(), principal, key);
-        let prepare = Box::pin(prepare(settings.clone(), scope, request));
-        ResponseFuture::preparing(prepare, inner, settings.clone())
+        ResponseFuture::preparing(settings.clone(), scope, request, inner)
     }
 }
