@@ -13,6 +13,10 @@
 --   {1, token}     written; the token is now the newest seen
 --   {-2, newest, holder}   refused: a newer token, or the same token from another holder,
 --                          came first (holder: the newest token's holder id, as given)
+-- Checked before any write (a script does not roll back): exactly one value.
+if #ARGV ~= 3 then
+  return redis.error_reply('fenced_write: expected a token, a holder and one value')
+end
 local token = tonumber(ARGV[1])
 local seen = redis.call('HMGET', KEYS[2], 't', 'h')
 local newest = tonumber(seen[1] or 0)

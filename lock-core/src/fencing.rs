@@ -67,6 +67,10 @@ impl LockClient {
     /// Stores `value` for `resource` unless a write with a newer fencing token came
     /// first, or one with the same token from another holder (the script
     /// `lua/fenced_write.lua`). The same holder may write again with its token.
+    ///
+    /// `value` must be exactly one Redis argument (a string, a number, bytes): a value
+    /// that makes none or several is refused with [`LockError::InvalidConfig`] before
+    /// anything is written, and the token stays usable.
     pub async fn fenced_write<N: LockName, V: ToRedisArgs>(
         &self,
         resource: N,
@@ -75,7 +79,16 @@ impl LockClient {
     ) -> Result<FencedWrite, LockError> {
         let c = &self.inner.config;
         let (value_key, token_key) = key::fenced_keys(&c.namespace, &c.delimiter, &resource)?;
-        let value = value.to_redis_args();
+        let mut value = value.to_redis_args();
+        let value = match value.len() {
+            1 => value.pop().unwrap_or_default(),
+            n => {
+                return Err(LockError::InvalidConfig(format!(
+                    "a fenced write stores exactly one value, but this one is {n} Redis \
+                     arguments; join or encode it into one string or byte buffer"
+                )));
+            }
+        };
         let conn = &self.inner.conn;
         let reply = conn
             .eval(&FENCED_WRITE, conn.timeout(), |c| {

@@ -99,3 +99,40 @@ async fn a_lost_grant_gets_no_token() {
         .expect("the refused token reports the loss");
     assert!(next.fence().await.is_ok());
 }
+
+/// Keys in the server's database.
+async fn dbsize(server: &RedisServer) -> i64 {
+    let mut c = server.connection().await;
+    redis::cmd("DBSIZE").query_async(&mut c).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_value_that_is_not_exactly_one_argument_is_refused_before_any_write() {
+    let server = RedisServer::start();
+    let c = client(&server, LockConfig::new()).await;
+    let g = c
+        .acquire("writer", LockOptions::new().fenced())
+        .await
+        .unwrap();
+    let token = g.fencing_token().unwrap();
+    let before = dbsize(&server).await;
+    let none: Vec<String> = Vec::new();
+    let e = c.fenced_write("ledger", token, none).await.unwrap_err();
+    assert!(e.is_invalid_input(), "{e}");
+    let e = c
+        .fenced_write("ledger", token, vec!["a", "b"])
+        .await
+        .unwrap_err();
+    assert!(e.is_invalid_input(), "{e}");
+    assert_eq!(
+        dbsize(&server).await,
+        before,
+        "a refused fenced write left a token or a value behind"
+    );
+    // The token was not used up: the same holder writes with it.
+    assert_eq!(
+        c.fenced_write("ledger", token, "ok").await.unwrap(),
+        lock_core::FencedWrite::Written
+    );
+    g.release().await.unwrap();
+}
