@@ -12,6 +12,7 @@ use bytes::Bytes;
 use common::eventually;
 use http::{Method, Response, StatusCode};
 use idem::{Backend, app, created, layer, lock_client, post_with, records, request, send};
+use lock_core::{IdempotencyStore, LockError};
 use lock_tests::RedisServer;
 use lock_tower::idempotency::IdempotencyLayer;
 
@@ -356,7 +357,10 @@ async fn after_the_retention_window_the_key_is_new() {
     let backend = Backend::new(created);
     let router = app(
         &backend,
-        layer(&server).await.retention(Duration::from_millis(300)),
+        layer(&server)
+            .await
+            .retention(Duration::from_millis(300))
+            .unwrap(),
     );
     let first = post_with(&router, Some("k"), "a").await;
     post_with(&router, Some("k"), "a")
@@ -368,6 +372,58 @@ async fn after_the_retention_window_the_key_is_new() {
     .await;
     let again = post_with(&router, Some("k"), "a").await;
     assert_eq!((again.replayed(), again.header("x-run")), (false, "2"));
+}
+
+/// A retention the store cannot keep is refused when the layer is configured, so no
+/// request ever meets it; the bounds it accepts are stored (never a 500).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retention_out_of_range_is_refused_when_configured() {
+    let server = RedisServer::start();
+    let max = IdempotencyStore::MAX_RETENTION;
+    let out_of_range = [
+        Duration::ZERO,
+        Duration::from_micros(999),
+        max + Duration::from_millis(1),
+    ];
+    for bad in out_of_range {
+        let e = layer(&server).await.retention(bad).unwrap_err();
+        assert!(matches!(e, LockError::InvalidConfig(_)), "{e:?}");
+        let said = e.to_string();
+        assert!(
+            said.contains(&format!("retention {bad:?} is outside 1ms..={max:?}")),
+            "{said}"
+        );
+    }
+    let backend = Backend::new(created);
+    let router = app(&backend, layer(&server).await.retention(max).unwrap());
+    let first = post_with(&router, Some("kept"), "a").await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    post_with(&router, Some("kept"), "a")
+        .await
+        .assert_replays(&first);
+    for (key, shortest) in [
+        ("1ms", Duration::from_millis(1)),
+        ("1.5ms", Duration::from_micros(1500)),
+    ] {
+        let router = app(&backend, layer(&server).await.retention(shortest).unwrap());
+        let r = post_with(&router, Some(key), "a").await;
+        assert_eq!(
+            (r.status, r.replayed()),
+            (StatusCode::CREATED, false),
+            "{key}: {r:?}"
+        );
+        eventually(Duration::from_secs(5), "the record to expire", || async {
+            records(&server).await.len() == 1
+        })
+        .await;
+        let again = post_with(&router, Some(key), "a").await;
+        assert_eq!(
+            (again.status, again.replayed()),
+            (StatusCode::CREATED, false),
+            "{key}: {again:?}"
+        );
+    }
+    assert_eq!(backend.runs(), 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -2,7 +2,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, Method, StatusCode};
-use lock_core::IdempotencyStore;
+use lock_core::{IdempotencyStore, LockError};
 use tower::Layer;
 
 use super::key::HeaderKey;
@@ -79,11 +79,33 @@ impl<K, P> IdempotencyLayer<K, P> {
         self
     }
 
-    /// How long a completed response is replayed. Default 24 h; at most
-    /// [`IdempotencyStore::MAX_RETENTION`] (a longer one answers 500 and logs why).
-    pub fn retention(mut self, retention: Duration) -> Self {
+    /// How long a completed response is replayed: 1 ms to
+    /// [`IdempotencyStore::MAX_RETENTION`] (366 days). Default 24 h.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidConfig`] for a retention outside that range, so a layer
+    /// holds only a retention the store accepts and no request can meet a bad one.
+    ///
+    /// ```
+    /// # fn demo(store: lock_core::IdempotencyStore) -> Result<(), lock_core::LockError> {
+    /// use std::time::Duration;
+    /// use lock_tower::idempotency::IdempotencyLayer;
+    ///
+    /// let week = IdempotencyLayer::new(store.clone()).retention(Duration::from_secs(7 * 86_400))?;
+    /// assert!(IdempotencyLayer::new(store).retention(Duration::ZERO).is_err());
+    /// # let _ = week; Ok(()) }
+    /// ```
+    pub fn retention(mut self, retention: Duration) -> Result<Self, LockError> {
+        let max = IdempotencyStore::MAX_RETENTION;
+        // The store keeps whole milliseconds: less than one would expire at once.
+        if retention < Duration::from_millis(1) || retention > max {
+            return Err(LockError::InvalidConfig(format!(
+                "idempotency retention {retention:?} is outside 1ms..={max:?}"
+            )));
+        }
         self.settings.retention = retention;
-        self
+        Ok(self)
     }
 
     /// The in-flight lease: renewed every third of it while the handler runs and its

@@ -78,7 +78,7 @@
 //!     .layer(
 //!         IdempotencyLayer::new(client.idempotency_store("payments"))
 //!             .require_key(true)
-//!             .retention(Duration::from_secs(24 * 3600)),
+//!             .retention(Duration::from_secs(24 * 3600))?,
 //!     );
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
 //! axum::serve(listener, app).await?;

@@ -13,7 +13,7 @@ use http::{Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
-use lock_core::{Begin, Claim, IdempotencyStore, LockError};
+use lock_core::{Begin, Claim, LockError};
 
 use super::record;
 use super::scope::{Scope, fingerprint};
@@ -87,12 +87,6 @@ where
     B::Error: Into<BoxError>,
     ResBody: From<Bytes>,
 {
-    let retention = settings.retention;
-    if retention.is_zero() || retention > IdempotencyStore::MAX_RETENTION {
-        return misconfigured(&format!(
-            "retention {retention:?} is outside 1ms..=366 days"
-        ));
-    }
     let (parts, body) = request.into_parts();
     let limit = settings.max_body_bytes;
     let too_large = || {
