@@ -134,7 +134,9 @@ impl LockConfig {
         self
     }
 
-    /// How often the watchdog renews. Default a third of the watchdog lease.
+    /// How often the watchdog renews. Default a third of the watchdog lease; at most
+    /// [`max_watchdog_period`](Self::max_watchdog_period), or
+    /// [`validate`](Self::validate) refuses it.
     pub fn with_watchdog_period(mut self, period: Duration) -> Self {
         self.watchdog_period = Some(period);
         self
@@ -202,6 +204,15 @@ impl LockConfig {
         self.watchdog_period.unwrap_or(self.watchdog_lease / 3)
     }
 
+    /// The longest renewal period that can keep the watchdog lease: half of what the
+    /// client counts on of it (the lease less its drift allowance), so that a renewal
+    /// has the other half for its round trip and a retry after a failure.
+    pub fn max_watchdog_period(&self) -> Duration {
+        self.watchdog_lease
+            .saturating_sub(drift(self.watchdog_lease))
+            / 2
+    }
+
     /// Checks every setting; [`LockClient`](crate::LockClient) constructors call it.
     pub fn validate(&self) -> Result<(), LockError> {
         validate_namespace(&self.namespace)?;
@@ -211,10 +222,13 @@ impl LockConfig {
             check_lease("default lease", d)?;
         }
         let period = self.watchdog_period();
-        if period.is_zero() || period >= self.watchdog_lease {
+        let bound = self.max_watchdog_period();
+        if period.is_zero() || period > bound {
             return Err(LockError::InvalidConfig(format!(
-                "watchdog period {period:?} must be above zero and below the watchdog \
-                 lease {:?} (a third of it is usual)",
+                "watchdog period {period:?} must be above zero and at most {bound:?}, half \
+                 of what the client can count on of the {:?} watchdog lease (the lease less \
+                 its drift allowance): a renewal sent later may not be back, or retried, \
+                 before the lease runs out (a third of the lease is usual)",
                 self.watchdog_lease
             )));
         }
@@ -347,6 +361,32 @@ mod tests {
             .validate()
             .unwrap_err();
         assert!(e.to_string().contains("watchdog period"), "{e}");
+    }
+
+    #[test]
+    fn a_watchdog_period_that_cannot_renew_in_time_is_refused_with_its_bound() {
+        let lease = Duration::from_millis(300);
+        let bound = LockConfig::new()
+            .with_watchdog_lease(lease)
+            .max_watchdog_period();
+        assert_eq!(bound, Duration::from_micros(147_500));
+        for period in [Duration::from_millis(296), bound + Duration::from_micros(1)] {
+            let e = LockConfig::new()
+                .with_watchdog_lease(lease)
+                .with_watchdog_period(period)
+                .validate()
+                .unwrap_err();
+            assert!(e.is_invalid_input(), "{e}");
+            assert!(
+                e.to_string().contains("147.5ms"),
+                "the bound is not named: {e}"
+            );
+        }
+        LockConfig::new()
+            .with_watchdog_lease(lease)
+            .with_watchdog_period(bound)
+            .validate()
+            .unwrap();
     }
 
     #[test]
