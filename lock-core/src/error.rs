@@ -53,6 +53,17 @@ pub enum LockError {
         /// The oldest version that works: `7.0`.
         needed: &'static str,
     },
+    /// The Redis server evicts keys under memory pressure (checked once, when a client
+    /// opens): it could drop a lock before its lease ends or a fencing counter, and let
+    /// two holders in. Set `maxmemory-policy noeviction`; retrying will not help.
+    EvictingRedis {
+        /// The server's `maxmemory-policy`.
+        policy: String,
+        /// Its `maxmemory`, in bytes (above zero: eviction can happen).
+        maxmemory: u64,
+        /// On a Cluster, the master's address.
+        node: Option<String>,
+    },
     /// The process-wide or per-call operation timed out talking to Redis.
     RedisTimeout {
         /// What we were doing.
@@ -198,6 +209,20 @@ impl fmt::Display for LockError {
                 f,
                 "the Redis server is version {found}, but lock-core needs Redis {needed} or \
                  newer (its scripts use the Redis 7 `#!lua` shebang); upgrade the server"
+            ),
+            Self::EvictingRedis {
+                policy,
+                maxmemory,
+                node,
+            } => write!(
+                f,
+                "the Redis server{} evicts keys when full (maxmemory-policy {policy}, maxmemory \
+                 {maxmemory} bytes): it could drop a lock before its lease ends or a fencing \
+                 counter, and let two holders in; set `maxmemory-policy noeviction` (CONFIG \
+                 SET and redis.conf)",
+                node.as_deref()
+                    .map(|n| format!(" at {n}"))
+                    .unwrap_or_default()
             ),
             Self::RedisTimeout { op, after } => write!(
                 f,

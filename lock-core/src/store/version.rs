@@ -1,6 +1,12 @@
-//! The Redis server's version, read once when a client opens: the scripts need Redis
-//! 7.0 (the `#!lua` shebang and its flags), and an older server would otherwise fail
-//! later, on the first script call, with an opaque error.
+//! What a client checks of the Redis server once, when it opens (on a Cluster, of each
+//! master), from one `INFO server memory`:
+//! - the version: the scripts need Redis 7.0 (the `#!lua` shebang and its flags), and
+//!   an older server would otherwise fail later, on the first script call, with an
+//!   opaque error;
+//! - eviction: a `maxmemory-policy` that evicts (`volatile-*` drops keys with a TTL,
+//!   locks among them; `allkeys-*` any key, fencing counters too) with a `maxmemory`
+//!   set can drop a lock before its lease ends and let two holders in: refused. The
+//!   same policy without a `maxmemory` evicts nothing yet: accepted with a warning.
 
 use std::time::Duration;
 
@@ -17,28 +23,32 @@ pub(crate) const MIN_REDIS_TEXT: &str = "7.0";
 /// A server version as (major, minor, patch).
 type Version = (u32, u32, u32);
 
-/// Asks the server(s) behind `conn` for `INFO server` and refuses a Redis older than
-/// 7.0 with [`LockError::UnsupportedRedis`]. A server that does not tell (INFO refused
-/// by an ACL or a proxy, no readable `redis_version`) is accepted with a warning: only
-/// a version known to be too old is refused. Connection failures and timeouts are
-/// errors, as they would be for any command.
+/// Asks the server(s) behind `conn` for `INFO server memory` and refuses a Redis older
+/// than 7.0 with [`LockError::UnsupportedRedis`], and one that evicts keys with
+/// [`LockError::EvictingRedis`]. A server that does not tell (INFO refused by an ACL or
+/// a proxy, no readable field) is accepted with a warning: only what is known to be
+/// unsound is refused. Connection failures and timeouts are errors, as they would be
+/// for any command.
 pub(crate) async fn require_supported<C: ConnectionLike>(
     conn: &mut C,
     timeout: Duration,
 ) -> Result<(), LockError> {
     let info = tokio::time::timeout(
         timeout,
-        redis::cmd("INFO").arg("server").query_async::<Value>(conn),
+        redis::cmd("INFO")
+            .arg("server")
+            .arg("memory")
+            .query_async::<Value>(conn),
     )
     .await
     .map_err(|_| LockError::RedisTimeout {
-        op: "INFO server",
+        op: "INFO server memory",
         after: timeout,
     })?;
     match info {
         Ok(reply) => check_reply(&reply),
         Err(e) if refused_by_server(&e) => {
-            tracing::warn!(error = %e, "could not read the Redis version (INFO server refused); Redis {MIN_REDIS_TEXT} or newer is required");
+            tracing::warn!(error = %e, "could not check the Redis server (INFO refused); Redis {MIN_REDIS_TEXT} or newer with maxmemory-policy noeviction is required");
             Ok(())
         }
         Err(e) => Err(e.into()),
@@ -68,7 +78,9 @@ fn check_reply(reply: &Value) -> Result<(), LockError> {
 }
 
 fn check_node(info: &Value, node: Option<&str>) -> Result<(), LockError> {
-    let version = text(info).as_deref().and_then(parse_info);
+    let info = text(info);
+    check_eviction(info.as_deref().unwrap_or_default(), node)?;
+    let version = info.as_deref().and_then(parse_info);
     match version {
         Some(v) if supported(v) => Ok(()),
         Some((major, minor, patch)) => Err(LockError::UnsupportedRedis {
@@ -85,6 +97,41 @@ fn check_node(info: &Value, node: Option<&str>) -> Result<(), LockError> {
             );
             Ok(())
         }
+    }
+}
+
+/// Refuses a policy that evicts while a `maxmemory` is set (see the module docs).
+fn check_eviction(info: &str, node: Option<&str>) -> Result<(), LockError> {
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+    };
+    let Some(policy) = field("maxmemory_policy") else {
+        tracing::warn!(
+            node,
+            "INFO memory has no maxmemory_policy; maxmemory-policy noeviction is required"
+        );
+        return Ok(());
+    };
+    if policy == "noeviction" {
+        return Ok(());
+    }
+    match field("maxmemory").and_then(|m| m.parse::<u64>().ok()) {
+        Some(0) => {
+            tracing::warn!(
+                node,
+                policy,
+                "maxmemory-policy evicts keys once a maxmemory is set; set noeviction before that, or locks may be evicted"
+            );
+            Ok(())
+        }
+        maxmemory => Err(LockError::EvictingRedis {
+            policy: policy.to_owned(),
+            // Unreadable: taken as set, since the policy says it evicts.
+            maxmemory: maxmemory.unwrap_or(u64::MAX),
+            node: node.map(str::to_owned),
+        }),
     }
 }
 
@@ -178,6 +225,41 @@ mod tests {
         );
         assert_eq!(e.code(), "lock-misconfigured");
         assert!(!e.is_unavailable() && !e.is_invalid_input());
+    }
+
+    #[test]
+    fn an_evicting_policy_is_refused_once_a_maxmemory_is_set() {
+        let memory = |policy: &str, maxmemory: u64| {
+            format!(
+                "{}# Memory\r\nused_memory:1000\r\nmaxmemory:{maxmemory}\r\nmaxmemory_human:x\r\nmaxmemory_policy:{policy}\r\n",
+                info("7.2.4")
+            )
+        };
+        let check = |policy: &str, maxmemory: u64| {
+            check_node(
+                &Value::BulkString(memory(policy, maxmemory).into_bytes()),
+                None,
+            )
+        };
+        for policy in [
+            "volatile-lru",
+            "volatile-ttl",
+            "allkeys-lru",
+            "allkeys-random",
+        ] {
+            let e = check(policy, 100 << 20).unwrap_err();
+            assert!(
+                matches!(&e, LockError::EvictingRedis { policy: p, maxmemory, node: None } if p == policy && *maxmemory == 100 << 20),
+                "{e:?}"
+            );
+            assert!(e.to_string().contains("noeviction"), "{e}");
+            assert_eq!(e.code(), "lock-misconfigured");
+            // No maxmemory: nothing is evicted yet.
+            assert!(check(policy, 0).is_ok());
+        }
+        assert!(check("noeviction", 100 << 20).is_ok());
+        // A server that does not say is accepted.
+        assert!(check_node(&Value::BulkString(info("7.2.4").into_bytes()), None).is_ok());
     }
 
     #[test]
