@@ -9,6 +9,8 @@
 //!   chain or closure; 429 problem+json with `Retry-After` and the IETF RateLimit
 //!   headers.
 //!
+//! - [`KeyExtractor`]: the key of a request, one trait for both keyed layers (closures,
+//!   the peer address, a header, ...).
 //! - [`problem`]: [`Problem`](problem::Problem), the one `application/problem+json`
 //!   writer: every rejection of the layers, and [`lock_core::LockError`]s as responses
 //!   (`From<LockError>`), e.g. as the error type of a `#[cache_lock]` axum handler.
@@ -27,8 +29,10 @@ mod body;
 mod check;
 mod hash;
 pub mod idempotency;
+mod key;
 pub mod one_time_token;
 pub mod problem;
 pub mod rate_limit;
 
 pub use body::ResponseBody;
+pub use key::KeyExtractor;

@@ -7,10 +7,12 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
-use axum::routing::get;
+use axum::routing::{get, post};
 use http::{HeaderName, Request, StatusCode};
 use lock_core::{LockClient, LockConfig, RateLimit};
 use lock_tests::RedisServer;
+use lock_tower::KeyExtractor;
+use lock_tower::idempotency::IdempotencyLayer;
 use lock_tower::rate_limit::{ForwardedFor, HeaderKey, PeerIp, RateLimitLayer};
 use tower::ServiceExt;
 
@@ -196,6 +198,91 @@ async fn a_closure_can_choose_the_key() {
             .unwrap()
             .status(),
         200
+    );
+}
+
+/// A numeric id from a header: absent is no key, anything else malformed.
+#[derive(Clone)]
+struct NumericHeader(&'static str);
+
+impl<B> KeyExtractor<B> for NumericHeader {
+    fn extract(&self, request: &Request<B>) -> Result<Option<String>, String> {
+        let Some(value) = request.headers().get(self.0) else {
+            return Ok(None);
+        };
+        let text = value.to_str().unwrap_or_default();
+        match text.parse::<u64>() {
+            Ok(id) => Ok(Some(id.to_string())),
+            Err(_) => Err(format!("{} {text:?} is not a number", self.0)),
+        }
+    }
+}
+
+/// One extractor type keys both layers, and one that refuses a key answers 400 with
+/// its reason in either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_key_extractor_serves_both_layers_and_its_refusal_is_400() {
+    let server = RedisServer::start();
+    let c = limiter_client(&server).await;
+    let router = Router::new()
+        .route("/", post(|| async { "ok" }))
+        .layer(
+            IdempotencyLayer::new(c.idempotency_store("orders"))
+                .key_extractor(NumericHeader("x-order-id"))
+                .allow_anonymous(true),
+        )
+        .layer(RateLimitLayer::new(
+            c.rate_limiter("per-user", RateLimit::per_minute(3)),
+            NumericHeader("x-user-id"),
+        ));
+    let send = |headers: &[(&str, &str)]| {
+        let mut b = Request::post("/");
+        for (name, value) in headers {
+            b = b.header(*name, *value);
+        }
+        router.clone().oneshot(b.body(Body::empty()).unwrap())
+    };
+    let text = |r: http::Response<Body>| async move {
+        let bytes = http_body_util::BodyExt::collect(r.into_body())
+            .await
+            .unwrap();
+        String::from_utf8(bytes.to_bytes().to_vec()).unwrap()
+    };
+
+    let r = send(&[("x-user-id", "alice")]).await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(header(&r, "content-type"), "application/problem+json");
+    let body = text(r).await;
+    assert!(body.contains("rate-limit-key-invalid"), "{body}");
+    assert!(
+        body.contains(r#"x-user-id \"alice\" is not a number"#),
+        "{body}"
+    );
+    let r = send(&[]).await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(text(r).await.contains("rate-limit-key-missing"));
+
+    let r = send(&[("x-user-id", "7"), ("x-order-id", "o-1")])
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let body = text(r).await;
+    assert!(body.contains("idempotency-key-invalid"), "{body}");
+    assert!(
+        body.contains(r#"x-order-id \"o-1\" is not a number"#),
+        "{body}"
+    );
+    let first = send(&[("x-user-id", "7"), ("x-order-id", "1")])
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 200);
+    let again = send(&[("x-user-id", "07"), ("x-order-id", "01")])
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.status(), header(&again, "idempotent-replayed")),
+        (StatusCode::OK, "true"),
+        "the extractor's normalized keys are the keys"
     );
 }
 

@@ -1,46 +1,11 @@
-//! Where the idempotency key comes from, and what a well-formed key is.
+//! The `Idempotency-Key` header, and what a well-formed key is.
 
 use http::{HeaderName, Request};
 
+use crate::KeyExtractor;
+
 /// Longest accepted idempotency key, in characters (all printable ASCII).
 pub const MAX_KEY_LEN: usize = 255;
-
-/// Derives the idempotency key of a request.
-///
-/// `Ok(None)`: the request carries no key (400 when keys are
-/// [required](super::IdempotencyLayer::require_key), otherwise it passes unprotected).
-/// `Err(reason)`: the key is malformed; the request gets 400 problem+json with `reason`.
-/// Every key is then checked by the layer: 1 to [`MAX_KEY_LEN`] printable ASCII
-/// characters (space included).
-///
-/// Implemented by [`HeaderKey`] (the default: the `Idempotency-Key` header) and for
-/// closures `Fn(&Request<B>) -> Option<String>`:
-///
-/// ```
-/// use http::Request;
-/// use lock_tower::idempotency::ExtractKey;
-///
-/// // A key made of two headers.
-/// let from_headers = |r: &Request<()>| {
-///     let h = |n: &str| r.headers().get(n)?.to_str().ok().map(str::to_owned);
-///     Some(format!("{}.{}", h("x-client")?, h("x-request-number")?))
-/// };
-/// let r = Request::post("/").header("x-client", "shop").header("x-request-number", "7").body(()).unwrap();
-/// assert_eq!(from_headers.extract_key(&r), Ok(Some("shop.7".to_string())));
-/// ```
-pub trait ExtractKey<B> {
-    /// The key of `request`.
-    fn extract_key(&self, request: &Request<B>) -> Result<Option<String>, String>;
-}
-
-impl<B, F> ExtractKey<B> for F
-where
-    F: Fn(&Request<B>) -> Option<String>,
-{
-    fn extract_key(&self, request: &Request<B>) -> Result<Option<String>, String> {
-        Ok(self(request))
-    }
-}
 
 /// The key from one request header: `Idempotency-Key` by default.
 ///
@@ -75,8 +40,8 @@ impl Default for HeaderKey {
     }
 }
 
-impl<B> ExtractKey<B> for HeaderKey {
-    fn extract_key(&self, request: &Request<B>) -> Result<Option<String>, String> {
+impl<B> KeyExtractor<B> for HeaderKey {
+    fn extract(&self, request: &Request<B>) -> Result<Option<String>, String> {
         let mut values = request.headers().get_all(&self.0).iter();
         let Some(value) = values.next() else {
             return Ok(None);
@@ -167,7 +132,7 @@ mod tests {
         for v in values {
             b = b.header("idempotency-key", *v);
         }
-        HeaderKey::default().extract_key(&b.body(()).unwrap())
+        HeaderKey::default().extract(&b.body(()).unwrap())
     }
 
     #[test]

@@ -12,7 +12,7 @@ use super::settings::Settings;
 
 /// Makes POST and PATCH requests idempotent by key; see the [module docs](super).
 ///
-/// `K` finds the key ([`ExtractKey`](super::ExtractKey), default [`HeaderKey`]: the
+/// `K` finds the key ([`KeyExtractor`](crate::KeyExtractor), default [`HeaderKey`]: the
 /// `Idempotency-Key` header), `P` says whose it is ([`Principal`](super::Principal),
 /// default [`AuthorizationHash`]). Every setter documents its default.
 #[derive(Debug, Clone)]

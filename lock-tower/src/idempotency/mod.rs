@@ -11,7 +11,7 @@
 //!   gets 400 with [`IdempotencyLayer::require_key`].
 //! - **Keys**: from [`HeaderKey`] (`Idempotency-Key`, an RFC 8941 sf-string as the draft
 //!   says, or leniently a bare key such as an unquoted UUID, the same key as its quoted
-//!   form) or any [`ExtractKey`]; 1 to [`MAX_KEY_LEN`] printable ASCII characters.
+//!   form) or any [`KeyExtractor`]; 1 to [`MAX_KEY_LEN`] printable ASCII characters.
 //!   Malformed (a bare key with spaces or other characters a token cannot hold,
 //!   parameters, the header twice): 400.
 //! - **Scope**: the stored key is method + path + [`Principal`] (default: a hash of
@@ -98,8 +98,9 @@ mod scope;
 mod service;
 mod settings;
 
+pub use crate::KeyExtractor;
 pub use future::ResponseFuture;
-pub use key::{ExtractKey, HeaderKey, MAX_KEY_LEN};
+pub use key::{HeaderKey, MAX_KEY_LEN};
 pub use layer::IdempotencyLayer;
 pub use scope::{AuthorizationHash, Principal};
 pub use service::IdempotencyService;

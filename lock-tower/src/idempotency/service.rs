@@ -7,12 +7,12 @@ use http_body::Body;
 use tower::Service;
 
 use super::future::ResponseFuture;
-use super::key::{ExtractKey, validate};
+use super::key::validate;
 use super::scope::{Principal, Scope};
 use super::settings::Settings;
-use crate::ResponseBody;
 use crate::body::BoxError;
 use crate::problem::problem;
+use crate::{KeyExtractor, ResponseBody};
 
 /// What the layer hands every service it makes (one `Arc` clone per request).
 #[derive(Debug)]
@@ -75,7 +75,7 @@ impl<S: Clone, K, P> Clone for IdempotencyService<S, K, P> {
 impl<S, K, P, B, ResBody> Service<Request<B>> for IdempotencyService<S, K, P>
 where
     S: Service<Request<B>, Response = Response<ResBody>> + Clone,
-    K: ExtractKey<B>,
+    K: KeyExtractor<B>,
     P: Principal<B>,
     B: Body + From<Bytes> + Send + 'static,
     B::Data: Send,
@@ -102,7 +102,7 @@ where
         }
         let extracted = shared
             .extractor
-            .extract_key(&request)
+            .extract(&request)
             .and_then(|key| key.map(|k| validate(&k).map(|()| k)).transpose());
         let key = match extracted {
             Ok(Some(key)) => key,

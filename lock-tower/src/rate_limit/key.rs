@@ -1,39 +1,17 @@
-//! Who a request counts against: pluggable key extractors.
+//! Who a request counts against: the client's address, a header, or the client behind
+//! trusted proxies.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use http::{HeaderName, Request};
 use lock_core::key::{LockName, NameWriter};
 
+use crate::KeyExtractor;
 use crate::hash::sha256_hex;
 
 /// Keys longer than this many bytes are counted under their SHA-256 instead: a key
 /// the limiter's Redis key could not hold must never switch the limit off.
 pub const MAX_LITERAL_KEY_LEN: usize = 128;
-
-/// Derives the rate-limit key of a request (`None` or an empty key: the client cannot
-/// be identified, and the request is rejected with 400).
-///
-/// Any key is accepted: one longer than [`MAX_LITERAL_KEY_LEN`] bytes is counted under
-/// its SHA-256, so no key switches the limit off. Two spellings of one client (`7` and
-/// `007`) are two keys: normalize in the extractor (a closure parsing the id) when the
-/// application treats them as one.
-///
-/// Implemented for closures `Fn(&Request<B>) -> Option<String>`, and by [`PeerIp`],
-/// [`HeaderKey`] and [`ForwardedFor`].
-pub trait KeyExtractor<B> {
-    /// The key of `request`.
-    fn extract(&self, request: &Request<B>) -> Option<String>;
-}
-
-impl<B, F> KeyExtractor<B> for F
-where
-    F: Fn(&Request<B>) -> Option<String>,
-{
-    fn extract(&self, request: &Request<B>) -> Option<String> {
-        self(request)
-    }
-}
 
 /// The key as the limiter counts it: literal when short, hashed when long. The two
 /// forms have a different number of name parts, so they never collide.
@@ -141,19 +119,23 @@ pub(crate) fn peer_ip<B>(request: &Request<B>) -> Option<IpAddr> {
 }
 
 impl<B> KeyExtractor<B> for PeerIp {
-    fn extract(&self, request: &Request<B>) -> Option<String> {
-        peer_ip(request).map(|ip| client_key(ip, self.ipv6_prefix))
+    fn extract(&self, request: &Request<B>) -> Result<Option<String>, String> {
+        Ok(peer_ip(request).map(|ip| client_key(ip, self.ipv6_prefix)))
     }
 }
 
-/// The value of a request header (e.g. an API key or `X-User-Id`).
+/// The value of a request header (e.g. an API key or `X-User-Id`), trimmed, as is.
+///
+/// Behavior: a value that is missing, empty or not visible ASCII is no key (the rate
+/// limit answers 400).
 #[derive(Debug, Clone)]
 pub struct HeaderKey(pub HeaderName);
 
 impl<B> KeyExtractor<B> for HeaderKey {
-    fn extract(&self, request: &Request<B>) -> Option<String> {
-        let v = request.headers().get(&self.0)?.to_str().ok()?.trim();
-        (!v.is_empty()).then(|| v.to_string())
+    fn extract(&self, request: &Request<B>) -> Result<Option<String>, String> {
+        let value = request.headers().get(&self.0);
+        let v = value.and_then(|v| v.to_str().ok()).map(str::trim);
+        Ok(v.filter(|v| !v.is_empty()).map(str::to_owned))
     }
 }
 
@@ -262,14 +244,19 @@ impl ForwardedFor {
 }
 
 impl<B> KeyExtractor<B> for ForwardedFor {
-    fn extract(&self, request: &Request<B>) -> Option<String> {
-        let peer = peer_ip(request)?;
+    fn extract(&self, request: &Request<B>) -> Result<Option<String>, String> {
+        let Some(peer) = peer_ip(request) else {
+            return Ok(None);
+        };
         let values = request
             .headers()
             .get_all("x-forwarded-for")
             .iter()
             .filter_map(|v| v.to_str().ok());
-        Some(client_key(self.client_ip(peer, values), self.ipv6_prefix))
+        Ok(Some(client_key(
+            self.client_ip(peer, values),
+            self.ipv6_prefix,
+        )))
     }
 }
 

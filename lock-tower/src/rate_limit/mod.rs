@@ -1,12 +1,13 @@
 //! Rate limiting for tower services: GCRA per client key, on Redis.
 //!
 //! Behavior:
-//! - Each request is keyed by a [`KeyExtractor`]: the peer IP ([`PeerIp`]; IPv6 by its
-//!   /64, [`PeerIp::ipv6_prefix`]), a header
-//!   ([`HeaderKey`]), the client behind trusted proxies ([`ForwardedFor`], never the
-//!   `X-Forwarded-For` header blindly), or a closure. No key (or an empty one): 400
-//!   problem+json. A key longer than [`MAX_LITERAL_KEY_LEN`] bytes is counted under its
-//!   SHA-256: no input can switch the limit off.
+//! - Each request is keyed by a [`KeyExtractor`] (the trait the idempotency layer reads
+//!   its keys with too): the peer IP ([`PeerIp`]; IPv6 by its /64,
+//!   [`PeerIp::ipv6_prefix`]), a header ([`HeaderKey`]), the client behind trusted
+//!   proxies ([`ForwardedFor`], never the `X-Forwarded-For` header blindly), or a
+//!   closure. No key (or an empty one): 400 problem+json; a key the extractor refuses:
+//!   400 with its reason. A key longer than [`MAX_LITERAL_KEY_LEN`] bytes is counted
+//!   under its SHA-256: no input can switch the limit off.
 //! - Over the limit: 429 `application/problem+json` with `Retry-After`. Every answered
 //!   request carries the IETF `RateLimit-Policy` and `RateLimit` headers.
 //! - Redis unavailable: the request passes and a warning is logged (fail open), or,
@@ -42,9 +43,8 @@ mod layer;
 mod service;
 mod verdict;
 
+pub use crate::KeyExtractor;
 pub use crate::check::ResponseFuture;
-pub use key::{
-    DEFAULT_IPV6_PREFIX, ForwardedFor, HeaderKey, IpNet, KeyExtractor, MAX_LITERAL_KEY_LEN, PeerIp,
-};
+pub use key::{DEFAULT_IPV6_PREFIX, ForwardedFor, HeaderKey, IpNet, MAX_LITERAL_KEY_LEN, PeerIp};
 pub use layer::RateLimitLayer;
 pub use service::RateLimitService;

@@ -4,11 +4,11 @@ use http::{Request, Response, StatusCode};
 use lock_core::RateLimiter;
 use tower::Service;
 
-use super::key::{KeyExtractor, LimitKey};
+use super::key::LimitKey;
 use super::verdict::check;
-use crate::ResponseBody;
 use crate::check::ResponseFuture;
 use crate::problem::problem;
+use crate::{KeyExtractor, ResponseBody};
 
 /// The rate-limiting service made by [`RateLimitLayer`](super::RateLimitLayer).
 ///
@@ -73,15 +73,24 @@ where
         // The readied service answers this request; a fresh clone waits for the next.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        match self.extractor.extract(&request).and_then(LimitKey::new) {
-            Some(key) => {
+        match self
+            .extractor
+            .extract(&request)
+            .map(|k| k.and_then(LimitKey::new))
+        {
+            Ok(Some(key)) => {
                 let check = Box::pin(check(self.limiter.clone(), key, self.fail_closed));
                 ResponseFuture::checking(check, inner, request)
             }
-            None => ResponseFuture::answered(problem(
+            Ok(None) => ResponseFuture::answered(problem(
                 StatusCode::BAD_REQUEST,
                 "rate-limit-key-missing",
                 "the request does not say who it is from, so it cannot be rate limited",
+            )),
+            Err(why) => ResponseFuture::answered(problem(
+                StatusCode::BAD_REQUEST,
+                "rate-limit-key-invalid",
+                &why,
             )),
         }
     }
