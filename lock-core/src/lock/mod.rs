@@ -147,8 +147,11 @@ impl LockClient {
     ///
     /// Behavior on a cluster:
     /// - Every key of one lock shares one hash tag, so each script runs on the master
-    ///   of that slot; MOVED/ASK redirections and failovers are followed by the
-    ///   cluster connection (redis-rs `cluster-async`).
+    ///   of that slot; MOVED/ASK redirections and failovers are followed, by sending
+    ///   a call again only when the cluster refused it without running it. A call
+    ///   whose reply was lost (a connection reset) is never sent again: it fails with
+    ///   the connection's error, and what it may have done is undone as after any
+    ///   other error, so no call runs twice.
     /// - Waiters are woken by the release message, published cluster-wide: the pub/sub
     ///   connection goes to one seed node and moves to the next when that one fails.
     /// - The watchdog renews held locks with one script call per hash slot, in
@@ -192,7 +195,9 @@ impl LockClient {
         let cluster = redis::cluster::ClusterClientBuilder::new(infos.clone())
             .connection_timeout(t)
             .response_timeout(t)
-            .retries(3)
+            // redis-rs would also resend after a lost reply; the store resends only
+            // what the cluster refused without running (see `store::deployment`).
+            .retries(0)
             .build()?;
         let mut conn = tokio::time::timeout(t, cluster.get_async_connection())
             .await
@@ -212,6 +217,11 @@ impl LockClient {
     /// cluster for the waiters' pub/sub connection (tried in turn); empty means local
     /// wake-ups and backoff only. It does not ask the servers' version: make sure they
     /// run Redis 7.0 or newer.
+    ///
+    /// Build the connection with `ClusterClientBuilder::retries(0)`: redis-rs's own
+    /// retries also send a command again after its reply was lost, and a lock call
+    /// sent twice can find its own first write (a `SET NX` then answers busy, a release
+    /// `Expired`). Redirections and refusals are followed by this client either way.
     pub fn from_cluster_connection(
         conn: redis::cluster_async::ClusterConnection,
         pubsub: Vec<redis::Client>,

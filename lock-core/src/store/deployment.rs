@@ -1,45 +1,38 @@
 //! The two deployments behind [`Store`]: one node (or a proxy in front of one), on a
 //! reconnecting multiplexed `ConnectionManager`, and a Redis Cluster, on the redis-rs
-//! cluster connection (commands go to the node that owns their keys' slot; MOVED/ASK
-//! redirections and failovers are followed by it). They differ only in how keys group
-//! into one script call.
+//! cluster connection (commands go to the node that owns their keys' slot). They differ
+//! in how keys group into one script call, and in what is sent again: nothing on one
+//! node; on a Cluster, a call the cluster refused without running it (MOVED/ASK
+//! redirections, failovers in progress), never one whose reply was lost.
 
-use redis::aio::{ConnectionLike, ConnectionManager};
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, ScriptInvocation};
+use redis::cluster_routing::SingleNodeRoutingInfo;
+use redis::{Cmd, ErrorKind, RedisError, RedisResult, ScriptInvocation, Value};
 
 use super::key::cluster_slot;
 use super::{Reply, Store};
 
-/// A redis-rs connection as a [`Store`]; `cluster` says whether keys must keep to one
-/// hash slot per script call.
+/// A redis-rs connection as a [`Store`].
 pub(crate) struct RedisStore<C> {
     conn: C,
-    cluster: bool,
 }
 
 impl RedisStore<ConnectionManager> {
     pub(crate) fn single(conn: ConnectionManager) -> Self {
-        Self {
-            conn,
-            cluster: false,
-        }
+        Self { conn }
     }
 }
 
 impl RedisStore<ClusterConnection> {
     pub(crate) fn cluster(conn: ClusterConnection) -> Self {
-        Self {
-            conn,
-            cluster: true,
-        }
+        Self { conn }
     }
 }
 
-impl<C> Store for RedisStore<C>
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
+impl Store for RedisStore<ConnectionManager> {
     fn query<'a>(&'a self, cmd: &'a Cmd) -> Reply<'a> {
         let mut c = self.conn.clone();
         Box::pin(async move { cmd.query_async(&mut c).await })
@@ -50,7 +43,103 @@ where
         Box::pin(async move { invocation.invoke_async(&mut c).await })
     }
 
+    fn group(&self, _key: &str) -> u16 {
+        0
+    }
+}
+
+/// Times a call refused by the cluster is sent again, and the first pause between.
+const RESENDS: u32 = 5;
+const FIRST_PAUSE: Duration = Duration::from_millis(10);
+
+/// Whether `e` proves the command never ran, so sending it again cannot run it twice:
+/// the node refused it (a redirection, a cluster or master down, a replica that was a
+/// master, a node loading its data) or it was never sent (no connection to the node).
+/// A connection lost after the command was written proves nothing, and is never resent.
+fn never_ran(e: &RedisError) -> bool {
+    use redis::ServerErrorKind as S;
+    match e.kind() {
+        ErrorKind::Server(
+            S::Moved
+            | S::Ask
+            | S::TryAgain
+            | S::ClusterDown
+            | S::MasterDown
+            | S::ReadOnly
+            | S::BusyLoading,
+        ) => true,
+        ErrorKind::ClusterConnectionNotFound => true,
+        _ => e.is_connection_refusal(),
+    }
+}
+
+/// Sends `call` until it is answered, or fails in a way that does not prove the command
+/// never ran, or [`RESENDS`] resends are used. The cluster connection is built without
+/// its own retries (it would also resend after a lost reply: a `SET NX` would then find
+/// its own value, a release report `Expired`, a rate-limit check count twice), so the
+/// redirections and refusals it would have followed are followed here.
+async fn resend_refused<F, Fut>(mut call: F) -> RedisResult<Value>
+where
+    F: FnMut(Option<(String, u16)>) -> Fut,
+    Fut: std::future::Future<Output = RedisResult<Value>>,
+{
+    let mut ask = None;
+    let mut resend = 0;
+    loop {
+        let e = match call(ask.take()).await {
+            Err(e) if resend < RESENDS && never_ran(&e) => e,
+            other => return other,
+        };
+        if e.kind() == ErrorKind::Server(redis::ServerErrorKind::Ask) {
+            // The key is moving: this one call goes to the importing node, at once.
+            ask = e.redirect_node().and_then(|(addr, _)| {
+                let (host, port) = addr.rsplit_once(':')?;
+                Some((host.to_owned(), port.parse().ok()?))
+            });
+            if ask.is_some() {
+                resend += 1;
+                continue;
+            }
+        }
+        // The connection refreshes its slot map on a redirection; give it a moment.
+        tokio::time::sleep(FIRST_PAUSE * 2u32.pow(resend)).await;
+        resend += 1;
+    }
+}
+
+impl Store for RedisStore<ClusterConnection> {
+    fn query<'a>(&'a self, cmd: &'a Cmd) -> Reply<'a> {
+        let conn = self.conn.clone();
+        Box::pin(resend_refused(move |ask| {
+            let mut c = conn.clone();
+            async move {
+                match ask {
+                    None => cmd.query_async(&mut c).await,
+                    Some((host, port)) => {
+                        let mut pipe = redis::pipe();
+                        pipe.cmd("ASKING").ignore().add_command(cmd.clone());
+                        let route = SingleNodeRoutingInfo::ByAddress { host, port };
+                        let mut replies = c.route_pipeline(pipe, 0, 1, route).await?;
+                        replies.pop().ok_or_else(|| {
+                            RedisError::from((ErrorKind::Client, "an empty reply to ASKING"))
+                        })
+                    }
+                }
+            }
+        }))
+    }
+
+    fn invoke<'a>(&'a self, invocation: &'a ScriptInvocation<'a>) -> Reply<'a> {
+        let conn = self.conn.clone();
+        // A script call cannot be redirected by hand (redis-rs keeps its EVAL form to
+        // itself): during a slot migration it is sent again until the slot has moved.
+        Box::pin(resend_refused(move |_ask| {
+            let mut c = conn.clone();
+            async move { invocation.invoke_async(&mut c).await }
+        }))
+    }
+
     fn group(&self, key: &str) -> u16 {
-        if self.cluster { cluster_slot(key) } else { 0 }
+        cluster_slot(key)
     }
 }
