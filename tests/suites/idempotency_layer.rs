@@ -475,7 +475,10 @@ async fn a_handler_slower_than_the_lease_keeps_its_key() {
     let server = RedisServer::start();
     let lease = Duration::from_millis(150);
     let backend = Backend::gated(1, created);
-    let router = app(&backend, layer(&server).await.in_flight_lease(lease));
+    let router = app(
+        &backend,
+        layer(&server).await.in_flight_lease(lease).unwrap(),
+    );
     let first = tokio::spawn({
         let router = router.clone();
         async move { post_with(&router, Some("slow"), "a").await }
@@ -496,4 +499,32 @@ async fn a_handler_slower_than_the_lease_keeps_its_key() {
         .await
         .assert_replays(&first);
     assert_eq!(backend.runs(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_flight_lease_out_of_range_is_refused_when_configured() {
+    let server = RedisServer::start();
+    let (min, max) = (lock_core::MIN_LEASE, lock_core::MAX_LEASE);
+    for bad in [
+        Duration::ZERO,
+        min - Duration::from_millis(1),
+        max + Duration::from_millis(1),
+    ] {
+        let e = layer(&server).await.in_flight_lease(bad).unwrap_err();
+        assert!(matches!(e, LockError::InvalidConfig(_)), "{e:?}");
+        assert!(
+            e.to_string().contains(&format!("lease {bad:?} is outside")),
+            "{e}"
+        );
+    }
+    // The bounds themselves serve requests.
+    let backend = Backend::new(created);
+    for (key, lease) in [("min", min), ("max", max)] {
+        let router = app(
+            &backend,
+            layer(&server).await.in_flight_lease(lease).unwrap(),
+        );
+        let r = post_with(&router, Some(key), "a").await;
+        assert_eq!(r.status, StatusCode::CREATED, "{key}: {r:?}");
+    }
 }

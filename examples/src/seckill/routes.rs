@@ -33,6 +33,7 @@ pub(crate) fn router(app: App, limiter: RateLimiter, idempotency: IdempotencySto
             IdempotencyLayer::new(idempotency)
                 .require_key(true)
                 .in_flight_lease(order::CLAIM_LEASE)
+                .expect("CLAIM_LEASE is within MIN_LEASE..=MAX_LEASE")
                 .principal(buyer),
         )
         .layer::<_, std::convert::Infallible>(RateLimitLayer::new(limiter, buyer))

@@ -110,11 +110,22 @@ impl<K, P> IdempotencyLayer<K, P> {
 
     /// The in-flight lease: renewed every third of it while the handler runs and its
     /// response is read, so a crashed server frees the key this long after its last
-    /// renewal. Default 10 s; within [`lock_core::MIN_LEASE`]`..=`[`lock_core::MAX_LEASE`]
-    /// (otherwise requests answer 500 and the log says why).
-    pub fn in_flight_lease(mut self, lease: Duration) -> Self {
+    /// renewal. Default 10 s.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidConfig`] for a lease outside
+    /// [`lock_core::MIN_LEASE`]`..=`[`lock_core::MAX_LEASE`], so a layer that would
+    /// fail every request is refused where it is configured.
+    pub fn in_flight_lease(mut self, lease: Duration) -> Result<Self, LockError> {
+        let (min, max) = (lock_core::MIN_LEASE, lock_core::MAX_LEASE);
+        if lease < min || lease > max {
+            return Err(LockError::InvalidConfig(format!(
+                "idempotency in-flight lease {lease:?} is outside {min:?}..={max:?}"
+            )));
+        }
         self.settings.lease = lease;
-        self
+        Ok(self)
     }
 
     /// How long a duplicate waits for the request in flight to finish, then replays
