@@ -177,13 +177,20 @@ async fn bad_input_and_redis_down_are_errors() {
     assert!(e.is_invalid_input(), "{e}");
     let c = claim(s.begin("k", "fp", LEASE).await.unwrap());
     let record = c.keys().record.clone();
-    // A retention out of range is refused, and the claim frees the key.
+    // A retention out of range is refused (under 1 ms too: the store keeps whole
+    // milliseconds, and `PX 0` is no retention), and the claim frees the key.
     assert!(
         c.complete(b"r", Duration::ZERO)
             .await
             .unwrap_err()
             .is_invalid_input()
     );
+    let c = claim(s.begin("sub-ms", "fp", LEASE).await.unwrap());
+    let e = c
+        .complete(b"r", Duration::from_micros(999))
+        .await
+        .unwrap_err();
+    assert!(e.is_invalid_input(), "{e}");
     eventually(
         Duration::from_secs(5),
         "the refused claim to free the key",

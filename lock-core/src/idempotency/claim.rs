@@ -108,7 +108,7 @@ impl Claim {
     /// with the same fingerprint get it back as [`Begin::Completed`](super::Begin::Completed).
     /// Waiters on the key are woken.
     pub async fn complete(mut self, record: &[u8], retention: Duration) -> Result<(), LockError> {
-        if retention.is_zero() || retention > IdempotencyStore::MAX_RETENTION {
+        if retention < Duration::from_millis(1) || retention > IdempotencyStore::MAX_RETENTION {
             return Err(LockError::InvalidConfig(format!(
                 "retention {retention:?} is outside 1ms..={:?}",
                 IdempotencyStore::MAX_RETENTION
