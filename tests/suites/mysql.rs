@@ -1,6 +1,6 @@
 //! The MySQL store on a real MariaDB server the harness starts: exclusion across
-//! pools, waiting in the server, reentrancy, long names, a killed connection firing
-//! `lost()`, cancellation.
+//! pools, waiting in the server, reentrancy, long names, names differing in case or
+//! spelling a hashed name, a killed connection firing `lost()`, cancellation.
 
 #[path = "common/stores.rs"]
 mod store_checks;
@@ -116,4 +116,37 @@ async fn a_cancelled_wait_leaves_no_lock_behind() {
     // A cancelled wait closes its session: none of them holds or later takes the lock.
     store_checks::cancelled_waits_leave_no_lock(&a, &b).await;
     assert_eq!(b.held_count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_differing_only_in_case_are_two_locks() {
+    let server = MariaDbServer::start();
+    let (a, b) = (locks(&server).await, locks(&server).await);
+    let upper = a.lock("Order").await.unwrap();
+    let lower = b.try_lock("order").await.unwrap();
+    let (sent_upper, sent_lower) = (
+        a.server_name("Order").unwrap(),
+        a.server_name("order").unwrap(),
+    );
+    let (by_a, by_b) = (holder(&a, &sent_upper).await, holder(&a, &sent_lower).await);
+    assert!(
+        by_a.is_some() && by_b.is_some() && by_a != by_b,
+        "{by_a:?} {by_b:?}"
+    );
+    lower.release().await.unwrap();
+    upper.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_name_spelling_a_long_names_hashed_form_is_another_lock() {
+    let server = MariaDbServer::start();
+    let (a, b) = (locks(&server).await, locks(&server).await);
+    let long = "n".repeat(300);
+    let hashed = a.server_name(long.as_str()).unwrap();
+    let forged = hashed.strip_prefix("lock:").expect("the default namespace");
+    let held = a.lock(long.as_str()).await.unwrap();
+    let other = b.try_lock(forged).await.unwrap();
+    assert_ne!(b.server_name(forged).unwrap(), hashed);
+    other.release().await.unwrap();
+    held.release().await.unwrap();
 }

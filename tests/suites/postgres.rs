@@ -1,12 +1,14 @@
 //! The PostgreSQL store on a real PostgreSQL server the harness starts: exclusion
 //! across pools, waiting in the server, reentrancy, a killed session firing `lost()`,
-//! cancellation.
+//! the session check asking about its own backend, cancellation (of a wait, and of a
+//! release waiting for its session).
 
 #[path = "common/stores.rs"]
 mod store_checks;
 
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
 use lock_core::{LockConfig, LockOptions, LockScope, PostgresLocks, Released};
 use lock_tests::PostgresServer;
 use sqlx::postgres::PgPoolOptions;
@@ -124,4 +126,118 @@ async fn a_cancelled_wait_leaves_no_lock_and_no_connection_behind() {
     .await
     .unwrap();
     assert_eq!(waiting, 0, "no cancelled waiter left queued in the server");
+}
+
+/// The backend holding the advisory lock `key`, if any.
+async fn holder(locks: &PostgresLocks, key: i64) -> Option<i32> {
+    sqlx::query_scalar(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+         AND ((classid::bigint << 32) | objid::bigint) = $1",
+    )
+    .bind(key)
+    .fetch_optional(locks.pool())
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_check_finds_its_lock_whatever_the_key_bits() {
+    let server = PostgresServer::start();
+    let locks = locks(&server).await;
+    // A negative key whose low half has its top bit set: both halves need the
+    // unsigned (oid) reading of pg_locks to be found.
+    let name = (0..)
+        .map(|i| format!("bits-{i}"))
+        .find(|n| {
+            let key = locks.advisory_key(n.as_str()).unwrap();
+            key < 0 && (key as u32) >= 1 << 31
+        })
+        .unwrap();
+    let g = locks.lock(name.as_str()).await.unwrap();
+    // Three good checks in a row: each one pushes valid_for back up.
+    let (mut renewals, mut last) = (0, g.valid_for());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while renewals < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "only {renewals} checks passed in 10 s"
+        );
+        assert!(
+            g.is_held(),
+            "the check did not find the lock its session holds"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = g.valid_for();
+        if now > last {
+            renewals += 1;
+        }
+        last = now;
+    }
+    assert_eq!(g.release().await.unwrap(), Released::Unlocked);
+}
+
+/// A release polled while the session check holds the guard's connection (the check
+/// is stuck behind a lock on `pg_locks`), then dropped: the session must be closed,
+/// not pooled while it still holds the advisory lock.
+#[tokio::test]
+async fn a_release_cancelled_while_waiting_for_its_session_leaves_no_lock_held() {
+    let server = PostgresServer::start();
+    let other = locks(&server).await;
+    // A long lease: the stuck check must not end in a loss before the release runs.
+    let pool = PgPoolOptions::new().connect(&server.url()).await.unwrap();
+    let store = PostgresLocks::new(pool, config().with_watchdog_lease(Duration::from_secs(10)));
+    let g = store.lock("cut-release").await.unwrap();
+    let key = store.advisory_key("cut-release").unwrap();
+    let pid = holder(&other, key).await.expect("held");
+
+    let mut blocker = other.pool().begin().await.unwrap();
+    sqlx::query("LOCK TABLE pg_catalog.pg_locks IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let waiting: Option<String> =
+            sqlx::query_scalar("SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1")
+                .bind(pid)
+                .fetch_one(other.pool())
+                .await
+                .unwrap();
+        if waiting.as_deref() == Some("Lock") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the session check never ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // On this one-thread runtime the check still holds the connection when the
+    // release is first polled, so the release is cut while it waits for it.
+    assert!(
+        g.release().now_or_never().is_none(),
+        "the release did not wait"
+    );
+    blocker.rollback().await.unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let err = match other.try_lock("cut-release").await {
+            Ok(g) => {
+                assert_eq!(g.release().await.unwrap(), Released::Unlocked);
+                break;
+            }
+            Err(e) => e,
+        };
+        if Instant::now() >= deadline {
+            let pid = holder(&other, key).await;
+            let state: Option<String> =
+                sqlx::query_scalar("SELECT state FROM pg_stat_activity WHERE pid = $1")
+                    .bind(pid)
+                    .fetch_optional(other.pool())
+                    .await
+                    .unwrap()
+                    .flatten();
+            panic!("still held by backend {pid:?} (state {state:?}): {err}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(holder(&other, key).await, None);
 }

@@ -1,6 +1,6 @@
-//! One lock API over every store: the URL factory, and the same code (generic over
-//! `DistributedLock`, and `#[cache_lock]`) on Redis, Redlock, memory, PostgreSQL,
-//! MariaDB and ZooKeeper.
+//! One lock API over every store: the URL factory (credentials of a multi-host URL on
+//! every host), and the same code (generic over `DistributedLock`, and `#[cache_lock]`)
+//! on Redis, Redlock, memory, PostgreSQL, MariaDB and ZooKeeper.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use lock_core::{AnyLocks, DistributedLock, HeldLock, LockConfig, LockError};
 use lock_macros::cache_lock;
-use lock_tests::{MariaDbServer, PostgresServer, RedisServer, ZooKeeperServer};
+use lock_tests::{
+    MariaDbServer, PostgresServer, RedisCluster, RedisMasters, RedisServer, ZooKeeperServer,
+};
 
 /// 8 tasks x 10 rounds on one name: never two inside; then a held lock is busy to others.
 async fn exclusion<L>(what: &'static str, locks: Arc<L>)
@@ -110,6 +112,48 @@ async fn every_url_opens_its_store_and_the_same_code_runs_on_each() {
         exclusion(url.clone().leak(), Arc::new(locks.clone())).await;
         macro_refuses_a_duplicate(locks).await;
     }
+}
+
+/// Servers whose default user may only `PING`, `INFO` and `CLUSTER` (the harness's
+/// readiness and cluster-forming calls); `locker` / `secret` may do anything.
+const ACL: &[&str] = &[
+    "--user", "default", "on", "nopass", "-@all", "+ping", "+info", "+cluster", "--user", "locker",
+    "on", ">secret", "~*", "&*", "+@all",
+];
+
+fn host_list(ports: impl Iterator<Item = u16>) -> String {
+    ports
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_and_cluster_urls_sign_in_on_every_host() {
+    let masters = RedisMasters::start_with_args(3, ACL);
+    let hosts = host_list(masters.iter().map(|m| m.port()));
+    let url = format!("redlock://locker:secret@{hosts}");
+    let locks = AnyLocks::open(&url, config()).await.unwrap();
+    let g = locks.try_lock_named("paid").await.unwrap();
+    let key = lock_core::key::lock_keys("lock", ":", "paid").unwrap().key;
+    for node in masters.iter() {
+        let url = format!("redis://locker:secret@127.0.0.1:{}/", node.port());
+        let client = redis::Client::open(url).unwrap();
+        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        let copies: i64 = redis::cmd("EXISTS")
+            .arg(&key)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(copies, 1, "no copy of the lock on node {}", node.port());
+    }
+    g.release().await.unwrap();
+
+    let cluster = RedisCluster::start_with_args(3, 0, ACL);
+    let seeds = host_list((0..cluster.len()).map(|i| cluster.node(i).port()));
+    let url = format!("redis+cluster://locker:secret@{seeds}");
+    let locks = AnyLocks::open(&url, config()).await.unwrap();
+    exclusion("redis+cluster with credentials", Arc::new(locks)).await;
 }
 
 #[tokio::test]

@@ -14,12 +14,19 @@ use crate::{
 /// | URL | store |
 /// | --- | --- |
 /// | `redis://host:6379/0`, `rediss://...` | one Redis ([`LockClient`]) |
-/// | `redis+cluster://host1:6379,host2:6379` | a Redis Cluster (seed nodes) |
-/// | `redlock://host1:6379,host2:6379,host3:6379` | [`Redlock`] over independent masters |
+/// | `redis+cluster://host1:6379,host2:6379`, `rediss+cluster://...` | a Redis Cluster (seed nodes) |
+/// | `redlock://host1:6379,host2:6379,host3:6379`, `redlock+tls://...` | [`Redlock`] over independent masters |
 /// | `memory://` | [`MemoryLocks`], this process only |
 /// | `postgres://user@host/db`, `postgresql://...` | `PostgresLocks` (cargo feature `postgres`) |
 /// | `mysql://user:pw@host/db`, `mariadb://...` | `MysqlLocks` (cargo feature `mysql`) |
 /// | `zk://host:port[,host:port]/chroot`, `zookeeper://...` | `ZkLocks` (cargo feature `zookeeper`) |
+///
+/// In a URL of several hosts, credentials written before the first host
+/// (`redlock://user:password@h1:6379,h2:6379,h3:6379`, percent-encoded as in any URL)
+/// and a database or query after the last (`/0`, `?protocol=resp3`) apply to every
+/// host that names none of its own; `rediss+cluster://` and `redlock+tls://` connect
+/// to every host with TLS (`rediss://`, which needs one of the `redis` crate's TLS
+/// features).
 ///
 /// An unknown scheme, or a store whose cargo feature is off, is a
 /// [`LockError::InvalidConfig`] that says which feature to enable. The guard is
@@ -80,13 +87,8 @@ impl AnyLocks {
                  redlock://, memory://, postgres://, mysql:// or zk://"
             ))
         })?;
-        let hosts = || {
-            let hosts: Vec<String> = rest
-                .trim_end_matches('/')
-                .split(',')
-                .filter(|h| !h.is_empty())
-                .map(|h| format!("redis://{h}/"))
-                .collect();
+        let hosts = |tls| {
+            let hosts = node_urls(rest, tls);
             if hosts.is_empty() {
                 Err(LockError::InvalidConfig(format!(
                     "{scheme}:// needs at least one host:port (got {url:?})"
@@ -99,17 +101,21 @@ impl AnyLocks {
             "redis" | "rediss" => Ok(Self::Redis(
                 LockClient::open_with_config(url, config).await?,
             )),
-            "redis+cluster" => Ok(Self::Redis(
-                LockClient::open_cluster(hosts()?, config).await?,
+            "redis+cluster" | "rediss+cluster" => Ok(Self::Redis(
+                LockClient::open_cluster(hosts(scheme == "rediss+cluster")?, config).await?,
             )),
-            "redlock" => Ok(Self::Redlock(Redlock::open(hosts()?, config)?)),
+            "redlock" | "redlock+tls" => Ok(Self::Redlock(Redlock::open(
+                hosts(scheme == "redlock+tls")?,
+                config,
+            )?)),
             "memory" => Ok(Self::Memory(MemoryLocks::with_config(config))),
             "postgres" | "postgresql" => Self::postgres(url, config).await,
             "mysql" | "mariadb" => Self::mysql(url, config).await,
             "zk" | "zookeeper" => Self::zookeeper(rest, config).await,
             other => Err(LockError::InvalidConfig(format!(
                 "unknown lock store scheme {other:?} in {url:?}; use redis://, rediss://, \
-                 redis+cluster://, redlock://, memory://, postgres://, mysql:// or zk://"
+                 redis+cluster://, rediss+cluster://, redlock://, redlock+tls://, memory://, \
+                 postgres://, mysql:// or zk://"
             ))),
         }
     }
@@ -180,6 +186,32 @@ impl AnyLocks {
             Self::Zookeeper(z) => AnyGuard::Store(z.acquire(name, options).await?),
         })
     }
+}
+
+/// One `redis://` (or `rediss://` with `tls`) URL per host of `rest`, the part of a
+/// multi-host URL after `://`: `[user:password@]host:port,host:port[/db][?query]`. The
+/// first host's credentials, and the tail, go to every host that has none of its own.
+fn node_urls(rest: &str, tls: bool) -> Vec<String> {
+    let scheme = if tls { "rediss" } else { "redis" };
+    let (hosts, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+    let tail = tail.strip_prefix('/').unwrap_or(tail);
+    let mut shared = None;
+    let mut urls = Vec::new();
+    for (i, host) in hosts.split(',').enumerate() {
+        let (auth, addr) = match host.rsplit_once('@') {
+            Some((auth, addr)) => (Some(auth), addr),
+            None => (shared, host),
+        };
+        if i == 0 {
+            shared = auth;
+        }
+        if addr.is_empty() {
+            continue;
+        }
+        let auth = auth.map(|a| format!("{a}@")).unwrap_or_default();
+        urls.push(format!("{scheme}://{auth}{addr}/{tail}"));
+    }
+    urls
 }
 
 macro_rules! from_store {
@@ -253,5 +285,44 @@ impl HeldLock for AnyGuard {
     }
     fn hold_until_expiry(self) {
         each!(self, g => HeldLock::hold_until_expiry(g))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::node_urls;
+
+    #[test]
+    fn every_host_gets_the_credentials_tls_and_database() {
+        assert_eq!(
+            node_urls(":pw@h1:1,h2:2,h3:3", false),
+            [
+                "redis://:pw@h1:1/",
+                "redis://:pw@h2:2/",
+                "redis://:pw@h3:3/"
+            ]
+        );
+        assert_eq!(
+            node_urls("user:p%40ss@h1:1,h2:2/2?protocol=resp3", true),
+            [
+                "rediss://user:p%40ss@h1:1/2?protocol=resp3",
+                "rediss://user:p%40ss@h2:2/2?protocol=resp3"
+            ]
+        );
+        // A host with its own credentials keeps them.
+        assert_eq!(
+            node_urls("a:x@h1:1,b:y@h2:2,h3:3", false),
+            [
+                "redis://a:x@h1:1/",
+                "redis://b:y@h2:2/",
+                "redis://a:x@h3:3/"
+            ]
+        );
+        assert_eq!(
+            node_urls("h1:1,,h2:2/", false),
+            ["redis://h1:1/", "redis://h2:2/"]
+        );
+        assert!(node_urls("", false).is_empty());
+        assert!(node_urls("pw@", false).is_empty());
     }
 }

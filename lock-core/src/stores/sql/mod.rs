@@ -12,8 +12,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::Database;
-use sqlx::pool::PoolConnection;
+use sqlx::pool::{PoolConnection, PoolOptions};
+use sqlx::{Database, Pool};
 use tokio::sync::{Mutex, watch};
 use tokio::time::Instant;
 
@@ -60,6 +60,53 @@ pub(crate) fn store_error(store: &'static str, e: sqlx::Error) -> LockError {
     }
 }
 
+/// Runs the acquisition `take` within its wait budget plus one command timeout,
+/// whatever the pool or the network does (a pool waits 30 s for a connection by
+/// default). Cut short, `take` drops its [`Closing`] session: a lock granted meanwhile
+/// dies with it.
+pub(crate) async fn bounded<T>(
+    store: &'static str,
+    wait: Duration,
+    config: &LockConfig,
+    take: impl Future<Output = Result<T, LockError>>,
+) -> Result<T, LockError> {
+    let limit = wait.saturating_add(config.command_timeout);
+    match tokio::time::timeout(limit, take).await {
+        Ok(taken) => taken,
+        Err(_) => Err(LockError::Store {
+            store,
+            message: format!(
+                "no connection or no answer within the wait budget ({wait:?}) plus the \
+                 command timeout ({:?}): is the server up and reachable, and does the \
+                 pool have a free connection?",
+                config.command_timeout
+            ),
+        }),
+    }
+}
+
+/// A pool for `url` that waits for a connection as long as an acquisition with the
+/// config's wait may, connected within one command timeout.
+pub(crate) async fn connect<DB: Database>(
+    store: &'static str,
+    url: &str,
+    config: &LockConfig,
+) -> Result<Pool<DB>, LockError> {
+    let options = PoolOptions::<DB>::new()
+        .acquire_timeout(config.wait.saturating_add(config.command_timeout));
+    match tokio::time::timeout(config.command_timeout, options.connect(url)).await {
+        Ok(pool) => pool.map_err(|e| store_error(store, e)),
+        Err(_) => Err(LockError::Store {
+            store,
+            message: format!(
+                "no connection within the command timeout ({:?}): is the server up and \
+                 reachable?",
+                config.command_timeout
+            ),
+        }),
+    }
+}
+
 /// A pooled connection that is closed, not returned to the pool, when dropped before
 /// [`keep`](Self::keep): its session may hold a lock nobody knows of.
 pub(crate) struct Closing<DB: Database>(Option<PoolConnection<DB>>);
@@ -98,7 +145,9 @@ pub(crate) struct SqlHold<D: Dialect> {
     dialect: Arc<D>,
     name: String,
     token: u64,
-    conn: Arc<Mutex<Option<PoolConnection<D::Db>>>>,
+    /// Closed, never pooled, if dropped here: a release cut short while it waits for
+    /// the session must not hand a session that holds the lock back to the pool.
+    conn: Arc<Mutex<Option<Closing<D::Db>>>>,
     /// Until when the session is known to hold the lock (`None` once lost).
     alive: watch::Receiver<Option<Instant>>,
     monitor: tokio::task::JoinHandle<()>,
@@ -116,7 +165,7 @@ impl<D: Dialect> SqlHold<D> {
         let lease = config.watchdog_lease();
         let period = config.watchdog_period();
         let (tx, alive) = watch::channel(Some(Instant::now() + lease));
-        let conn = Arc::new(Mutex::new(Some(conn)));
+        let conn = Arc::new(Mutex::new(Some(Closing::new(conn))));
         let (checked, checker, lock) = (conn.clone(), dialect.clone(), name.clone());
         let monitor = tokio::spawn(async move {
             loop {
@@ -126,7 +175,7 @@ impl<D: Dialect> SqlHold<D> {
                 let check = async {
                     let mut conn = checked.lock().await;
                     match conn.as_mut() {
-                        Some(c) => checker.check(c).await,
+                        Some(c) => checker.check(c.get()).await,
                         None => false,
                     }
                 };
@@ -193,11 +242,10 @@ impl<D: Dialect> Hold for SqlHold<D> {
         let lost = self.alive.borrow().is_none();
         Box::pin(async move {
             let mut slot = conn.lock().await;
-            let Some(c) = slot.take() else {
+            // Closed rather than pooled unless the unlock is confirmed.
+            let Some(mut c) = slot.take() else {
                 return Err(LockError::Expired { key: name });
             };
-            // Closed rather than pooled unless the unlock is confirmed.
-            let mut c = Closing::new(c);
             match dialect.unlock(c.get()).await {
                 Ok(true) => {
                     drop(c.keep());

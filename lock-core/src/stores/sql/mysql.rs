@@ -24,10 +24,17 @@ pub(crate) const MAX_SERVER_NAME: usize = 64;
 /// Locks on MySQL or MariaDB: `GET_LOCK` named locks, each held on its own pooled
 /// connection for the guard's life (the lock dies with the session: that is its lease).
 ///
-/// - **Names** are `<namespace>:<name>`. Names longer than the server's limit of 64
-///   characters become `<namespace>:#` followed by 32 hex digits of two FNV-1a 64 hashes
-///   of the full name (a collision, about n² / 2^129 for n long names, would mean a
-///   false wait, never two owners); [`MysqlLocks::server_name`] shows what is sent.
+/// - **Names** are `<namespace>:<name>`, sent in a form no server folds together:
+///   lowercase ASCII letters, digits and punctuation are kept, an uppercase letter
+///   becomes `^` and the letter in lowercase, and any other character (`%`, `^`, `#`,
+///   whitespace, non-ASCII) `%` and its UTF-8 bytes in lowercase hex. MySQL and MariaDB
+///   document lock names as case-insensitive, so `Order` and `order` would otherwise
+///   share a lock on some servers; here they are `lock:^order` and `lock:order` on
+///   every server. Names longer than the server's limit of 64 characters in that form
+///   become `<namespace>:#` followed by 32 hex digits of two FNV-1a 64 hashes of the
+///   full name (a collision, about n² / 2^129 for n long names, would mean a false
+///   wait, never two owners); no shorter name is sent with a `#`, so none can equal a
+///   hashed one. [`MysqlLocks::server_name`] shows what is sent.
 /// - **Waiting** is the server's own: `GET_LOCK(name, wait)` with the wait budget as its
 ///   timeout, so waiters queue in the server. [`LockError::Busy`] carries no holder
 ///   lease (MySQL has none): its `retry_after` is the config's first backoff step.
@@ -45,6 +52,10 @@ pub(crate) const MAX_SERVER_NAME: usize = 64;
 ///   lock lasts until released or until the session ends. `hold_until_expiry` releases.
 /// - A cancelled acquisition closes its connection instead of returning it to the pool,
 ///   so a lock granted after the cancellation dies with the session.
+/// - **Bounded**: an acquisition ends within its wait budget plus one
+///   [`LockConfig::with_command_timeout`], however long the pool would wait for a
+///   connection; [`MysqlLocks::connect`]'s pool waits for one at most the config's
+///   wait plus that timeout.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), lock_core::LockError> {
@@ -91,7 +102,7 @@ impl MysqlLocks {
 
     /// Connects a pool to `url` (`mysql://user:password@host:port/database`).
     pub async fn connect(url: &str, config: LockConfig) -> Result<Self, LockError> {
-        let pool = MySqlPool::connect(url).await.map_err(store_error)?;
+        let pool = super::connect::<MySql>(STORE, url, &config).await?;
         Ok(Self::new(pool, config))
     }
 
@@ -109,17 +120,45 @@ impl MysqlLocks {
     super::super::session::store_conveniences!(server_name);
 }
 
-/// `<namespace>:<name>`, or its hashed form when longer than the server's limit.
+/// `<namespace>:<name>` in its fold-proof form, or hashed when that is longer than the
+/// server's limit.
 fn server_name(namespace: &str, name: &str) -> String {
     let full = format!("{namespace}:{name}");
-    if full.chars().count() <= MAX_SERVER_NAME {
-        return full;
+    let sent = fold_proof(&full);
+    if sent.len() <= MAX_SERVER_NAME {
+        return sent;
     }
     let a = fnv1a64(0xcbf2_9ce4_8422_2325, &[&full]);
     let b = fnv1a64(0x8422_2325_cbf2_9ce4, &[&full]);
     // The namespace part is cut so the whole stays within the limit (32 hex + 2).
     let ns: String = namespace.chars().take(MAX_SERVER_NAME - 34).collect();
     format!("{ns}:#{a:016x}{b:016x}")
+}
+
+/// `text` in characters no collation folds together, one to one: lowercase ASCII
+/// letters, digits and punctuation as they are, `A`-`Z` as `^a`-`^z`, anything else
+/// (`%`, `^`, `#` included, so no escape is forged and no `#` is sent) as `%xx` per
+/// UTF-8 byte. Names that were already of the kept characters are sent unchanged.
+fn fold_proof(text: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_ascii_uppercase() {
+            out.push('^');
+            out.push(c.to_ascii_lowercase());
+        } else if c.is_ascii_lowercase()
+            || c.is_ascii_digit()
+            || (c.is_ascii_punctuation() && !matches!(c, '%' | '^' | '#'))
+        {
+            out.push(c);
+        } else {
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                let _ = write!(out, "%{b:02x}");
+            }
+        }
+    }
+    out
 }
 
 impl Inner {
@@ -145,6 +184,16 @@ impl Inner {
     }
 
     async fn take(
+        self: Arc<Self>,
+        name: String,
+        sent: String,
+        wait: Duration,
+    ) -> Result<SqlHold<NamedLock>, LockError> {
+        let grant = self.clone().grant(name, sent, wait);
+        super::bounded(STORE, wait, &self.config, grant).await
+    }
+
+    async fn grant(
         self: Arc<Self>,
         name: String,
         sent: String,
@@ -258,5 +307,32 @@ mod tests {
         // Exactly at the limit: kept.
         let at = "y".repeat(MAX_SERVER_NAME - 6);
         assert_eq!(server_name("locks", &at).chars().count(), MAX_SERVER_NAME);
+    }
+
+    #[test]
+    fn names_no_server_folds_together_and_no_forged_escape_or_hash() {
+        let sent = |name: &str| server_name("lock", name);
+        assert_eq!(sent("Order"), "lock:^order");
+        assert_eq!(sent("order"), "lock:order");
+        // Distinct names stay distinct even compared without case.
+        let names = [
+            "A", "a", "^a", "%41", "%5ea", "#", "%23", "é", "É", "%c3%a9", "a b", "a%20b",
+        ];
+        let folded: std::collections::HashSet<String> =
+            names.iter().map(|n| sent(n).to_lowercase()).collect();
+        assert_eq!(folded.len(), names.len(), "{folded:?}");
+        for n in names {
+            let s = sent(n);
+            assert!(
+                s.chars()
+                    .all(|c| c.is_ascii_graphic() && !c.is_ascii_uppercase()),
+                "{s}"
+            );
+        }
+        // A short name that spells a long name's hashed form is another lock.
+        let hashed = sent(&"x".repeat(200));
+        let forged = hashed.strip_prefix("lock:").unwrap();
+        assert_ne!(sent(forged), hashed);
+        assert!(!sent(forged).contains('#'), "{}", sent(forged));
     }
 }

@@ -29,10 +29,21 @@ pub const FENCE_SEQUENCE: &str = "lock_core_fence";
 ///   wait budget, so waiters queue in PostgreSQL without polling or a herd.
 ///   [`LockError::Busy`] carries no holder lease (PostgreSQL has none): its
 ///   `retry_after` is the config's first backoff step.
-/// - **Loss**: every [`LockConfig::watchdog_period`] the guard's connection is checked
-///   (`SELECT 1`, bounded by the time left); a killed session (`pg_terminate_backend`,
-///   a restart, a broken network) fires [`StoreGuard::lost`], and
-///   [`StoreGuard::valid_for`] counts from the last check plus the watchdog lease.
+/// - **Loss**: every [`LockConfig::watchdog_period`] the guard's session is asked
+///   whether it still holds the lock (`pg_locks` rows of `pg_backend_pid()`, bounded by
+///   the time left); a killed session (`pg_terminate_backend`, a restart, a broken
+///   network) fires [`StoreGuard::lost`], and [`StoreGuard::valid_for`] counts from the
+///   last check plus the watchdog lease.
+/// - **Session pooling is required**: an advisory lock belongs to the server session
+///   (backend) that took it. Behind a pooler in transaction or statement mode
+///   (PgBouncer's `pool_mode = transaction`, ...) each statement may run on another
+///   backend, so the lock, its check and its unlock would not meet: connect directly
+///   or through a pooler in session mode. (There a check that lands on another
+///   backend finds no lock and fires `lost()` rather than vouching for it.)
+/// - **Bounded**: an acquisition ends within its wait budget plus one
+///   [`LockConfig::with_command_timeout`], however long the pool would wait for a
+///   connection; [`PostgresLocks::connect`]'s pool waits for one at most the config's
+///   wait plus that timeout.
 /// - **Fencing tokens** come from the sequence [`FENCE_SEQUENCE`], taken in the same
 ///   statement as the lock, so they grow with every grant in the database. It is
 ///   created on first use (`CREATE SEQUENCE IF NOT EXISTS`), which needs that right.
@@ -85,7 +96,7 @@ impl PostgresLocks {
 
     /// Connects a pool to `url` (`postgres://user:password@host:port/database`).
     pub async fn connect(url: &str, config: LockConfig) -> Result<Self, LockError> {
-        let pool = PgPool::connect(url).await.map_err(store_error)?;
+        let pool = super::connect::<Postgres>(STORE, url, &config).await?;
         Ok(Self::new(pool, config))
     }
 
@@ -138,6 +149,16 @@ impl Inner {
     }
 
     async fn take(
+        self: Arc<Self>,
+        name: String,
+        key: i64,
+        wait: Duration,
+    ) -> Result<SqlHold<Advisory>, LockError> {
+        let grant = self.clone().grant(name, key, wait);
+        super::bounded(STORE, wait, &self.config, grant).await
+    }
+
+    async fn grant(
         self: Arc<Self>,
         name: String,
         key: i64,
@@ -224,7 +245,26 @@ impl Dialect for Advisory {
     const KIND: crate::metrics::StoreKind = crate::metrics::StoreKind::Postgres;
 
     fn check<'a>(&'a self, conn: &'a mut PoolConnection<Postgres>) -> ConnFuture<'a, bool> {
-        Box::pin(async move { sqlx::query("SELECT 1").execute(&mut **conn).await.is_ok() })
+        // A live session is not enough: the lock must be held by this very backend (a
+        // one-bigint advisory key shows as classid = high half, objid = low half,
+        // objsubid = 1).
+        let (high, low) = (
+            i64::from((self.key >> 32) as u32),
+            i64::from(self.key as u32),
+        );
+        Box::pin(async move {
+            let held: Result<bool, _> = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
+                 WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted \
+                 AND mode = 'ExclusiveLock' AND classid::bigint = $1 \
+                 AND objid::bigint = $2 AND objsubid = 1)",
+            )
+            .bind(high)
+            .bind(low)
+            .fetch_one(&mut **conn)
+            .await;
+            matches!(held, Ok(true))
+        })
     }
 
     fn unlock<'a>(
