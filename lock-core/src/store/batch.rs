@@ -8,7 +8,10 @@
 //! - A busy lane: the call is queued ([`Turn::Queued`]). When the call in flight ends
 //!   (or its caller goes away), one driver task sends what queued, up to [`MAX_BATCH`]
 //!   entries per call, one call at a time, until the queue is empty; then the lane is
-//!   idle again.
+//!   idle again. The driver runs on a live runtime (`cleanup::spawn_task`); if its
+//!   runtime ends mid-call, the batch in flight fails (each entry's cleanup runs, as
+//!   for any unknown outcome) and the lane is freed, so no later call queues behind a
+//!   driver that will never run.
 //!
 //! Per entry, nothing changes: the scripts loop over their entries (the same keys and
 //! arguments per entry, one file each, laid out in their headers) and answer one reply
