@@ -1,9 +1,12 @@
 //! [`TcpProxy`]: a TCP forwarder that can silently partition a client from
-//! its server.
+//! its server, or lose a single reply or request ([`faults`]).
+
+mod faults;
+mod pump;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -48,6 +51,13 @@ const BUFFER_SIZE: usize = 16 * 1024;
 ///
 /// A connection the target refuses is closed. A connection reset by one side
 /// is closed (with a FIN) on the other.
+///
+/// A single reply can be lost instead, the request having been executed:
+/// [`reset_next_reply`](Self::reset_next_reply),
+/// [`reset_reply_to`](Self::reset_reply_to) (the reply to a request told by
+/// its bytes) and [`close_after_reply_to`](Self::close_after_reply_to) (the
+/// connection drops just after a reply); or a request, before the server
+/// sees it: [`reset_request`](Self::reset_request).
 ///
 /// Everything runs on plain threads with blocking sockets (one for the
 /// listener, two per connection), independent of any async runtime, so a
@@ -95,6 +105,8 @@ struct State {
     next_id: u64,
     /// One thread per connection, joined by `Drop`.
     threads: Vec<JoinHandle<()>>,
+    /// Replies armed to be lost.
+    faults: faults::Faults,
 }
 
 impl TcpProxy {
@@ -318,7 +330,8 @@ fn accept_loop(listener: TcpListener, port: u16, target_port: u16, shared: &Arc<
             .spawn({
                 let shared = Arc::clone(shared);
                 move || {
-                    serve(client, port, target_port, &shared, id);
+                    pump::serve(client, port, target_port, &shared, id);
+                    shared.forget_faults(id);
                     shared.lock().connections.remove(&id);
                 }
             });
@@ -327,101 +340,6 @@ fn accept_loop(listener: TcpListener, port: u16, target_port: u16, shared: &Arc<
             Err(e) => {
                 eprintln!("TcpProxy on port {port}: cannot spawn a connection thread: {e}");
                 state.connections.remove(&id);
-            }
-        }
-    }
-}
-
-/// Forwards one client connection until both directions are closed.
-fn serve(client: TcpStream, port: u16, target_port: u16, shared: &Arc<Shared>, id: u64) {
-    // A partitioned client does not reach the server, not even to connect.
-    if !shared.await_healed() {
-        return;
-    }
-    let target = SocketAddr::from((Ipv4Addr::LOCALHOST, target_port));
-    let Ok(upstream) = TcpStream::connect_timeout(&target, CONNECT_TIMEOUT) else {
-        return; // Refused: the client's connection is closed.
-    };
-    let _ = upstream.set_nodelay(true);
-    let (Ok(client_reader), Ok(upstream_reader), Ok(upstream_clone)) = (
-        client.try_clone(),
-        upstream.try_clone(),
-        upstream.try_clone(),
-    ) else {
-        return;
-    };
-    if client.set_write_timeout(Some(WRITE_SLICE)).is_err()
-        || upstream.set_write_timeout(Some(WRITE_SLICE)).is_err()
-    {
-        return;
-    }
-    {
-        let mut state = shared.lock();
-        let state = &mut *state;
-        match state.connections.get_mut(&id) {
-            Some(sockets) if !state.shutdown => sockets.push(upstream_clone),
-            _ => return, // Shutting down.
-        }
-    }
-    let downstream = std::thread::Builder::new()
-        .name(format!("tcp-proxy-{port}-{id}-down"))
-        .spawn({
-            let shared = Arc::clone(shared);
-            move || pump(upstream_reader, client, &shared)
-        });
-    match downstream {
-        Ok(downstream) => {
-            pump(client_reader, upstream, shared);
-            let _ = downstream.join();
-        }
-        Err(e) => eprintln!("TcpProxy on port {port}: cannot spawn a connection thread: {e}"),
-    }
-}
-
-/// Copies `from` to `to` until `from` is closed, then closes `to` for
-/// writing (a FIN). Everything sent on `to`, the FIN included, waits while
-/// the proxy is cut.
-fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared) {
-    let mut buffer = vec![0; BUFFER_SIZE];
-    loop {
-        let len = match from.read(&mut buffer) {
-            Ok(0) => {
-                let _ = shared.forward(|| to.shutdown(Shutdown::Write));
-                return;
-            }
-            Ok(len) => len,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => {
-                // Reset (or closed by `Drop`): close the other side too.
-                let _ = shared.forward(|| to.shutdown(Shutdown::Both));
-                return;
-            }
-        };
-        let mut sent = 0;
-        while sent < len {
-            let Some(result) = shared.forward(|| to.write(&buffer[sent..len])) else {
-                return; // Shutting down.
-            };
-            match result {
-                Ok(0) => {
-                    let _ = shared.forward(|| from.shutdown(Shutdown::Both));
-                    return;
-                }
-                Ok(written) => sent += written,
-                // The write slice elapsed with nothing written (or a signal
-                // came): let a pending `cut` in, then try again.
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock
-                            | io::ErrorKind::TimedOut
-                            | io::ErrorKind::Interrupted
-                    ) => {}
-                Err(_) => {
-                    // `to` is gone: close its counterpart as well.
-                    let _ = shared.forward(|| from.shutdown(Shutdown::Both));
-                    return;
-                }
             }
         }
     }

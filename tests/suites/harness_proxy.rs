@@ -1,8 +1,9 @@
 //! Self-test of [`TcpProxy`]: it forwards faithfully, `cut` partitions
 //! silently (requests hang, connections stay open, bytes are held),
-//! `heal` delivers what was held, and dropping it closes everything.
+//! `heal` delivers what was held, dropping it closes everything, and a
+//! single reply can be lost (reset) or followed by a partition.
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -297,4 +298,106 @@ fn the_proxy_outlives_runtimes() {
     proxy.cut();
     proxy.heal();
     drop(proxy);
+}
+
+/// A plain TCP connection through `proxy`, for byte-level checks.
+fn raw(proxy: &TcpProxy) -> TcpStream {
+    let s = TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+    s.set_read_timeout(Some(PROMPTLY)).unwrap();
+    s
+}
+
+/// Sends an inline command and reads what comes back (one read).
+fn send(s: &mut TcpStream, command: &str) -> std::io::Result<String> {
+    s.write_all(format!("{command}\r\n").as_bytes())?;
+    let mut buffer = [0; 64];
+    let n = s.read(&mut buffer)?;
+    Ok(String::from_utf8_lossy(&buffer[..n]).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_next_reply_loses_one_executed_reply_with_a_reset() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let mut direct = server.connection().await;
+    let clients = connected_clients(&mut direct).await;
+    let mut conn = raw(&proxy);
+    assert_eq!(send(&mut conn, "PING").unwrap(), "+PONG\r\n");
+
+    proxy.reset_next_reply();
+    let lost = send(&mut conn, "SET k v");
+    assert!(
+        lost.as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "expected a reset instead of the reply, got {lost:?}"
+    );
+    let value: String = direct.get("k").await.unwrap();
+    assert_eq!(value, "v", "the request was executed");
+    // Closed toward the server too, and the proxy disarmed itself.
+    await_connected_clients(&mut direct, clients).await;
+    assert_eq!(send(&mut raw(&proxy), "GET k").unwrap(), "$1\r\nv\r\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_reply_to_loses_only_the_matching_requests_reply() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let mut direct = server.connection().await;
+    let (mut idle, mut conn) = (raw(&proxy), raw(&proxy));
+    proxy.reset_reply_to(|chunk| chunk.starts_with(b"INCR"));
+    // Other requests, and other connections, are answered.
+    assert_eq!(send(&mut conn, "PING").unwrap(), "+PONG\r\n");
+    assert_eq!(send(&mut idle, "PING").unwrap(), "+PONG\r\n");
+    let lost = send(&mut conn, "INCR n");
+    assert!(
+        lost.as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "expected a reset instead of the reply, got {lost:?}"
+    );
+    assert_eq!(direct.get::<_, u64>("n").await.unwrap(), 1);
+    assert_eq!(send(&mut idle, "INCR n").unwrap(), ":2\r\n", "fired once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_after_reply_to_delivers_the_reply_then_partitions() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let mut conn = raw(&proxy);
+    proxy.close_after_reply_to(|chunk| chunk.starts_with(b"INCR"));
+    assert_eq!(send(&mut conn, "PING").unwrap(), "+PONG\r\n");
+    assert_eq!(send(&mut conn, "INCR n").unwrap(), ":1\r\n");
+    let mut buffer = [0; 16];
+    assert_eq!(conn.read(&mut buffer).unwrap(), 0, "closed after the reply");
+    assert!(proxy.is_cut());
+    // A reconnection is held until the heal.
+    let mut again = raw(&proxy);
+    again.set_read_timeout(Some(HANG)).unwrap();
+    assert!(send(&mut again, "INCR n").is_err(), "answered while cut");
+    proxy.heal();
+    again.set_read_timeout(Some(PROMPTLY)).unwrap();
+    let mut reply = [0; 16];
+    let n = again.read(&mut reply).unwrap();
+    assert_eq!(&reply[..n], b":2\r\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_request_loses_the_matching_request_before_the_server() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let mut direct = server.connection().await;
+    let mut conn = raw(&proxy);
+    proxy.reset_request(|chunk| chunk.starts_with(b"INCR"));
+    assert_eq!(send(&mut conn, "PING").unwrap(), "+PONG\r\n");
+    let lost = send(&mut conn, "INCR n");
+    assert!(
+        lost.as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "expected a reset instead of the reply, got {lost:?}"
+    );
+    assert_eq!(direct.get::<_, Option<u64>>("n").await.unwrap(), None);
+    assert_eq!(
+        send(&mut raw(&proxy), "INCR n").unwrap(),
+        ":1\r\n",
+        "fired once"
+    );
 }

@@ -1,0 +1,175 @@
+//! Faults on one exchange: a reply lost after the server executed its request
+//! ([`TcpProxy::reset_next_reply`], [`TcpProxy::reset_reply_to`]), a reply followed by
+//! a partition ([`TcpProxy::close_after_reply_to`]), a request lost before the server
+//! saw it ([`TcpProxy::reset_request`]).
+
+use std::collections::{HashMap, HashSet};
+use std::io::{self, Write};
+use std::net::{Shutdown, TcpStream};
+
+use super::{Shared, TcpProxy};
+
+/// Tells a request (one chunk the client sent, as the proxy read it) by its bytes.
+type Matcher = Box<dyn Fn(&[u8]) -> bool + Send>;
+
+/// What becomes of a chunk: a connection's next one from the server, or (`LoseRequest`)
+/// the matching request itself.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Fault {
+    /// Dropped; the connection is reset toward the client, closed toward the server.
+    Reset,
+    /// Forwarded; then the connection is closed (FIN) both ways and the proxy is cut.
+    CloseAfter,
+    /// The request is dropped as by `Reset`.
+    LoseRequest,
+}
+
+/// The faults armed on a proxy.
+#[derive(Default)]
+pub(super) struct Faults {
+    /// [`TcpProxy::reset_next_reply`]: the next chunk from the server on any connection.
+    next_reply: bool,
+    /// The next request that matches, and the fault its reply meets.
+    request: Option<(Matcher, Fault)>,
+    /// Connections whose next chunk from the server meets a fault.
+    armed: HashMap<u64, Fault>,
+    /// Connections a fault ended: their other direction stops without forwarding a
+    /// close (which would reach the client as a FIN before the reset).
+    ended: HashSet<u64>,
+}
+
+impl TcpProxy {
+    /// Arms the proxy: the next chunk of bytes it reads from the server, on any
+    /// connection, is not forwarded; that connection is reset toward the client (RST)
+    /// and closed toward the server. Fires once, then disarms.
+    ///
+    /// The request was forwarded, so the server executed it; only the reply is lost,
+    /// as when a connection breaks while a reply is on the wire. Chunks are what one
+    /// `read` returned: a reply the server sends in pieces loses its first piece with
+    /// the rest. On a protocol with traffic of its own (pings, notifications), prefer
+    /// [`reset_reply_to`](Self::reset_reply_to).
+    pub fn reset_next_reply(&self) {
+        self.shared.lock().faults.next_reply = true;
+    }
+
+    /// Arms the proxy for one request: the next chunk a client sends, on any
+    /// connection, for which `request` is true is forwarded, and the next chunk the
+    /// server sends on that connection (the reply, or whatever came first) is dropped
+    /// as by [`reset_next_reply`](Self::reset_next_reply): the connection is reset
+    /// toward the client and closed toward the server, so no reply sent after the
+    /// request reaches the client. Fires once; arming again replaces an unfired one.
+    ///
+    /// `request` sees each chunk as read (usually one or more whole requests) and runs
+    /// on a proxy thread with the proxy's lock held: keep it quick.
+    pub fn reset_reply_to(&self, request: impl Fn(&[u8]) -> bool + Send + 'static) {
+        self.shared.lock().faults.request = Some((Box::new(request), Fault::Reset));
+    }
+
+    /// Arms the proxy for one request, as [`reset_reply_to`](Self::reset_reply_to),
+    /// except that the server's next chunk on that connection is forwarded; then the
+    /// connection is closed (FIN) toward both sides and the proxy is
+    /// [`cut`](Self::cut), so the client sees its connection drop just after the reply
+    /// and cannot reconnect until [`heal`](Self::heal).
+    pub fn close_after_reply_to(&self, request: impl Fn(&[u8]) -> bool + Send + 'static) {
+        self.shared.lock().faults.request = Some((Box::new(request), Fault::CloseAfter));
+    }
+
+    /// Arms the proxy for one request: the next chunk a client sends, on any
+    /// connection, for which `request` is true is not forwarded; the connection is
+    /// reset toward the client and closed toward the server, as when a connection
+    /// breaks with a request on the wire. The server never sees the request. Fires
+    /// once; arming again replaces an unfired [`reset_reply_to`](Self::reset_reply_to)
+    /// or [`close_after_reply_to`](Self::close_after_reply_to) too.
+    pub fn reset_request(&self, request: impl Fn(&[u8]) -> bool + Send + 'static) {
+        self.shared.lock().faults.request = Some((Box::new(request), Fault::LoseRequest));
+    }
+}
+
+impl Shared {
+    /// The client sent `chunk` on connection `id`: the fault it meets itself, if any
+    /// (before it is forwarded).
+    pub(super) fn client_sent(&self, id: u64, chunk: &[u8]) -> Option<Fault> {
+        let mut state = self.lock();
+        let faults = &mut state.faults;
+        let (matches, fault) = faults.request.as_ref()?;
+        if !matches(chunk) {
+            return None;
+        }
+        let fault = *fault;
+        faults.request = None;
+        if let Fault::LoseRequest = fault {
+            faults.ended.insert(id);
+            return Some(fault);
+        }
+        faults.armed.insert(id, fault);
+        None
+    }
+
+    /// The fault that the server's chunk just read on connection `id` meets, if any.
+    pub(super) fn reply_fault(&self, id: u64) -> Option<Fault> {
+        let mut state = self.lock();
+        let faults = &mut state.faults;
+        let fault = match faults.armed.remove(&id) {
+            Some(fault) => fault,
+            None if faults.next_reply => Fault::Reset,
+            None => return None,
+        };
+        faults.next_reply = false;
+        faults.ended.insert(id);
+        Some(fault)
+    }
+
+    /// Whether a fault ended connection `id`.
+    pub(super) fn fault_ended(&self, id: u64) -> bool {
+        self.lock().faults.ended.contains(&id)
+    }
+
+    /// Connection `id` is closed: nothing armed on it is left.
+    pub(super) fn forget_faults(&self, id: u64) {
+        let mut state = self.lock();
+        state.faults.armed.remove(&id);
+        state.faults.ended.remove(&id);
+    }
+
+    /// Applies `fault` to `chunk`, just read from one of `client` and `server`.
+    pub(super) fn apply(&self, fault: Fault, chunk: &[u8], client: &TcpStream, server: &TcpStream) {
+        match fault {
+            Fault::Reset | Fault::LoseRequest => reset(client),
+            Fault::CloseAfter => {
+                let _ = write_fully(client, chunk);
+                self.lock().cut = true;
+                let _ = client.shutdown(Shutdown::Both);
+            }
+        }
+        let _ = server.shutdown(Shutdown::Both);
+    }
+}
+
+/// Resets `stream` toward its peer: with a zero linger the last close of the socket
+/// sends an RST, and shutting down reading wakes the proxy thread still reading it,
+/// so that close comes as soon as both threads let go of it (nothing is sent now).
+fn reset(stream: &TcpStream) {
+    if let Ok(dup) = stream.try_clone() {
+        let _ = tokio::net::TcpSocket::from_std_stream(dup).set_zero_linger();
+    }
+    let _ = stream.shutdown(Shutdown::Read);
+}
+
+/// Writes all of `bytes`, retrying the write slices that time out.
+fn write_fully(mut to: &TcpStream, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        match to.write(bytes) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
