@@ -45,7 +45,7 @@ impl ZooKeeperServer {
                     format!(
                         "tickTime=200\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n\
                          maxClientCnxns=0\nadmin.enableServer=false\n\
-                         4lw.commands.whitelist=ruok,stat\n",
+                         4lw.commands.whitelist=ruok,stat,wchp\n",
                         data.display()
                     ),
                 )
@@ -100,6 +100,15 @@ impl ZooKeeperServer {
         }
     }
 
+    /// How many sessions watch `path` (a server path, chroot included), as the
+    /// server's `wchp` lists them: a waiter's watch on its predecessor, a holder's on
+    /// its own node.
+    pub fn watchers_of(&self, path: &str) -> usize {
+        let listing = four_letter(self.port, "wchp");
+        let mut lines = listing.lines().skip_while(|l| *l != path).skip(1);
+        lines.by_ref().take_while(|l| l.starts_with('\t')).count()
+    }
+
     /// The server log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("zookeeper.log")).unwrap_or_default()
@@ -108,16 +117,21 @@ impl ZooKeeperServer {
 
 /// Whether the server answers `ruok` with `imok`.
 fn ruok(port: u16) -> bool {
+    four_letter(port, "ruok").contains("imok")
+}
+
+/// The server's answer to a four-letter command (empty if it cannot be asked).
+fn four_letter(port: u16, command: &str) -> String {
     let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
+        return String::new();
     };
     let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
-    if s.write_all(b"ruok").is_err() {
-        return false;
+    if s.write_all(command.as_bytes()).is_err() {
+        return String::new();
     }
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
-    out.contains("imok")
+    out
 }
 
 impl Drop for ZooKeeperServer {

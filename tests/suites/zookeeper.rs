@@ -1,10 +1,14 @@
 //! The ZooKeeper store on a real ZooKeeper server the harness starts: exclusion across
 //! sessions, Curator's node layout (a contender made as Curator makes one excludes us
 //! and is waited for), predecessor watching, a deleted node and a lost connection
-//! firing `lost()`, cancellation.
+//! firing `lost()`, cancellation; contender nodes removed despite lost connections
+//! and replies ([`faults`]).
 
 #[path = "common/stores.rs"]
 mod store_checks;
+// Connection faults in their own file: they need long sessions and pauses.
+#[path = "zookeeper/faults.rs"]
+mod faults;
 
 use std::time::{Duration, Instant};
 

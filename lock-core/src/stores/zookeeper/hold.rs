@@ -6,7 +6,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use super::{terminal, zk_error};
+use super::{node, terminal, zk_error};
+use crate::cleanup::{self, OnDrop};
 use crate::metrics::{self, StoreKind};
 use crate::stores::session::{BoxFuture, Hold};
 use crate::{FencingToken, LockError};
@@ -32,66 +33,24 @@ pub(super) struct ZkHold {
 }
 
 impl ZkHold {
+    /// Starts watching a grant just made: the session's state is taken now (a grant
+    /// made as the connection dropped is suspended at once), its changes from now on.
     pub(super) fn start(client: zk::Client, name: String, path: String, token: u64) -> Self {
         let grace = client.session_timeout() / 3;
-        let (tx, standing) = watch::channel(Standing::Connected);
-        let (watching, node, lock) = (client.clone(), path.clone(), name.clone());
-        let monitor = tokio::spawn(async move {
-            let mut states = watching.state_watcher();
-            let lost = |why: &str| {
-                tracing::warn!(lock = %lock, "lock lost: {why}");
-                tx.send_replace(Standing::Lost);
-                metrics::lost(StoreKind::Zookeeper);
-            };
-            // The node's own watch: fires on its deletion (or any change).
-            let mut node_watch = match watching.check_and_watch_stat(&node).await {
-                Ok((Some(_), w)) => Some(w),
-                Ok((None, _)) => return lost("its node is gone"),
-                Err(_) => None,
-            };
-            loop {
-                let suspended_until = match *tx.borrow() {
-                    Standing::Suspended(t) => Some(t),
-                    _ => None,
-                };
-                let node_changed = async {
-                    match node_watch.take() {
-                        Some(w) => w.changed().await,
-                        None => std::future::pending().await,
-                    }
-                };
-                let deadline = async {
-                    match suspended_until {
-                        Some(t) => tokio::time::sleep_until(t).await,
-                        None => std::future::pending().await,
-                    }
-                };
-                tokio::select! {
-                    state = states.changed() => match state {
-                        zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
-                            tx.send_replace(Standing::Connected);
-                        }
-                        zk::SessionState::Disconnected => {
-                            tx.send_replace(Standing::Suspended(Instant::now() + grace));
-                        }
-                        s if terminal(s) => return lost("its ZooKeeper session ended"),
-                        _ => {}
-                    },
-                    event = node_changed => {
-                        if event.event_type == zk::EventType::NodeDeleted {
-                            return lost("its node was deleted");
-                        }
-                        // Another change: watch again.
-                        match watching.check_and_watch_stat(&node).await {
-                            Ok((Some(_), w)) => node_watch = Some(w),
-                            Ok((None, _)) => return lost("its node is gone"),
-                            Err(_) => {}
-                        }
-                    }
-                    () = deadline => return lost("its ZooKeeper connection stayed down"),
-                }
-            }
-        });
+        let states = client.state_watcher();
+        let now = standing_in(states.peek_state(), Standing::Connected, grace);
+        if matches!(now, Standing::Lost) {
+            lost(&name, "its ZooKeeper session ended");
+        }
+        let (tx, standing) = watch::channel(now);
+        let monitor = tokio::spawn(monitor(
+            client.clone(),
+            states,
+            path.clone(),
+            name.clone(),
+            tx,
+            grace,
+        ));
         Self {
             client,
             name,
@@ -100,6 +59,107 @@ impl ZkHold {
             grace,
             standing,
             monitor,
+        }
+    }
+}
+
+/// Where a grant stands once the session is in `state`, having stood at `was`.
+fn standing_in(state: zk::SessionState, was: Standing, grace: Duration) -> Standing {
+    match (state, was) {
+        (_, Standing::Lost) => Standing::Lost,
+        (s, _) if terminal(s) => Standing::Lost,
+        (zk::SessionState::Disconnected, Standing::Suspended(t)) => Standing::Suspended(t),
+        (zk::SessionState::Disconnected, _) => Standing::Suspended(Instant::now() + grace),
+        _ => Standing::Connected,
+    }
+}
+
+fn lost(lock: &str, why: &str) {
+    tracing::warn!(lock = %lock, "lock lost: {why}");
+    metrics::lost(StoreKind::Zookeeper);
+}
+
+type StatWatch = BoxFuture<Result<(Option<zk::Stat>, zk::OneshotWatcher), zk::Error>>;
+
+/// Asks for a watch on `node` (its deletion).
+fn watch_node(client: &zk::Client, node: &str) -> StatWatch {
+    let (client, node) = (client.clone(), node.to_owned());
+    Box::pin(async move { client.check_and_watch_stat(&node).await })
+}
+
+/// Follows the session's states and the node's watch until the grant is lost.
+async fn monitor(
+    client: zk::Client,
+    mut states: zk::StateWatcher,
+    node: String,
+    lock: String,
+    tx: watch::Sender<Standing>,
+    grace: Duration,
+) {
+    let lose = |why: &str| {
+        lost(&lock, why);
+        tx.send_replace(Standing::Lost);
+    };
+    // Asked alongside the states, so that a request held by a lost connection does
+    // not keep the monitor from seeing the session's changes.
+    let mut asking = Some(watch_node(&client, &node));
+    // Kept across turns: the watch lives through disconnections (the client sets it
+    // again on reconnecting).
+    let mut node_watch: Option<BoxFuture<zk::WatchedEvent>> = None;
+    loop {
+        let standing = *tx.borrow();
+        let suspended_until = match standing {
+            Standing::Suspended(t) => Some(t),
+            Standing::Lost => return,
+            Standing::Connected => None,
+        };
+        let asked = async {
+            match asking.as_mut() {
+                Some(ask) => ask.await,
+                None => std::future::pending().await,
+            }
+        };
+        let node_changed = async {
+            match node_watch.as_mut() {
+                Some(w) => w.await,
+                None => std::future::pending().await,
+            }
+        };
+        let deadline = async {
+            match suspended_until {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            state = states.changed() => {
+                let next = standing_in(state, standing, grace);
+                if matches!(next, Standing::Lost) {
+                    return lose("its ZooKeeper session ended");
+                }
+                tx.send_replace(next);
+                // Back: a watch asked for on the lost connection is asked for again.
+                if matches!(next, Standing::Connected) && asking.is_none() && node_watch.is_none() {
+                    asking = Some(watch_node(&client, &node));
+                }
+            }
+            answer = asked => {
+                asking = None;
+                match answer {
+                    Ok((Some(_), w)) => node_watch = Some(Box::pin(w.changed())),
+                    Ok((None, _)) => return lose("its node is gone"),
+                    Err(_) => {}
+                }
+            }
+            event = node_changed => {
+                node_watch = None;
+                if event.event_type == zk::EventType::NodeDeleted {
+                    return lose("its node was deleted");
+                }
+                // Another change: watch again.
+                asking = Some(watch_node(&client, &node));
+            }
+            () = deadline => return lose("its ZooKeeper connection stayed down"),
         }
     }
 }
@@ -135,9 +195,26 @@ impl Hold for ZkHold {
         let lost = matches!(*self.standing.borrow(), Standing::Lost);
         let (client, path, name) = (self.client.clone(), self.path.clone(), self.name.clone());
         Box::pin(async move {
-            match client.delete(&path, None).await {
-                Ok(()) if !lost => Ok(()),
-                Ok(()) | Err(zk::Error::NoNode) => Err(LockError::Expired { key: name }),
+            // A release cancelled mid-way still deletes the node, in the background.
+            let pending = OnDrop::new({
+                let (client, path, name) = (client.clone(), path.clone(), name.clone());
+                move || {
+                    cleanup::spawn("releasing a ZooKeeper lock", name, async move {
+                        node::delete(&client, &path)
+                            .await
+                            .map(drop)
+                            .map_err(zk_error)
+                    });
+                }
+            });
+            let deleted = node::delete(&client, &path).await;
+            pending.disarm();
+            match deleted {
+                Ok(true) if !lost => Ok(()),
+                // Gone before we deleted it, or with its session: lost first.
+                Ok(_) | Err(zk::Error::SessionExpired | zk::Error::ClientClosed) => {
+                    Err(LockError::Expired { key: name })
+                }
                 Err(e) if lost => {
                     tracing::debug!(lock = %name, error = %e, "deleting a lost lock's node failed");
                     Err(LockError::Expired { key: name })
@@ -149,7 +226,7 @@ impl Hold for ZkHold {
 
     fn release_in_background(self: Box<Self>) {
         let name = self.name.clone();
-        crate::cleanup::spawn("releasing a ZooKeeper lock", name, async move {
+        cleanup::spawn("releasing a ZooKeeper lock", name, async move {
             self.release().await
         });
     }

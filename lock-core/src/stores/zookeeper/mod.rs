@@ -5,11 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod hold;
+mod node;
 
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use self::hold::ZkHold;
+use self::node::Contender;
 use super::session::Stores;
 use crate::key::{self, LockName};
 use crate::{LockConfig, LockError};
@@ -34,8 +36,16 @@ const LOCK_NAME: &str = "-lock-";
 ///   deleted, fires [`StoreGuard::lost`] at once. A lost connection suspends the lock:
 ///   it is still held for a third of the session timeout after the disconnection is
 ///   noticed (the server may expire the session as early as that), and lost then
-///   unless the connection came back. [`StoreGuard::valid_for`] is that third while
-///   connected, and counts down while suspended.
+///   unless the connection came back (a grant made as the connection drops starts
+///   suspended). [`StoreGuard::valid_for`] is that third while connected, and counts
+///   down while suspended.
+/// - **Lost connections**, as Curator's protected mode: a request whose connection is
+///   lost may still have been executed. After a create, the acquisition looks for its
+///   node by the attempt's uuid and goes on with it; a delete (a release, or the
+///   cleanup of a busy, timed-out, failed or cancelled acquisition, one cancelled with
+///   its create in flight included) is sent again after reconnecting until it succeeds
+///   or the session is over. A release waits for that (about twice the session
+///   timeout at most) and answers `Unlocked` if the node was still ours.
 /// - **Session**: one per `ZkLocks`, with the config's watchdog lease as its timeout;
 ///   an expired session is replaced on the next acquisition (when the store was opened
 ///   from a connect string).
@@ -201,36 +211,20 @@ impl Inner {
     ) -> Result<ZkHold, LockError> {
         let started = Instant::now();
         let client = self.client().await?;
-        let uuid = uuid();
-        let prefix = format!("{dir}/_c_{uuid}{LOCK_NAME}");
-        let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
-        let contend = || client.create(&prefix, name.as_bytes(), &ephemeral);
-        // The lock's node is made only when missing (the first use of a name), not
-        // with a round trip on every acquisition.
-        let (stat, seq) = match contend().await {
-            Err(zk::Error::NoNode) => {
-                let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-                client.mkdir(&dir, &persistent).await.map_err(zk_error)?;
-                contend().await
-            }
-            created => created,
-        }
-        .map_err(zk_error)?;
-        let ours = format!("{prefix}{seq}");
+        let contender = Contender::new(client.clone(), dir.clone(), name.clone());
+        // Armed before the create: a cancelled or failed attempt may have made a node.
+        let leave = contender.leave_on_drop(None);
+        let (ours, stat) = contender.create().await.map_err(zk_error)?;
         // Until granted, leaving (cancelled, busy, timed out, failed) deletes our node.
-        let leave = crate::cleanup::OnDrop::new({
-            let (client, ours) = (client.clone(), ours.clone());
-            move || {
-                if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                    rt.spawn(async move { client.delete(&ours, None).await });
-                }
-            }
-        });
+        let leave = {
+            let known = contender.leave_on_drop(Some(ours.clone()));
+            leave.disarm();
+            known
+        };
         let our_name = &ours[dir.len() + 1..];
         let deadline = started.checked_add(wait);
         loop {
-            let mut children: Vec<String> = client
-                .list_children(&dir)
+            let mut children: Vec<String> = node::list(&client, &dir)
                 .await
                 .map_err(zk_error)?
                 .into_iter()
@@ -255,7 +249,9 @@ impl Inner {
             let before = format!("{dir}/{}", children[at - 1]);
             let watcher = match client.get_and_watch_data(&before).await {
                 Ok((_, _, watcher)) => watcher,
+                // Gone, or unknown after a lost connection: look at the queue again.
                 Err(zk::Error::NoNode) => continue,
+                Err(e) if node::Retry::new(&client).again(&e).await => continue,
                 Err(e) => return Err(zk_error(e)),
             };
             let changed = watcher.changed();
