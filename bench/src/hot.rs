@@ -9,10 +9,8 @@ use std::time::{Duration, Instant};
 
 use lock_core::{Lease, LockClient, LockConfig, LockOptions};
 
-use crate::measure::{
-    BoxError, BoxFut, Timing, check_rounds, median, round_order, rounds_list, spread,
-};
-use crate::report::{Figure, ratio_text};
+use crate::figure::Figure;
+use crate::measure::{BoxError, BoxFut, Timing, median, round_order, rounds_list};
 
 /// Tasks contending for the key.
 const TASKS: usize = 64;
@@ -199,9 +197,8 @@ fn rslock(url: &str) -> HotCycle {
 }
 
 /// Measures lock-core with 1 and 4 clients and rslock, `rounds` interleaved rounds
-/// each; prints the medians, the per-round rates (and a `disturbed` line for an
-/// implementation whose rounds spread more than the bound) and the ratios of the
-/// medians. Every figure from a disturbed implementation is marked so.
+/// each; prints the medians, the per-round rates and each ratio's line (the median of
+/// the per-round ratios, their spread, and a `disturbed` line when they disagree).
 pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>, BoxError> {
     let impls = [
         Impl {
@@ -234,8 +231,7 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
             longest_wait_ms: median(s.iter().map(|s| s.longest_wait_ms)),
         }
     });
-    let mut spreads = [None; 3];
-    for (((imp, s), m), disturbed) in impls.iter().zip(&samples).zip(&medians).zip(&mut spreads) {
+    for ((imp, s), m) in impls.iter().zip(&samples).zip(&medians) {
         let name = imp.name;
         println!("hot_key {name} handoffs_per_s {:.0}", m.handoffs_per_s);
         println!(
@@ -251,66 +247,47 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
             "hot_key {name} handoffs_per_s_rounds {}",
             rounds_list(s.iter().map(|s| s.handoffs_per_s))
         );
-        let rates = s.iter().map(|s| s.handoffs_per_s);
-        *disturbed = check_rounds("hot_key", name, spread(rates));
     }
-    let [one, four, peer] = medians;
-    println!(
-        "ratio hot_handoffs_ours_1_client_vs_rslock {}",
-        ratio_text(
-            one.handoffs_per_s,
-            peer.handoffs_per_s,
-            [spreads[ONE], spreads[PEER]]
-        )
-    );
-    println!(
-        "ratio hot_handoffs_ours_4_clients_vs_rslock {}",
-        ratio_text(
-            four.handoffs_per_s,
-            peer.handoffs_per_s,
-            [spreads[FOUR], spreads[PEER]]
-        )
-    );
-    println!(
-        "ratio hot_handoff_p50_ours_1_client_vs_rslock {}",
-        ratio_text(peer.p50_us, one.p50_us, [spreads[PEER], spreads[ONE]])
-    );
-    let mut figures = vec![
-        Figure::vs(
-            "hot_handoffs_ours_1_client_vs_rslock",
-            one.handoffs_per_s,
-            peer.handoffs_per_s,
+    let per_round = |i: usize, pick: fn(&HotSample) -> f64| -> Vec<f64> {
+        samples[i].iter().map(pick).collect()
+    };
+    let handoffs = |name: &str, a: usize| {
+        let rate = |s: &HotSample| s.handoffs_per_s;
+        Figure::rounds(
+            name,
             "handoffs/s",
+            &per_round(a, rate),
+            &per_round(PEER, rate),
         )
-        .disturbed_by(spreads[ONE])
-        .disturbed_by(spreads[PEER]),
-        Figure::vs(
-            "hot_handoffs_ours_4_clients_vs_rslock",
-            four.handoffs_per_s,
-            peer.handoffs_per_s,
-            "handoffs/s",
-        )
-        .disturbed_by(spreads[FOUR])
-        .disturbed_by(spreads[PEER]),
+    };
+    let table = [
+        handoffs("hot_handoffs_ours_1_client_vs_rslock", ONE),
+        handoffs("hot_handoffs_ours_4_clients_vs_rslock", FOUR),
     ];
-    for ((imp, m), spread) in impls.iter().zip(&medians).zip(spreads) {
+    let p50 = |s: &HotSample| s.p50_us;
+    let printed = Figure::lower_is_better(
+        "hot_handoff_p50_ours_1_client_vs_rslock",
+        "us",
+        &per_round(ONE, p50),
+        &per_round(PEER, p50),
+    );
+    for f in table.iter().chain([&printed]) {
+        println!("{}", f.ratio_line());
+    }
+    let mut figures = table.to_vec();
+    // Fairness has no baseline to compare with: shown, not judged.
+    for (imp, m) in impls.iter().zip(&medians) {
         let name = imp.name;
-        figures.push(
-            Figure::alone(
-                format!("hot_{name}_handoffs_to_other_task_pct"),
-                m.to_other_task_pct,
-                "%",
-            )
-            .disturbed_by(spread),
-        );
-        figures.push(
-            Figure::alone(
-                format!("hot_{name}_longest_wait_ms"),
-                m.longest_wait_ms,
-                "ms",
-            )
-            .disturbed_by(spread),
-        );
+        figures.push(Figure::alone(
+            format!("hot_{name}_handoffs_to_other_task_pct"),
+            m.to_other_task_pct,
+            "%",
+        ));
+        figures.push(Figure::alone(
+            format!("hot_{name}_longest_wait_ms"),
+            m.longest_wait_ms,
+            "ms",
+        ));
     }
     Ok(figures)
 }

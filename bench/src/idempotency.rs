@@ -2,13 +2,15 @@
 //! client (hyper-util's pooled client, `TASKS` requests in flight), against two axum
 //! servers in this process: the POST handler behind `IdempotencyLayer` (`ours`), and the
 //! same handler doing the equivalent Redis round trips by hand (`by_hand`: claim with
-//! `SET NX GET`, store with `SET`, both with expiries). Interleaved rounds, medians.
+//! `SET NX GET`, store with `SET`, both with expiries). Interleaved rounds, judged on
+//! the per-round ratios.
 //!
 //! - `fresh`: every request has a new key (claim, run, store).
 //! - `replay`: every request repeats one completed key (look up, replay).
 //!
 //! Prints `idempotency <path>_<impl>_requests_per_s`, per-round rates, CPU per request,
-//! and `ratio idempotency_<path>_ours_vs_by_hand` (target: at least 0.8).
+//! and `ratio idempotency_<path>_ours_vs_by_hand` (the median of the per-round ratios;
+//! target: at least 0.8).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -28,10 +30,10 @@ use lock_core::LockClient;
 use lock_tower::idempotency::IdempotencyLayer;
 use redis::aio::ConnectionManager;
 
+use crate::figure::Figure;
 use crate::measure::{
-    BoxError, Cycle, Timing, check_all, cycle, measure_rounds, median, median_rates, rounds_list,
+    BoxError, Cycle, Timing, cycle, measure_rounds, median, median_rates, rates, rounds_list,
 };
-use crate::report::{Figure, ratio_text};
 
 /// Requests in flight at once.
 const TASKS: usize = 32;
@@ -117,12 +119,13 @@ async fn serve(router: Router) -> Result<SocketAddr, BoxError> {
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
-/// One POST; fails unless the answer is 201 and, for replays, marked as one.
+/// One POST; fails unless the answer is 201 and, if `replay` says which, marked as a
+/// replay or not.
 async fn send(
     client: &HttpClient,
     addr: SocketAddr,
     key: String,
-    replay: bool,
+    replay: Option<bool>,
 ) -> Result<(), BoxError> {
     let request = Request::post(format!("http://{addr}/pay"))
         .header("idempotency-key", key)
@@ -134,7 +137,7 @@ async fn send(
     let replayed = response.headers().contains_key("idempotent-replayed");
     let status = response.status();
     response.into_body().collect().await?;
-    if status != StatusCode::CREATED || replayed != replay {
+    if status != StatusCode::CREATED || replay.is_some_and(|r| r != replayed) {
         return Err(format!("unexpected answer {status} (replayed: {replayed})").into());
     }
     Ok(())
@@ -149,39 +152,71 @@ fn requests(client: &HttpClient, addr: SocketAddr, prefix: &'static str, replay:
             true => format!("{prefix}-replay"),
             false => format!("{prefix}-{}", next.fetch_add(1, Ordering::Relaxed)),
         };
-        async move { send(&client, addr, key, replay).await }
+        async move { send(&client, addr, key, Some(replay)).await }
     })
 }
 
-pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>, BoxError> {
+/// The implementations, in measuring order: the names of the rate lines.
+pub const OPS: [&str; MEASUREMENTS] = [
+    "fresh_by_hand",
+    "fresh_ours",
+    "replay_by_hand",
+    "replay_ours",
+];
+
+/// The POST handler behind `IdempotencyLayer`, on a port of its own.
+async fn serve_ours(url: &str) -> Result<SocketAddr, BoxError> {
     let lock_client = LockClient::open(url).await?;
-    let conn = ConnectionManager::new(redis::Client::open(url)?).await?;
-    let mut probe = conn.clone();
-    let ours = serve(
+    serve(
         Router::new()
             .route("/pay", post(|body: Bytes| async move { work(&body) }))
             .layer(IdempotencyLayer::new(lock_client.idempotency_store("bench")).require_key(true)),
     )
-    .await?;
-    let hand = serve(Router::new().route("/pay", post(by_hand)).with_state(conn)).await?;
+    .await
+}
+
+/// The same handler doing the Redis round trips by hand, on a port of its own.
+async fn serve_by_hand(url: &str) -> Result<SocketAddr, BoxError> {
+    let conn = ConnectionManager::new(redis::Client::open(url)?).await?;
+    serve(Router::new().route("/pay", post(by_hand)).with_state(conn)).await
+}
+
+/// Implementation `name` against the server at `addr` (see [`seed`]).
+fn build(client: &HttpClient, addr: SocketAddr, name: &str) -> Cycle {
+    let replay = name.starts_with("replay");
+    let prefix = if replay { "replay" } else { "fresh" };
+    requests(client, addr, prefix, replay)
+}
+
+/// Completes the key every replay repeats (unless a run before did).
+async fn seed(client: &HttpClient, addr: SocketAddr) -> Result<(), BoxError> {
+    send(client, addr, "replay-replay".into(), None).await
+}
+
+pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>, BoxError> {
+    let mut probe = ConnectionManager::new(redis::Client::open(url)?).await?;
+    let (ours, hand) = (serve_ours(url).await?, serve_by_hand(url).await?);
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     for addr in [ours, hand] {
-        send(&client, addr, "replay-replay".into(), false).await?;
+        seed(&client, addr).await?;
     }
-    let impls: [(&str, Cycle); MEASUREMENTS] = [
-        ("fresh_by_hand", requests(&client, hand, "fresh", false)),
-        ("fresh_ours", requests(&client, ours, "fresh", false)),
-        ("replay_by_hand", requests(&client, hand, "replay", true)),
-        ("replay_ours", requests(&client, ours, "replay", true)),
-    ];
-    let cycles: Vec<Cycle> = impls.iter().map(|(_, c)| c.clone()).collect();
+    let cycles: Vec<Cycle> = OPS
+        .iter()
+        .map(|name| {
+            build(
+                &client,
+                if name.ends_with("ours") { ours } else { hand },
+                name,
+            )
+        })
+        .collect();
     let samples = measure_rounds(&mut probe, &cycles, TASKS, timing, rounds).await?;
-    let rates = median_rates(&samples);
-    for ((name, _), (s, r)) in impls.iter().zip(samples.iter().zip(&rates)) {
+    let medians = median_rates(&samples);
+    for ((name, s), r) in OPS.iter().zip(&samples).zip(&medians) {
         println!("idempotency tasks={TASKS} {name}_requests_per_s {r:.0}");
         println!(
             "idempotency tasks={TASKS} {name}_requests_per_s_rounds {}",
-            rounds_list(s.iter().map(|s| s.cycles_per_s))
+            rounds_list(rates(s))
         );
         println!(
             "idempotency tasks={TASKS} {name}_cpu_us_per_request redis {:.1} process {:.1}",
@@ -189,16 +224,12 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
             median(s.iter().map(|s| s.client_us))
         );
     }
-    let names: Vec<&str> = impls.iter().map(|(n, _)| *n).collect();
-    let spreads = check_all(&format!("idempotency_tasks={TASKS}"), &names, &samples);
     let mut figures = Vec::new();
     for (name, a, b) in [("fresh", 1, 0), ("replay", 3, 2)] {
         let name = format!("idempotency_{name}_ours_vs_by_hand");
-        println!(
-            "ratio {name} {}",
-            ratio_text(rates[a], rates[b], [spreads[a], spreads[b]])
-        );
-        figures.push(Figure::between(name, (a, b), &rates, &spreads, "requests/s").target(0.8));
+        let f = Figure::rounds(name, "requests/s", &rates(&samples[a]), &rates(&samples[b]));
+        println!("{}", f.ratio_line());
+        figures.push(f.target(0.8));
     }
     Ok(figures)
 }

@@ -1,5 +1,5 @@
 //! `scripts/bench macro`: an `#[cache_lock]` fn against the same work written by hand
-//! with the lock-core API, interleaved rounds, medians.
+//! with the lock-core API, interleaved rounds, judged on the per-round ratio.
 
 use std::time::Duration;
 
@@ -7,10 +7,8 @@ use lock_core::{Lease, LockClient, LockError, LockOptions};
 use lock_macros::cache_lock;
 use redis::aio::ConnectionManager;
 
-use crate::measure::{
-    BoxError, Cycle, Timing, check_all, cycle, measure_rounds, median_rates, rounds_list,
-};
-use crate::report::{Figure, ratio_text};
+use crate::figure::Figure;
+use crate::measure::{BoxError, Cycle, Timing, cycle, measure_rounds, median_rates, rates};
 
 /// The body both versions run: trivial, so the lock's cost is what shows.
 fn work(id: u64) -> u64 {
@@ -33,51 +31,47 @@ async fn by_hand(client: &LockClient, id: u64) -> Result<u64, LockError> {
     result
 }
 
+/// The implementations, in measuring order: the names of the rate lines (`by_hand` first).
+pub const OPS: [&str; 2] = ["by_hand", "annotated"];
+
+/// Implementation `name` on `client`; `None` for an unknown name.
+fn build(client: &LockClient, name: &str) -> Option<Cycle> {
+    let client = client.clone();
+    let annotated_fn = name == "annotated";
+    OPS.contains(&name).then(|| {
+        cycle(move |t, _| {
+            let client = client.clone();
+            async move {
+                if annotated_fn {
+                    annotated(&client, t as u64).await?;
+                } else {
+                    by_hand(&client, t as u64).await?;
+                }
+                Ok(())
+            }
+        })
+    })
+}
+
 pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>, BoxError> {
     let mut figures = Vec::new();
     let client = LockClient::open(url).await?;
     let mut probe = ConnectionManager::new(redis::Client::open(url)?).await?;
-    let impls: [(&str, Cycle); 2] = [
-        ("by_hand", {
-            let client = client.clone();
-            cycle(move |t, _| {
-                let client = client.clone();
-                async move {
-                    by_hand(&client, t as u64).await?;
-                    Ok(())
-                }
-            })
-        }),
-        ("annotated", {
-            let client = client.clone();
-            cycle(move |t, _| {
-                let client = client.clone();
-                async move {
-                    annotated(&client, t as u64).await?;
-                    Ok(())
-                }
-            })
-        }),
-    ];
+    let cycles: Vec<Cycle> = OPS.iter().filter_map(|n| build(&client, n)).collect();
     for tasks in [1usize, 64] {
-        let cycles: Vec<Cycle> = impls.iter().map(|(_, c)| c.clone()).collect();
         let samples = measure_rounds(&mut probe, &cycles, tasks, timing, rounds).await?;
-        let rates = median_rates(&samples);
-        for ((name, _), (s, r)) in impls.iter().zip(samples.iter().zip(&rates)) {
+        let medians = median_rates(&samples);
+        for ((name, s), r) in OPS.iter().zip(&samples).zip(&medians) {
             println!("macro tasks={tasks} {name}_calls_per_s {r:.0}");
             println!(
                 "macro tasks={tasks} {name}_calls_per_s_rounds {}",
-                rounds_list(s.iter().map(|s| s.cycles_per_s))
+                crate::measure::rounds_list(rates(s))
             );
         }
-        let names: Vec<&str> = impls.iter().map(|(n, _)| *n).collect();
-        let spreads = check_all(&format!("macro_tasks={tasks}"), &names, &samples);
         let name = format!("macro_vs_by_hand_{tasks}_tasks");
-        println!(
-            "ratio {name} {}",
-            ratio_text(rates[1], rates[0], [spreads[1], spreads[0]])
-        );
-        figures.push(Figure::between(name, (1, 0), &rates, &spreads, "calls/s").target(0.95));
+        let f = Figure::rounds(name, "calls/s", &rates(&samples[1]), &rates(&samples[0]));
+        println!("{}", f.ratio_line());
+        figures.push(f.target(0.95));
     }
     Ok(figures)
 }

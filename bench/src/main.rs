@@ -13,12 +13,14 @@
 //!   - `ours` (`ours_fixed_lease_cycles_per_s`): `LockClient::acquire` with a fixed
 //!     lease, then `release`;
 //!   - `ours_watchdog`: `LockClient::try_lock` (watchdog-renewed lease), then `release`;
-//!   - `rslock`: the `rslock` crate's `lock`/`unlock` on the same server.
+//!   - `rslock`: the `rslock` crate's `lock`/`unlock` on the same server;
+//!   - `ours_unbatched`: `ours` on a client with batching off.
 //!
 //!   Figures: `<impl>_cycles_per_s` (lock + unlock cycles per second, all tasks
 //!   together), `<impl>_cpu_us_per_cycle redis A client B` (CPU microseconds per cycle
 //!   spent by redis-server and by this process), `<impl>_cycles_per_s_rounds` (each
-//!   round's rate, to judge the noise; see [Disturbed runs](#disturbed-runs)).
+//!   round's rate, whose ratios to the baseline's judge the run; see
+//!   [Ratios and disturbed runs](#ratios-and-disturbed-runs)).
 //! * **Hot key** (`hot_key <impl> ...`): 64 tasks on one key, so every release hands
 //!   the lock over to a waiter; `ours_1_clients` and `ours_4_clients` share the tasks
 //!   over 1 or 4 `LockClient`s, `rslock` retries on its own. Figures: `handoffs_per_s`
@@ -37,39 +39,42 @@
 //! noisy. Every implementation is therefore measured in `--rounds` interleaved rounds
 //! (round 1 in the order above, each later round rotated by one, so no implementation
 //! always runs first or right after the same one), each for `--seconds`. The printed
-//! figures are the medians over the rounds (the CPU figures too, each separately;
-//! on the hot key also the handoff percentage and the per-round longest wait); the
-//! first round is preceded by a short warm-up, later rounds by a shorter one.
+//! rates are the medians over the rounds (the CPU figures too, each separately; on the
+//! hot key also the handoff percentage and the per-round longest wait); the first round
+//! is preceded by a short warm-up, later rounds by a shorter one.
 //!
-//! # Disturbed runs
+//! # Ratios and disturbed runs
 //!
-//! A benchmark whose rounds disagree is not a result. For every implementation of every
-//! benchmark, the spread of its per-round rates, `(max - min) / median` over its middle
-//! rounds (cycles, decisions, ids, calls or requests per second; handoffs per second
-//! on the hot key; the seckill p99 as well), must stay within
-//! [`measure::MAX_ROUND_SPREAD`], 0.15 (15%). The middle rounds are all of them but
-//! the fastest and slowest quarter ([`measure::trimmed`]: none of 3 or 4 rounds, one
-//! at each end of 5 to 8, two of 9 to 12): on a shared host one round now and then
-//! runs beside a neighbour's burst, and that round says nothing of the others, while
-//! rounds that disagree among themselves still make the run no result. Above that
-//! bound a `disturbed <bench> <impl> spread <x.xx> (bound 0.15)` line follows its
-//! per-round line, and every figure and ratio computed from that implementation (as
-//! value or baseline) is marked disturbed: its ratio reads `DISTURBED (spread x.xx)`
-//! instead of a number and its target is not judged. Every run ends with
-//! `figures: N, disturbed: K ...` and, if K > 0, says "middle rounds disagree by more
-//! than 15%: rerun on a quiet machine; this run is not a result" and exits with status
-//! 1; `all` then prints no table, only the disturbed figures' names.
+//! A figure compares ours with a baseline measured in the same rounds, so every round
+//! gives one ratio of the two, taken seconds apart: a host that steals CPU slows both
+//! sides of a round alike, while it can move one side's rates 2.5x between rounds.
+//! A figure is therefore judged on its per-round ratios, never on absolute rates:
+//! `ratio <name> <r> spread <s> rounds <r1 r2 ..>`, where `r` is the median of the
+//! per-round ratios (above 1 = ours better: ours over the baseline for rates, the
+//! baseline over ours for latencies) and `s` their spread, `(max - min) / median` over
+//! the middle rounds: all but the highest and lowest quarter ([`measure::trimmed`]:
+//! none of 3 or 4 rounds, one at each end of 5 to 8, two of 9 to 12), since one round
+//! beside a neighbour's burst says nothing of the others.
 //!
-//! # Reading the ratios
+//! A figure whose spread exceeds [`measure::MAX_ROUND_SPREAD`], 0.15, is disturbed: a
+//! `disturbed <name> ratio spread <x.xx> (bound 0.15)` line follows its ratio line, its
+//! ratio reads `DISTURBED` and its target is not judged. Every run ends with
+//! `figures: N, disturbed: K ...` and, if K > 0, says why the run is not a result and
+//! exits with status 1; `all` then prints no table, only the disturbed figures' names.
+//! However much the absolute rates drift, a run whose ratios agree is a result.
 //!
-//! `ratio <name> <value>` lines are computed from the medians; above 1 means the first
-//! named side is faster (`DISTURBED (spread x.xx)` in place of the value: see
-//! [Disturbed runs](#disturbed-runs)).
+//! Figures without a baseline (the hot key's `handoffs_to_other_task_pct` and
+//! `longest_wait_ms`) are informational: shown as medians, never judged, never
+//! disturbed. The per-round rates of every implementation are printed for the reader
+//! and judge nothing.
+//!
+//! Ratios printed (the figures of the table, and a few printed only):
 //! * `ours_vs_floor_{N}_tasks`: what lock-core delivers compared to the bare recipe;
 //! * `our_scripts_raw_vs_floor_{N}_tasks`: the cost of our scripts' semantics alone;
 //! * `ours_vs_our_scripts_raw_{N}_tasks`: the library's own overhead (1.0 = none);
 //! * `ours_watchdog_vs_floor_{N}_tasks`: as `ours_vs_floor`, with the watchdog lease;
 //! * `ours_vs_rslock_{N}_tasks`: against the peer crate;
+//! * `ours_unbatched_vs_floor_{N}_tasks`, `ours_vs_ours_unbatched_{N}_tasks`: batching;
 //! * `hot_handoffs_ours_{1_client,4_clients}_vs_rslock`: handoffs per second on the
 //!   hot key against rslock;
 //! * `hot_handoff_p50_ours_1_client_vs_rslock`: rslock's median handoff time over ours
@@ -81,14 +86,16 @@
 //!
 //! `scripts/bench all` runs every benchmark of [`BENCHES`] in turn (each on its own
 //! redis-server, with the same `--seconds` and `--rounds`), prints each one's lines as
-//! it goes, and ends with one markdown table: bench, figure, value, baseline, ratio and
-//! target (`>= t (met)`, `>= t (missed)`, or `>= t (not judged: disturbed)`; a missed
-//! target stays in the table), then the disturbed-figures summary. A benchmark joins
-//! the table by one line in [`BENCHES`].
+//! it goes, and ends with one markdown table ([`report::table`]): bench, figure, ours,
+//! baseline (medians), ratio (median of the per-round ratios), spread and target
+//! (`>= t (met)`, `>= t (missed)`, or `>= t (not judged: disturbed)`; a missed target
+//! stays in the table), then the disturbed-figures summary. A benchmark joins the table
+//! by one line in [`BENCHES`].
 
 // A binary: its modules' `pub` items are the program's own, crate-wide by nature.
 #![allow(unreachable_pub)]
 
+mod figure;
 mod hot;
 mod idempotency;
 mod ids;
@@ -104,8 +111,8 @@ use std::time::Duration;
 
 use lock_tests::RedisServer;
 
+use crate::figure::Figure;
 use crate::measure::{BoxError, BoxFut, Timing};
-use crate::report::Figure;
 
 /// One benchmark: its name on the command line, what it compares, how many
 /// implementations it measures per round (for the time estimate), and its entry point
@@ -140,7 +147,7 @@ const BENCHES: &[Bench] = &[
     Bench {
         name: "ratelimit",
         about: "GCRA decisions against a trivial one-key script",
-        measurements: 2,
+        measurements: ratelimit::OPS.len(),
         run: |url, t, r| Box::pin(async move { ratelimit::run(&url, t, r).await }),
     },
     Bench {
@@ -171,7 +178,7 @@ const BENCHES: &[Bench] = &[
 ];
 
 /// Uncontended implementations times concurrencies, plus the hot-key implementations.
-const MEASUREMENTS: usize = 5 * 2 + 3;
+const MEASUREMENTS: usize = 6 * 2 + 3;
 /// `macro`: two implementations times two concurrencies.
 const MACRO_MEASUREMENTS: usize = 2 * 2;
 
@@ -188,7 +195,7 @@ fn usage() -> String {
     out.push_str(
         "  all           every benchmark above, then one markdown table of the figures
   --seconds N   measured seconds per round of each implementation (default 2)
-  --rounds N    interleaved rounds per implementation; medians are reported (default 5)",
+  --rounds N    interleaved rounds per implementation; judged on per-round ratios (default 5)",
     );
     out
 }
@@ -250,7 +257,7 @@ async fn run_one(bench: &Bench, args: &Args, timing: Timing) -> Result<Vec<Figur
     let url = server.url();
     println!(
         "bench {}: redis-server at {url}, {} rounds of {} s per measurement, \
-         medians reported (about {:.0} s in all)",
+         judged on per-round ratios (about {:.0} s in all)",
         bench.name,
         args.rounds,
         args.seconds,
@@ -288,8 +295,12 @@ async fn main() -> Result<(), BoxError> {
         if report::disturbed_count(rows.iter().map(|(_, f)| f)) == 0 {
             println!("{}", report::table(&rows));
         } else {
-            for (bench, f) in rows.iter().filter(|(_, f)| f.disturbed.is_some()) {
-                println!("disturbed figure: {bench} {} ({})", f.name, f.ratio_text());
+            for (bench, f) in rows.iter().filter(|(_, f)| f.disturbed().is_some()) {
+                println!(
+                    "disturbed figure: {bench} {} (ratio spread {})",
+                    f.name,
+                    f.spread_text()
+                );
             }
         }
         finish(rows.iter().map(|(_, f)| f));

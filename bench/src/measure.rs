@@ -1,6 +1,6 @@
 //! Measurement helpers shared by the benchmarks: boxed per-implementation cycles, the
 //! cycles-per-second + CPU-per-cycle measurement, round ordering, medians, and the
-//! round-spread check that marks a disturbed measurement.
+//! spread that judges a figure's per-round ratios (see [`crate::figure`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -93,9 +93,9 @@ pub fn rounds_list(values: impl IntoIterator<Item = f64>) -> String {
         .join(" ")
 }
 
-/// The most one implementation's middle rounds may disagree, as a [`spread`], before its
-/// measurement counts as disturbed (something else ran on the machine) and every figure
-/// computed from it stops being a result.
+/// The most a figure's per-round ratios may disagree, as a [`spread`], before the
+/// figure counts as disturbed (the two sides did not see the same machine within a
+/// round) and stops being a result.
 pub const MAX_ROUND_SPREAD: f64 = 0.15;
 
 /// How many rounds [`spread`] sets aside at each end out of `n`: a quarter, rounded
@@ -132,36 +132,9 @@ pub fn spread(values: impl IntoIterator<Item = f64>) -> f64 {
     }
 }
 
-/// The [`spread`] of one implementation's per-round cycles per second.
-pub fn round_spread(samples: &[Sample]) -> f64 {
-    spread(samples.iter().map(|s| s.cycles_per_s))
-}
-
 /// Whether a [`spread`] exceeds [`MAX_ROUND_SPREAD`].
 pub fn exceeds_bound(spread: f64) -> bool {
     spread > MAX_ROUND_SPREAD
-}
-
-/// Checks the round `spread` (see [`round_spread`], [`spread`]) of implementation `imp`
-/// in benchmark `bench`: when it exceeds [`MAX_ROUND_SPREAD`], prints
-/// `disturbed <bench> <imp> spread <x.xx> (bound 0.15)` and returns it (for
-/// [`Figure::disturbed_by`](crate::report::Figure::disturbed_by)); otherwise `None`.
-/// Call it right after printing the per-round line.
-pub fn check_rounds(bench: &str, imp: &str, spread: f64) -> Option<f64> {
-    exceeds_bound(spread).then(|| {
-        println!("disturbed {bench} {imp} spread {spread:.2} (bound {MAX_ROUND_SPREAD:.2})");
-        spread
-    })
-}
-
-/// [`check_rounds`] for every implementation of a benchmark, named in `names` in the
-/// order of `samples`: the spread of each disturbed one, `None` for the others.
-pub fn check_all(bench: &str, names: &[&str], samples: &[Vec<Sample>]) -> Vec<Option<f64>> {
-    names
-        .iter()
-        .zip(samples)
-        .map(|(name, s)| check_rounds(bench, name, round_spread(s)))
-        .collect()
 }
 
 /// Seconds of CPU the redis-server has used (user + system), from INFO CPU.
@@ -273,6 +246,11 @@ pub async fn measure_rounds(
     Ok(samples)
 }
 
+/// One implementation's cycles per second, round by round.
+pub fn rates(samples: &[Sample]) -> Vec<f64> {
+    samples.iter().map(|s| s.cycles_per_s).collect()
+}
+
 /// The median cycles per second of each cycle's samples.
 pub fn median_rates(samples: &[Vec<Sample>]) -> Vec<f64> {
     samples
@@ -292,7 +270,7 @@ mod tests {
         assert!(median([]).is_nan());
     }
 
-    fn rates(values: &[f64]) -> Vec<Sample> {
+    fn samples(values: &[f64]) -> Vec<Sample> {
         values
             .iter()
             .map(|&cycles_per_s| Sample {
@@ -306,11 +284,11 @@ mod tests {
     #[test]
     fn spread_is_range_over_median() {
         // (110 - 90) / 100
-        let s = round_spread(&rates(&[100.0, 90.0, 110.0]));
+        let s = spread(rates(&samples(&[100.0, 90.0, 110.0])));
         assert!((s - 0.2).abs() < 1e-12, "{s}");
         assert!(exceeds_bound(s));
         // (1060 - 1000) / 1030 = 0.058: within the bound.
-        let s = round_spread(&rates(&[1000.0, 1060.0, 1030.0]));
+        let s = spread([1000.0, 1060.0, 1030.0]);
         assert!((s - 60.0 / 1030.0).abs() < 1e-12, "{s}");
         assert!(!exceeds_bound(s));
         // Even count: the median is the mean of the middle two, (140 - 60) / 100.
@@ -354,27 +332,13 @@ mod tests {
         assert_eq!(MAX_ROUND_SPREAD, 0.15);
         assert!(!exceeds_bound(0.15));
         assert!(exceeds_bound(0.151));
-        assert_eq!(check_rounds("t", "x", spread([100.0, 105.0, 110.0])), None);
-        assert_eq!(check_rounds("t", "x", 0.15), None);
-        let s = check_rounds("t", "x", round_spread(&rates(&[100.0, 80.0, 120.0])));
-        assert!((s.expect("disturbed") - 0.4).abs() < 1e-12, "{s:?}");
     }
 
     #[test]
-    fn every_implementation_is_checked() {
-        let samples = [
-            rates(&[100.0, 101.0]),
-            rates(&[100.0, 130.0]),
-            rates(&[5.0]),
-        ];
-        let spreads = check_all("t", &["calm", "noisy", "one_round"], &samples);
-        assert_eq!(spreads.len(), 3);
-        assert_eq!(spreads[0], None);
-        assert!(
-            spreads[1].is_some_and(|s| s > MAX_ROUND_SPREAD),
-            "{spreads:?}"
-        );
-        assert_eq!(spreads[2], None);
+    fn medians_per_implementation() {
+        let s = [samples(&[3.0, 1.0, 2.0]), samples(&[10.0, 30.0])];
+        assert_eq!(median_rates(&s), [2.0, 20.0]);
+        assert_eq!(rates(&s[1]), [10.0, 30.0]);
     }
 
     #[test]

@@ -1,13 +1,16 @@
 //! `scripts/bench ratelimit`: GCRA decisions per second against the floor (EVALSHA of a
-//! trivial one-key script on the same kind of connection), interleaved rounds, medians.
+//! trivial one-key script on the same kind of connection) and a redis_rate-style
+//! script, interleaved rounds, judged on the per-round ratios.
 
-use lock_core::{LockClient, RateLimit};
+use std::sync::Arc;
+
+use lock_core::{LockClient, LockConfig, RateLimit};
 use redis::aio::ConnectionManager;
 
+use crate::figure::Figure;
 use crate::measure::{
-    BoxError, Cycle, Timing, check_all, cycle, measure_rounds, median, median_rates, rounds_list,
+    BoxError, Cycle, Timing, cycle, measure_rounds, median, median_rates, rates, rounds_list,
 };
-use crate::report::{Figure, ratio_text};
 
 const TRIVIAL: &str = "#!lua\nreturn redis.call('EXISTS', KEYS[1])";
 
@@ -37,23 +40,17 @@ end
 return {cost, diff / interval, tostring(-1), tostring(reset_after)}
 "#;
 
-pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>, BoxError> {
-    let client = LockClient::open(url).await?;
-    let conn = ConnectionManager::new(redis::Client::open(url)?).await?;
-    let mut probe = conn.clone();
-    let script = std::sync::Arc::new(redis::Script::new(TRIVIAL));
+/// The implementations, in measuring order: the names of the rate lines.
+pub const OPS: [&str; 4] = ["floor", "ours", "redis_rate", "ours_unbatched"];
+
+/// Implementation `name` on `url` (`conn` for the raw scripts); `None` for an unknown
+/// name.
+async fn build(url: &str, conn: &ConnectionManager, name: &str) -> Result<Option<Cycle>, BoxError> {
     // Generous enough that most decisions are "allowed" (the common case).
-    let limiter = client.rate_limiter("bench", RateLimit::per_second(1_000_000));
-    let unbatched = lock_core::LockClient::open_with_config(
-        url,
-        lock_core::LockConfig::new().with_batching(false),
-    )
-    .await?
-    .rate_limiter("bench-unbatched", RateLimit::per_second(1_000_000));
-    let peer = std::sync::Arc::new(redis::Script::new(REDIS_RATE_STYLE));
-    let impls: [(&str, Cycle); 4] = [
-        ("floor", {
-            let (conn, script) = (conn.clone(), script.clone());
+    let limit = RateLimit::per_second(1_000_000);
+    Ok(Some(match name {
+        "floor" => {
+            let (conn, script) = (conn.clone(), Arc::new(redis::Script::new(TRIVIAL)));
             cycle(move |t, _| {
                 let (mut conn, script) = (conn.clone(), script.clone());
                 async move {
@@ -64,19 +61,9 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
                     Ok(())
                 }
             })
-        }),
-        ("ours", {
-            let limiter = limiter.clone();
-            cycle(move |t, _| {
-                let limiter = limiter.clone();
-                async move {
-                    limiter.check(("user", t)).await?;
-                    Ok(())
-                }
-            })
-        }),
-        ("redis_rate", {
-            let (conn, peer) = (conn.clone(), peer.clone());
+        }
+        "redis_rate" => {
+            let (conn, peer) = (conn.clone(), Arc::new(redis::Script::new(REDIS_RATE_STYLE)));
             cycle(move |t, _| {
                 let (mut conn, peer) = (conn.clone(), peer.clone());
                 async move {
@@ -91,22 +78,40 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
                     Ok(())
                 }
             })
-        }),
-        ("ours_unbatched", {
+        }
+        "ours" | "ours_unbatched" => {
+            let config = LockConfig::new().with_batching(name == "ours");
+            let prefix = if name == "ours" {
+                "bench"
+            } else {
+                "bench-unbatched"
+            };
+            let limiter = LockClient::open_with_config(url, config)
+                .await?
+                .rate_limiter(prefix, limit);
             cycle(move |t, _| {
-                let limiter = unbatched.clone();
+                let limiter = limiter.clone();
                 async move {
                     limiter.check(("user", t)).await?;
                     Ok(())
                 }
             })
-        }),
-    ];
+        }
+        _ => return Ok(None),
+    }))
+}
+
+pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>, BoxError> {
+    let conn = ConnectionManager::new(redis::Client::open(url)?).await?;
+    let mut probe = conn.clone();
+    let mut cycles = Vec::new();
+    for name in OPS {
+        cycles.extend(build(url, &conn, name).await?);
+    }
     let tasks = 64;
-    let cycles: Vec<Cycle> = impls.iter().map(|(_, c)| c.clone()).collect();
     let samples = measure_rounds(&mut probe, &cycles, tasks, timing, rounds).await?;
-    let rates = median_rates(&samples);
-    for ((name, _), (s, r)) in impls.iter().zip(samples.iter().zip(&rates)) {
+    let medians = median_rates(&samples);
+    for ((name, s), r) in OPS.iter().zip(&samples).zip(&medians) {
         println!(
             "ratelimit tasks={tasks} {name}_cpu_us_per_decision redis {:.1} client {:.1}",
             median(s.iter().map(|s| s.redis_us)),
@@ -115,23 +120,23 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
         println!("ratelimit tasks={tasks} {name}_decisions_per_s {r:.0}");
         println!(
             "ratelimit tasks={tasks} {name}_decisions_per_s_rounds {}",
-            rounds_list(s.iter().map(|s| s.cycles_per_s))
+            rounds_list(rates(s))
         );
     }
-    let names: Vec<&str> = impls.iter().map(|(n, _)| *n).collect();
-    let spreads = check_all(&format!("ratelimit_tasks={tasks}"), &names, &samples);
     let mut figures = Vec::new();
     for (name, a, b, target) in [
         ("ours_vs_floor", 1, 0, Some(0.9)),
         ("ours_vs_redis_rate", 1, 2, Some(1.5)),
         ("ours_unbatched_vs_redis_rate", 3, 2, None),
     ] {
-        println!(
-            "ratio ratelimit_{name}_{tasks}_tasks {}",
-            ratio_text(rates[a], rates[b], [spreads[a], spreads[b]])
-        );
         let name = format!("ratelimit_{name}_{tasks}_tasks");
-        let f = Figure::between(name, (a, b), &rates, &spreads, "decisions/s");
+        let f = Figure::rounds(
+            name,
+            "decisions/s",
+            &rates(&samples[a]),
+            &rates(&samples[b]),
+        );
+        println!("{}", f.ratio_line());
         figures.push(match target {
             Some(t) => f.target(t),
             None => f,

@@ -9,15 +9,15 @@
 //! `--floor`, the same HTTP stack and routes whose order only runs the stock script (no
 //! lock, idempotency key or rate limit); rounds alternate between the two, so both see
 //! the same machine. Two more run with `--no-batching` (every lock, rate-limit and
-//! idempotency call sent on its own), to show what batching changes. Prints each round
-//! and returns the medians and the ratios (targets: requests/s >= 0.5x the floor's, p99
-//! <= 2x the floor's).
+//! idempotency call sent on its own), to show what batching changes. Prints each round,
+//! the medians, and the ratios, each the median of the per-round ratios (targets:
+//! requests/s >= 0.5x the floor's, p99 <= 2x the floor's).
 
 use lock_examples::seckill::instances::{Instance, server_binary};
 use lock_examples::seckill::load::{self, LoadConfig};
 
-use crate::measure::{BoxError, Timing, check_rounds, median, spread};
-use crate::report::Figure;
+use crate::figure::Figure;
+use crate::measure::{BoxError, Timing, median};
 
 /// Indices of the three service configurations measured.
 const OURS: usize = 0;
@@ -77,38 +77,21 @@ pub async fn run(url: &str, _timing: Timing, rounds: usize) -> Result<Vec<Figure
             }
             println!("{line}");
         }
-        // Each configuration's medians and, if its rounds disagree, their spread.
-        let summary = |what: &str, per_round: &[Vec<f64>; 3]| {
-            let medians: Vec<f64> = per_round
-                .iter()
-                .map(|v| median(v.iter().copied()))
-                .collect();
-            let spreads: Vec<Option<f64>> = per_round
-                .iter()
-                .zip(names)
-                .map(|(v, name)| {
-                    let name = format!("{name}_{what}");
-                    check_rounds("seckill", &name, spread(v.iter().copied()))
-                })
-                .collect();
-            (medians, spreads)
-        };
-        let (rate, rate_spread) = summary("requests_per_s", &rates);
-        let (p99, p99_spread) = summary("p99", &p99s);
         for (i, name) in names.iter().enumerate() {
             println!(
                 "seckill {name} requests_per_s {:.0} p99_ms {:.1}",
-                rate[i], p99[i]
+                median(rates[i].iter().copied()),
+                median(p99s[i].iter().copied())
             );
         }
         let rate_vs = |label: &str, a: usize, b: usize| {
-            Figure::between(label, (a, b), &rate, &rate_spread, "requests/s")
+            Figure::rounds(label, "requests/s", &rates[a], &rates[b])
         };
-        // Lower is better: b's p99 over a's, so >= 0.5 means a's is <= 2x b's.
+        // Lower is better: the ratio is b's p99 over a's, so >= 0.5 means a's is <= 2x b's.
         let p99_vs = |label: &str, a: usize, b: usize| {
-            Figure::between(label, (b, a), &p99, &p99_spread, "ms")
+            Figure::lower_is_better(label, "ms", &p99s[a], &p99s[b])
         };
-        Ok(vec![
+        let figures = vec![
             rate_vs(
                 "seckill_requests_per_s_vs_floor (2 instances, 2000 buyers, 100 units)",
                 OURS,
@@ -122,7 +105,11 @@ pub async fn run(url: &str, _timing: Timing, rounds: usize) -> Result<Vec<Figure
                 UNBATCHED,
             ),
             p99_vs("seckill_p99_unbatched_over_batched_ms", OURS, UNBATCHED),
-        ])
+        ];
+        for f in &figures {
+            println!("{}", f.ratio_line());
+        }
+        Ok(figures)
     }
     .await;
     let _ = std::fs::remove_dir_all(&dir);

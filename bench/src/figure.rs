@@ -1,0 +1,233 @@
+//! [`Figure`]: one comparison of a benchmark, judged on its per-round ratios.
+//!
+//! Both sides of a figure are measured in the same interleaved rounds, so each round
+//! gives one ratio of the two, taken seconds apart on the same machine. A host that
+//! steals CPU moves both sides of a round together and leaves their ratio alone, while
+//! it can move one side's absolute rates by 2x between rounds. The figure's ratio is
+//! therefore the median of its per-round ratios, and it is disturbed only when those
+//! ratios disagree: their [`spread`] (middle rounds, as [`trimmed`](crate::measure::trimmed))
+//! above [`MAX_ROUND_SPREAD`].
+
+use crate::measure::{MAX_ROUND_SPREAD, exceeds_bound, median, spread};
+
+/// One row of the table: ours beside its baseline from the same rounds.
+#[derive(Debug, Clone)]
+pub struct Figure {
+    /// What was measured (`ours_vs_floor_64_tasks`, ...).
+    pub name: String,
+    /// The unit of `ours` and `baseline`.
+    pub unit: &'static str,
+    /// Our median over the rounds.
+    pub ours: f64,
+    /// The baseline's median (the floor, the same work by hand, the peer crate), if any.
+    pub baseline: Option<f64>,
+    /// One ratio per round, in round order, "above 1 = ours better": ours over the
+    /// baseline, or the baseline over ours when lower is better.
+    pub ratios: Vec<f64>,
+    /// The least acceptable ratio, if the project sets one.
+    pub target: Option<f64>,
+}
+
+impl Figure {
+    /// Ours against the baseline where higher is better (rates): per-round values in
+    /// round order, round `r` of both measured in the same round.
+    pub fn rounds(name: impl Into<String>, unit: &'static str, ours: &[f64], base: &[f64]) -> Self {
+        let ratios = ours.iter().zip(base).map(|(a, b)| a / b).collect();
+        Self::with_ratios(name.into(), unit, ours, base, ratios)
+    }
+
+    /// As [`rounds`](Self::rounds) where lower is better (latencies): the per-round
+    /// ratios are the baseline's value over ours.
+    pub fn lower_is_better(
+        name: impl Into<String>,
+        unit: &'static str,
+        ours: &[f64],
+        base: &[f64],
+    ) -> Self {
+        let ratios = ours.iter().zip(base).map(|(a, b)| b / a).collect();
+        Self::with_ratios(name.into(), unit, ours, base, ratios)
+    }
+
+    fn with_ratios(
+        name: String,
+        unit: &'static str,
+        ours: &[f64],
+        base: &[f64],
+        ratios: Vec<f64>,
+    ) -> Self {
+        Self {
+            name,
+            unit,
+            ours: median(ours.iter().copied()),
+            baseline: Some(median(base.iter().copied())),
+            ratios,
+            target: None,
+        }
+    }
+
+    /// A value without a baseline (the hot key's fairness figures): informational, it
+    /// has no ratio, is never disturbed and never fails a run, however its rounds drift.
+    pub fn alone(name: impl Into<String>, value: f64, unit: &'static str) -> Self {
+        Self {
+            name: name.into(),
+            unit,
+            ours: value,
+            baseline: None,
+            ratios: Vec::new(),
+            target: None,
+        }
+    }
+
+    /// With a target ratio (at least).
+    pub fn target(mut self, target: f64) -> Self {
+        self.target = Some(target);
+        self
+    }
+
+    /// The median of the per-round ratios; `None` without a baseline.
+    pub fn ratio(&self) -> Option<f64> {
+        self.baseline.map(|_| median(self.ratios.iter().copied()))
+    }
+
+    /// How far the per-round ratios disagree ([`spread`]); `None` without a baseline.
+    pub fn spread(&self) -> Option<f64> {
+        self.baseline.map(|_| spread(self.ratios.iter().copied()))
+    }
+
+    /// The spread of the per-round ratios when it exceeds [`MAX_ROUND_SPREAD`]: the
+    /// figure is then not a result.
+    pub fn disturbed(&self) -> Option<f64> {
+        self.spread().filter(|s| exceeds_bound(*s))
+    }
+
+    /// The ratio as printed: `DISTURBED` for a disturbed figure (the rounds disagree,
+    /// so no one number stands for them), else two decimals, `-` without a baseline.
+    pub fn ratio_text(&self) -> String {
+        match (self.disturbed(), self.ratio()) {
+            (Some(_), _) => "DISTURBED".into(),
+            (None, Some(r)) => format!("{r:.2}"),
+            (None, None) => "-".into(),
+        }
+    }
+
+    /// The spread with two decimals, `-` without a baseline.
+    pub fn spread_text(&self) -> String {
+        self.spread().map_or("-".into(), |s| format!("{s:.2}"))
+    }
+
+    /// The target as printed: `>= t (met)`, `>= t (missed)`, `>= t (not judged:
+    /// disturbed)`, or `-` without a target or baseline.
+    pub fn target_text(&self) -> String {
+        match (self.target, self.ratio()) {
+            (Some(t), Some(_)) if self.disturbed().is_some() => {
+                format!(">= {t} (not judged: disturbed)")
+            }
+            (Some(t), Some(r)) if r >= t => format!(">= {t} (met)"),
+            (Some(t), Some(_)) => format!(">= {t} (missed)"),
+            _ => "-".into(),
+        }
+    }
+
+    /// The `ratio` line a benchmark prints: `ratio <name> <ratio> spread <s> rounds
+    /// <r1 r2 ..>`, and below it, if disturbed, `disturbed <name> ratio spread <s>
+    /// (bound 0.15)`.
+    pub fn ratio_line(&self) -> String {
+        let rounds: Vec<String> = self.ratios.iter().map(|r| format!("{r:.2}")).collect();
+        let mut line = format!(
+            "ratio {} {} spread {} rounds {}",
+            self.name,
+            self.ratio_text(),
+            self.spread_text(),
+            rounds.join(" ")
+        );
+        if let Some(s) = self.disturbed() {
+            line += &format!(
+                "\ndisturbed {} ratio spread {s:.2} (bound {MAX_ROUND_SPREAD:.2})",
+                self.name
+            );
+        }
+        line
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    #[test]
+    fn ratio_is_the_median_of_per_round_ratios() {
+        // The absolute rates drift 2.5x over the rounds; the ratio holds.
+        let ours = [100.0, 160.0, 250.0];
+        let base = [50.0, 80.0, 125.0];
+        let f = Figure::rounds("x", "ops/s", &ours, &base);
+        assert_eq!(f.ratios, [2.0, 2.0, 2.0]);
+        assert!(close(f.ratio().unwrap(), 2.0));
+        assert_eq!(f.spread(), Some(0.0));
+        assert_eq!(f.disturbed(), None);
+        assert_eq!((f.ours, f.baseline), (160.0, Some(80.0)));
+        // Not the ratio of the medians: ours 1, 4, 3 over 1, 2, 2.
+        let f = Figure::rounds("y", "ops/s", &[1.0, 4.0, 3.0], &[1.0, 2.0, 2.0]);
+        assert!(close(f.ratio().unwrap(), 1.5), "{:?}", f.ratios);
+        assert!(close(f.ours / f.baseline.unwrap(), 1.5));
+        let f = Figure::rounds("z", "ops/s", &[1.0, 4.0, 9.0], &[1.0, 2.0, 2.0]);
+        assert!(close(f.ratio().unwrap(), 2.0));
+    }
+
+    #[test]
+    fn disturbed_only_when_the_ratios_disagree() {
+        // Ratios 1.0, 1.3, 1.0: spread 0.3.
+        let f = Figure::rounds("x", "ops/s", &[100.0, 130.0, 100.0], &[100.0; 3]).target(0.9);
+        assert!(close(f.disturbed().unwrap(), 0.3));
+        assert_eq!(f.ratio_text(), "DISTURBED");
+        assert_eq!(f.target_text(), ">= 0.9 (not judged: disturbed)");
+        // Five rounds: the outermost ratio on each side is set aside, as for rates.
+        let ours = [100.0, 100.0, 101.0, 99.0, 300.0];
+        let f = Figure::rounds("x", "ops/s", &ours, &[100.0; 5]);
+        // Middle ratios 1.0, 1.0, 1.01: (1.01 - 1.0) / 1.0.
+        assert!(close(f.spread().unwrap(), 0.01), "{:?}", f.spread());
+        assert_eq!(f.disturbed(), None);
+        // A zero baseline in one round: no meaningful ratio, disturbed.
+        let f = Figure::rounds("x", "ops/s", &[1.0, 1.0], &[1.0, 0.0]);
+        assert_eq!(f.disturbed(), Some(f64::INFINITY));
+    }
+
+    #[test]
+    fn lower_is_better_inverts_the_ratio() {
+        let f = Figure::lower_is_better("p99", "ms", &[200.0, 400.0], &[100.0, 200.0]);
+        assert_eq!(f.ratios, [0.5, 0.5]);
+        assert_eq!((f.ours, f.baseline), (300.0, Some(150.0)));
+        assert_eq!(f.target(0.5).target_text(), ">= 0.5 (met)");
+    }
+
+    #[test]
+    fn alone_is_never_judged() {
+        let f = Figure::alone("longest_wait_ms", 12.5, "ms");
+        assert_eq!((f.ratio(), f.spread(), f.disturbed()), (None, None, None));
+        assert_eq!((f.ratio_text(), f.spread_text()), ("-".into(), "-".into()));
+        assert_eq!(f.target_text(), "-");
+    }
+
+    #[test]
+    fn ratio_lines() {
+        let f = Figure::rounds("a_vs_b", "ops/s", &[150.0, 200.0, 180.0], &[100.0; 3]);
+        assert_eq!(
+            f.ratio_line(),
+            "ratio a_vs_b DISTURBED spread 0.28 rounds 1.50 2.00 1.80\n\
+             disturbed a_vs_b ratio spread 0.28 (bound 0.15)"
+        );
+        let f = Figure::rounds("a_vs_b", "ops/s", &[150.0, 160.0, 155.0], &[100.0; 3]);
+        assert_eq!(
+            f.ratio_line(),
+            "ratio a_vs_b 1.55 spread 0.06 rounds 1.50 1.60 1.55"
+        );
+        assert_eq!(
+            f.target(1.6).target_text(),
+            ">= 1.6 (missed)",
+            "a miss stays marked"
+        );
+    }
+}
