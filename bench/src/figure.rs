@@ -10,6 +10,14 @@
 
 use crate::measure::{MAX_ROUND_SPREAD, exceeds_bound, median, spread};
 
+/// Instructions per operation of one implementation, counted by callgrind: in this
+/// process (`client`) and in redis-server (`server`), each where measured.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PerOp {
+    pub client: Option<f64>,
+    pub server: Option<f64>,
+}
+
 /// One row of the table: ours beside its baseline from the same rounds.
 #[derive(Debug, Clone)]
 pub struct Figure {
@@ -26,6 +34,8 @@ pub struct Figure {
     pub ratios: Vec<f64>,
     /// The least acceptable ratio, if the project sets one.
     pub target: Option<f64>,
+    /// Instructions per operation, ours then the baseline's, where counted.
+    pub instructions: Option<[PerOp; 2]>,
 }
 
 impl Figure {
@@ -62,6 +72,7 @@ impl Figure {
             baseline: Some(median(base.iter().copied())),
             ratios,
             target: None,
+            instructions: None,
         }
     }
 
@@ -75,6 +86,7 @@ impl Figure {
             baseline: None,
             ratios: Vec::new(),
             target: None,
+            instructions: None,
         }
     }
 

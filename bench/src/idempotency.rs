@@ -156,7 +156,8 @@ fn requests(client: &HttpClient, addr: SocketAddr, prefix: &'static str, replay:
     })
 }
 
-/// The implementations, in measuring order: the names of the rate lines.
+/// The implementations, in measuring order: the names of the rate lines and of
+/// `lock-bench ops idempotency.<name>`.
 pub const OPS: [&str; MEASUREMENTS] = [
     "fresh_by_hand",
     "fresh_ours",
@@ -191,6 +192,19 @@ fn build(client: &HttpClient, addr: SocketAddr, name: &str) -> Cycle {
 /// Completes the key every replay repeats (unless a run before did).
 async fn seed(client: &HttpClient, addr: SocketAddr) -> Result<(), BoxError> {
     send(client, addr, "replay-replay".into(), None).await
+}
+
+/// Implementation `name`'s cycle with its server on `url`, for `lock-bench ops`;
+/// `None` for an unknown name.
+pub async fn op(url: &str, name: &str) -> Result<Option<Cycle>, BoxError> {
+    let addr = match name {
+        "fresh_ours" | "replay_ours" => serve_ours(url).await?,
+        "fresh_by_hand" | "replay_by_hand" => serve_by_hand(url).await?,
+        _ => return Ok(None),
+    };
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    seed(&client, addr).await?;
+    Ok(Some(build(&client, addr, name)))
 }
 
 pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>, BoxError> {

@@ -30,7 +30,8 @@ fn next_ids(ids: IdGenerator) -> Cycle {
     })
 }
 
-/// The implementations, in measuring order: the names of the rate lines.
+/// The implementations, in measuring order: the names of the rate lines and of
+/// `lock-bench ops ids.<name>`.
 pub const OPS: [&str; MEASUREMENTS] = ["per_id", "segment"];
 
 /// Implementation `name` on `client`; `None` for an unknown name.
@@ -41,6 +42,15 @@ fn build(client: &LockClient, name: &str) -> Result<Option<Cycle>, BoxError> {
         _ => return Ok(None),
     };
     Ok(Some(next_ids(IdGenerator::new(client, "bench-ids", mode)?)))
+}
+
+/// Implementation `name`'s cycle on `url`, for `lock-bench ops`; `None` for an unknown
+/// name.
+pub async fn op(url: &str, name: &str) -> Result<Option<Cycle>, BoxError> {
+    if !OPS.contains(&name) {
+        return Ok(None);
+    }
+    build(&LockClient::open(url).await?, name)
 }
 
 pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>, BoxError> {

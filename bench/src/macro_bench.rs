@@ -31,7 +31,8 @@ async fn by_hand(client: &LockClient, id: u64) -> Result<u64, LockError> {
     result
 }
 
-/// The implementations, in measuring order: the names of the rate lines (`by_hand` first).
+/// The implementations, in measuring order: the names of the rate lines and of
+/// `lock-bench ops macro.<name>`.
 pub const OPS: [&str; 2] = ["by_hand", "annotated"];
 
 /// Implementation `name` on `client`; `None` for an unknown name.
@@ -51,6 +52,15 @@ fn build(client: &LockClient, name: &str) -> Option<Cycle> {
             }
         })
     })
+}
+
+/// Implementation `name`'s cycle on `url`, for `lock-bench ops`; `None` for an unknown
+/// name.
+pub async fn op(url: &str, name: &str) -> Result<Option<Cycle>, BoxError> {
+    if !OPS.contains(&name) {
+        return Ok(None);
+    }
+    Ok(build(&LockClient::open(url).await?, name))
 }
 
 pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>, BoxError> {

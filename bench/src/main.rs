@@ -82,25 +82,56 @@
 //!
 //! Options: `--seconds N` per measurement (default 2), `--rounds N` (default 5).
 //!
+//! # Instructions per operation
+//!
+//! `scripts/bench instructions [<bench>..]` counts, with callgrind, the instructions one
+//! operation costs each side of a figure ([`instructions::PAIRS`]): the lock's
+//! uncontended cycle (ours with a fixed lease and with the watchdog lease, unbatched,
+//! the floor, rslock) at 1 and 64 tasks (64 on distinct names), `#[cache_lock]` and by
+//! hand, GCRA and its script baselines, segment and per-id ids, idempotent POSTs and by
+//! hand. Each implementation runs exactly N operations (`--ops`, default
+//! [`cli::DEFAULT_OPS`]), then 2N, in the hidden `lock-bench ops` subcommand ([`ops`],
+//! on a one-thread runtime, so idle workers searching for work add nothing), on a
+//! fresh redis-server each time; the difference of the two counts over N is one
+//! operation, start-up cancelling out. The client side counts this program under
+//! callgrind (for idempotency the whole process: HTTP client, server and layer), the
+//! redis side a redis-server under callgrind ended by `SHUTDOWN NOSAVE`
+//! ([`callgrind`]). A count does not move with the host's load the way a rate does:
+//! most repeat within 1-2% run to run. What depends on timing still shows: rslock at
+//! 64 tasks (its tasks take turns on one async mutex) moved by up to 15%, and how many
+//! calls queue behind one in flight (how large lock-core's batches get at 64 tasks)
+//! depends on the two sides' relative speed, which valgrind changes by slowing the
+//! counted side. Lines: `instructions <impl> tasks=T client X (N ops: a, 2N ops: b)
+//! redis Y (...)`, then per figure `instructions <bench> <figure>: <ours> client ..
+//! redis .. | <baseline> client .. redis .. | ours/baseline client .. redis ..`. No
+//! counts: the hot key (a handoff's cost depends on how long waiters wait), Redlock
+//! (five servers), the flash sale (several processes).
+//!
 //! # Every benchmark at once
 //!
-//! `scripts/bench all` runs every benchmark of [`BENCHES`] in turn (each on its own
-//! redis-server, with the same `--seconds` and `--rounds`), prints each one's lines as
-//! it goes, and ends with one markdown table ([`report::table`]): bench, figure, ours,
-//! baseline (medians), ratio (median of the per-round ratios), spread and target
-//! (`>= t (met)`, `>= t (missed)`, or `>= t (not judged: disturbed)`; a missed target
-//! stays in the table), then the disturbed-figures summary. A benchmark joins the table
-//! by one line in [`BENCHES`].
+//! `scripts/bench all` counts the instructions first (`--no-instructions` skips them),
+//! then runs every benchmark of [`BENCHES`] in turn (each on its own redis-server, with
+//! the same `--seconds` and `--rounds`), prints each one's lines as it goes, and ends
+//! with one markdown table ([`report::table`]): bench, figure, ours, baseline (medians),
+//! ratio (median of the per-round ratios), spread, instructions per operation on the
+//! client and on redis (ours / baseline, and their ratio), and target (`>= t (met)`,
+//! `>= t (missed)`, or `>= t (not judged: disturbed)`; a missed target stays in the
+//! table), then the disturbed-figures summary. A benchmark joins the table by one line
+//! in [`BENCHES`].
 
 // A binary: its modules' `pub` items are the program's own, crate-wide by nature.
 #![allow(unreachable_pub)]
 
+mod callgrind;
+mod cli;
 mod figure;
 mod hot;
 mod idempotency;
 mod ids;
+mod instructions;
 mod macro_bench;
 mod measure;
+mod ops;
 mod ratelimit;
 mod redlock;
 mod report;
@@ -111,6 +142,7 @@ use std::time::Duration;
 
 use lock_tests::RedisServer;
 
+use crate::cli::{Args, Command};
 use crate::figure::Figure;
 use crate::measure::{BoxError, BoxFut, Timing};
 
@@ -186,69 +218,23 @@ fn usage() -> String {
     let mut names: Vec<&str> = BENCHES.iter().map(|b| b.name).collect();
     names.push("all");
     let mut out = format!(
-        "usage: lock-bench [{}] [--seconds N] [--rounds N]\n",
+        "usage: lock-bench [{}] [--seconds N] [--rounds N]\n       \
+         lock-bench instructions [<bench>..] [--ops N]\n",
         names.join("|")
     );
     for b in BENCHES {
         out.push_str(&format!("  {:<13} {}\n", b.name, b.about));
     }
-    out.push_str(
-        "  all           every benchmark above, then one markdown table of the figures
+    out.push_str(&format!(
+        "  all           instruction counts, every benchmark above, then one markdown table
+  instructions  instructions per operation (callgrind) of the named benchmarks' figures
   --seconds N   measured seconds per round of each implementation (default 2)
-  --rounds N    interleaved rounds per implementation; judged on per-round ratios (default 5)",
-    );
+  --rounds N    interleaved rounds per implementation; judged on per-round ratios (default 5)
+  --ops N       operations of the shorter callgrind run, the longer runs 2N (default {})
+  --no-instructions  all without the instruction counts",
+        cli::DEFAULT_OPS
+    ));
     out
-}
-
-struct Args {
-    bench: String,
-    seconds: f64,
-    rounds: usize,
-}
-fn parse_args() -> Result<Args, BoxError> {
-    let mut args = Args {
-        bench: "lock".to_string(),
-        seconds: 2.0,
-        rounds: 5,
-    };
-    let mut bench = None;
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let mut value = |name: &str| {
-            it.next()
-                .ok_or_else(|| format!("{name} needs a value (see --help)"))
-        };
-        match arg.as_str() {
-            "--seconds" => {
-                let v = value("--seconds")?;
-                args.seconds = v
-                    .parse()
-                    .ok()
-                    .filter(|s: &f64| s.is_finite() && *s > 0.0)
-                    .ok_or_else(|| format!("--seconds: expected a positive number, got {v:?}"))?;
-            }
-            "--rounds" => {
-                let v = value("--rounds")?;
-                args.rounds =
-                    v.parse().ok().filter(|r| *r >= 1).ok_or_else(|| {
-                        format!("--rounds: expected a whole number >= 1, got {v:?}")
-                    })?;
-            }
-            "-h" | "--help" => {
-                println!("{}", usage());
-                std::process::exit(0);
-            }
-            a if a.starts_with('-') => {
-                return Err(format!("unknown option {a:?} (see --help)").into());
-            }
-            a if bench.is_none() => bench = Some(a.to_string()),
-            a => return Err(format!("unexpected argument {a:?} (see --help)").into()),
-        }
-    }
-    if let Some(b) = bench {
-        args.bench = b;
-    }
-    Ok(args)
 }
 
 /// Runs `bench` on a redis-server of its own and returns its figures.
@@ -280,42 +266,103 @@ fn finish<'a>(figures: impl IntoIterator<Item = &'a Figure>) {
     }
 }
 
-#[tokio::main]
-async fn main() -> Result<(), BoxError> {
-    let args = parse_args()?;
-    let timing = Timing::new(Duration::from_secs_f64(args.seconds));
-    if args.bench == "all" {
-        let mut rows = Vec::new();
-        for bench in BENCHES {
-            let figures = run_one(bench, &args, timing).await?;
-            rows.extend(figures.into_iter().map(|f| (bench.name, f)));
-            println!();
-        }
-        // A table is a result: none from a run with a disturbed figure.
-        if report::disturbed_count(rows.iter().map(|(_, f)| f)) == 0 {
-            println!("{}", report::table(&rows));
-        } else {
-            for (bench, f) in rows.iter().filter(|(_, f)| f.disturbed().is_some()) {
-                println!(
-                    "disturbed figure: {bench} {} (ratio spread {})",
-                    f.name,
-                    f.spread_text()
-                );
-            }
-        }
-        finish(rows.iter().map(|(_, f)| f));
-        return Ok(());
-    }
-    let Some(bench) = BENCHES.iter().find(|b| b.name == args.bench) else {
-        let names: Vec<&str> = BENCHES.iter().map(|b| b.name).collect();
+/// The instruction counts of `benches` (all when empty), with one line per figure.
+async fn count_instructions(
+    benches: &[String],
+    ops: u64,
+) -> Result<(Vec<instructions::Pair>, instructions::Counts), BoxError> {
+    let known: Vec<&str> = instructions::PAIRS.iter().map(|p| p.bench).collect();
+    if let Some(b) = benches.iter().find(|b| !known.contains(&b.as_str())) {
+        let mut known = known;
+        known.dedup();
         return Err(format!(
-            "unknown benchmark {:?}; available: {}, all",
-            args.bench,
-            names.join(", ")
+            "instructions: no counts for {b:?}; counted: {}",
+            known.join(", ")
         )
         .into());
+    }
+    let (pairs, impls) = instructions::select(benches);
+    let counts = instructions::measure(&impls, ops).await?;
+    for p in &pairs {
+        println!("{}", instructions::pair_line(p, &counts));
+    }
+    println!();
+    Ok((pairs, counts))
+}
+
+async fn all(args: &Args, timing: Timing) -> Result<(), BoxError> {
+    // Counted first: a missing valgrind fails the run before the rates take minutes.
+    let counted = match args.no_instructions {
+        true => None,
+        false => Some(count_instructions(&[], args.ops).await?),
     };
-    let figures = run_one(bench, &args, timing).await?;
-    finish(&figures);
+    let mut rows = Vec::new();
+    for bench in BENCHES {
+        let figures = run_one(bench, args, timing).await?;
+        rows.extend(figures.into_iter().map(|f| (bench.name, f)));
+        println!();
+    }
+    if let Some((pairs, counts)) = &counted {
+        for p in instructions::attach(&mut rows, pairs, counts) {
+            eprintln!(
+                "instructions: no figure {} in bench {} for its counts",
+                p.figure, p.bench
+            );
+        }
+    }
+    // A table is a result: none from a run with a disturbed figure.
+    if report::disturbed_count(rows.iter().map(|(_, f)| f)) == 0 {
+        println!("{}", report::table(&rows));
+    } else {
+        for (bench, f) in rows.iter().filter(|(_, f)| f.disturbed().is_some()) {
+            println!(
+                "disturbed figure: {bench} {} (ratio spread {})",
+                f.name,
+                f.spread_text()
+            );
+        }
+    }
+    finish(rows.iter().map(|(_, f)| f));
     Ok(())
+}
+
+fn main() -> Result<(), BoxError> {
+    let Some(args) = cli::parse(std::env::args().skip(1))? else {
+        println!("{}", usage());
+        return Ok(());
+    };
+    if let Command::Ops { imp, redis } = &args.command {
+        // One thread: a count then holds the implementation's work, not how long the
+        // multi-thread scheduler's idle workers searched for some.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        return runtime.block_on(ops::run(imp, args.tasks, args.ops, redis));
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run(args))
+}
+
+async fn run(args: Args) -> Result<(), BoxError> {
+    let timing = Timing::new(Duration::from_secs_f64(args.seconds));
+    match &args.command {
+        Command::All => all(&args, timing).await,
+        Command::Instructions(benches) => count_instructions(benches, args.ops).await.map(|_| ()),
+        Command::Ops { .. } => Err("ops runs on a runtime of its own (see main)".into()),
+        Command::Bench(name) => {
+            let Some(bench) = BENCHES.iter().find(|b| b.name == name) else {
+                let names: Vec<&str> = BENCHES.iter().map(|b| b.name).collect();
+                return Err(format!(
+                    "unknown benchmark {name:?}; available: {}, all, instructions",
+                    names.join(", ")
+                )
+                .into());
+            };
+            let figures = run_one(bench, &args, timing).await?;
+            finish(&figures);
+            Ok(())
+        }
+    }
 }

@@ -40,7 +40,8 @@ end
 return {cost, diff / interval, tostring(-1), tostring(reset_after)}
 "#;
 
-/// The implementations, in measuring order: the names of the rate lines.
+/// The implementations, in measuring order: the names of the rate lines and of
+/// `lock-bench ops ratelimit.<name>`.
 pub const OPS: [&str; 4] = ["floor", "ours", "redis_rate", "ours_unbatched"];
 
 /// Implementation `name` on `url` (`conn` for the raw scripts); `None` for an unknown
@@ -99,6 +100,13 @@ async fn build(url: &str, conn: &ConnectionManager, name: &str) -> Result<Option
         }
         _ => return Ok(None),
     }))
+}
+
+/// Implementation `name`'s cycle on `url`, for `lock-bench ops`; `None` for an unknown
+/// name.
+pub async fn op(url: &str, name: &str) -> Result<Option<Cycle>, BoxError> {
+    let conn = ConnectionManager::new(redis::Client::open(url)?).await?;
+    build(url, &conn, name).await
 }
 
 pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>, BoxError> {

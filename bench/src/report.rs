@@ -4,7 +4,7 @@
 //! [`MAX_ROUND_SPREAD`] (see [`Figure::disturbed`]); its ratio then renders as
 //! `DISTURBED` and its target is not judged.
 
-use crate::figure::Figure;
+use crate::figure::{Figure, PerOp};
 use crate::measure::MAX_ROUND_SPREAD;
 
 /// How many of `figures` are disturbed.
@@ -47,21 +47,40 @@ pub fn number(v: f64) -> String {
     }
 }
 
-/// The markdown table: bench | figure | ours | baseline | ratio | spread | target.
+/// One instruction cell: `ours / baseline (ratio)` of one side (`pick` chooses client
+/// or server), the ratio being ours over the baseline (above 1 = ours costs more);
+/// `-` where that side was not counted.
+fn instructions(counts: Option<[PerOp; 2]>, pick: fn(&PerOp) -> Option<f64>) -> String {
+    let Some([ours, base]) = counts else {
+        return "-".into();
+    };
+    match (pick(&ours), pick(&base)) {
+        (Some(a), Some(b)) => format!("{} / {} ({:.2}x)", number(a), number(b), a / b),
+        (Some(a), None) => format!("{} / -", number(a)),
+        (None, Some(b)) => format!("- / {}", number(b)),
+        (None, None) => "-".into(),
+    }
+}
+
+/// The markdown table: bench | figure | ours | baseline | ratio | spread | client and
+/// server instructions per operation (ours / baseline) | target.
 pub fn table(rows: &[(&str, Figure)]) -> String {
     let mut out = String::from(
-        "| bench | figure | ours | baseline | ratio | spread | target |\n\
-         | --- | --- | --- | --- | --- | --- | --- |\n",
+        "| bench | figure | ours | baseline | ratio | spread | instr/op client: ours / baseline \
+         | instr/op redis: ours / baseline | target |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for (bench, f) in rows {
         out.push_str(&format!(
-            "| {bench} | {} | {} {} | {} | {} | {} | {} |\n",
+            "| {bench} | {} | {} {} | {} | {} | {} | {} | {} | {} |\n",
             f.name,
             number(f.ours),
             f.unit,
             f.baseline.map_or("-".into(), number),
             f.ratio_text(),
             f.spread_text(),
+            instructions(f.instructions, |p| p.client),
+            instructions(f.instructions, |p| p.server),
             f.target_text(),
         ));
     }
@@ -72,15 +91,29 @@ pub fn table(rows: &[(&str, Figure)]) -> String {
 mod tests {
     use super::*;
 
+    fn both(client: f64, server: f64) -> PerOp {
+        PerOp {
+            client: Some(client),
+            server: Some(server),
+        }
+    }
+
     #[test]
     fn table_rows() {
-        let segment = Figure::rounds(
+        let mut segment = Figure::rounds(
             "segment_vs_per_id",
             "ids/s",
             &[2.0e6, 2.2e6, 2.1e6],
             &[5.0e4, 5.5e4, 5.0e4],
         )
         .target(20.0);
+        segment.instructions = Some([
+            PerOp {
+                client: Some(1200.0),
+                server: None,
+            },
+            both(44_600.0, 21_300.0),
+        ]);
         let rows = [
             ("ids", segment),
             ("lock", Figure::alone("hot_longest_wait_ms", 4321.4, "ms")),
@@ -88,32 +121,35 @@ mod tests {
         let t = table(&rows);
         assert!(
             t.starts_with(
-                "| bench | figure | ours | baseline | ratio | spread | target |\n| --- |"
+                "| bench | figure | ours | baseline | ratio | spread | instr/op client: ours / \
+                 baseline | instr/op redis: ours / baseline | target |\n| --- |"
             ),
             "{t}"
         );
         // Ratios 40, 40, 42: median 40, spread 2 / 40.
         assert!(
             t.contains(
-                "| ids | segment_vs_per_id | 2.10M ids/s | 50.0k | 40.00 | 0.05 | >= 20 (met) |"
+                "| ids | segment_vs_per_id | 2.10M ids/s | 50.0k | 40.00 | 0.05 \
+                 | 1200 / 44.6k (0.03x) | - / 21.3k | >= 20 (met) |"
             ),
             "{t}"
         );
         assert!(
-            t.contains("| lock | hot_longest_wait_ms | 4321 ms | - | - | - | - |"),
+            t.contains("| lock | hot_longest_wait_ms | 4321 ms | - | - | - | - | - | - |"),
             "{t}"
         );
     }
 
     #[test]
     fn missed_and_disturbed_figures_stay_marked() {
-        let missed = Figure::rounds(
+        let mut missed = Figure::rounds(
             "ours_vs_floor_64_tasks",
             "cycles/s",
             &[80.0, 40.0, 81.0],
             &[100.0, 50.0, 100.0],
         )
         .target(0.9);
+        missed.instructions = Some([both(44_600.0, 30_000.0), both(21_300.0, 12_000.0)]);
         let rows = [
             ("lock", missed),
             (
@@ -126,14 +162,14 @@ mod tests {
         assert!(
             t.contains(
                 "| lock | ours_vs_floor_64_tasks | 80.00 cycles/s | 100 | 0.80 | 0.01 \
-                 | >= 0.9 (missed) |"
+                 | 44.6k / 21.3k (2.09x) | 30.0k / 12.0k (2.50x) | >= 0.9 (missed) |"
             ),
             "{t}"
         );
         assert!(
             t.contains(
                 "| lock | ours_vs_rslock_1_tasks | 2.50 cycles/s | 2.00 | DISTURBED | 0.40 \
-                 | >= 1.3 (not judged: disturbed) |"
+                 | - | - | >= 1.3 (not judged: disturbed) |"
             ),
             "{t}"
         );

@@ -21,7 +21,8 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0"#;
 
 /// The implementations, in measuring order of round 1: the name in the
-/// `<name>_cpu_us_per_cycle` line, and in the `<name>_cycles_per_s` line.
+/// `<name>_cpu_us_per_cycle` line (and in `lock-bench ops lock.<name>`), and in the
+/// `<name>_cycles_per_s` line.
 const IMPLS: [(&str, &str); 6] = [
     ("floor", "floor"),
     ("our_scripts_raw", "our_scripts_raw"),
@@ -38,6 +39,21 @@ const OURS: usize = 2;
 const WATCHDOG: usize = 3;
 const RSLOCK: usize = 4;
 const UNBATCHED: usize = 5;
+
+/// The names `lock-bench ops lock.<name>` takes.
+pub fn op_names() -> impl Iterator<Item = &'static str> {
+    IMPLS.iter().map(|(name, _)| *name)
+}
+
+/// Implementation `name`'s cycle on `url`, for `lock-bench ops`; `None` for an unknown
+/// name.
+pub async fn op(url: &str, name: &str) -> Result<Option<Cycle>, BoxError> {
+    let Some(i) = IMPLS.iter().position(|(n, _)| *n == name) else {
+        return Ok(None);
+    };
+    let conn = ConnectionManager::new(redis::Client::open(url)?).await?;
+    Ok(Some(build(i, url, &conn).await?))
+}
 
 fn lua_source(name: &str) -> Result<&'static str, BoxError> {
     lock_core::SCRIPT_SOURCES
