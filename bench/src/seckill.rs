@@ -2,13 +2,16 @@
 //! beside its floor.
 //!
 //! Two release-built `seckill-server` processes (the binary beside this one; `scripts/bench`
-//! builds it) on the benchmark's redis-server and a temporary SQLite file; each round
-//! sells 100 units to 2000 concurrent buyers with the load generator
-//! (`lock_examples::seckill::load`). A round whose verdict fails is an error, so the
-//! figure is never from a broken run. The floor: two more processes started with
+//! builds it) on the benchmark's redis-server and a temporary SQLite file; a sale sells
+//! 100 units to 2000 concurrent buyers with the load generator
+//! (`lock_examples::seckill::load`), and each round runs sales back to back for
+//! `--seconds` (at least one) per configuration, the configurations in rotated order:
+//! one sale lasts a fraction of a second, too short to stand for a round. A round's
+//! requests/s is over all its sales, its p50 and p99 the medians of theirs. A sale
+//! whose verdict fails is an error, so the figure is never from a broken run. The floor: two more processes started with
 //! `--floor`, the same HTTP stack and routes whose order only runs the stock script (no
-//! lock, idempotency key or rate limit); rounds alternate between the two, so both see
-//! the same machine. Two more run with `--no-batching` (every lock, rate-limit and
+//! lock, idempotency key or rate limit); rounds interleave the configurations, so all
+//! see the same machine. Two more run with `--no-batching` (every lock, rate-limit and
 //! idempotency call sent on its own), to show what batching changes. Prints each round,
 //! the medians, and the ratios, each the median of the per-round ratios (targets:
 //! requests/s >= 0.5x the floor's, p99 <= 2x the floor's).
@@ -17,7 +20,9 @@ use lock_examples::seckill::instances::{Instance, server_binary};
 use lock_examples::seckill::load::{self, LoadConfig};
 
 use crate::figure::Figure;
-use crate::measure::{BoxError, Timing, median};
+use std::time::{Duration, Instant};
+
+use crate::measure::{BoxError, Timing, median, round_order};
 
 /// Indices of the three service configurations measured.
 const OURS: usize = 0;
@@ -30,7 +35,36 @@ const CONFIG: LoadConfig = LoadConfig {
     stock: 100,
 };
 
-pub async fn run(url: &str, _timing: Timing, rounds: usize) -> Result<Vec<Figure>, BoxError> {
+/// One round of one configuration (`urls`, named `name`): sales back to back until
+/// `measure` has passed, at least one. Returns requests per second over them all, the
+/// median p50 and p99 in milliseconds, and the number of sales.
+async fn round(
+    urls: &[String],
+    name: &str,
+    measure: Duration,
+) -> Result<(f64, f64, f64, usize), BoxError> {
+    let start = Instant::now();
+    let (mut requests, mut busy, mut p50s, mut p99s) = (0.0, 0.0, vec![], vec![]);
+    while p99s.is_empty() || start.elapsed() < measure {
+        let v = load::run(CONFIG, urls).await?;
+        // The floor has no idempotency or rate limit: its verdict is not judged.
+        if name != "floor" && !v.violations().is_empty() {
+            return Err(format!("the seckill verdict failed ({name}):\n{v}").into());
+        }
+        requests += v.requests as f64;
+        busy += v.requests as f64 / v.throughput();
+        p50s.push(v.p50.as_secs_f64() * 1000.0);
+        p99s.push(v.p99.as_secs_f64() * 1000.0);
+    }
+    Ok((
+        requests / busy,
+        median(p50s),
+        median(p99s.iter().copied()),
+        p99s.len(),
+    ))
+}
+
+pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>, BoxError> {
     let bin = server_binary()?;
     let dir = std::env::temp_dir().join(format!("lock-bench-seckill-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -53,29 +87,21 @@ pub async fn run(url: &str, _timing: Timing, rounds: usize) -> Result<Vec<Figure
         // the same SQLite file, or ours would find rows missing.
         let floor = spawn(&["--allow-volatile-redis", "--floor"], db.clone()).await?;
         let urls = |is: &[Instance]| is.iter().map(|i| i.url.clone()).collect::<Vec<_>>();
-        // Measured in this order in every round: ours, ours unbatched, the floor.
         let sets = [urls(&ours), urls(&unbatched), urls(&floor)];
         let names = ["ours", "ours_unbatched", "floor"];
         let (mut rates, mut p99s) = ([vec![], vec![], vec![]], [vec![], vec![], vec![]]);
-        for round in 0..rounds {
-            let mut line = format!("seckill round {round}");
-            for (i, set) in sets.iter().enumerate() {
-                let v = load::run(CONFIG, set).await?;
-                // The floor has no idempotency or rate limit: its verdict is not judged.
-                if i != FLOOR && !v.violations().is_empty() {
-                    return Err(format!("the seckill verdict failed ({}):\n{v}", names[i]).into());
-                }
-                let p99 = v.p99.as_secs_f64() * 1000.0;
-                line += &format!(
-                    " | {} requests_per_s {:.0} p50_ms {:.1} p99_ms {p99:.1}",
-                    names[i],
-                    v.throughput(),
-                    v.p50.as_secs_f64() * 1000.0
+        for r in 0..rounds {
+            let mut parts: [String; 3] = Default::default();
+            for i in round_order(sets.len(), r) {
+                let (rate, p50, p99, sales) = round(&sets[i], names[i], timing.measure).await?;
+                parts[i] = format!(
+                    " | {} requests_per_s {rate:.0} p50_ms {p50:.1} p99_ms {p99:.1} sales {sales}",
+                    names[i]
                 );
-                rates[i].push(v.throughput());
+                rates[i].push(rate);
                 p99s[i].push(p99);
             }
-            println!("{line}");
+            println!("seckill round {r}{}", parts.concat());
         }
         for (i, name) in names.iter().enumerate() {
             println!(
