@@ -60,7 +60,9 @@
 //! `disturbed <name> ratio spread <x.xx> (bound 0.15)` line follows its ratio line, its
 //! ratio reads `DISTURBED` and its target is not judged. Every run ends with
 //! `figures: N, disturbed: K ...` and, if K > 0, says why the run is not a result and
-//! exits with status 1; `all` then prints no table, only the disturbed figures' names.
+//! exits with status 1; `all` still prints its table, with each disturbed figure's
+//! ratio reading `DISTURBED` and its target not judged, then the disturbed figures'
+//! names.
 //! However much the absolute rates drift, a run whose ratios agree is a result.
 //!
 //! Figures without a baseline (the hot key's `handoffs_to_other_task_pct` and
@@ -310,17 +312,15 @@ async fn all(args: &Args, timing: Timing) -> Result<(), BoxError> {
             );
         }
     }
-    // A table is a result: none from a run with a disturbed figure.
-    if report::disturbed_count(rows.iter().map(|(_, f)| f)) == 0 {
-        println!("{}", report::table(&rows));
-    } else {
-        for (bench, f) in rows.iter().filter(|(_, f)| f.disturbed().is_some()) {
-            println!(
-                "disturbed figure: {bench} {} (ratio spread {})",
-                f.name,
-                f.spread_text()
-            );
-        }
+    // Disturbed rows stay in the table, unjudged and marked; the exit status says
+    // whether the whole run is a result.
+    println!("{}", report::table(&rows));
+    for (bench, f) in rows.iter().filter(|(_, f)| f.disturbed().is_some()) {
+        println!(
+            "disturbed figure: {bench} {} (ratio spread {})",
+            f.name,
+            f.spread_text()
+        );
     }
     finish(rows.iter().map(|(_, f)| f));
     Ok(())
