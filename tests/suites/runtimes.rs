@@ -8,17 +8,9 @@ mod common;
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
-use common::{exists, get};
+use common::{exists, get, runtime};
 use lock_core::{Lease, LockClient, LockConfig, LockOptions, RateLimit};
 use lock_tests::{RedisServer, TcpProxy};
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-}
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)

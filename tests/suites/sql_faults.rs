@@ -3,10 +3,13 @@
 //! is unreachable (a cut proxy), which must end within their wait budget plus one
 //! command timeout whatever the pool does.
 
+mod common;
+
 use std::cell::RefCell;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use common::runtime;
 use lock_core::{AnyLocks, DistributedLock, HeldLock, LockConfig, LockOptions, PostgresLocks};
 use lock_tests::{MariaDbServer, PostgresServer, TcpProxy};
 use sqlx::postgres::PgPoolOptions;
@@ -20,14 +23,6 @@ fn config() -> LockConfig {
         .with_watchdog_lease(Duration::from_millis(800))
         .with_watchdog_period(Duration::from_millis(200))
         .with_command_timeout(COMMAND_TIMEOUT)
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
 }
 
 /// Takes `name` on a runtime that then ends, drops the guard on a thread with no

@@ -15,6 +15,15 @@ pub async fn client(server: &RedisServer, config: LockConfig) -> LockClient {
         .expect("connect lock client")
 }
 
+/// A runtime of its own (one worker), for tests that end a runtime on purpose.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
 /// Polls `check` until it returns true or `limit` passes; returns the time it took.
 pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F) -> Duration
 where

@@ -189,30 +189,28 @@ async fn a_lost_create_reply_is_recovered_by_the_node_uuid() {
     await_no_contenders(&admin, &dir, "the recovered node").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_delete_reply_still_releases() {
+/// Releases a lock through a proxy armed with `fault` for the release's delete: the
+/// release still answers `Unlocked` and the node goes.
+async fn release_through(fault: impl FnOnce(&TcpProxy)) {
     let server = ZooKeeperServer::start();
     let proxy = TcpProxy::start(server.port());
     let b = long_session(&format!("127.0.0.1:{}", proxy.port())).await;
     let dir = b.lock_path("job").unwrap();
     let g = b.lock("job").await.unwrap();
-    proxy.reset_reply_to(zk_request(DELETE));
+    fault(&proxy);
     assert_eq!(g.release().await.unwrap(), Released::Unlocked);
     let admin = raw(&server).await;
     await_no_contenders(&admin, &dir, "the released node").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_delete_reply_still_releases() {
+    release_through(|proxy| proxy.reset_reply_to(zk_request(DELETE))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_whose_delete_is_lost_deletes_it_again() {
-    let server = ZooKeeperServer::start();
-    let proxy = TcpProxy::start(server.port());
-    let b = long_session(&format!("127.0.0.1:{}", proxy.port())).await;
-    let dir = b.lock_path("job").unwrap();
-    let g = b.lock("job").await.unwrap();
-    proxy.reset_request(zk_request(DELETE));
-    assert_eq!(g.release().await.unwrap(), Released::Unlocked);
-    let admin = raw(&server).await;
-    await_no_contenders(&admin, &dir, "the released node").await;
+    release_through(|proxy| proxy.reset_request(zk_request(DELETE))).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
