@@ -134,7 +134,7 @@ impl LockClient {
     ) -> Result<Self, LockError> {
         config.validate()?;
         let conn = Conn::new(
-            RedisStore::single(manager),
+            RedisStore::new(manager),
             config.command_timeout,
             config.batching,
         );
@@ -229,7 +229,7 @@ impl LockClient {
     ) -> Result<Self, LockError> {
         config.validate()?;
         let conn = Conn::new(
-            RedisStore::cluster(conn),
+            RedisStore::new(conn),
             config.command_timeout,
             config.batching,
         );

@@ -334,6 +334,21 @@ struct Driving {
     emptied: bool,
 }
 
+impl Driving {
+    /// What queued next, up to [`MAX_BATCH`] entries; `None` once nothing is left, the
+    /// lane freed.
+    fn next_batch(&mut self) -> Option<Vec<Queued>> {
+        let mut busy = self.lanes.lock();
+        let Some(queue) = busy.get_mut(&self.lane).filter(|q| !q.is_empty()) else {
+            busy.remove(&self.lane);
+            self.emptied = true;
+            return None;
+        };
+        let n = queue.len().min(MAX_BATCH);
+        Some(queue.drain(..n).collect())
+    }
+}
+
 impl Drop for Driving {
     fn drop(&mut self) {
         if self.emptied {
@@ -359,23 +374,7 @@ impl Drop for Driving {
 
 /// Sends what queued on a lane, a batch at a time, until nothing is left.
 async fn drive(conn: Conn, mut driving: Driving, script: &'static Lua) {
-    let lanes = driving.lanes.clone();
-    let group = driving.lane.1;
-    loop {
-        let batch: Vec<Queued> = {
-            let mut busy = lanes.lock();
-            let Some(queue) = busy.get_mut(&(script.op(), group)) else {
-                driving.emptied = true;
-                return;
-            };
-            if queue.is_empty() {
-                busy.remove(&(script.op(), group));
-                driving.emptied = true;
-                return;
-            }
-            let n = queue.len().min(MAX_BATCH);
-            queue.drain(..n).collect()
-        };
+    while let Some(batch) = driving.next_batch() {
         // Callers gone before sending: left out.
         let (gone, batch): (Vec<Queued>, Vec<Queued>) =
             batch.into_iter().partition(|q| q.reply.is_closed());

@@ -20,14 +20,8 @@ pub(crate) struct RedisStore<C> {
     conn: C,
 }
 
-impl RedisStore<ConnectionManager> {
-    pub(crate) fn single(conn: ConnectionManager) -> Self {
-        Self { conn }
-    }
-}
-
-impl RedisStore<ClusterConnection> {
-    pub(crate) fn cluster(conn: ClusterConnection) -> Self {
+impl<C> RedisStore<C> {
+    pub(crate) fn new(conn: C) -> Self {
         Self { conn }
     }
 }
@@ -109,9 +103,8 @@ where
 
 impl Store for RedisStore<ClusterConnection> {
     fn query<'a>(&'a self, cmd: &'a Cmd) -> Reply<'a> {
-        let conn = self.conn.clone();
         Box::pin(resend_refused(move |ask| {
-            let mut c = conn.clone();
+            let mut c = self.conn.clone();
             async move {
                 match ask {
                     None => cmd.query_async(&mut c).await,
@@ -130,11 +123,10 @@ impl Store for RedisStore<ClusterConnection> {
     }
 
     fn invoke<'a>(&'a self, invocation: &'a ScriptInvocation<'a>) -> Reply<'a> {
-        let conn = self.conn.clone();
         // A script call cannot be redirected by hand (redis-rs keeps its EVAL form to
         // itself): during a slot migration it is sent again until the slot has moved.
         Box::pin(resend_refused(move |_ask| {
-            let mut c = conn.clone();
+            let mut c = self.conn.clone();
             async move { invocation.invoke_async(&mut c).await }
         }))
     }

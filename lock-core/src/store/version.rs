@@ -102,11 +102,7 @@ fn check_node(info: &Value, node: Option<&str>) -> Result<(), LockError> {
 
 /// Refuses a policy that evicts while a `maxmemory` is set (see the module docs).
 fn check_eviction(info: &str, node: Option<&str>) -> Result<(), LockError> {
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
-            .map(str::trim)
-    };
+    let field = |name| info_field(info, name);
     let Some(policy) = field("maxmemory_policy") else {
         tracing::warn!(
             node,
@@ -147,9 +143,14 @@ fn text(v: &Value) -> Option<String> {
 /// The `redis_version` field of an `INFO server` text; `None` when it is missing or
 /// does not start with a number.
 fn parse_info(info: &str) -> Option<Version> {
+    info_field(info, "redis_version").and_then(parse_version)
+}
+
+/// The value of field `name` in an `INFO` text (`name:value` lines), trimmed.
+fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
     info.lines()
-        .find_map(|line| line.strip_prefix("redis_version:"))
-        .and_then(|v| parse_version(v.trim()))
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+        .map(str::trim)
 }
 
 /// `7.2.4` -> (7, 2, 4); a pre-release suffix is ignored (`7.0.0-rc1` is 7.0.0) and a

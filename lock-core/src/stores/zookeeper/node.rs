@@ -66,15 +66,24 @@ impl<'a> Retry<'a> {
     }
 }
 
-/// Lists `dir`, again after unknown outcomes.
-pub(super) async fn list(client: &zk::Client, dir: &str) -> Result<Vec<String>, zk::Error> {
+/// Runs the request `op` makes, again after unknown outcomes (for requests that are
+/// safe to repeat).
+async fn retried<T, Fut>(client: &zk::Client, mut op: impl FnMut() -> Fut) -> Result<T, zk::Error>
+where
+    Fut: std::future::Future<Output = Result<T, zk::Error>>,
+{
     let mut retry = Retry::new(client);
     loop {
-        match client.list_children(dir).await {
+        match op().await {
             Err(e) if retry.again(&e).await => {}
-            listed => return listed,
+            done => return done,
         }
     }
+}
+
+/// Lists `dir`, again after unknown outcomes.
+pub(super) async fn list(client: &zk::Client, dir: &str) -> Result<Vec<String>, zk::Error> {
+    retried(client, || client.list_children(dir)).await
 }
 
 /// Deletes `path`, again after unknown outcomes, until done, gone, or the session is
@@ -133,13 +142,7 @@ impl Contender {
                 Err(zk::Error::NoNode) if !made_dir => {
                     made_dir = true;
                     let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-                    let mut retry = Retry::new(client);
-                    loop {
-                        match client.mkdir(&self.dir, &persistent).await {
-                            Err(e) if retry.again(&e).await => {}
-                            made => break made?,
-                        }
-                    }
+                    retried(client, || client.mkdir(&self.dir, &persistent)).await?;
                 }
                 Err(e) if retry.again(&e).await => {
                     // Not found, or gone again (deleted by hand): contend anew.
@@ -167,13 +170,7 @@ impl Contender {
     }
 
     async fn stat(&self, path: &str) -> Result<Option<zk::Stat>, zk::Error> {
-        let mut retry = Retry::new(&self.client);
-        loop {
-            match self.client.check_stat(path).await {
-                Err(e) if retry.again(&e).await => {}
-                stat => return stat,
-            }
-        }
+        retried(&self.client, || self.client.check_stat(path)).await
     }
 
     /// Until disarmed, dropping the guard deletes our node in the background: `node`
