@@ -21,6 +21,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::OnceLock;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::runtime::Handle;
 
@@ -44,6 +45,32 @@ impl<F: FnOnce()> Drop for OnDrop<F> {
     fn drop(&mut self) {
         if let Some(f) = self.0.take() {
             f();
+        }
+    }
+}
+
+/// Runs the call `call` makes, and again after a Redis failure (at most twice more,
+/// within about a second): background work has nobody to report a failure to, and a
+/// connection's first call after it broke (its runtime ended, the server restarted, a
+/// reset) fails while it reconnects. Only for calls that are safe to repeat (owner-
+/// checked deletes). Returns the last answer, and whether an earlier try failed (its
+/// outcome unknown: it may have done the work).
+pub(crate) async fn patiently<T, Fut>(
+    what: &'static str,
+    mut call: impl FnMut() -> Fut,
+) -> (Result<T, LockError>, bool)
+where
+    Fut: Future<Output = Result<T, LockError>>,
+{
+    let mut failed = 0u32;
+    loop {
+        match call().await {
+            Err(e) if e.is_redis() && failed < 2 => {
+                failed += 1;
+                tracing::debug!(error = %e, "{what} failed; trying again");
+                tokio::time::sleep(Duration::from_millis(100) * 4u32.pow(failed - 1)).await;
+            }
+            answer => return (answer, failed > 0),
         }
     }
 }
@@ -122,17 +149,16 @@ where
 /// A task that moves to the background runtime if dropped before it ran.
 struct Rescued<Fut: Future<Output = ()> + Send + 'static> {
     task: Option<Pin<Box<Fut>>>,
-    started: bool,
-    /// Already on the background runtime: dropped unpolled only as the process ends.
-    on_background: bool,
+    /// Dropped now, the task goes to the background runtime: until its first poll, and
+    /// never once there (dropped unpolled there only as the process ends).
+    rescue: bool,
 }
 
 impl<Fut: Future<Output = ()> + Send + 'static> Rescued<Fut> {
     fn new(task: Pin<Box<Fut>>, on_background: bool) -> Self {
         Self {
             task: Some(task),
-            started: false,
-            on_background,
+            rescue: !on_background,
         }
     }
 }
@@ -141,7 +167,7 @@ impl<Fut: Future<Output = ()> + Send + 'static> Future for Rescued<Fut> {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        self.started = true;
+        self.rescue = false;
         let Some(task) = self.task.as_mut() else {
             return Poll::Ready(());
         };
@@ -155,10 +181,7 @@ impl<Fut: Future<Output = ()> + Send + 'static> Future for Rescued<Fut> {
 
 impl<Fut: Future<Output = ()> + Send + 'static> Drop for Rescued<Fut> {
     fn drop(&mut self) {
-        if self.started || self.on_background {
-            return;
-        }
-        if let Some(task) = self.task.take() {
+        if let Some(task) = self.task.take().filter(|_| self.rescue) {
             to_background(task);
         }
     }

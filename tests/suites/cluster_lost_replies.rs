@@ -5,10 +5,16 @@
 //! Sent again, a `SET NX` would find its own value (busy), a release nothing (expired),
 //! a rate-limit check would count twice, an idempotency claim find itself in flight.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::eventually;
 use lock_core::{Begin, LockClient, LockConfig, RateLimit};
 use lock_tests::{RedisCluster, TcpProxy};
+
+/// How long an undo or a reconnection may take.
+const WITHIN: Duration = Duration::from_secs(5);
 
 /// A cluster whose clients reach every master through its own proxy.
 struct Proxied {
@@ -101,19 +107,6 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
-/// Polls `check` until true, for up to 5 s.
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquisition_whose_reply_was_lost_is_not_answered_busy_by_its_own_grant() {
     let proxied = Proxied::start().await;
@@ -129,7 +122,7 @@ async fn an_acquisition_whose_reply_was_lost_is_not_answered_busy_by_its_own_gra
     }
     // The grant it may have made is undone, so another owner gets the lock at once
     // rather than after the 30 s lease.
-    eventually("the undone grant to free the lock", || async {
+    eventually(WITHIN, "the undone grant to free the lock", || async {
         other.try_lock("resent-set").await.is_ok()
     })
     .await;
@@ -168,7 +161,7 @@ async fn a_rate_limit_check_whose_reply_was_lost_counts_once() {
     assert!(limiter.check("k").await.unwrap_err().is_redis());
     // The next call on the broken connection may fail while it reconnects; `peek`
     // counts nothing.
-    eventually("the connection to come back", || async {
+    eventually(WITHIN, "the connection to come back", || async {
         limiter.peek("k").await.is_ok()
     })
     .await;
@@ -200,6 +193,7 @@ async fn an_idempotency_claim_whose_reply_was_lost_does_not_find_itself_in_fligh
         Ok(found) => panic!("a claim whose reply was lost answered {found:?}"),
     }
     eventually(
+        WITHIN,
         "the claim that may have been made to be abandoned",
         || async { matches!(store.begin("order-1", "fp", lease).await, Ok(Begin::New(_))) },
     )

@@ -227,7 +227,8 @@ impl Drop for Claim {
 fn abandon_in_background(shared: Arc<Shared>) {
     let name = shared.keys.name.clone();
     crate::cleanup::spawn("abandoning a dropped idempotency claim", name, async move {
-        match abandon(&shared).await {
+        let (abandoned, _) = crate::cleanup::patiently("an abandon", || abandon(&shared)).await;
+        match abandoned {
             Ok(()) => {
                 tracing::debug!(key = %shared.keys.name, "dropped idempotency claim abandoned")
             }

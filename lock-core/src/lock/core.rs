@@ -100,28 +100,17 @@ impl Core {
         Ok(r)
     }
 
-    /// [`delete_call`](Self::delete_call) for background work, which has nobody to
-    /// report a failure to: a failed call is tried again (at most twice more, within
-    /// about a second), since a connection's first call after it broke (its runtime
-    /// ended, the server restarted) fails while it reconnects. Repeating is safe: the
-    /// call deletes only this grant's own value. After a failed try, `Expired` means
-    /// that try may have deleted it: reported as done.
+    /// [`delete_call`](Self::delete_call) for background work, tried again after a
+    /// failure ([`cleanup::patiently`]: it deletes only this grant's own value). After a
+    /// failed try, `Expired` means that try may have deleted it: reported as done.
     pub(crate) async fn delete_call_patiently(
         &self,
         keys: &LockKeys,
         value: &str,
     ) -> Result<GrantReply, LockError> {
-        let mut failed = 0u32;
-        loop {
-            match self.delete_call(keys, value).await {
-                Err(e) if e.is_redis() && failed < 2 => {
-                    failed += 1;
-                    tracing::debug!(lock = %keys.name, error = %e, "background delete failed; trying again");
-                    tokio::time::sleep(Duration::from_millis(100) * 4u32.pow(failed - 1)).await;
-                }
-                Ok(GrantReply::Expired) if failed > 0 => return Ok(GrantReply::Done),
-                other => return other,
-            }
+        match cleanup::patiently("a background delete", || self.delete_call(keys, value)).await {
+            (Ok(GrantReply::Expired), true) => Ok(GrantReply::Done),
+            (answer, _) => answer,
         }
     }
 

@@ -126,7 +126,11 @@ impl Drop for Permits {
         let ids = std::mem::take(&mut self.ids);
         let name = semaphore.name().to_owned();
         crate::cleanup::spawn("releasing dropped permits", name, async move {
-            match release_ids(&semaphore, &ids).await {
+            let release = || release_ids(&semaphore, &ids);
+            match crate::cleanup::patiently("a permits release", release)
+                .await
+                .0
+            {
                 Ok(released) => log_release(&semaphore, released, ids.len()),
                 Err(e) => {
                     tracing::warn!(semaphore = %semaphore.name(), error = %e, "dropped permits could not be released; their lease will free them")
@@ -202,7 +206,11 @@ impl Drop for Pending {
         let ids = std::mem::take(&mut self.ids);
         let name = semaphore.name().to_owned();
         crate::cleanup::spawn("undoing an unfinished acquire", name, async move {
-            release_ids(&semaphore, &ids).await.map(|_| ())
+            let release = || release_ids(&semaphore, &ids);
+            crate::cleanup::patiently("a permits release", release)
+                .await
+                .0
+                .map(drop)
         });
     }
 }
