@@ -27,6 +27,23 @@ where
     Arc::new(move |t, n| Box::pin(f(t, n)))
 }
 
+/// The `rslock` crate's lock and unlock of one name per task, on `rslock`'s servers
+/// (one, or a Redlock's masters).
+pub fn rslock_cycle(rslock: rslock::LockManager) -> Cycle {
+    cycle(move |t, _| {
+        let rslock = rslock.clone();
+        async move {
+            let key = format!("bench:rslock:{t}");
+            let lock = rslock
+                .lock(key.as_bytes(), Duration::from_secs(10))
+                .await
+                .map_err(|e| format!("rslock: {e:?}"))?;
+            rslock.unlock(&lock).await;
+            Ok(())
+        }
+    })
+}
+
 /// How long each measurement runs, and its warm-up.
 #[derive(Clone, Copy, Debug)]
 pub struct Timing {

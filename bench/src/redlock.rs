@@ -21,7 +21,7 @@ use redis::aio::ConnectionManager;
 use crate::figure::Figure;
 use crate::measure::{
     BoxError, Cycle, Timing, cycle, measure_rounds, median, median_rates, rates, round_order,
-    rounds_list,
+    rounds_list, rslock_cycle,
 };
 
 const NODES: usize = 5;
@@ -58,18 +58,7 @@ fn impls(single: LockClient, redlock: Redlock, rslock: rslock::LockManager) -> [
             Ok(())
         }
     });
-    let peer = cycle(move |t, _| {
-        let rslock = rslock.clone();
-        async move {
-            let key = format!("bench:rslock:{t}");
-            let lock = rslock
-                .lock(key.as_bytes(), Duration::from_secs(10))
-                .await
-                .map_err(|e| format!("rslock: {e:?}"))?;
-            rslock.unlock(&lock).await;
-            Ok(())
-        }
-    });
+    let peer = rslock_cycle(rslock);
     [single, ours, peer]
 }
 

@@ -10,6 +10,7 @@ use redis::aio::ConnectionManager;
 use crate::figure::Figure;
 use crate::measure::{
     BoxError, Cycle, Timing, cycle, measure_rounds, median, median_rates, rates, rounds_list,
+    rslock_cycle,
 };
 
 /// Concurrencies measured: tasks running cycles at the same time.
@@ -96,21 +97,7 @@ async fn build(i: usize, url: &str, conn: &ConnectionManager) -> Result<Cycle, B
                 }
             })
         }
-        _ => {
-            let rslock = rslock::LockManager::new(vec![url.to_string()]);
-            cycle(move |t, _| {
-                let rslock = rslock.clone();
-                async move {
-                    let key = format!("bench:rslock:{t}");
-                    let lock = rslock
-                        .lock(key.as_bytes(), Duration::from_secs(10))
-                        .await
-                        .map_err(|e| format!("rslock: {e:?}"))?;
-                    rslock.unlock(&lock).await;
-                    Ok(())
-                }
-            })
-        }
+        _ => rslock_cycle(rslock::LockManager::new(vec![url.to_string()])),
     })
 }
 

@@ -7,6 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::io::{self, Write};
 use std::net::{Shutdown, TcpStream};
 
+use super::pump::write_again;
 use super::{Shared, TcpProxy};
 
 /// Tells a request (one chunk the client sent, as the proxy read it) by its bytes.
@@ -161,13 +162,7 @@ fn write_fully(mut to: &TcpStream, mut bytes: &[u8]) -> io::Result<()> {
         match to.write(bytes) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => bytes = &bytes[n..],
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) => {}
+            Err(e) if write_again(&e) => {}
             Err(e) => return Err(e),
         }
     }

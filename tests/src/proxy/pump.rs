@@ -112,15 +112,8 @@ fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, pipe: Pipe) {
                     return;
                 }
                 Ok(written) => sent += written,
-                // The write slice elapsed with nothing written (or a signal
-                // came): let a pending `cut` in, then try again.
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock
-                            | io::ErrorKind::TimedOut
-                            | io::ErrorKind::Interrupted
-                    ) => {}
+                // Let a pending `cut` in, then try again.
+                Err(e) if write_again(&e) => {}
                 Err(_) => {
                     // `to` is gone: close its counterpart as well.
                     let _ = shared.forward(|| from.shutdown(Shutdown::Both));
@@ -129,4 +122,13 @@ fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, pipe: Pipe) {
             }
         }
     }
+}
+
+/// A write slice that elapsed with nothing written, or a signal that came: the write
+/// is tried again.
+pub(super) fn write_again(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+    )
 }

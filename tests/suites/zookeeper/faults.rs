@@ -81,6 +81,12 @@ async fn await_watchers(server: &ZooKeeperServer, node: &str, count: usize) {
 }
 
 /// The only contender node under `dir`, as a full path.
+/// `job` is free: taken at once, and given back.
+async fn assert_free(locks: &ZkLocks) {
+    let g = locks.try_lock("job").await.expect("the lock is free");
+    g.release().await.unwrap();
+}
+
 async fn only_node(admin: &zk::Client, dir: &str) -> String {
     let nodes = admin.list_children(dir).await.unwrap();
     assert_eq!(nodes.len(), 1, "{nodes:?}");
@@ -108,12 +114,7 @@ async fn a_release_during_a_server_pause_deletes_the_node_once_reconnected() {
         .unwrap()
         .unwrap();
     assert_eq!(released.unwrap(), Released::Unlocked);
-    b.try_lock("job")
-        .await
-        .expect("the lock is free")
-        .release()
-        .await
-        .unwrap();
+    assert_free(&b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -157,12 +158,7 @@ async fn an_acquisition_cancelled_with_its_create_in_flight_leaves_no_node() {
     server.resume();
     let admin = raw(&server).await;
     await_no_contenders(&admin, &dir, "the cancelled acquisition's node").await;
-    a.try_lock("job")
-        .await
-        .expect("the lock is free")
-        .release()
-        .await
-        .unwrap();
+    assert_free(&a).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -227,12 +223,7 @@ async fn a_busy_try_lock_whose_delete_is_lost_leaves_no_node() {
     assert_eq!(g.release().await.unwrap(), Released::Unlocked);
     let admin = raw(&server).await;
     await_no_contenders(&admin, &dir, "the busy contender's node").await;
-    a.try_lock("job")
-        .await
-        .expect("the lock is free")
-        .release()
-        .await
-        .unwrap();
+    assert_free(&a).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
