@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::LockError;
+use crate::error::LockError;
 
 /// What kind of failure a [`LockError`] is: what its caller should be told
 /// ([`LockError::class`] has the table).

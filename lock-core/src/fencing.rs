@@ -2,15 +2,16 @@
 
 use redis::ToRedisArgs;
 
-use crate::key::{self, LockName};
-use crate::store::scripts::{FENCED_WRITE, FencedWriteReply};
-use crate::{LockClient, LockError};
+use crate::client::Client;
+use crate::client::store::key::{self, LockName};
+use crate::client::store::scripts::{FENCED_WRITE, FencedWriteReply};
+use crate::error::LockError;
 
 /// A number that grows with every fresh grant of one lock, and the grant it belongs to.
 ///
 /// A lock can be lost without its holder knowing (a long pause, a network partition):
 /// the resource it protects should remember the newest token it has seen and refuse
-/// writes carrying an older one. [`LockClient::fenced_write`] does exactly that for a
+/// writes carrying an older one. [`LockClient::fenced_write`](crate::LockClient::fenced_write) does exactly that for a
 /// value stored in Redis.
 ///
 /// How the numbers are made: one counter per hash slot of the namespace (see
@@ -49,7 +50,7 @@ impl std::fmt::Display for FencingToken {
     }
 }
 
-/// Outcome of [`LockClient::fenced_write`].
+/// Outcome of [`LockClient::fenced_write`](crate::LockClient::fenced_write).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum FencedWrite {
@@ -63,61 +64,53 @@ pub enum FencedWrite {
     },
 }
 
-impl LockClient {
-    /// Stores `value` for `resource` unless a write with a newer fencing token came
-    /// first, or one with the same token from another holder (the script
-    /// `lua/fenced_write.lua`). The same holder may write again with its token.
-    ///
-    /// `value` must be exactly one Redis argument (a string, a number, bytes): a value
-    /// that makes none or several is refused with [`LockError::InvalidConfig`] before
-    /// anything is written, and the token stays usable.
-    pub async fn fenced_write<N: LockName, V: ToRedisArgs>(
-        &self,
-        resource: N,
-        token: FencingToken,
-        value: V,
-    ) -> Result<FencedWrite, LockError> {
-        let c = &self.inner.config;
-        let (value_key, token_key) = key::fenced_keys(&c.namespace, &c.delimiter, &resource)?;
-        let mut value = value.to_redis_args();
-        let value = match value.len() {
-            1 => value.pop().unwrap_or_default(),
-            n => {
-                return Err(LockError::InvalidConfig(format!(
-                    "a fenced write stores exactly one value, but this one is {n} Redis \
-                     arguments; join or encode it into one string or byte buffer"
-                )));
-            }
-        };
-        let conn = &self.inner.conn;
-        let reply = conn
-            .eval(&FENCED_WRITE, conn.timeout(), |c| {
-                c.arg(2)
-                    .arg(&value_key)
-                    .arg(&token_key)
-                    .arg(token.token)
-                    .arg(token.holder)
-                    .arg(&value);
-            })
-            .await?;
-        Ok(match FencedWriteReply::decode(reply)? {
-            FencedWriteReply::Written => FencedWrite::Written,
-            FencedWriteReply::Refused { newest, holder } => FencedWrite::Refused {
-                highest: FencingToken::new(newest, holder),
-            },
+/// [`LockClient::fenced_write`](crate::LockClient::fenced_write) on `client`.
+pub(crate) async fn fenced_write<N: LockName, V: ToRedisArgs>(
+    client: &Client,
+    resource: N,
+    token: FencingToken,
+    value: V,
+) -> Result<FencedWrite, LockError> {
+    let c = client.config();
+    let (value_key, token_key) = key::fenced_keys(&c.namespace, &c.delimiter, &resource)?;
+    let mut value = value.to_redis_args();
+    let value = match value.len() {
+        1 => value.pop().unwrap_or_default(),
+        n => {
+            return Err(LockError::InvalidConfig(format!(
+                "a fenced write stores exactly one value, but this one is {n} Redis \
+                 arguments; join or encode it into one string or byte buffer"
+            )));
+        }
+    };
+    let conn = client.conn();
+    let reply = conn
+        .eval(&FENCED_WRITE, conn.timeout(), |c| {
+            c.arg(2)
+                .arg(&value_key)
+                .arg(&token_key)
+                .arg(token.token)
+                .arg(token.holder)
+                .arg(&value);
         })
-    }
+        .await?;
+    Ok(match FencedWriteReply::decode(reply)? {
+        FencedWriteReply::Written => FencedWrite::Written,
+        FencedWriteReply::Refused { newest, holder } => FencedWrite::Refused {
+            highest: FencingToken::new(newest, holder),
+        },
+    })
+}
 
-    /// The value last stored with [`fenced_write`](Self::fenced_write) for `resource`.
-    pub async fn fenced_read<N: LockName>(
-        &self,
-        resource: N,
-    ) -> Result<Option<Vec<u8>>, LockError> {
-        let c = &self.inner.config;
-        let (value_key, _) = key::fenced_keys(&c.namespace, &c.delimiter, &resource)?;
-        self.inner
-            .conn
-            .query("fenced_read", redis::cmd("GET").arg(value_key))
-            .await
-    }
+/// [`LockClient::fenced_read`](crate::LockClient::fenced_read) on `client`.
+pub(crate) async fn fenced_read<N: LockName>(
+    client: &Client,
+    resource: N,
+) -> Result<Option<Vec<u8>>, LockError> {
+    let c = client.config();
+    let (value_key, _) = key::fenced_keys(&c.namespace, &c.delimiter, &resource)?;
+    client
+        .conn()
+        .query("fenced_read", redis::cmd("GET").arg(value_key))
+        .await
 }

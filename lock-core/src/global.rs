@@ -3,7 +3,8 @@
 
 use std::sync::OnceLock;
 
-use crate::{AnyLocks, LockError};
+use crate::error::LockError;
+use crate::stores::AnyLocks;
 
 static GLOBAL: OnceLock<AnyLocks> = OnceLock::new();
 

@@ -74,13 +74,13 @@
 struct ReadmeDoctests;
 
 mod classify;
-mod cleanup;
+mod client;
 mod error;
 mod fencing;
 mod global;
 mod idempotency;
 pub mod ids;
-pub use store::key;
+pub use client::store::key;
 mod lock;
 pub mod metrics;
 mod owner;
@@ -93,25 +93,23 @@ mod private;
 mod rate;
 mod redlock;
 mod semaphore;
-mod store;
 mod stores;
 mod traits;
-mod wait;
 
 pub use classify::ErrorClass;
+pub use client::config::{Backoff, Lease, LockConfig, MAX_LEASE, MIN_LEASE};
+pub use client::store::scripts::SOURCES as SCRIPT_SOURCES;
 pub use error::LockError;
 pub use fencing::{FencedWrite, FencingToken};
 pub use global::{global, install_global};
 pub use idempotency::{Begin, Claim, IdempotencyKeys, IdempotencyStore, OneTimeTokens};
 pub use ids::{IdGenerator, OrderId};
 pub use key::{KeyPart, LockKeys, LockName};
-pub use lock::config::{Backoff, Lease, LockConfig, LockOptions, MAX_LEASE, MIN_LEASE};
-pub use lock::{LockClient, LockGuard, Released};
+pub use lock::{LockClient, LockGuard, LockOptions, Released};
 pub use owner::{ClientId, LockScope};
 pub use rate::{Decision, LimitRule, RateLimit, RateLimiter, RuleDecision, RuleLimiter};
 pub use redlock::{DEFAULT_NODE_TIMEOUT, Redlock, RedlockGuard};
 pub use semaphore::{MAX_PERMITS_PER_ACQUIRE, Permits, Semaphore, SemaphoreOptions};
-pub use store::scripts::SOURCES as SCRIPT_SOURCES;
 #[cfg(feature = "zookeeper")]
 pub use stores::ZkLocks;
 pub use stores::{AnyGuard, AnyLocks, MemoryLocks, StoreGuard};

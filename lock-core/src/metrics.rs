@@ -58,7 +58,7 @@
 
 use std::time::Duration;
 
-use crate::{LockError, Released};
+use crate::error::LockError;
 
 /// Acquisitions by store and outcome.
 pub const ACQUISITIONS: &str = "lock_acquisitions_total";
@@ -176,15 +176,26 @@ impl Acquired {
     }
 }
 
-/// The `result` label of a release.
-#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-fn release_label(result: &Result<Released, LockError>) -> &'static str {
-    match result {
-        Ok(Released::StillHeld { .. }) => "still_held",
-        Ok(_) => "unlocked",
-        Err(LockError::Expired { .. }) => "expired",
-        Err(LockError::NotOwner { .. }) => "not_owner",
-        Err(_) => "error",
+/// What a release returned: the `result` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReleaseOutcome {
+    Unlocked,
+    StillHeld,
+    Expired,
+    NotOwner,
+    Error,
+}
+
+impl ReleaseOutcome {
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    fn label(self) -> &'static str {
+        match self {
+            Self::Unlocked => "unlocked",
+            Self::StillHeld => "still_held",
+            Self::Expired => "expired",
+            Self::NotOwner => "not_owner",
+            Self::Error => "error",
+        }
     }
 }
 
@@ -198,17 +209,6 @@ pub(crate) enum Renewal {
 }
 
 impl Renewal {
-    /// What a renew script's answer for one lock says.
-    pub(crate) fn of(reply: &Result<crate::store::scripts::GrantReply, LockError>) -> Self {
-        use crate::store::scripts::GrantReply;
-        match reply {
-            Ok(GrantReply::Done) => Self::Renewed,
-            Ok(GrantReply::Expired) => Self::Expired,
-            Ok(GrantReply::NotOwner) => Self::NotOwner,
-            Err(_) => Self::Error,
-        }
-    }
-
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     const fn label(self) -> &'static str {
         match self {
@@ -249,22 +249,6 @@ pub(crate) enum IdempotencyOutcome {
     Unavailable,
 }
 
-impl IdempotencyOutcome {
-    /// The outcome of a lookup that returned `found`; `None` for an error other than
-    /// Redis's (a bad key or setting decides nothing).
-    pub(crate) fn of(found: &Result<crate::Begin, LockError>) -> Option<Self> {
-        use crate::Begin;
-        Some(match found {
-            Ok(Begin::New(_)) => Self::New,
-            Ok(Begin::Completed(_)) => Self::Replayed,
-            Ok(Begin::InFlight { .. }) => Self::InFlight,
-            Ok(Begin::Mismatch) => Self::Mismatch,
-            Err(e) if e.is_redis() => Self::Unavailable,
-            Err(_) => return None,
-        })
-    }
-}
-
 #[cfg(feature = "metrics")]
 mod record {
     use std::time::Duration;
@@ -283,8 +267,8 @@ mod record {
         }
     }
 
-    pub(crate) fn released(store: StoreKind, result: &Result<Released, LockError>) {
-        metrics::counter!(RELEASES, "store" => store.label(), "result" => release_label(result))
+    pub(crate) fn released(store: StoreKind, result: ReleaseOutcome) {
+        metrics::counter!(RELEASES, "store" => store.label(), "result" => result.label())
             .increment(1);
     }
 
@@ -336,7 +320,7 @@ mod record {
     #[inline]
     pub(crate) fn acquired(_: StoreKind, _: Acquired, _: Duration) {}
     #[inline]
-    pub(crate) fn released(_: StoreKind, _: &Result<Released, LockError>) {}
+    pub(crate) fn released(_: StoreKind, _: ReleaseOutcome) {}
     #[inline]
     pub(crate) fn held(_: StoreKind, _: Duration) {}
     #[inline]
@@ -357,11 +341,7 @@ pub(crate) use record::{
 
 /// Records a release of `store` that returned `result`, and, when it gave back the last
 /// hold of a grant, how long that grant was held (`held`).
-pub(crate) fn release(
-    store: StoreKind,
-    result: &Result<Released, LockError>,
-    held_for: Option<Duration>,
-) {
+pub(crate) fn release(store: StoreKind, result: ReleaseOutcome, held_for: Option<Duration>) {
     released(store, result);
     if let Some(d) = held_for {
         held(store, d);

@@ -4,7 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::LockError;
+use crate::error::LockError;
 
 /// 128 random bits from the OS CSPRNG naming one [`LockClient`](crate::LockClient).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 pub use crate::{DistributedLock, HeldLock, KeyPart, LockClient, LockError, LockGuard};
 pub use std::result::Result;
 
-use crate::key::{LockName, NameWriter};
+use crate::client::store::key::{LockName, NameWriter};
 use crate::{Lease, LockOptions, LockScope};
 
 /// The process-wide lock store, or the error telling how to install one.

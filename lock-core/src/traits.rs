@@ -5,8 +5,11 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::key::LockName;
-use crate::{FencingToken, LockError, LockOptions, Released};
+use crate::client::store::key::LockName;
+use crate::error::LockError;
+use crate::fencing::FencingToken;
+use crate::lock::LockOptions;
+use crate::lock::Released;
 
 /// A store of distributed locks.
 ///

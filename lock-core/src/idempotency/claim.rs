@@ -6,10 +6,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{IdempotencyKeys, IdempotencyStore};
-use crate::store::batch::{Entry, Turn};
-use crate::store::decode;
-use crate::store::scripts::{IDEMPOTENCY_ABANDON, IDEMPOTENCY_COMPLETE, IDEMPOTENCY_EXTEND};
-use crate::{LockClient, LockError};
+use crate::client::Client;
+use crate::client::store::batch::{Entry, Turn};
+use crate::client::store::decode;
+use crate::client::store::scripts::{
+    IDEMPOTENCY_ABANDON, IDEMPOTENCY_COMPLETE, IDEMPOTENCY_EXTEND,
+};
+use crate::error::LockError;
 
 /// A claimed idempotency key (from [`Begin::New`](super::Begin::New)).
 ///
@@ -34,7 +37,7 @@ pub struct Claim {
 }
 
 struct Shared {
-    client: LockClient,
+    client: Client,
     keys: Arc<IdempotencyKeys>,
     /// The record's value while this claim holds it: `F<fingerprint> <owner>`.
     in_flight: String,
@@ -54,7 +57,7 @@ impl std::fmt::Debug for Claim {
 
 impl Claim {
     pub(super) fn new(
-        client: LockClient,
+        client: Client,
         keys: Arc<IdempotencyKeys>,
         in_flight: String,
         lease: Duration,
@@ -115,7 +118,7 @@ impl Claim {
             )));
         }
         let s = &self.shared;
-        let inner = &s.client.inner;
+        let inner = &s.client;
         // "F<fingerprint> <owner>" becomes "D<fingerprint> <record>".
         let fingerprint = s.in_flight[1..].split(' ').next().unwrap_or_default();
         let mut done = Vec::with_capacity(fingerprint.len() + 2 + record.len());
@@ -134,14 +137,14 @@ impl Claim {
                 .arg(&s.in_flight)
                 .arg(&done[..])
                 .arg(retention.as_millis() as u64)
-                .arg(&inner.id_hex)
+                .arg(inner.id_hex())
                 .cleanup(move |reply| {
                     if !matches!(reply, Some(Ok(_))) {
                         abandon_in_background(shared);
                     }
                 })
         };
-        let conn = &inner.conn;
+        let conn = inner.conn();
         let reply = match conn.turn(&IDEMPOTENCY_COMPLETE, &s.keys.record, entry) {
             Turn::Alone(alone, entry) => {
                 let reply = conn.send_one(&IDEMPOTENCY_COMPLETE, &entry()).await;
@@ -159,7 +162,7 @@ impl Claim {
         let reply: i64 = decode(IDEMPOTENCY_COMPLETE.op(), reply)?;
         let result = outcome(reply, &s.keys, "idempotency_complete.lua");
         if result.is_ok() {
-            inner.hub.notify_local(&s.keys.channel);
+            inner.hub().notify_local(&s.keys.channel);
         }
         result
     }
@@ -226,8 +229,9 @@ impl Drop for Claim {
 /// clean up).
 fn abandon_in_background(shared: Arc<Shared>) {
     let name = shared.keys.name.clone();
-    crate::cleanup::spawn("abandoning a dropped idempotency claim", name, async move {
-        let (abandoned, _) = crate::cleanup::patiently("an abandon", || abandon(&shared)).await;
+    crate::client::cleanup::spawn("abandoning a dropped idempotency claim", name, async move {
+        let (abandoned, _) =
+            crate::client::cleanup::patiently("an abandon", || abandon(&shared)).await;
         match abandoned {
             Ok(()) => {
                 tracing::debug!(key = %shared.keys.name, "dropped idempotency claim abandoned")
@@ -255,27 +259,27 @@ fn outcome(reply: i64, keys: &IdempotencyKeys, script: &str) -> Result<(), LockE
 }
 
 async fn abandon(s: &Shared) -> Result<(), LockError> {
-    let inner = &s.client.inner;
+    let inner = &s.client;
     let mut inv = IDEMPOTENCY_ABANDON.prepare_invoke();
     inv.key(&s.keys.record)
         .key(&s.keys.channel)
         .arg(&s.in_flight)
-        .arg(&inner.id_hex);
-    let reply: i64 = inner.conn.invoke("idempotency abandon", &inv).await?;
+        .arg(inner.id_hex());
+    let reply: i64 = inner.conn().invoke("idempotency abandon", &inv).await?;
     let result = outcome(reply, &s.keys, "idempotency_abandon.lua");
     if result.is_ok() {
         // Our own message is ignored by our hub: wake our waiters directly.
-        inner.hub.notify_local(&s.keys.channel);
+        inner.hub().notify_local(&s.keys.channel);
     }
     result
 }
 
 async fn extend(s: &Shared) -> Result<(), LockError> {
-    let inner = &s.client.inner;
+    let inner = &s.client;
     let mut inv = IDEMPOTENCY_EXTEND.prepare_invoke();
     inv.key(&s.keys.record)
         .arg(&s.in_flight)
         .arg(s.lease.as_millis() as u64);
-    let reply: i64 = inner.conn.invoke("idempotency extend", &inv).await?;
+    let reply: i64 = inner.conn().invoke("idempotency extend", &inv).await?;
     outcome(reply, &s.keys, "idempotency_extend.lua")
 }

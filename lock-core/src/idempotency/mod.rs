@@ -14,13 +14,14 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tracing::Instrument;
 
-use crate::key::LockName;
-use crate::lock::config::{MAX_LEASE, check_lease};
+use crate::client::Client;
+use crate::client::config::{MAX_LEASE, check_lease};
+use crate::client::store::batch::{Entry, Turn as BatchTurn};
+use crate::client::store::key::LockName;
+use crate::client::store::scripts::IDEMPOTENCY_BEGIN;
+use crate::client::wait::{Turn, wait_for_turn};
+use crate::error::LockError;
 use crate::metrics::{self, IdempotencyOutcome};
-use crate::store::batch::{Entry, Turn as BatchTurn};
-use crate::store::scripts::IDEMPOTENCY_BEGIN;
-use crate::wait::{Turn, wait_for_turn};
-use crate::{LockClient, LockError};
 
 /// What [`IdempotencyStore::begin`] found.
 #[derive(Debug)]
@@ -56,7 +57,7 @@ pub struct IdempotencyKeys {
 }
 
 /// Idempotency records on Redis: the primitives `lock-tower`'s idempotency layer is
-/// built on. Get one with [`LockClient::idempotency_store`].
+/// built on. Get one with [`LockClient::idempotency_store`](crate::LockClient::idempotency_store).
 ///
 /// Behavior:
 /// - **One winner.** [`begin`](Self::begin) claims a free key atomically with the
@@ -81,7 +82,7 @@ pub struct IdempotencyKeys {
 ///   see [`IdempotencyKeys::record`]) and `...:idempotency-done` (the channel), built by
 ///   [`crate::key`], so user input cannot forge another record's key.
 /// - **Fingerprints** are 1 to [`MAX_FINGERPRINT_LEN`](Self::MAX_FINGERPRINT_LEN) visible ASCII characters (a hex
-///   digest fits); others are [`LockError::InvalidConfig`].
+///   digest fits); others are [`LockError::InvalidConfig`](crate::LockError::InvalidConfig).
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -106,7 +107,7 @@ pub struct IdempotencyKeys {
 /// ```
 #[derive(Clone)]
 pub struct IdempotencyStore {
-    client: LockClient,
+    client: Client,
     name: Arc<str>,
 }
 
@@ -122,18 +123,14 @@ impl std::fmt::Debug for IdempotencyStore {
 /// across processes.
 static NEXT_CLAIM: AtomicU64 = AtomicU64::new(1);
 
-impl LockClient {
-    /// The idempotency store named `name` (the first part of its keys). Cheap: nothing
-    /// is sent to Redis until a key is claimed.
-    pub fn idempotency_store(&self, name: impl Into<String>) -> IdempotencyStore {
-        IdempotencyStore {
-            client: self.clone(),
-            name: name.into().into(),
+impl IdempotencyStore {
+    pub(crate) fn new(client: Client, name: String) -> Self {
+        Self {
+            client,
+            name: name.into(),
         }
     }
-}
 
-impl IdempotencyStore {
     /// Longest fingerprint [`begin`](Self::begin) accepts, in bytes.
     pub const MAX_FINGERPRINT_LEN: usize = 256;
 
@@ -143,11 +140,6 @@ impl IdempotencyStore {
     /// The store's name.
     pub fn name(&self) -> &str {
         &self.name
-    }
-
-    /// The client the store uses.
-    pub fn client(&self) -> &LockClient {
-        &self.client
     }
 
     /// The Redis keys of `key` (any [`LockName`]: one part or several).
@@ -205,7 +197,7 @@ impl IdempotencyStore {
             .begin_loop(keys, fingerprint, lease, wait)
             .instrument(span)
             .await;
-        if let Some(outcome) = IdempotencyOutcome::of(&found) {
+        if let Some(outcome) = outcome_of(&found) {
             metrics::idempotency(outcome);
         }
         found
@@ -218,14 +210,14 @@ impl IdempotencyStore {
         lease: Duration,
         wait: Duration,
     ) -> Result<Begin, LockError> {
-        let inner = &self.client.inner;
+        let inner = &self.client;
         let keys = Arc::new(keys);
         let started = Instant::now();
         let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
         let keys = &keys;
-        let listen = || Some((&inner.hub, keys.channel.as_str()));
+        let listen = || Some((inner.hub(), keys.channel.as_str()));
         let turn = wait_for_turn(
-            &inner.config.backoff,
+            &inner.config().backoff,
             listen,
             deadline,
             |subscribed| async move {
@@ -234,7 +226,7 @@ impl IdempotencyStore {
                     found => {
                         if subscribed && !matches!(found, Begin::New(_)) {
                             // One local waiter is woken per message: pass the turn on.
-                            inner.hub.notify_local(&keys.channel);
+                            inner.hub().notify_local(&keys.channel);
                         }
                         Turn::Done(found)
                     }
@@ -253,10 +245,10 @@ impl IdempotencyStore {
         fingerprint: &str,
         lease: Duration,
     ) -> Result<Begin, LockError> {
-        let inner = &self.client.inner;
+        let inner = &self.client;
         let in_flight = format!(
             "F{fingerprint} {}:{}",
-            inner.id_hex,
+            inner.id_hex(),
             NEXT_CLAIM.fetch_add(1, Ordering::Relaxed)
         );
         let lease_ms = lease.as_millis() as u64;
@@ -276,7 +268,7 @@ impl IdempotencyStore {
                     Some(_) => abandon(),
                 })
         };
-        let found = match inner.conn.turn(&IDEMPOTENCY_BEGIN, &keys.record, entry) {
+        let found = match inner.conn().turn(&IDEMPOTENCY_BEGIN, &keys.record, entry) {
             BatchTurn::Alone(alone, _) => {
                 let mut cmd = redis::cmd("SET");
                 cmd.arg(&keys.record)
@@ -285,7 +277,7 @@ impl IdempotencyStore {
                     .arg("PX")
                     .arg(lease_ms)
                     .arg("GET");
-                let found = inner.conn.query("idempotency begin", &cmd).await;
+                let found = inner.conn().query("idempotency begin", &cmd).await;
                 drop(alone);
                 found?
             }
@@ -320,7 +312,7 @@ impl IdempotencyStore {
             return Ok(Begin::Completed(found));
         }
         let pttl: i64 = inner
-            .conn
+            .conn()
             .query("idempotency begin", redis::cmd("PTTL").arg(&keys.record))
             .await?;
         Ok(Begin::InFlight {
@@ -343,4 +335,17 @@ fn begin_reply(reply: redis::Value) -> Result<Option<Vec<u8>>, LockError> {
             "idempotency_begin.lua returned {other:?}"
         ))),
     }
+}
+
+/// The metrics outcome of a lookup that returned `found`; `None` for an error other
+/// than Redis's (a bad key or setting decides nothing).
+fn outcome_of(found: &Result<Begin, LockError>) -> Option<IdempotencyOutcome> {
+    Some(match found {
+        Ok(Begin::New(_)) => IdempotencyOutcome::New,
+        Ok(Begin::Completed(_)) => IdempotencyOutcome::Replayed,
+        Ok(Begin::InFlight { .. }) => IdempotencyOutcome::InFlight,
+        Ok(Begin::Mismatch) => IdempotencyOutcome::Mismatch,
+        Err(e) if e.is_redis() => IdempotencyOutcome::Unavailable,
+        Err(_) => return None,
+    })
 }

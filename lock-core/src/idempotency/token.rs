@@ -4,16 +4,17 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::key::{LockName, NameWriter};
-use crate::lock::config::check_lease;
-use crate::{LockClient, LockError};
+use crate::client::Client;
+use crate::client::config::check_lease;
+use crate::client::store::key::{LockName, NameWriter};
+use crate::error::LockError;
 
 /// Length of an issued token: 32 lowercase hex digits (128 bits from the OS CSPRNG).
 const TOKEN_LEN: usize = 32;
 
 /// One-time tokens: the server hands out a token (say with the order form), and the
 /// submission that presents it first is the only one accepted. Get them with
-/// [`LockClient::one_time_tokens`].
+/// [`LockClient::one_time_tokens`](crate::LockClient::one_time_tokens).
 ///
 /// Behavior:
 /// - [`issue`](Self::issue) stores a fresh random token (128 bits, OS CSPRNG) for a
@@ -40,7 +41,7 @@ const TOKEN_LEN: usize = 32;
 /// ```
 #[derive(Clone)]
 pub struct OneTimeTokens {
-    client: LockClient,
+    client: Client,
     name: Arc<str>,
 }
 
@@ -65,17 +66,14 @@ impl<N: LockName + ?Sized> LockName for Scoped<'_, N> {
     }
 }
 
-impl LockClient {
-    /// One-time tokens named `name` (the first part of their keys).
-    pub fn one_time_tokens(&self, name: impl Into<String>) -> OneTimeTokens {
-        OneTimeTokens {
-            client: self.clone(),
-            name: name.into().into(),
+impl OneTimeTokens {
+    pub(crate) fn new(client: Client, name: String) -> Self {
+        Self {
+            client,
+            name: name.into(),
         }
     }
-}
 
-impl OneTimeTokens {
     /// The name the tokens' keys start with.
     pub fn name(&self) -> &str {
         &self.name
@@ -97,8 +95,7 @@ impl OneTimeTokens {
         let key = self.key(&scope, &token)?;
         let set: Option<String> = self
             .client
-            .inner
-            .conn
+            .conn()
             .query(
                 "token issue",
                 redis::cmd("SET")
@@ -131,8 +128,7 @@ impl OneTimeTokens {
         let key = self.key(&scope, token)?;
         let deleted: i64 = self
             .client
-            .inner
-            .conn
+            .conn()
             .query("token consume", redis::cmd("DEL").arg(key))
             .await?;
         Ok(deleted == 1)
@@ -151,7 +147,7 @@ mod tests {
         // The token is its own part: a scope that ends like a token gives another key.
         use super::*;
         let keys = |scope: &str, token: &str| {
-            crate::key::lock_keys("lock", ":", &Scoped { scope, token })
+            crate::client::store::key::lock_keys("lock", ":", &Scoped { scope, token })
                 .unwrap()
                 .key
         };

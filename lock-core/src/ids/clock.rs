@@ -4,7 +4,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::MAX_SECONDS;
-use crate::LockError;
+use crate::error::LockError;
 
 /// The system clock, since the Unix epoch (zero if it is set before 1970).
 pub(super) fn system_now() -> Duration {

@@ -3,7 +3,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{DEFAULT_EPOCH, SECONDS_PER_DAY};
-use crate::LockError;
+use crate::error::LockError;
 
 /// Default block of [`IdMode::Segment`].
 pub const DEFAULT_BLOCK: u32 = 10_000;

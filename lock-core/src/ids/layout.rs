@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::LockError;
+use crate::error::LockError;
 
 /// The default epoch: 2024-01-01T00:00:00Z, in seconds since the Unix epoch.
 pub const DEFAULT_EPOCH: u64 = 1_704_067_200;
@@ -140,7 +140,7 @@ fn civil_date(day: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key;
+    use crate::client::store::key;
 
     const E: u64 = DEFAULT_EPOCH;
 

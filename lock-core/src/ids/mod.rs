@@ -14,7 +14,7 @@
 //!   (default 2024-01-01T00:00:00Z, [`DEFAULT_EPOCH`]); 31 bits last 68 years.
 //! - The sequence comes from a per-day Redis counter (INCR / INCRBY), one key per UTC day
 //!   of those seconds: `<namespace>:{<name>}:ids:<yyyy-mm-dd>` (built from
-//!   [`lock_keys`](crate::key::lock_keys)`(..).key`, so a user's name cannot forge it).
+//!   [`lock_keys`](crate::client::store::key::lock_keys)`(..).key`, so a user's name cannot forge it).
 //!   The day's first id has sequence 1; `GET` on the key is the number of ids (and
 //!   reserved-but-unused ids, in segment mode) handed out that day.
 //!
@@ -33,9 +33,10 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::key::{self, LockName};
-use crate::store::scripts::NEXT_ID;
-use crate::{LockClient, LockError};
+use crate::client::Client;
+use crate::client::store::key::LockName;
+use crate::client::store::scripts::NEXT_ID;
+use crate::error::LockError;
 
 use clock::{ClockStep, clock_step, system_now};
 pub use config::{DEFAULT_BLOCK, IdConfig, IdMode, MAX_BLOCK};
@@ -101,7 +102,7 @@ pub struct IdGenerator {
 }
 
 struct Gen {
-    client: LockClient,
+    client: Client,
     /// The escaped name, for messages.
     name: String,
     /// `lock_keys(..).key` of the name; day keys are `<base>:ids:<yyyy-mm-dd>`.
@@ -128,23 +129,22 @@ impl fmt::Debug for IdGenerator {
 }
 
 impl IdGenerator {
-    /// A generator of ids named `name` (any [`LockName`]) on `client`'s Redis, under the
-    /// client's namespace and delimiter.
-    pub fn new<N: LockName>(
-        client: &LockClient,
+    /// A generator on `client` (its doc is on the public constructor,
+    /// `IdGenerator::new`).
+    pub(crate) fn on<N: LockName>(
+        client: Client,
         name: N,
         config: IdConfig,
     ) -> Result<Self, LockError> {
         config.validate()?;
-        let c = client.config();
-        let keys = key::lock_keys(&c.namespace, &c.delimiter, &name)?;
+        let keys = client.lock_keys(&name)?;
         let block = match config.mode {
             IdMode::Segment { block } => block,
             IdMode::PerId => 1,
         };
         Ok(Self {
             inner: Arc::new(Gen {
-                client: client.clone(),
+                client,
                 name: keys.name,
                 base: keys.key,
                 config,
@@ -190,7 +190,7 @@ impl IdGenerator {
         let key = day_key(&g.base, day);
         let mut inv = NEXT_ID.prepare_invoke();
         inv.key(&key).arg(g.config.day_key_ttl.as_secs());
-        let n: i64 = g.client.inner.conn.invoke("next_id", &inv).await?;
+        let n: i64 = g.client.conn().invoke("next_id", &inv).await?;
         let seq = match u32::try_from(n) {
             Ok(0) => {
                 return Err(LockError::UnexpectedReply(format!(

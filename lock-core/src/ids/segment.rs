@@ -18,8 +18,8 @@ use std::time::Duration;
 use tokio::sync::futures::Notified;
 
 use super::{ClockStep, Gen, OrderId, clock_step, compose, day_key, exhausted, system_now};
-use crate::LockError;
-use crate::store::scripts::RESERVE_IDS;
+use crate::client::store::scripts::RESERVE_IDS;
+use crate::error::LockError;
 
 /// Numbers `first..=last` of one day's counter; empty once `next > last`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -284,7 +284,7 @@ async fn reserve(g: &Gen, r: Refill) -> Result<(u64, u64), LockError> {
     inv.key(day_key(&g.base, r.day))
         .arg(r.count)
         .arg(g.config.day_key_ttl.as_secs());
-    let reply: Vec<i64> = g.client.inner.conn.invoke("reserve_ids", &inv).await?;
+    let reply: Vec<i64> = g.client.conn().invoke("reserve_ids", &inv).await?;
     match reply[..] {
         [first, last] if first >= 1 && last - first + 1 == i64::from(r.count) => {
             Ok((first as u64, last as u64))

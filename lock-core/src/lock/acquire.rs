@@ -7,17 +7,17 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 
 use super::Request;
-use super::config::{MAX_LEASE, drift};
 use super::core::Core;
 use super::guard::LockGuard;
 use super::registry::{Enter, Grant};
-use crate::LockError;
-use crate::cleanup::{self, OnDrop};
-use crate::key::LockKeys;
+use crate::client::cleanup::{self, OnDrop};
+use crate::client::config::{MAX_LEASE, drift};
+use crate::client::store::batch::{Entry, Turn as LaneTurn};
+use crate::client::store::key::LockKeys;
+use crate::client::store::scripts::{ACQUIRE, AcquireReply};
+use crate::client::wait::{Turn, wait_for_turn};
+use crate::error::LockError;
 use crate::metrics::{self, Acquired, StoreKind};
-use crate::store::batch::{Entry, Turn as LaneTurn};
-use crate::store::scripts::{ACQUIRE, AcquireReply};
-use crate::wait::{Turn, wait_for_turn};
 
 /// What a granted attempt brings back.
 struct Granted {
@@ -41,7 +41,7 @@ impl Core {
         let result = self.enter_or_take(req, wait, started, &mut reentered).await;
         if !req.quorum_copy {
             let outcome = Acquired::of(&result, reentered);
-            metrics::acquired(self.kind, outcome, started.elapsed());
+            metrics::acquired(self.client.kind(), outcome, started.elapsed());
         }
         result
     }
@@ -72,7 +72,7 @@ impl Core {
                     // Our own release finishes within one command timeout, whatever
                     // the wait budget; another acquisition of the scope within ours.
                     let until = if own_release {
-                        deadline.max(Instant::now() + self.conn.timeout())
+                        deadline.max(Instant::now() + self.conn().timeout())
                     } else {
                         deadline
                     };
@@ -87,10 +87,10 @@ impl Core {
         } else {
             // The waiter marker outlives the holder's lease by the longest sleep
             // between two attempts, so a waiter is always marked while it waits.
-            (self.config.backoff.max + self.conn.timeout()).as_millis() as u64
+            (self.config().backoff.max + self.conn().timeout()).as_millis() as u64
         };
-        let listen = || Some((&self.hub, req.keys.channel.as_str()));
-        let turn = wait_for_turn(&self.config.backoff, listen, deadline, |_| {
+        let listen = || Some((self.client.hub(), req.keys.channel.as_str()));
+        let turn = wait_for_turn(&self.config().backoff, listen, deadline, |_| {
             self.attempt(req, linger)
         })
         .await?;
@@ -106,13 +106,13 @@ impl Core {
                     if req.quorum_copy {
                         StoreKind::Redlock
                     } else {
-                        self.kind
+                        self.client.kind()
                     },
                 ));
                 if req.watchdog {
                     let mut st = grant.state();
                     st.watched = 1;
-                    st.next_renewal = Some(Instant::now() + self.config.watchdog_period());
+                    st.next_renewal = Some(Instant::now() + self.config().watchdog_period());
                     st.renew_until = req.max_hold.and_then(|m| Instant::now().checked_add(m));
                 }
                 ticket.fulfil(grant.clone());
@@ -228,7 +228,7 @@ impl Core {
             .arg("NX")
             .arg("PX")
             .arg(req.lease.as_millis() as u64);
-        let reply: Option<String> = self.conn.query("acquire", &set).await?;
+        let reply: Option<String> = self.conn().query("acquire", &set).await?;
         Ok(reply.is_some())
     }
 
@@ -244,10 +244,10 @@ impl Core {
     where
         U: FnOnce(),
     {
-        let (value, undo) = match self.conn.turn(&ACQUIRE, &keys.key, entry) {
+        let (value, undo) = match self.conn().turn(&ACQUIRE, &keys.key, entry) {
             LaneTurn::Alone(alone, entry) => {
                 let undo = undo();
-                let value = self.conn.send_one(&ACQUIRE, &entry()).await;
+                let value = self.conn().send_one(&ACQUIRE, &entry()).await;
                 drop(alone);
                 (value?, undo)
             }

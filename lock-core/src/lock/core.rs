@@ -5,54 +5,49 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::config::{LockConfig, drift};
 use super::registry::{Grant, Loss, Registry};
 use super::watchdog::Watchdog;
-use crate::FencingToken;
-use crate::cleanup;
-use crate::key::LockKeys;
-use crate::metrics::StoreKind;
-use crate::owner::{ClientId, LockScope};
-use crate::store::Conn;
-use crate::store::batch::Entry;
-use crate::store::scripts::{FENCE, FenceReply, GrantReply, RELEASE, RENEW, codes};
-use crate::wait::Hub;
-use crate::{LockError, Released};
+use crate::client::Client;
+use crate::client::cleanup;
+use crate::client::config::{LockConfig, drift};
+use crate::client::store::Conn;
+use crate::client::store::batch::Entry;
+use crate::client::store::key::LockKeys;
+use crate::client::store::scripts::{FENCE, FenceReply, GrantReply, RELEASE, RENEW, codes};
+use crate::error::LockError;
+use crate::fencing::FencingToken;
+use crate::lock::Released;
+use crate::owner::LockScope;
 
 pub(crate) struct Core {
-    pub(crate) conn: Conn,
-    pub(crate) config: LockConfig,
-    pub(crate) id: ClientId,
-    pub(crate) id_hex: String,
+    pub(crate) client: Client,
     pub(crate) registry: Arc<Registry>,
-    pub(crate) hub: Hub,
     pub(crate) watchdog: Watchdog,
-    /// The `store` label of this client's metrics.
-    pub(crate) kind: StoreKind,
     grants: AtomicU64,
 }
 
 impl Core {
-    pub(crate) fn new(
-        conn: Conn,
-        pubsub: Vec<redis::Client>,
-        config: LockConfig,
-        kind: StoreKind,
-    ) -> Result<Self, LockError> {
-        let id = ClientId::random()?;
-        let id_hex = id.to_hex();
+    pub(crate) fn new(client: Client) -> Self {
         let registry = Arc::new(Registry::default());
-        Ok(Self {
-            hub: Hub::new(pubsub, id_hex.clone(), config.command_timeout),
-            watchdog: Watchdog::new(conn.clone(), kind, registry.clone(), &config),
-            conn,
-            config,
-            id,
-            id_hex,
+        Self {
+            watchdog: Watchdog::new(
+                client.conn().clone(),
+                client.kind(),
+                registry.clone(),
+                client.config(),
+            ),
+            client,
             registry,
-            kind,
             grants: AtomicU64::new(1),
-        })
+        }
+    }
+
+    pub(crate) fn conn(&self) -> &Conn {
+        self.client.conn()
+    }
+
+    pub(crate) fn config(&self) -> &LockConfig {
+        self.client.config()
     }
 
     /// A value and a number for a new grant: unique per grant (this client's random id
@@ -61,7 +56,7 @@ impl Core {
         use std::fmt::Write as _;
         let seq = self.grants.fetch_add(1, Ordering::Relaxed);
         // `<owner>:<grant number>`: the owner id is recovered from it (`Grant::owner`).
-        let mut value = scope.owner(&self.id_hex);
+        let mut value = scope.owner(self.client.id_hex());
         let _ = write!(value, ":{seq:x}");
         (value, seq)
     }
@@ -70,7 +65,7 @@ impl Core {
     /// distinct for every grant of this client (an odd multiplier is a bijection) and
     /// unrelated between clients (their ids are random).
     pub(crate) fn token(&self, seq: u64, token: u64) -> FencingToken {
-        let holder = self.id.low64() ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let holder = self.client.id().low64() ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15);
         FencingToken::new(token, holder)
     }
 
@@ -83,19 +78,19 @@ impl Core {
         value: &str,
     ) -> Result<GrantReply, LockError> {
         let reply = self
-            .conn
+            .conn()
             .call(&RELEASE, &keys.key, || {
                 Entry::new()
                     .key(&keys.key)
                     .key(&keys.waiters)
                     .key(&keys.channel)
                     .arg(value)
-                    .arg(&self.id_hex)
+                    .arg(self.client.id_hex())
             })
             .await?;
         let r = GrantReply::decode("release", reply)?;
         if r == GrantReply::Done {
-            self.hub.notify_local(&keys.channel);
+            self.client.hub().notify_local(&keys.channel);
         }
         Ok(r)
     }
@@ -168,8 +163,8 @@ impl Core {
         }
         let keys = &grant.keys;
         let reply = self
-            .conn
-            .eval(&FENCE, self.conn.timeout(), |c| {
+            .conn()
+            .eval(&FENCE, self.conn().timeout(), |c| {
                 c.arg(2).arg(&keys.key).arg(&keys.fence).arg(&grant.value);
             })
             .await?;
@@ -194,8 +189,8 @@ impl Core {
         }
         let sent = Instant::now();
         let reply = self
-            .conn
-            .eval(&RENEW, self.conn.timeout(), |c| {
+            .conn()
+            .eval(&RENEW, self.conn().timeout(), |c| {
                 c.arg(1)
                     .arg(&grant.keys.key)
                     .arg(&grant.value)

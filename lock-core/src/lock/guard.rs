@@ -7,11 +7,13 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::Request;
-use super::config::check_lease;
 use super::core::Core;
 use super::registry::{Grant, Plan};
+use crate::client::config::check_lease;
+use crate::error::LockError;
+use crate::fencing::FencingToken;
+use crate::metrics::ReleaseOutcome;
 use crate::owner::LockScope;
-use crate::{FencingToken, LockError};
 
 /// What a successful [`LockGuard::release`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -224,7 +226,7 @@ impl LockGuard {
         let request = Request {
             keys: self.grant.keys.clone(),
             scope: LockScope::from_id(self.grant.scope),
-            lease: lease.max(super::config::MIN_LEASE),
+            lease: lease.max(crate::client::config::MIN_LEASE),
             watchdog: self.watched,
             max_hold: None,
             fenced: false,
@@ -250,5 +252,16 @@ impl Drop for LockGuard {
             Plan::Last => self.core.release_in_background(&self.grant, None),
             Plan::LastLost(loss) => self.core.release_in_background(&self.grant, Some(loss)),
         }
+    }
+}
+
+/// The metrics label of a release that returned `result`.
+pub(crate) fn release_outcome(result: &Result<Released, LockError>) -> ReleaseOutcome {
+    match result {
+        Ok(Released::StillHeld { .. }) => ReleaseOutcome::StillHeld,
+        Ok(_) => ReleaseOutcome::Unlocked,
+        Err(LockError::Expired { .. }) => ReleaseOutcome::Expired,
+        Err(LockError::NotOwner { .. }) => ReleaseOutcome::NotOwner,
+        Err(_) => ReleaseOutcome::Error,
     }
 }

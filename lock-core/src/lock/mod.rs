@@ -4,17 +4,19 @@
 //!
 //! Arrows point one way: `LockClient` (this file) and `acquire` build on `Core` (what a
 //! client and its guards share), which builds on the registry, the watchdog, the
-//! waiters ([`crate::wait`]) and the store ([`crate::store`]); the guard knows `Core`,
+//! waiters ([`crate::client::wait`]) and the store ([`crate::client::store`]); the guard knows `Core`,
 //! never the client.
 
 mod acquire;
-pub(crate) mod config;
+mod capabilities;
 pub(crate) mod core;
 mod guard;
+mod options;
 pub(crate) mod registry;
 mod request;
 mod watchdog;
 
+pub(crate) use guard::release_outcome;
 pub use guard::{LockGuard, Released};
 pub(crate) use request::{Request, Resolved};
 
@@ -22,16 +24,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::IntoConnectionInfo;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 use tracing::Instrument;
 
-use self::config::{LockConfig, LockOptions};
 use self::core::Core;
-use crate::LockError;
-use crate::key::{self, LockKeys, LockName};
-use crate::metrics::StoreKind;
+pub use self::options::LockOptions;
+use crate::client::Client;
+use crate::client::config::LockConfig;
+use crate::client::store::key::{LockKeys, LockName};
+use crate::error::LockError;
 use crate::owner::ClientId;
-use crate::store::{Conn, RedisStore, version};
 
 /// A handle on one Redis deployment for taking distributed locks.
 ///
@@ -62,8 +64,8 @@ pub struct LockClient {
 impl std::fmt::Debug for LockClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockClient")
-            .field("id", &self.inner.id)
-            .field("namespace", &self.inner.config.namespace)
+            .field("id", &self.inner.client.id())
+            .field("namespace", &self.inner.config().namespace)
             .field("held", &self.inner.registry.len())
             .finish_non_exhaustive()
     }
@@ -90,19 +92,7 @@ impl LockClient {
     /// 7.0 with [`LockError::UnsupportedRedis`]; [`open`](Self::open) and
     /// [`open_with_config`](Self::open_with_config) come here.
     pub async fn from_client(client: redis::Client, config: LockConfig) -> Result<Self, LockError> {
-        config.validate()?;
-        let t = config.command_timeout;
-        let mut manager = tokio::time::timeout(
-            t,
-            ConnectionManager::new_with_config(client.clone(), manager_config(t, 2)),
-        )
-        .await
-        .map_err(|_| LockError::RedisTimeout {
-            op: "connect",
-            after: t,
-        })??;
-        version::require_supported(&mut manager, t).await?;
-        Self::from_connection(manager, Some(client), config)
+        Ok(Self::over(Client::connect(client, config).await?))
     }
 
     /// Like [`open_with_config`](Self::open_with_config), but connects on first use and
@@ -114,13 +104,7 @@ impl LockClient {
     /// [`Redlock::open`](crate::Redlock::open) uses it, so that a Redlock starts with a
     /// minority of its nodes down and does not wait on them. Needs a tokio runtime.
     pub fn open_lazy<T: IntoConnectionInfo>(url: T, config: LockConfig) -> Result<Self, LockError> {
-        config.validate()?;
-        let client = redis::Client::open(url)?;
-        let manager = ConnectionManager::new_lazy_with_config(
-            client.clone(),
-            manager_config(config.command_timeout, 0),
-        )?;
-        Self::from_connection(manager, Some(client), config)
+        Ok(Self::over(Client::connect_lazy(url, config)?))
     }
 
     /// Builds on the user's own [`ConnectionManager`]. `pubsub` is where waiters'
@@ -132,13 +116,9 @@ impl LockClient {
         pubsub: Option<redis::Client>,
         config: LockConfig,
     ) -> Result<Self, LockError> {
-        config.validate()?;
-        let conn = Conn::new(
-            RedisStore::new(manager),
-            config.command_timeout,
-            config.batching,
-        );
-        Self::build(conn, pubsub.into_iter().collect(), config, StoreKind::Redis)
+        Ok(Self::over(Client::over_connection(
+            manager, pubsub, config,
+        )?))
     }
 
     /// Connects to a Redis Cluster through any of its `nodes` (seed addresses; the
@@ -181,36 +161,7 @@ impl LockClient {
         I: IntoIterator,
         I::Item: IntoConnectionInfo,
     {
-        config.validate()?;
-        let infos = nodes
-            .into_iter()
-            .map(IntoConnectionInfo::into_connection_info)
-            .collect::<Result<Vec<_>, _>>()?;
-        if infos.is_empty() {
-            return Err(LockError::InvalidConfig(
-                "open_cluster needs at least one node address".into(),
-            ));
-        }
-        let t = config.command_timeout;
-        let cluster = redis::cluster::ClusterClientBuilder::new(infos.clone())
-            .connection_timeout(t)
-            .response_timeout(t)
-            // redis-rs would also resend after a lost reply; the store resends only
-            // what the cluster refused without running (see `store::deployment`).
-            .retries(0)
-            .build()?;
-        let mut conn = tokio::time::timeout(t, cluster.get_async_connection())
-            .await
-            .map_err(|_| LockError::RedisTimeout {
-                op: "connect",
-                after: t,
-            })??;
-        version::require_supported(&mut conn, t).await?;
-        let pubsub = infos
-            .into_iter()
-            .map(redis::Client::open)
-            .collect::<Result<Vec<_>, _>>()?;
-        Self::from_cluster_connection(conn, pubsub, config)
+        Ok(Self::over(Client::connect_cluster(nodes, config).await?))
     }
 
     /// Builds on the user's own cluster connection. `pubsub` lists nodes of that
@@ -227,40 +178,35 @@ impl LockClient {
         pubsub: Vec<redis::Client>,
         config: LockConfig,
     ) -> Result<Self, LockError> {
-        config.validate()?;
-        let conn = Conn::new(
-            RedisStore::new(conn),
-            config.command_timeout,
-            config.batching,
-        );
-        Self::build(conn, pubsub, config, StoreKind::RedisCluster)
+        Ok(Self::over(Client::over_cluster_connection(
+            conn, pubsub, config,
+        )?))
     }
 
-    fn build(
-        conn: Conn,
-        pubsub: Vec<redis::Client>,
-        config: LockConfig,
-        kind: StoreKind,
-    ) -> Result<Self, LockError> {
-        Ok(Self {
-            inner: Arc::new(Core::new(conn, pubsub, config, kind)?),
-        })
+    fn over(client: Client) -> Self {
+        Self {
+            inner: Arc::new(Core::new(client)),
+        }
+    }
+
+    /// The connection, hub, id and configuration this client's capabilities share.
+    pub(crate) fn client(&self) -> &Client {
+        &self.inner.client
     }
 
     /// This client's random id (part of every owner id it uses).
     pub fn id(&self) -> ClientId {
-        self.inner.id
+        self.inner.client.id()
     }
 
     /// The configuration in force.
     pub fn config(&self) -> &LockConfig {
-        &self.inner.config
+        self.inner.config()
     }
 
     /// The Redis keys and channel of the lock `name` (for inspection and tooling).
     pub fn keys<N: LockName>(&self, name: N) -> Result<LockKeys, LockError> {
-        let c = &self.inner.config;
-        key::lock_keys(&c.namespace, &c.delimiter, &name)
+        self.inner.client.lock_keys(&name)
     }
 
     /// Number of locks this client holds or is acquiring right now.
@@ -272,7 +218,7 @@ impl LockClient {
     /// and completions) waiting behind a call in flight to go in the next batch; 0 with
     /// batching off. See [`LockConfig::with_batching`].
     pub fn queued_calls(&self) -> usize {
-        self.inner.conn.queued_calls()
+        self.inner.conn().queued_calls()
     }
 
     /// Takes the lock if it is free (or re-enters it); fails with
@@ -300,21 +246,11 @@ impl LockClient {
         name: N,
         options: LockOptions,
     ) -> Result<LockGuard, LockError> {
-        let c = &self.inner.config;
+        let c = self.inner.config();
         let resolved = Resolved::new(c, options)?;
         let request = resolved.request(&c.namespace, &name)?;
         let wait = resolved.wait;
         let span = tracing::debug_span!("lock.acquire", lock = %request.keys.name, ?wait);
         self.inner.acquire(&request, wait).instrument(span).await
     }
-}
-
-/// Reconnection settings of the single-node connection, bounded by the command timeout;
-/// `retries`: reconnection attempts inside one call after the first fails.
-fn manager_config(t: Duration, retries: usize) -> ConnectionManagerConfig {
-    ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(t))
-        .set_response_timeout(Some(t))
-        .set_number_of_retries(retries)
-        .set_max_delay(Duration::from_secs(1))
 }

@@ -15,9 +15,11 @@ use std::time::Instant;
 use tokio::sync::futures::OwnedNotified;
 use tokio::sync::{Notify, watch};
 
-use crate::key::LockKeys;
+use crate::client::store::key::LockKeys;
+use crate::error::LockError;
+use crate::fencing::FencingToken;
+use crate::lock::release_outcome;
 use crate::metrics::{self, StoreKind};
-use crate::{FencingToken, LockError};
 
 /// Why a grant was lost, as far as this client knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,7 +127,11 @@ impl Grant {
     /// hold, so its hold time too); a Redlock's node copy is counted by its Redlock.
     pub(crate) fn count_release(&self, result: &Result<crate::Released, LockError>, last: bool) {
         if self.store != StoreKind::Redlock {
-            metrics::release(self.store, result, last.then(|| self.granted.elapsed()));
+            metrics::release(
+                self.store,
+                release_outcome(result),
+                last.then(|| self.granted.elapsed()),
+            );
         }
     }
 
@@ -370,7 +376,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::key::lock_keys;
+    use crate::client::store::key::lock_keys;
 
     fn grant(reg: &Registry, scope: u64) -> Arc<Grant> {
         let keys = Arc::new(lock_keys("t", ":", "x").unwrap());

@@ -4,10 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::config::{LockConfig, LockOptions, check_lease};
-use crate::key::{self, LockKeys, LockName};
+use super::options::LockOptions;
+use crate::client::config::Lease;
+use crate::client::config::{LockConfig, check_lease};
+use crate::client::store::key::{self, LockKeys, LockName};
+use crate::error::LockError;
 use crate::owner::LockScope;
-use crate::{Lease, LockError};
 
 /// What the caller wants, resolved against the config.
 #[derive(Debug, Clone)]

@@ -22,12 +22,13 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use super::config::{LockConfig, drift};
 use super::registry::{Grant, Loss, Registry};
-use crate::cleanup::{self, OnDrop};
+use crate::client::cleanup::{self, OnDrop};
+use crate::client::config::{LockConfig, drift};
+use crate::client::store::Conn;
+use crate::client::store::scripts::{GrantReply, RENEW, codes};
+use crate::error::LockError;
 use crate::metrics::{self, Renewal, StoreKind};
-use crate::store::Conn;
-use crate::store::scripts::{GrantReply, RENEW, codes};
 
 /// At most this many locks per renewal call, so one script never blocks Redis for long.
 const MAX_BATCH: usize = 512;
@@ -272,7 +273,7 @@ impl Shared {
                 tracing::trace!(locks = batch.len(), "watchdog renewed");
                 for (grant, code) in batch.iter().zip(codes) {
                     let outcome = GrantReply::from_code("renew", code);
-                    metrics::renewed(grant.store, Renewal::of(&outcome), 1);
+                    metrics::renewed(grant.store, renewal_outcome(&outcome), 1);
                     match outcome {
                         Ok(GrantReply::Done) => {
                             let mut st = grant.state();
@@ -342,5 +343,15 @@ async fn run(shared: Weak<Shared>, wake: Arc<Notify>) {
             }
             None => wake.notified().await,
         }
+    }
+}
+
+/// The metrics label of a renew script's answer for one lock.
+fn renewal_outcome(reply: &Result<GrantReply, LockError>) -> Renewal {
+    match reply {
+        Ok(GrantReply::Done) => Renewal::Renewed,
+        Ok(GrantReply::Expired) => Renewal::Expired,
+        Ok(GrantReply::NotOwner) => Renewal::NotOwner,
+        Err(_) => Renewal::Error,
     }
 }

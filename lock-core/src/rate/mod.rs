@@ -7,11 +7,12 @@ use std::time::Duration;
 
 pub use rule::{LimitRule, RuleDecision, RuleLimiter};
 
-use crate::key::{self, LockName, NameWriter};
+use crate::client::Client;
+use crate::client::store::batch::Entry;
+use crate::client::store::key::LockName;
+use crate::client::store::scripts::GCRA;
+use crate::error::LockError;
 use crate::metrics::{self, RateOutcome};
-use crate::store::batch::Entry;
-use crate::store::scripts::GCRA;
-use crate::{LockClient, LockError};
 
 /// A quota: `rate` requests per `period`, with up to `burst` at once.
 ///
@@ -131,59 +132,20 @@ pub struct Decision {
 /// ```
 #[derive(Debug, Clone)]
 pub struct RateLimiter {
-    client: LockClient,
+    client: Client,
     name: String,
     limit: RateLimit,
 }
 
-/// The limiter's name, then the caller's key parts.
-struct Prefixed<'a, N: ?Sized> {
-    prefix: &'a str,
-    name: &'a N,
-}
-
-impl<N: LockName + ?Sized> LockName for Prefixed<'_, N> {
-    fn write_parts(&self, w: &mut NameWriter) {
-        w.part(self.prefix);
-        self.name.write_parts(w);
-    }
-}
-
-impl LockClient {
-    /// A GCRA limiter named `name` (the first part of its keys) enforcing `limit`.
-    pub fn rate_limiter(&self, name: impl Into<String>, limit: RateLimit) -> RateLimiter {
-        RateLimiter {
-            client: self.clone(),
-            name: name.into(),
+impl RateLimiter {
+    pub(crate) fn new(client: Client, name: String, limit: RateLimit) -> Self {
+        Self {
+            client,
+            name,
             limit,
         }
     }
 
-    /// The Redis key for `name` (under `prefix`) with `suffix`: rate and rule keys share
-    /// the lock-key layout and escaping.
-    pub(crate) fn prefixed_key<N: LockName + ?Sized>(
-        &self,
-        prefix: &str,
-        name: &N,
-        suffix: &str,
-    ) -> Result<String, LockError> {
-        let hash = self.prefixed_keys(prefix, name)?.key;
-        Ok(format!("{hash}:{suffix}"))
-    }
-
-    /// The lock keys of `name` under `prefix` (its first part): features that need more
-    /// than one key per name derive them all from `.key`, so they share one hash tag.
-    pub(crate) fn prefixed_keys<N: LockName + ?Sized>(
-        &self,
-        prefix: &str,
-        name: &N,
-    ) -> Result<key::LockKeys, LockError> {
-        let c = &self.inner.config;
-        key::lock_keys(&c.namespace, &c.delimiter, &Prefixed { prefix, name })
-    }
-}
-
-impl RateLimiter {
     /// The quota.
     pub fn limit(&self) -> RateLimit {
         self.limit
@@ -217,8 +179,7 @@ impl RateLimiter {
         let k = self.client.prefixed_key(&self.name, &key, "gcra")?;
         let _: i64 = self
             .client
-            .inner
-            .conn
+            .conn()
             .query("rate_reset", redis::cmd("DEL").arg(k))
             .await?;
         Ok(())
@@ -231,7 +192,7 @@ impl RateLimiter {
     ) -> Result<Decision, LockError> {
         self.limit.validate()?;
         let k = self.client.prefixed_key(&self.name, key, "gcra")?;
-        let conn = &self.client.inner.conn;
+        let conn = self.client.conn();
         let reply: Vec<i64> = conn
             .call(&GCRA, &k, || {
                 Entry::new()

@@ -2,10 +2,11 @@
 
 use std::time::Duration;
 
-use crate::key::LockName;
+use crate::client::Client;
+use crate::client::store::key::LockName;
+use crate::client::store::scripts::LIMIT_RULE;
+use crate::error::LockError;
 use crate::metrics::{self, RateOutcome};
-use crate::store::scripts::LIMIT_RULE;
-use crate::{LockClient, LockError};
 
 /// At most `limit_count` calls per `seconds`; with `lock_count` set, a key that makes
 /// more than `lock_count` calls in one window is locked out for `lock_time` (every call
@@ -79,26 +80,19 @@ pub struct RuleDecision {
     pub locked_out: bool,
 }
 
-/// A [`LimitRule`] bound to a client and a name; see [`LockClient::limit_rule`].
+/// A [`LimitRule`] bound to a client and a name; see [`LockClient::limit_rule`](crate::LockClient::limit_rule).
 #[derive(Debug, Clone)]
 pub struct RuleLimiter {
-    client: LockClient,
+    client: Client,
     name: String,
     rule: LimitRule,
 }
 
-impl LockClient {
-    /// A limiter applying `rule` to each key under `name`; see [`LimitRule`].
-    pub fn limit_rule(&self, name: impl Into<String>, rule: LimitRule) -> RuleLimiter {
-        RuleLimiter {
-            client: self.clone(),
-            name: name.into(),
-            rule,
-        }
-    }
-}
-
 impl RuleLimiter {
+    pub(crate) fn new(client: Client, name: String, rule: LimitRule) -> Self {
+        Self { client, name, rule }
+    }
+
     /// Counts one call of `key` and says whether it passes.
     pub async fn try_access<N: LockName>(&self, key: N) -> Result<RuleDecision, LockError> {
         self.rule.validate()?;
@@ -111,7 +105,7 @@ impl RuleLimiter {
             .arg(self.rule.limit_count)
             .arg(self.rule.lock_count)
             .arg(self.rule.lock_time);
-        let reply: Vec<i64> = self.client.inner.conn.invoke("limit_rule", &inv).await?;
+        let reply: Vec<i64> = self.client.conn().invoke("limit_rule", &inv).await?;
         match reply[..] {
             [allowed, count, retry_ms, locked] => {
                 metrics::rate_limit(RateOutcome::of(allowed == 1));

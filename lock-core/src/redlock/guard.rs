@@ -7,8 +7,12 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
 use super::quorum::{self, ReleaseTally, ReleaseVerdict, each_within};
+use crate::error::LockError;
+use crate::fencing::FencingToken;
+use crate::lock::LockGuard;
+use crate::lock::Released;
+use crate::lock::release_outcome;
 use crate::metrics::{self, StoreKind};
-use crate::{FencingToken, LockError, LockGuard, Released};
 
 /// A lock held on a quorum of a [`Redlock`](crate::Redlock)'s nodes.
 ///
@@ -220,7 +224,7 @@ impl RedlockGuard {
         };
         let last = !matches!(result, Ok(Released::StillHeld { .. }));
         let held = last.then(|| self.granted.elapsed());
-        metrics::release(StoreKind::Redlock, &result, held);
+        metrics::release(StoreKind::Redlock, release_outcome(&result), held);
         result
     }
 

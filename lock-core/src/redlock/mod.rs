@@ -16,12 +16,15 @@ use redis::IntoConnectionInfo;
 
 pub use guard::RedlockGuard;
 
-use crate::key::{self, LockKeys, LockName};
-use crate::lock::config::{LockConfig, LockOptions};
+use crate::client::config::LockConfig;
+use crate::client::store::key::{self, LockKeys, LockName};
+use crate::client::wait::{Turn, wait_for_turn};
+use crate::error::LockError;
+use crate::lock::LockClient;
+use crate::lock::LockGuard;
+use crate::lock::LockOptions;
 use crate::lock::{Request, Resolved};
 use crate::metrics::{self, StoreKind};
-use crate::wait::{Turn, wait_for_turn};
-use crate::{LockClient, LockError, LockGuard};
 
 /// The default per-node time limit of one Redlock request.
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(200);
@@ -228,7 +231,7 @@ impl Redlock {
         let started = Instant::now();
         let deadline = started
             .checked_add(wait)
-            .unwrap_or(started + crate::lock::config::MAX_LEASE);
+            .unwrap_or(started + crate::client::config::MAX_LEASE);
         let lease = requests[0].lease;
         let name = requests[0].keys.name.clone();
         // The first node that answered: its release message wakes us.
@@ -237,7 +240,7 @@ impl Redlock {
         let listen = || {
             let i = answered.load(std::sync::atomic::Ordering::Relaxed);
             let node = self.inner.nodes.get(i)?;
-            Some((&node.inner.hub, requests[i].keys.channel.as_str()))
+            Some((node.client().hub(), requests[i].keys.channel.as_str()))
         };
         let turn = wait_for_turn(&self.inner.config.backoff, listen, deadline, |_| async {
             let round = self.round(&requests).await;
@@ -370,7 +373,7 @@ impl Redlock {
     }
 }
 
-pub(crate) use crate::lock::config::drift;
+pub(crate) use crate::client::config::drift;
 
 /// Why an attempt did not grant.
 struct Failure {

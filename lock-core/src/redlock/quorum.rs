@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use tokio::time::error::Elapsed;
 
-use crate::lock::config::drift;
+use crate::client::config::drift;
 
 /// Nodes that must agree out of `nodes`: a strict majority.
 pub(crate) fn quorum(nodes: usize) -> usize {

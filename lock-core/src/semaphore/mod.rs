@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tracing::Instrument;
 
-use crate::LockClient;
-use crate::LockError;
-use crate::key::{self, LockName};
-use crate::lock::config::{MAX_LEASE, check_lease};
-use crate::store::scripts::SEMAPHORE_ACQUIRE;
-use crate::wait::{Turn, wait_for_turn};
+use crate::client::Client;
+use crate::client::config::{MAX_LEASE, check_lease};
+use crate::client::store::key::LockName;
+use crate::client::store::scripts::SEMAPHORE_ACQUIRE;
+use crate::client::wait::{Turn, wait_for_turn};
+use crate::error::LockError;
 
 /// Most permits one [`Semaphore::acquire`] call may take (each is one member of the
 /// semaphore's sorted set and one script argument).
@@ -58,7 +58,7 @@ impl SemaphoreOptions {
         self
     }
 
-    /// Wait budget; zero means fail at once with [`LockError::Busy`]. Default: the
+    /// Wait budget; zero means fail at once with [`LockError::Busy`](crate::LockError::Busy). Default: the
     /// client's ([`LockConfig::with_wait`](crate::LockConfig::with_wait), 10 s).
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = Some(wait);
@@ -68,7 +68,7 @@ impl SemaphoreOptions {
 
 /// A distributed counting semaphore whose permits expire: at most
 /// [`limit`](Self::limit) permits of one name are in use at once, across every client and
-/// process. Get one with [`LockClient::semaphore`].
+/// process. Get one with [`LockClient::semaphore`](crate::LockClient::semaphore).
 ///
 /// Behavior:
 /// - **Permits with ids and leases.** [`acquire`](Self::acquire) takes `n` permits at
@@ -86,7 +86,7 @@ impl SemaphoreOptions {
 ///   back, in this or another process; jittered exponential backoff
 ///   ([`LockConfig::with_backoff`](crate::LockConfig::with_backoff)), capped by the time
 ///   until enough permits expire, is the fallback. The wait ends with
-///   [`LockError::Timeout`] after the budget, or [`LockError::Busy`] at once with a zero
+///   [`LockError::Timeout`](crate::LockError::Timeout) after the budget, or [`LockError::Busy`](crate::LockError::Busy) at once with a zero
 ///   budget ([`try_acquire`](Self::try_acquire)); the error's `key` is the semaphore's
 ///   name.
 /// - **Clean release on every path.** [`Permits::release`] reports how many permits were
@@ -97,7 +97,7 @@ impl SemaphoreOptions {
 /// - **Bad input is an error, never a panic:** a limit of zero, `n == 0`, `n` above the
 ///   limit or above [`MAX_PERMITS_PER_ACQUIRE`], and leases outside
 ///   [`MIN_LEASE`](crate::MIN_LEASE)`..=`[`MAX_LEASE`] are
-///   [`LockError::InvalidConfig`]; a bad name is [`LockError::InvalidKey`].
+///   [`LockError::InvalidConfig`](crate::LockError::InvalidConfig); a bad name is [`LockError::InvalidKey`](crate::LockError::InvalidKey).
 /// - **Keys.** The permits live in the sorted set `<namespace>:{<name>}:semaphore`
 ///   (member: permit id, score: expiry in ms) and releases are announced on
 ///   `<namespace>:{<name>}:semaphore-released`; both share the name's hash tag. The
@@ -136,7 +136,7 @@ pub struct Semaphore {
 }
 
 struct Shared {
-    client: LockClient,
+    client: Client,
     name: String,
     key: String,
     channel: String,
@@ -152,33 +152,6 @@ impl std::fmt::Debug for Semaphore {
     }
 }
 
-impl LockClient {
-    /// A handle on the distributed semaphore `name` with `permits` permits (see
-    /// [`Semaphore`]). Cheap: nothing is sent to Redis until a permit is asked for.
-    ///
-    /// Every user of one name must pass the same `permits`. Fails with
-    /// [`LockError::InvalidConfig`] for zero permits and [`LockError::InvalidKey`] for a
-    /// bad name.
-    pub fn semaphore<N: LockName>(&self, name: N, permits: u32) -> Result<Semaphore, LockError> {
-        if permits == 0 {
-            return Err(LockError::InvalidConfig(
-                "a semaphore needs at least one permit".into(),
-            ));
-        }
-        let c = &self.inner.config;
-        let keys = key::lock_keys(&c.namespace, &c.delimiter, &name)?;
-        Ok(Semaphore {
-            shared: Arc::new(Shared {
-                client: self.clone(),
-                key: format!("{}:semaphore", keys.key),
-                channel: format!("{}:semaphore-released", keys.key),
-                name: keys.name,
-                limit: permits,
-            }),
-        })
-    }
-}
-
 enum Attempt {
     Granted(Permits),
     Busy(Duration),
@@ -188,6 +161,28 @@ enum Attempt {
 static NEXT_PERMIT: AtomicU64 = AtomicU64::new(1);
 
 impl Semaphore {
+    pub(crate) fn new<N: LockName>(
+        client: Client,
+        name: N,
+        permits: u32,
+    ) -> Result<Self, LockError> {
+        if permits == 0 {
+            return Err(LockError::InvalidConfig(
+                "a semaphore needs at least one permit".into(),
+            ));
+        }
+        let keys = client.lock_keys(&name)?;
+        Ok(Semaphore {
+            shared: Arc::new(Shared {
+                client,
+                key: format!("{}:semaphore", keys.key),
+                channel: format!("{}:semaphore-released", keys.key),
+                name: keys.name,
+                limit: permits,
+            }),
+        })
+    }
+
     /// The semaphore's name as stored (parts escaped and joined).
     pub fn name(&self) -> &str {
         &self.shared.name
@@ -208,7 +203,7 @@ impl Semaphore {
         &self.shared.channel
     }
 
-    /// Takes `n` permits if that many are free now; fails with [`LockError::Busy`] at
+    /// Takes `n` permits if that many are free now; fails with [`LockError::Busy`](crate::LockError::Busy) at
     /// once otherwise. Lease: [`SemaphoreOptions::DEFAULT_LEASE`].
     pub async fn try_acquire(&self, n: u32) -> Result<Permits, LockError> {
         self.acquire(n, SemaphoreOptions::new().wait(Duration::ZERO))
@@ -221,7 +216,7 @@ impl Semaphore {
         self.check_count(n)?;
         let lease = options.lease.unwrap_or(SemaphoreOptions::DEFAULT_LEASE);
         check_lease("permit lease", lease)?;
-        let wait = options.wait.unwrap_or(self.shared.client.inner.config.wait);
+        let wait = options.wait.unwrap_or(self.shared.client.config().wait);
         let span = tracing::debug_span!("semaphore.acquire", semaphore = %self.name(), n, ?wait);
         self.acquire_inner(n, lease, wait).instrument(span).await
     }
@@ -234,8 +229,7 @@ impl Semaphore {
         let reply: Vec<i64> = self
             .shared
             .client
-            .inner
-            .conn
+            .conn()
             .invoke("semaphore available", &inv)
             .await?;
         match reply[..] {
@@ -280,11 +274,11 @@ impl Semaphore {
                 "semaphore permits must be taken inside a tokio runtime".into(),
             ));
         }
-        let inner = &self.shared.client.inner;
+        let inner = &self.shared.client;
         let started = Instant::now();
         let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
-        let listen = || Some((&inner.hub, self.shared.channel.as_str()));
-        let turn = wait_for_turn(&inner.config.backoff, listen, deadline, |_| async {
+        let listen = || Some((inner.hub(), self.shared.channel.as_str()));
+        let turn = wait_for_turn(&inner.config().backoff, listen, deadline, |_| async {
             Ok(match self.attempt(n, lease).await? {
                 Attempt::Granted(permits) => Turn::Done(permits),
                 Attempt::Busy(retry_after) => Turn::Retry(retry_after),
@@ -312,11 +306,11 @@ impl Semaphore {
 
     /// One acquire script call with `n` fresh permit ids.
     async fn attempt(&self, n: u32, lease: Duration) -> Result<Attempt, LockError> {
-        let inner = &self.shared.client.inner;
+        let inner = &self.shared.client;
         let ids: Vec<String> = (0..n)
             .map(|_| {
                 let seq = NEXT_PERMIT.fetch_add(1, Ordering::Relaxed);
-                format!("{}:{seq}", inner.id_hex)
+                format!("{}:{seq}", inner.id_hex())
             })
             .collect();
         let mut inv = SEMAPHORE_ACQUIRE.prepare_invoke();
@@ -329,12 +323,12 @@ impl Semaphore {
         // Until the reply says otherwise the script may have granted these ids.
         let mut pending = permits::Pending::new(self.clone(), ids);
         let start = Instant::now();
-        let reply: Vec<i64> = inner.conn.invoke("semaphore acquire", &inv).await?;
+        let reply: Vec<i64> = inner.conn().invoke("semaphore acquire", &inv).await?;
         match reply[..] {
             [1, free] if free >= 0 => {
                 if free > 0 {
                     // Only one local waiter is woken per release: pass the turn on.
-                    inner.hub.notify_local(&self.shared.channel);
+                    inner.hub().notify_local(&self.shared.channel);
                 }
                 let ids = pending.disarm();
                 Ok(Attempt::Granted(Permits::new(

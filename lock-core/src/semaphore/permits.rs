@@ -4,9 +4,9 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::Semaphore;
-use crate::LockError;
-use crate::lock::config::check_lease;
-use crate::store::scripts::{SEMAPHORE_EXTEND, SEMAPHORE_RELEASE};
+use crate::client::config::check_lease;
+use crate::client::store::scripts::{SEMAPHORE_EXTEND, SEMAPHORE_RELEASE};
+use crate::error::LockError;
 
 /// Permits taken from a [`Semaphore`], each with its own id.
 ///
@@ -93,7 +93,7 @@ impl Permits {
     /// [`len`](Self::len) means the others had expired, and they stay expired.
     pub async fn extend(&self, lease: Duration) -> Result<usize, LockError> {
         check_lease("permit lease", lease)?;
-        let inner = &self.semaphore.shared.client.inner;
+        let inner = &self.semaphore.shared.client;
         let start = Instant::now();
         let mut inv = SEMAPHORE_EXTEND.prepare_invoke();
         inv.key(&self.semaphore.shared.key)
@@ -101,7 +101,7 @@ impl Permits {
         for id in &self.ids {
             inv.arg(id);
         }
-        let reply: i64 = inner.conn.invoke("semaphore extend", &inv).await?;
+        let reply: i64 = inner.conn().invoke("semaphore extend", &inv).await?;
         let extended = count(reply, self.ids.len(), "semaphore_extend.lua")?;
         let mut valid_until = lock(&self.valid_until);
         if extended > 0 {
@@ -125,9 +125,9 @@ impl Drop for Permits {
         let semaphore = self.semaphore.clone();
         let ids = std::mem::take(&mut self.ids);
         let name = semaphore.name().to_owned();
-        crate::cleanup::spawn("releasing dropped permits", name, async move {
+        crate::client::cleanup::spawn("releasing dropped permits", name, async move {
             let release = || release_ids(&semaphore, &ids);
-            match crate::cleanup::patiently("a permits release", release)
+            match crate::client::cleanup::patiently("a permits release", release)
                 .await
                 .0
             {
@@ -163,17 +163,19 @@ async fn release_ids(semaphore: &Semaphore, ids: &[String]) -> Result<usize, Loc
         return Ok(0);
     }
     let shared = &semaphore.shared;
-    let inner = &shared.client.inner;
+    let inner = &shared.client;
     let mut inv = SEMAPHORE_RELEASE.prepare_invoke();
-    inv.key(&shared.key).key(&shared.channel).arg(&inner.id_hex);
+    inv.key(&shared.key)
+        .key(&shared.channel)
+        .arg(inner.id_hex());
     for id in ids {
         inv.arg(id);
     }
-    let reply: i64 = inner.conn.invoke("semaphore release", &inv).await?;
+    let reply: i64 = inner.conn().invoke("semaphore release", &inv).await?;
     let released = count(reply, ids.len(), "semaphore_release.lua")?;
     if released > 0 {
         // Our own release message is ignored by our hub: wake our waiters directly.
-        inner.hub.notify_local(&shared.channel);
+        inner.hub().notify_local(&shared.channel);
     }
     Ok(released)
 }
@@ -205,9 +207,9 @@ impl Drop for Pending {
         let semaphore = self.semaphore.clone();
         let ids = std::mem::take(&mut self.ids);
         let name = semaphore.name().to_owned();
-        crate::cleanup::spawn("undoing an unfinished acquire", name, async move {
+        crate::client::cleanup::spawn("undoing an unfinished acquire", name, async move {
             let release = || release_ids(&semaphore, &ids);
-            crate::cleanup::patiently("a permits release", release)
+            crate::client::cleanup::patiently("a permits release", release)
                 .await
                 .0
                 .map(drop)

@@ -3,11 +3,20 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::key::LockName;
-use crate::{
-    DistributedLock, FencingToken, HeldLock, LockClient, LockConfig, LockError, LockGuard,
-    LockOptions, MemoryLocks, Redlock, RedlockGuard, Released, StoreGuard,
-};
+use crate::client::config::LockConfig;
+use crate::client::store::key::LockName;
+use crate::error::LockError;
+use crate::fencing::FencingToken;
+use crate::lock::LockClient;
+use crate::lock::LockGuard;
+use crate::lock::LockOptions;
+use crate::lock::Released;
+use crate::redlock::Redlock;
+use crate::redlock::RedlockGuard;
+use crate::stores::MemoryLocks;
+use crate::stores::StoreGuard;
+use crate::traits::DistributedLock;
+use crate::traits::HeldLock;
 
 /// A lock store picked by configuration, from one URL:
 ///

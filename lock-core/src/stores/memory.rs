@@ -9,8 +9,11 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::session::{BoxFuture, Hold, StoreGuard, Stores};
-use crate::key::LockName;
-use crate::{FencingToken, LockConfig, LockError, LockOptions};
+use crate::client::config::LockConfig;
+use crate::client::store::key::LockName;
+use crate::error::LockError;
+use crate::fencing::FencingToken;
+use crate::lock::LockOptions;
 
 /// Locks in this process's memory, with the same API and guard semantics as the
 /// Redis and database stores: for a service that runs as one instance, and for unit

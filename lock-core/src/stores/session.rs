@@ -15,10 +15,15 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use crate::key::{self, LockName};
+use crate::client::config::LockConfig;
+use crate::client::store::key::{self, LockName};
+use crate::error::LockError;
+use crate::fencing::FencingToken;
+use crate::lock::LockOptions;
+use crate::lock::Released;
 use crate::lock::Resolved;
+use crate::lock::release_outcome;
 use crate::metrics::{self, StoreKind};
-use crate::{FencingToken, LockConfig, LockError, LockOptions, Released};
 
 /// A boxed `Send` future.
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -182,7 +187,7 @@ impl Drop for Tidy<'_> {
 macro_rules! store_conveniences {
     ($target:path) => {
         /// Takes the lock with per-call options (wait, scope, delimiter).
-        pub async fn acquire<N: crate::key::LockName>(
+        pub async fn acquire<N: crate::client::store::key::LockName>(
             &self,
             name: N,
             options: crate::LockOptions,
@@ -202,7 +207,7 @@ macro_rules! store_conveniences {
     };
     () => {
         /// Takes the lock if it is free (or re-enters it); [`LockError::Busy`] otherwise.
-        pub async fn try_lock<N: crate::key::LockName>(
+        pub async fn try_lock<N: crate::client::store::key::LockName>(
             &self,
             name: N,
         ) -> Result<crate::StoreGuard, crate::LockError> {
@@ -214,7 +219,7 @@ macro_rules! store_conveniences {
         }
 
         /// Takes the lock, waiting up to the config's wait budget.
-        pub async fn lock<N: crate::key::LockName>(
+        pub async fn lock<N: crate::client::store::key::LockName>(
             &self,
             name: N,
         ) -> Result<crate::StoreGuard, crate::LockError> {
@@ -358,7 +363,11 @@ impl StoreGuard {
             }),
         };
         let last = !matches!(result, Ok(Released::StillHeld { .. }));
-        metrics::release(kind, &result, last.then(|| granted.elapsed()));
+        metrics::release(
+            kind,
+            release_outcome(&result),
+            last.then(|| granted.elapsed()),
+        );
         result
     }
 

@@ -18,8 +18,10 @@ use tokio::sync::{Mutex, watch};
 use tokio::time::Instant;
 
 use super::session::{BoxFuture, Hold};
+use crate::client::config::LockConfig;
+use crate::error::LockError;
+use crate::fencing::FencingToken;
 use crate::metrics::{self, Renewal, StoreKind};
-use crate::{FencingToken, LockConfig, LockError};
 
 /// A future borrowing a session.
 pub(crate) type ConnFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -263,7 +265,7 @@ impl<D: Dialect> Hold for SqlHold<D> {
 
     fn release_in_background(self: Box<Self>) {
         let name = self.name.clone();
-        crate::cleanup::spawn("releasing a database lock", name, async move {
+        crate::client::cleanup::spawn("releasing a database lock", name, async move {
             self.release().await
         });
     }

@@ -10,8 +10,9 @@ use tokio::time::Instant;
 
 use super::super::session::Stores;
 use super::{Closing, ConnFuture, Dialect, SqlHold, fnv1a64};
-use crate::key::{self, LockName};
-use crate::{LockConfig, LockError};
+use crate::client::config::LockConfig;
+use crate::client::store::key::{self, LockName};
+use crate::error::LockError;
 
 const STORE: &str = "mysql";
 

@@ -7,10 +7,11 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use super::{node, terminal, zk_error};
-use crate::cleanup::{self, OnDrop};
+use crate::client::cleanup::{self, OnDrop};
+use crate::error::LockError;
+use crate::fencing::FencingToken;
 use crate::metrics::{self, StoreKind};
 use crate::stores::session::{BoxFuture, Hold};
-use crate::{FencingToken, LockError};
 
 /// Where a held lock stands.
 #[derive(Clone, Copy, Debug)]

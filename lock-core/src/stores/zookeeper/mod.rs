@@ -13,8 +13,9 @@ use zookeeper_client as zk;
 use self::hold::ZkHold;
 use self::node::Contender;
 use super::session::Stores;
-use crate::key::{self, LockName};
-use crate::{LockConfig, LockError};
+use crate::client::config::LockConfig;
+use crate::client::store::key::{self, LockName};
+use crate::error::LockError;
 
 const STORE: &str = "zookeeper";
 /// Curator's lock node name: `_c_<uuid>-lock-<sequence>`.

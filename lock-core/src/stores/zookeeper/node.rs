@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use super::{LOCK_NAME, terminal, uuid, zk_error};
-use crate::cleanup::{self, OnDrop};
+use crate::client::cleanup::{self, OnDrop};
 
 /// First pause before a request is sent again; doubled up to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_millis(10);

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use redis::{Cmd, FromRedisValue, ScriptInvocation, Value};
 
-use crate::LockError;
+use crate::error::LockError;
 
 pub(crate) use deployment::RedisStore;
 

@@ -25,7 +25,7 @@
 
 use std::fmt::Write as _;
 
-use crate::LockError;
+use crate::error::LockError;
 
 /// Longest accepted lock name, in bytes, after escaping and joining its parts.
 pub const MAX_NAME_LEN: usize = 1024;

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use tokio::runtime::Handle;
 
-use crate::LockError;
+use crate::error::LockError;
 
 /// Runs `f` when dropped, unless [`disarm`](Self::disarm)ed first.
 pub(crate) struct OnDrop<F: FnOnce()>(Option<F>);

@@ -20,7 +20,7 @@ use std::sync::LazyLock;
 
 use redis::{Script, Value};
 
-use crate::LockError;
+use crate::error::LockError;
 
 /// A lock script: its source and SHA1, computed once.
 pub(crate) struct Lua {
@@ -53,16 +53,18 @@ impl Lua {
 }
 
 /// Take a lock with a fresh grant. See `lua/acquire.lua`.
-pub(crate) static ACQUIRE: Lua = Lua::new("acquire", include_str!("../../lua/acquire.lua"));
+pub(crate) static ACQUIRE: Lua = Lua::new("acquire", include_str!("../../../lua/acquire.lua"));
 /// Give back one grant. See `lua/release.lua`.
-pub(crate) static RELEASE: Lua = Lua::new("release", include_str!("../../lua/release.lua"));
+pub(crate) static RELEASE: Lua = Lua::new("release", include_str!("../../../lua/release.lua"));
 /// The token of a grant taken without one. See `lua/fence.lua`.
-pub(crate) static FENCE: Lua = Lua::new("fence", include_str!("../../lua/fence.lua"));
+pub(crate) static FENCE: Lua = Lua::new("fence", include_str!("../../../lua/fence.lua"));
 /// Renew one or many leases. See `lua/renew.lua`.
-pub(crate) static RENEW: Lua = Lua::new("renew", include_str!("../../lua/renew.lua"));
+pub(crate) static RENEW: Lua = Lua::new("renew", include_str!("../../../lua/renew.lua"));
 /// Write guarded by a fencing token and its holder. See `lua/fenced_write.lua`.
-pub(crate) static FENCED_WRITE: Lua =
-    Lua::new("fenced_write", include_str!("../../lua/fenced_write.lua"));
+pub(crate) static FENCED_WRITE: Lua = Lua::new(
+    "fenced_write",
+    include_str!("../../../lua/fenced_write.lua"),
+);
 
 /// The reply code of the lock scripts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,85 +238,91 @@ impl FenceReply {
 }
 
 /// GCRA rate-limit decisions. See `lua/gcra.lua`.
-pub(crate) static GCRA: Lua = Lua::new("gcra", include_str!("../../lua/gcra.lua"));
+pub(crate) static GCRA: Lua = Lua::new("gcra", include_str!("../../../lua/gcra.lua"));
 /// The fixed-window rule with a lockout. See `lua/limit_rule.lua`.
 pub(crate) static LIMIT_RULE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/limit_rule.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../../lua/limit_rule.lua")));
 /// Take permits of an expiring semaphore. See `lua/semaphore_acquire.lua`.
 pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/semaphore_acquire.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../../lua/semaphore_acquire.lua")));
 /// Give back semaphore permits by id. See `lua/semaphore_release.lua`.
 pub(crate) static SEMAPHORE_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/semaphore_release.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../../lua/semaphore_release.lua")));
 /// Set a new lease on semaphore permits. See `lua/semaphore_extend.lua`.
 pub(crate) static SEMAPHORE_EXTEND: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/semaphore_extend.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../../lua/semaphore_extend.lua")));
 /// The next sequence number of a day's order-id counter. See `lua/next_id.lua`.
 pub(crate) static NEXT_ID: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/next_id.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../../lua/next_id.lua")));
 /// Reserve a block of a day's order-id counter. See `lua/reserve_ids.lua`.
 pub(crate) static RESERVE_IDS: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/reserve_ids.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../../lua/reserve_ids.lua")));
 
 /// Claim idempotency keys (batches; alone it is a plain command). See
 /// `lua/idempotency_begin.lua`.
 pub(crate) static IDEMPOTENCY_BEGIN: Lua = Lua::new(
     "idempotency_begin",
-    include_str!("../../lua/idempotency_begin.lua"),
+    include_str!("../../../lua/idempotency_begin.lua"),
 );
 /// Store the responses of claimed keys. See `lua/idempotency_complete.lua`.
 pub(crate) static IDEMPOTENCY_COMPLETE: Lua = Lua::new(
     "idempotency_complete",
-    include_str!("../../lua/idempotency_complete.lua"),
+    include_str!("../../../lua/idempotency_complete.lua"),
 );
 /// Free a claimed key. See `lua/idempotency_abandon.lua`.
 pub(crate) static IDEMPOTENCY_ABANDON: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/idempotency_abandon.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../../lua/idempotency_abandon.lua")));
 /// Renew the in-flight lease of a claimed key. See `lua/idempotency_extend.lua`.
 pub(crate) static IDEMPOTENCY_EXTEND: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/idempotency_extend.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../../lua/idempotency_extend.lua")));
 
 /// Source of every script, by file name, for tooling and tests.
 pub const SOURCES: &[(&str, &str)] = &[
-    ("acquire.lua", include_str!("../../lua/acquire.lua")),
-    ("release.lua", include_str!("../../lua/release.lua")),
-    ("fence.lua", include_str!("../../lua/fence.lua")),
-    ("renew.lua", include_str!("../../lua/renew.lua")),
+    ("acquire.lua", include_str!("../../../lua/acquire.lua")),
+    ("release.lua", include_str!("../../../lua/release.lua")),
+    ("fence.lua", include_str!("../../../lua/fence.lua")),
+    ("renew.lua", include_str!("../../../lua/renew.lua")),
     (
         "fenced_write.lua",
-        include_str!("../../lua/fenced_write.lua"),
+        include_str!("../../../lua/fenced_write.lua"),
     ),
-    ("gcra.lua", include_str!("../../lua/gcra.lua")),
-    ("limit_rule.lua", include_str!("../../lua/limit_rule.lua")),
+    ("gcra.lua", include_str!("../../../lua/gcra.lua")),
+    (
+        "limit_rule.lua",
+        include_str!("../../../lua/limit_rule.lua"),
+    ),
     (
         "semaphore_acquire.lua",
-        include_str!("../../lua/semaphore_acquire.lua"),
+        include_str!("../../../lua/semaphore_acquire.lua"),
     ),
     (
         "semaphore_release.lua",
-        include_str!("../../lua/semaphore_release.lua"),
+        include_str!("../../../lua/semaphore_release.lua"),
     ),
     (
         "semaphore_extend.lua",
-        include_str!("../../lua/semaphore_extend.lua"),
+        include_str!("../../../lua/semaphore_extend.lua"),
     ),
-    ("next_id.lua", include_str!("../../lua/next_id.lua")),
-    ("reserve_ids.lua", include_str!("../../lua/reserve_ids.lua")),
+    ("next_id.lua", include_str!("../../../lua/next_id.lua")),
+    (
+        "reserve_ids.lua",
+        include_str!("../../../lua/reserve_ids.lua"),
+    ),
     (
         "idempotency_begin.lua",
-        include_str!("../../lua/idempotency_begin.lua"),
+        include_str!("../../../lua/idempotency_begin.lua"),
     ),
     (
         "idempotency_complete.lua",
-        include_str!("../../lua/idempotency_complete.lua"),
+        include_str!("../../../lua/idempotency_complete.lua"),
     ),
     (
         "idempotency_abandon.lua",
-        include_str!("../../lua/idempotency_abandon.lua"),
+        include_str!("../../../lua/idempotency_abandon.lua"),
     ),
     (
         "idempotency_extend.lua",
-        include_str!("../../lua/idempotency_extend.lua"),
+        include_str!("../../../lua/idempotency_extend.lua"),
     ),
 ];
 

@@ -36,7 +36,7 @@ use tokio::sync::oneshot;
 
 use super::scripts::Lua;
 use super::{Conn, decode};
-use crate::LockError;
+use crate::error::LockError;
 
 /// The most entries one script call carries.
 pub(crate) const MAX_BATCH: usize = 128;
@@ -320,7 +320,7 @@ fn hand_over(conn: Conn, script: &'static Lua, group: u16) {
         in_flight: Vec::new(),
         emptied: false,
     };
-    crate::cleanup::spawn_task(drive(conn, driving, script));
+    crate::client::cleanup::spawn_task(drive(conn, driving, script));
 }
 
 /// A lane's driver: while it lives the lane is busy. Dropped before it emptied the lane

@@ -13,7 +13,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{ErrorKind, ServerErrorKind, Value};
 
-use crate::LockError;
+use crate::error::LockError;
 
 /// The oldest Redis the scripts run on, as (major, minor).
 const MIN_REDIS: (u32, u32) = (7, 0);

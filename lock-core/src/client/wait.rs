@@ -18,7 +18,7 @@ use futures_util::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{Notify, mpsc, oneshot};
 
-use crate::Backoff;
+use crate::client::config::Backoff;
 
 /// Local waiters per channel: how many subscriptions, and their wake-up.
 type Waiters = Arc<Mutex<HashMap<String, (usize, Arc<Notify>)>>>;

@@ -1,0 +1,262 @@
+//! The client room, at the bottom of the house: what every lock, limiter, semaphore,
+//! id generator and idempotency store on one Redis deployment shares.
+//!
+//! [`Client`] holds the connection ([`store::Conn`], with its time limits and batch
+//! lanes), the pub/sub hub that wakes waiters ([`wait::Hub`]), this client's random id,
+//! and its configuration (namespace and key layout, timeouts, backoff). Capabilities
+//! take a `Client` and nothing else; the lock engine (`crate::lock`) builds on it too.
+//! Nothing here imports the engine or a capability.
+//!
+//! Also here: [`cleanup`], the one owner of background work, and [`config`].
+
+pub(crate) mod cleanup;
+pub(crate) mod config;
+pub(crate) mod store;
+pub(crate) mod wait;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::IntoConnectionInfo;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use self::config::LockConfig;
+use self::store::key::{self, LockKeys, LockName, NameWriter};
+use self::store::{Conn, RedisStore, version};
+use self::wait::Hub;
+use crate::error::LockError;
+use crate::metrics::StoreKind;
+use crate::owner::ClientId;
+
+/// One Redis deployment's connection, hub, id and configuration. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Client {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    conn: Conn,
+    hub: Hub,
+    id: ClientId,
+    id_hex: String,
+    config: LockConfig,
+    kind: StoreKind,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("id", &self.shared.id)
+            .field("namespace", &self.shared.config.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    fn new(
+        conn: Conn,
+        pubsub: Vec<redis::Client>,
+        config: LockConfig,
+        kind: StoreKind,
+    ) -> Result<Self, LockError> {
+        let id = ClientId::random()?;
+        let id_hex = id.to_hex();
+        Ok(Self {
+            shared: Arc::new(Shared {
+                hub: Hub::new(pubsub, id_hex.clone(), config.command_timeout),
+                conn,
+                id,
+                id_hex,
+                config,
+                kind,
+            }),
+        })
+    }
+
+    /// Opens a [`ConnectionManager`] on `client` (timeouts from `config`), refuses a
+    /// Redis older than 7.0, and keeps `client` for the pub/sub connection.
+    pub(crate) async fn connect(
+        client: redis::Client,
+        config: LockConfig,
+    ) -> Result<Self, LockError> {
+        config.validate()?;
+        let t = config.command_timeout;
+        let mut manager = tokio::time::timeout(
+            t,
+            ConnectionManager::new_with_config(client.clone(), manager_config(t, 2)),
+        )
+        .await
+        .map_err(|_| LockError::RedisTimeout {
+            op: "connect",
+            after: t,
+        })??;
+        version::require_supported(&mut manager, t).await?;
+        Self::over_connection(manager, Some(client), config)
+    }
+
+    /// Connects on first use, with no reconnect retries inside a call (see
+    /// `LockClient::open_lazy`).
+    pub(crate) fn connect_lazy<T: IntoConnectionInfo>(
+        url: T,
+        config: LockConfig,
+    ) -> Result<Self, LockError> {
+        config.validate()?;
+        let client = redis::Client::open(url)?;
+        let manager = ConnectionManager::new_lazy_with_config(
+            client.clone(),
+            manager_config(config.command_timeout, 0),
+        )?;
+        Self::over_connection(manager, Some(client), config)
+    }
+
+    /// Builds on the user's own [`ConnectionManager`] (no version check).
+    pub(crate) fn over_connection(
+        manager: ConnectionManager,
+        pubsub: Option<redis::Client>,
+        config: LockConfig,
+    ) -> Result<Self, LockError> {
+        config.validate()?;
+        let conn = Conn::new(
+            RedisStore::new(manager),
+            config.command_timeout,
+            config.batching,
+        );
+        Self::new(conn, pubsub.into_iter().collect(), config, StoreKind::Redis)
+    }
+
+    /// Connects to a Redis Cluster through any of its seed `nodes`, refusing masters
+    /// older than Redis 7.0.
+    pub(crate) async fn connect_cluster<I>(nodes: I, config: LockConfig) -> Result<Self, LockError>
+    where
+        I: IntoIterator,
+        I::Item: IntoConnectionInfo,
+    {
+        config.validate()?;
+        let infos = nodes
+            .into_iter()
+            .map(IntoConnectionInfo::into_connection_info)
+            .collect::<Result<Vec<_>, _>>()?;
+        if infos.is_empty() {
+            return Err(LockError::InvalidConfig(
+                "open_cluster needs at least one node address".into(),
+            ));
+        }
+        let t = config.command_timeout;
+        let cluster = redis::cluster::ClusterClientBuilder::new(infos.clone())
+            .connection_timeout(t)
+            .response_timeout(t)
+            // redis-rs would also resend after a lost reply; the store resends only
+            // what the cluster refused without running (see `store::deployment`).
+            .retries(0)
+            .build()?;
+        let mut conn = tokio::time::timeout(t, cluster.get_async_connection())
+            .await
+            .map_err(|_| LockError::RedisTimeout {
+                op: "connect",
+                after: t,
+            })??;
+        version::require_supported(&mut conn, t).await?;
+        let pubsub = infos
+            .into_iter()
+            .map(redis::Client::open)
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::over_cluster_connection(conn, pubsub, config)
+    }
+
+    /// Builds on the user's own cluster connection (no version check).
+    pub(crate) fn over_cluster_connection(
+        conn: redis::cluster_async::ClusterConnection,
+        pubsub: Vec<redis::Client>,
+        config: LockConfig,
+    ) -> Result<Self, LockError> {
+        config.validate()?;
+        let conn = Conn::new(
+            RedisStore::new(conn),
+            config.command_timeout,
+            config.batching,
+        );
+        Self::new(conn, pubsub, config, StoreKind::RedisCluster)
+    }
+
+    /// The connection: every Redis call goes through it.
+    pub(crate) fn conn(&self) -> &Conn {
+        &self.shared.conn
+    }
+
+    /// The pub/sub hub that wakes this client's waiters.
+    pub(crate) fn hub(&self) -> &Hub {
+        &self.shared.hub
+    }
+
+    /// This client's random id.
+    pub(crate) fn id(&self) -> ClientId {
+        self.shared.id
+    }
+
+    /// [`id`](Self::id) in hex, as it appears in grant values and claims.
+    pub(crate) fn id_hex(&self) -> &str {
+        &self.shared.id_hex
+    }
+
+    pub(crate) fn config(&self) -> &LockConfig {
+        &self.shared.config
+    }
+
+    /// The `store` label of this client's metrics.
+    pub(crate) fn kind(&self) -> StoreKind {
+        self.shared.kind
+    }
+
+    /// The keys of the lock `name` under this client's namespace.
+    pub(crate) fn lock_keys<N: LockName + ?Sized>(&self, name: &N) -> Result<LockKeys, LockError> {
+        let c = &self.shared.config;
+        key::lock_keys(&c.namespace, &c.delimiter, name)
+    }
+
+    /// The lock keys of `name` under `prefix` (its first part): features that need more
+    /// than one key per name derive them all from `.key`, so they share one hash tag.
+    pub(crate) fn prefixed_keys<N: LockName + ?Sized>(
+        &self,
+        prefix: &str,
+        name: &N,
+    ) -> Result<LockKeys, LockError> {
+        self.lock_keys(&Prefixed { prefix, name })
+    }
+
+    /// The Redis key for `name` (under `prefix`) with `suffix`: rate and rule keys share
+    /// the lock-key layout and escaping.
+    pub(crate) fn prefixed_key<N: LockName + ?Sized>(
+        &self,
+        prefix: &str,
+        name: &N,
+        suffix: &str,
+    ) -> Result<String, LockError> {
+        let mut key = self.prefixed_keys(prefix, name)?.key;
+        key.push(':');
+        key.push_str(suffix);
+        Ok(key)
+    }
+}
+
+/// A feature's name, then the caller's key parts.
+struct Prefixed<'a, N: ?Sized> {
+    prefix: &'a str,
+    name: &'a N,
+}
+
+impl<N: LockName + ?Sized> LockName for Prefixed<'_, N> {
+    fn write_parts(&self, w: &mut NameWriter) {
+        w.part(self.prefix);
+        self.name.write_parts(w);
+    }
+}
+
+/// Reconnection settings of the single-node connection, bounded by the command timeout;
+/// `retries`: reconnection attempts inside one call after the first fails.
+fn manager_config(t: Duration, retries: usize) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(t))
+        .set_response_timeout(Some(t))
+        .set_number_of_retries(retries)
+        .set_max_delay(Duration::from_secs(1))
+}
