@@ -122,9 +122,27 @@ impl LockScope {
         self.id
     }
 
-    pub(crate) fn owner(&self, client: &str) -> String {
-        format!("{client}:{}", self.id)
+    /// Appends this scope's owner id, `<client>:<scope number>`, to `out`.
+    pub(crate) fn write_owner(&self, client: &str, out: &mut String) {
+        out.push_str(client);
+        out.push(':');
+        push_digits(out, self.id, 10);
     }
+}
+
+/// Appends `n` in `radix` (10 or 16, lowercase) to `out`, without `fmt`'s machinery.
+pub(crate) fn push_digits(out: &mut String, mut n: u64, radix: u64) {
+    let mut buf = [0u8; 20];
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b"0123456789abcdef"[(n % radix) as usize];
+        n /= radix;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend(buf[at..].iter().map(|&b| char::from(b)));
 }
 
 #[cfg(test)]
@@ -147,6 +165,24 @@ mod tests {
         let seen = s.clone().run(async { LockScope::current() }).await;
         assert_eq!(seen, Some(s.clone()));
         assert_ne!(LockScope::new(), s);
-        assert_eq!(s.owner("c"), format!("c:{}", s.id()));
+        let mut owner = String::new();
+        s.write_owner("c", &mut owner);
+        assert_eq!(owner, format!("c:{}", s.id()));
+    }
+
+    #[test]
+    fn digits_match_the_formatter() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        let edges = [0, 1, 9, 10, 15, 16, 255, u64::MAX - 1, u64::MAX];
+        for n in edges
+            .into_iter()
+            .chain((0..2000).map(|_| rng.u64(..) >> rng.u32(0..64)))
+        {
+            let (mut d, mut x) = (String::new(), String::new());
+            push_digits(&mut d, n, 10);
+            push_digits(&mut x, n, 16);
+            assert_eq!(d, n.to_string());
+            assert_eq!(x, format!("{n:x}"));
+        }
     }
 }

@@ -67,7 +67,7 @@ async fn cancelled_waiter_leaves_no_state() {
             .is_err()
     );
     assert_eq!(other.held_count(), 0);
-    let channel = other.keys("busy").unwrap().channel;
+    let channel = other.keys("busy").unwrap().channel();
     eventually(
         Duration::from_secs(2),
         "the waiter's unsubscribe",
@@ -109,7 +109,7 @@ async fn acquisition_dropped_mid_request_is_undone() {
     // It really had been granted: the fencing counter moved.
     let mut raw = server.connection().await;
     let fence: Option<u64> = redis::cmd("GET")
-        .arg(c.keys("orphan").unwrap().fence)
+        .arg(c.keys("orphan").unwrap().fence())
         .query_async(&mut raw)
         .await
         .unwrap();

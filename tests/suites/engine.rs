@@ -308,7 +308,7 @@ async fn equal_token_from_another_holder_is_refused() {
         .await
         .unwrap();
     let _: () = redis::cmd("DECR")
-        .arg(&keys.fence)
+        .arg(keys.fence())
         .query_async(&mut raw)
         .await
         .unwrap();
@@ -411,7 +411,7 @@ fn a_client_outlives_the_runtime_that_first_used_it() {
         g.release().await.unwrap();
         // Waiters subscribe again.
         let theirs = other.try_lock("w2").await.unwrap();
-        let channel = c.keys("w2").unwrap().channel;
+        let channel = c.keys("w2").unwrap().channel();
         let waiter = {
             let c = c.clone();
             tokio::spawn(async move {

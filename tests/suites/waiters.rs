@@ -54,7 +54,7 @@ async fn many_waiters_share_one_connection_and_do_not_spin() {
             let mut cmd = redis::cmd("PUBSUB");
             cmd.arg("NUMSUB");
             for n in names {
-                cmd.arg(waiting.keys(n).unwrap().channel);
+                cmd.arg(waiting.keys(n).unwrap().channel());
             }
             let subs: Vec<(String, i64)> = cmd.query_async(&mut raw).await.unwrap();
             subs.iter().all(|(_, n)| *n == 1)
@@ -156,7 +156,7 @@ async fn pubsub_connection_loss_is_repaired() {
         let w = waiting.clone();
         tokio::spawn(async move { w.lock("phoenix").await })
     };
-    let channel = waiting.keys("phoenix").unwrap().channel;
+    let channel = waiting.keys("phoenix").unwrap().channel();
     let numsub = || common::subscribers(&server, &channel);
     eventually(
         Duration::from_secs(2),

@@ -251,6 +251,16 @@ impl<N: LockName + ?Sized> LockName for Prefixed<'_, N> {
     }
 }
 
+/// Runs `fut` inside `span`, or bare when no subscriber wants the span: the wrapper
+/// costs on every poll, so a call pays for it only when someone listens.
+pub(crate) async fn in_span<F: std::future::Future>(span: tracing::Span, fut: F) -> F::Output {
+    if span.is_disabled() {
+        fut.await
+    } else {
+        tracing::Instrument::instrument(fut, span).await
+    }
+}
+
 /// Reconnection settings of the single-node connection, bounded by the command timeout;
 /// `retries`: reconnection attempts inside one call after the first fails.
 fn manager_config(t: Duration, retries: usize) -> ConnectionManagerConfig {

@@ -12,14 +12,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
-use tracing::Instrument;
 
-use crate::client::Client;
 use crate::client::config::{MAX_LEASE, check_lease};
 use crate::client::store::batch::{Entry, Turn as BatchTurn};
 use crate::client::store::key::LockName;
 use crate::client::store::scripts::IDEMPOTENCY_BEGIN;
 use crate::client::wait::{Turn, wait_for_turn};
+use crate::client::{Client, in_span};
 use crate::error::LockError;
 use crate::metrics::{self, IdempotencyOutcome};
 
@@ -193,10 +192,7 @@ impl IdempotencyStore {
             ));
         }
         let span = tracing::debug_span!("idempotency.begin", key = %keys.name, ?wait);
-        let found = self
-            .begin_loop(keys, fingerprint, lease, wait)
-            .instrument(span)
-            .await;
+        let found = in_span(span, self.begin_loop(keys, fingerprint, lease, wait)).await;
         if let Some(outcome) = outcome_of(&found) {
             metrics::idempotency(outcome);
         }

@@ -62,7 +62,7 @@ impl Core {
         let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
         let scope = req.scope.id();
         let ticket = loop {
-            match self.registry.enter(&req.keys.key, scope, req.watchdog) {
+            match self.registry.enter(&req.keys, scope, req.watchdog) {
                 Enter::Reentered(grant) => {
                     *reentered = true;
                     return self.reentered(grant, req).await;
@@ -89,7 +89,14 @@ impl Core {
             // between two attempts, so a waiter is always marked while it waits.
             (self.config().backoff.max + self.conn().timeout()).as_millis() as u64
         };
-        let listen = || Some((self.client.hub(), req.keys.channel.as_str()));
+        // Built only if the lock is busy: an uncontended acquisition never listens.
+        let channel = std::sync::OnceLock::new();
+        let listen = || {
+            Some((
+                self.client.hub(),
+                channel.get_or_init(|| req.keys.channel()).as_str(),
+            ))
+        };
         let turn = wait_for_turn(&self.config().backoff, listen, deadline, |_| {
             self.attempt(req, linger)
         })
@@ -166,8 +173,8 @@ impl Core {
             let (core, k, v) = (self.clone(), keys.clone(), value.clone());
             Entry::new()
                 .key(&keys.key)
-                .key(&keys.fence)
-                .key(&keys.waiters)
+                .key_owned(keys.fence())
+                .key_owned(keys.waiters())
                 .arg(&value)
                 .arg(lease.as_millis() as u64)
                 .arg(linger)

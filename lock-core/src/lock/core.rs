@@ -17,7 +17,7 @@ use crate::client::store::scripts::{FENCE, FenceReply, GrantReply, RELEASE, RENE
 use crate::error::LockError;
 use crate::fencing::FencingToken;
 use crate::lock::Released;
-use crate::owner::LockScope;
+use crate::owner::{LockScope, push_digits};
 
 pub(crate) struct Core {
     pub(crate) client: Client,
@@ -53,11 +53,13 @@ impl Core {
     /// A value and a number for a new grant: unique per grant (this client's random id
     /// and a counter), so a release or renewal can only touch its own grant.
     pub(crate) fn next_grant(&self, scope: &LockScope) -> (String, u64) {
-        use std::fmt::Write as _;
         let seq = self.grants.fetch_add(1, Ordering::Relaxed);
+        let id = self.client.id_hex();
         // `<owner>:<grant number>`: the owner id is recovered from it (`Grant::owner`).
-        let mut value = scope.owner(self.client.id_hex());
-        let _ = write!(value, ":{seq:x}");
+        let mut value = String::with_capacity(id.len() + 38);
+        scope.write_owner(id, &mut value);
+        value.push(':');
+        push_digits(&mut value, seq, 16);
         (value, seq)
     }
 
@@ -77,20 +79,21 @@ impl Core {
         keys: &LockKeys,
         value: &str,
     ) -> Result<GrantReply, LockError> {
+        let channel = keys.channel();
         let reply = self
             .conn()
             .call(&RELEASE, &keys.key, || {
                 Entry::new()
                     .key(&keys.key)
-                    .key(&keys.waiters)
-                    .key(&keys.channel)
+                    .key_owned(keys.waiters())
+                    .key(&channel)
                     .arg(value)
                     .arg(self.client.id_hex())
             })
             .await?;
         let r = GrantReply::decode("release", reply)?;
         if r == GrantReply::Done {
-            self.client.hub().notify_local(&keys.channel);
+            self.client.hub().notify_local(&channel);
         }
         Ok(r)
     }
@@ -165,7 +168,7 @@ impl Core {
         let reply = self
             .conn()
             .eval(&FENCE, self.conn().timeout(), |c| {
-                c.arg(2).arg(&keys.key).arg(&keys.fence).arg(&grant.value);
+                c.arg(2).arg(&keys.key).arg(keys.fence()).arg(&grant.value);
             })
             .await?;
         match FenceReply::decode(reply)? {

@@ -25,13 +25,12 @@ use std::time::Duration;
 
 use redis::IntoConnectionInfo;
 use redis::aio::ConnectionManager;
-use tracing::Instrument;
 
 use self::core::Core;
 pub use self::options::LockOptions;
-use crate::client::Client;
 use crate::client::config::LockConfig;
 use crate::client::store::key::{LockKeys, LockName};
+use crate::client::{Client, in_span};
 use crate::error::LockError;
 use crate::owner::ClientId;
 
@@ -251,6 +250,6 @@ impl LockClient {
         let request = resolved.request(&c.namespace, &name)?;
         let wait = resolved.wait;
         let span = tracing::debug_span!("lock.acquire", lock = %request.keys.name, ?wait);
-        self.inner.acquire(&request, wait).instrument(span).await
+        in_span(span, self.inner.acquire(&request, wait)).await
     }
 }

@@ -7,7 +7,9 @@
 //! flight (an acquisition of a lock this client is still giving back waits for that,
 //! instead of finding its own old grant busy).
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
@@ -177,16 +179,69 @@ pub(crate) enum Plan {
 }
 
 enum Slot {
-    Acquiring(Arc<Notify>),
+    /// An acquisition in flight, and the wake-up of those waiting for it (made when
+    /// the first one comes: most acquisitions have no one waiting).
+    Acquiring(Option<Arc<Notify>>),
     Held(Arc<Grant>),
 }
 
+/// A lock key and a scope; shares the request's keys instead of copying the name.
+struct SlotKey {
+    keys: Arc<LockKeys>,
+    scope: u64,
+}
+
+impl PartialEq for SlotKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.scope == other.scope && self.keys.key == other.keys.key
+    }
+}
+
+impl Eq for SlotKey {}
+
+impl Hash for SlotKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.keys.key.hash(state);
+        self.scope.hash(state);
+    }
+}
+
+/// A lock key, hashed and compared as its key string (so a `&str` finds it).
+struct ByKey(Arc<LockKeys>);
+
+impl PartialEq for ByKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.key == other.0.key
+    }
+}
+
+impl Eq for ByKey {}
+
+impl Hash for ByKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.key.hash(state);
+    }
+}
+
+impl Borrow<str> for ByKey {
+    fn borrow(&self) -> &str {
+        &self.0.key
+    }
+}
+
+/// A releasing count and the wake-up of acquisitions waiting for it (made when the
+/// first one comes).
+type Releasing = (u32, Option<Arc<Notify>>);
+
+/// Keyed by strings users choose, held only while in use: foldhash's seeded hasher
+/// (a fraction of SipHash's cost) keeps its per-process seed against chosen collisions.
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 #[derive(Default)]
 struct Maps {
-    /// By (lock key, scope).
-    slots: HashMap<(String, u64), Slot>,
-    /// Releases in flight, by lock key: how many, and who waits for them.
-    releasing: HashMap<String, (u32, Arc<Notify>)>,
+    slots: Map<SlotKey, Slot>,
+    /// Releases in flight, by lock key.
+    releasing: Map<ByKey, Releasing>,
 }
 
 /// Every grant and in-flight acquisition of one client.
@@ -203,7 +258,10 @@ impl std::fmt::Debug for Registry {
     }
 }
 
-fn armed(notify: &Arc<Notify>) -> Pin<Box<OwnedNotified>> {
+/// A wake-up armed now (so a notification sent after this returns is not missed),
+/// made in `slot` if no one waited before.
+fn armed(slot: &mut Option<Arc<Notify>>) -> Pin<Box<OwnedNotified>> {
+    let notify = slot.get_or_insert_with(|| Arc::new(Notify::new()));
     let mut ready = Box::pin(notify.clone().notified_owned());
     ready.as_mut().enable();
     ready
@@ -216,10 +274,13 @@ impl Registry {
 
     /// Re-enters the grant `scope` holds on `key`, or says what to wait for, or
     /// registers an acquisition. `watched`: the new hold wants the watchdog lease.
-    pub(crate) fn enter(&self, key: &str, scope: u64, watched: bool) -> Enter<'_> {
+    pub(crate) fn enter(&self, keys: &Arc<LockKeys>, scope: u64, watched: bool) -> Enter<'_> {
         let mut maps = self.maps();
-        let slot_key = (key.to_owned(), scope);
-        match maps.slots.get(&slot_key) {
+        let slot_key = SlotKey {
+            keys: keys.clone(),
+            scope,
+        };
+        match maps.slots.get_mut(&slot_key) {
             Some(Slot::Held(grant)) => {
                 let mut st = grant.state();
                 if !st.ended {
@@ -239,17 +300,19 @@ impl Registry {
             }
             None => {}
         }
-        if let Some((_, notify)) = maps.releasing.get(key) {
+        if let Some((_, notify)) = maps.releasing.get_mut(keys.key.as_str()) {
             return Enter::Wait {
                 ready: armed(notify),
                 own_release: true,
             };
         }
-        let notify = Arc::new(Notify::new());
-        maps.slots.insert(slot_key.clone(), Slot::Acquiring(notify));
+        maps.slots.insert(slot_key, Slot::Acquiring(None));
         Enter::Acquire(Ticket {
             registry: self,
-            slot_key: Some(slot_key),
+            slot_key: Some(SlotKey {
+                keys: keys.clone(),
+                scope,
+            }),
         })
     }
 
@@ -281,11 +344,10 @@ impl Registry {
         drop(st);
         Self::remove_if_same(&mut maps, grant);
         if remote {
-            let entry = maps
-                .releasing
-                .entry(grant.keys.key.clone())
-                .or_insert_with(|| (0, Arc::new(Notify::new())));
-            entry.0 += 1;
+            maps.releasing
+                .entry(ByKey(grant.keys.clone()))
+                .or_insert((0, None))
+                .0 += 1;
         }
         Plan::Last
     }
@@ -295,8 +357,9 @@ impl Registry {
         let mut maps = self.maps();
         if let Some(entry) = maps.releasing.get_mut(key) {
             entry.0 -= 1;
-            if entry.0 == 0 {
-                let (_, notify) = maps.releasing.remove(key).expect("present");
+            if entry.0 == 0
+                && let Some((_, Some(notify))) = maps.releasing.remove(key)
+            {
                 notify.notify_waiters();
             }
         }
@@ -330,7 +393,10 @@ impl Registry {
     }
 
     fn remove_if_same(maps: &mut Maps, grant: &Arc<Grant>) {
-        let slot_key = (grant.keys.key.clone(), grant.scope);
+        let slot_key = SlotKey {
+            keys: grant.keys.clone(),
+            scope: grant.scope,
+        };
         if matches!(maps.slots.get(&slot_key), Some(Slot::Held(g)) if Arc::ptr_eq(g, grant)) {
             maps.slots.remove(&slot_key);
         }
@@ -341,7 +407,7 @@ impl Registry {
 /// cancelled), it unregisters and wakes the same scope's waiting acquisitions.
 pub(crate) struct Ticket<'a> {
     registry: &'a Registry,
-    slot_key: Option<(String, u64)>,
+    slot_key: Option<SlotKey>,
 }
 
 impl Ticket<'_> {
@@ -351,7 +417,8 @@ impl Ticket<'_> {
             return;
         };
         let mut maps = self.registry.maps();
-        if let Some(Slot::Acquiring(notify)) = maps.slots.insert(slot_key, Slot::Held(grant)) {
+        if let Some(Slot::Acquiring(Some(notify))) = maps.slots.insert(slot_key, Slot::Held(grant))
+        {
             notify.notify_waiters();
         }
     }
@@ -364,7 +431,7 @@ impl Drop for Ticket<'_> {
         };
         let mut maps = self.registry.maps();
         if matches!(maps.slots.get(&slot_key), Some(Slot::Acquiring(_)))
-            && let Some(Slot::Acquiring(notify)) = maps.slots.remove(&slot_key)
+            && let Some(Slot::Acquiring(Some(notify))) = maps.slots.remove(&slot_key)
         {
             notify.notify_waiters();
         }
@@ -380,7 +447,7 @@ mod tests {
 
     fn grant(reg: &Registry, scope: u64) -> Arc<Grant> {
         let keys = Arc::new(lock_keys("t", ":", "x").unwrap());
-        let Enter::Acquire(ticket) = reg.enter(&keys.key, scope, false) else {
+        let Enter::Acquire(ticket) = reg.enter(&keys, scope, false) else {
             panic!("expected a fresh acquisition");
         };
         let g = Arc::new(Grant::new(
@@ -400,57 +467,48 @@ mod tests {
     fn reentry_counts_locally_and_the_last_hold_releases() {
         let reg = Registry::default();
         let g = grant(&reg, 1);
-        let Enter::Reentered(same) = reg.enter(&g.keys.key, 1, false) else {
+        let Enter::Reentered(same) = reg.enter(&g.keys, 1, false) else {
             panic!("same scope must re-enter");
         };
         assert!(Arc::ptr_eq(&same, &g));
-        assert!(matches!(
-            reg.enter(&g.keys.key, 2, false),
-            Enter::Acquire(_)
-        ));
+        assert!(matches!(reg.enter(&g.keys, 2, false), Enter::Acquire(_)));
         assert!(matches!(reg.release(&g, false, true), Plan::StillHeld(1)));
         assert!(matches!(reg.release(&g, false, true), Plan::Last));
         // The release is in flight: the same scope waits for it, not for Redis.
         assert!(matches!(
-            reg.enter(&g.keys.key, 1, false),
+            reg.enter(&g.keys, 1, false),
             Enter::Wait {
                 own_release: true,
                 ..
             }
         ));
         reg.released(&g.keys.key);
-        assert!(matches!(
-            reg.enter(&g.keys.key, 1, false),
-            Enter::Acquire(_)
-        ));
+        assert!(matches!(reg.enter(&g.keys, 1, false), Enter::Acquire(_)));
         assert_eq!(reg.len(), 0, "dropped tickets unregister");
     }
 
     #[test]
     fn a_concurrent_acquisition_of_the_same_scope_waits() {
         let reg = Registry::default();
-        let keys = lock_keys("t", ":", "y").unwrap();
-        let first = reg.enter(&keys.key, 7, false);
+        let keys = Arc::new(lock_keys("t", ":", "y").unwrap());
+        let first = reg.enter(&keys, 7, false);
         assert!(matches!(first, Enter::Acquire(_)));
         assert!(matches!(
-            reg.enter(&keys.key, 7, false),
+            reg.enter(&keys, 7, false),
             Enter::Wait {
                 own_release: false,
                 ..
             }
         ));
         drop(first);
-        assert!(matches!(reg.enter(&keys.key, 7, false), Enter::Acquire(_)));
+        assert!(matches!(reg.enter(&keys, 7, false), Enter::Acquire(_)));
     }
 
     #[test]
     fn a_lost_grant_is_detached_and_reports_its_loss() {
         let reg = Registry::default();
         let g = grant(&reg, 1);
-        assert!(matches!(
-            reg.enter(&g.keys.key, 1, false),
-            Enter::Reentered(_)
-        ));
+        assert!(matches!(reg.enter(&g.keys, 1, false), Enter::Reentered(_)));
         assert!(reg.lose(&g, Loss::TakenOver));
         assert!(!reg.lose(&g, Loss::Expired), "fires once");
         assert!(g.is_lost());
@@ -463,9 +521,6 @@ mod tests {
             Plan::LastLost(Loss::TakenOver)
         ));
         // A new acquisition in the scope starts a fresh grant.
-        assert!(matches!(
-            reg.enter(&g.keys.key, 1, false),
-            Enter::Acquire(_)
-        ));
+        assert!(matches!(reg.enter(&g.keys, 1, false), Enter::Acquire(_)));
     }
 }

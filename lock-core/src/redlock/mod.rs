@@ -17,6 +17,7 @@ use redis::IntoConnectionInfo;
 pub use guard::RedlockGuard;
 
 use crate::client::config::LockConfig;
+use crate::client::in_span;
 use crate::client::store::key::{self, LockKeys, LockName};
 use crate::client::wait::{Turn, wait_for_turn};
 use crate::error::LockError;
@@ -216,8 +217,7 @@ impl Redlock {
         let wait = resolved.wait;
         let span = tracing::debug_span!("redlock.acquire", lock = %requests[0].keys.name, ?wait);
         let started = Instant::now();
-        let result =
-            tracing::Instrument::instrument(self.acquire_requests(requests, wait), span).await;
+        let result = in_span(span, self.acquire_requests(requests, wait)).await;
         let outcome = metrics::Acquired::of(&result, false);
         metrics::acquired(StoreKind::Redlock, outcome, started.elapsed());
         result
@@ -237,10 +237,15 @@ impl Redlock {
         // The first node that answered: its release message wakes us.
         let answered = std::sync::atomic::AtomicUsize::new(usize::MAX);
         let last = std::sync::Mutex::new(None::<Failure>);
+        let channels: Vec<std::sync::OnceLock<String>> = requests
+            .iter()
+            .map(|_| std::sync::OnceLock::new())
+            .collect();
         let listen = || {
             let i = answered.load(std::sync::atomic::Ordering::Relaxed);
             let node = self.inner.nodes.get(i)?;
-            Some((node.client().hub(), requests[i].keys.channel.as_str()))
+            let channel = channels[i].get_or_init(|| requests[i].keys.channel());
+            Some((node.client().hub(), channel.as_str()))
         };
         let turn = wait_for_turn(&self.inner.config.backoff, listen, deadline, |_| async {
             let round = self.round(&requests).await;

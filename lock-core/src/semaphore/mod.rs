@@ -9,13 +9,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
-use tracing::Instrument;
 
-use crate::client::Client;
 use crate::client::config::{MAX_LEASE, check_lease};
 use crate::client::store::key::LockName;
 use crate::client::store::scripts::SEMAPHORE_ACQUIRE;
 use crate::client::wait::{Turn, wait_for_turn};
+use crate::client::{Client, in_span};
 use crate::error::LockError;
 
 /// Most permits one [`Semaphore::acquire`] call may take (each is one member of the
@@ -218,7 +217,7 @@ impl Semaphore {
         check_lease("permit lease", lease)?;
         let wait = options.wait.unwrap_or(self.shared.client.config().wait);
         let span = tracing::debug_span!("semaphore.acquire", semaphore = %self.name(), n, ?wait);
-        self.acquire_inner(n, lease, wait).instrument(span).await
+        in_span(span, self.acquire_inner(n, lease, wait)).await
     }
 
     /// Permits free right now (expired ones count as free). A snapshot for inspection:

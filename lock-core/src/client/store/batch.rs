@@ -61,8 +61,13 @@ impl Entry {
         }
     }
 
-    pub(crate) fn key(mut self, key: &str) -> Self {
-        self.keys.push(key.to_owned());
+    pub(crate) fn key(self, key: &str) -> Self {
+        self.key_owned(key.to_owned())
+    }
+
+    /// [`key`](Self::key) for a key built for this entry alone.
+    pub(crate) fn key_owned(mut self, key: String) -> Self {
+        self.keys.push(key);
         self
     }
 

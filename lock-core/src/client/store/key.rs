@@ -221,6 +221,10 @@ impl NameWriter<'_> {
             self.out.push_str(self.delimiter);
         }
         self.parts += 1;
+        if !self.needs_escaping() {
+            self.out.push_str(&self.scratch);
+            return;
+        }
         for c in self.scratch.chars() {
             if c == '%' || c == '{' || c == '}' || self.delimiter.contains(c) {
                 let mut buf = [0u8; 4];
@@ -234,7 +238,24 @@ impl NameWriter<'_> {
     }
 }
 
+impl NameWriter<'_> {
+    /// Whether the part in `scratch` has a character to escape; a byte test when the
+    /// delimiter is ASCII (a multi-byte character's bytes are never ASCII).
+    fn needs_escaping(&self) -> bool {
+        if !self.delimiter.is_ascii() {
+            return true;
+        }
+        let d = self.delimiter.as_bytes();
+        self.scratch
+            .bytes()
+            .any(|b| matches!(b, b'%' | b'{' | b'}') || d.contains(&b))
+    }
+}
+
 /// The Redis keys and channel of one lock, all in one hash slot.
+///
+/// Only the name and the lock key are built up front: an uncontended acquisition
+/// needs nothing else. The others derive from the key on demand.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct LockKeys {
     /// The escaped, joined name (what error messages show).
@@ -242,13 +263,39 @@ pub struct LockKeys {
     /// The lock itself: a string holding the current grant's value, with the lease as
     /// its expiry.
     pub key: String,
+}
+
+impl LockKeys {
     /// The fencing counter of the lock's hash slot (shared with the other locks of
     /// that slot).
-    pub fence: String,
+    pub fn fence(&self) -> String {
+        // The key is `<namespace>:{<name>}` and a namespace has no `{`.
+        let namespace = self.key.split_once(":{").map_or("", |(ns, _)| ns);
+        fence_key(namespace, cluster_slot(&self.key))
+    }
+
     /// Present while someone waits for the lock: a release publishes only then.
-    pub waiters: String,
+    pub fn waiters(&self) -> String {
+        suffixed(&self.key, WAITERS)
+    }
+
     /// The pub/sub channel a release is announced on.
-    pub channel: String,
+    pub fn channel(&self) -> String {
+        suffixed(&self.key, RELEASED)
+    }
+}
+
+/// Suffix of a lock's waiter marker.
+pub(crate) const WAITERS: &str = ":waiters";
+/// Suffix of a lock's release channel.
+pub(crate) const RELEASED: &str = ":released";
+
+/// `key` followed by `suffix`, in one allocation.
+pub(crate) fn suffixed(key: &str, suffix: &str) -> String {
+    let mut s = String::with_capacity(key.len() + suffix.len());
+    s.push_str(key);
+    s.push_str(suffix);
+    s
 }
 
 /// Checks a namespace (see [`LockConfig::with_namespace`](crate::LockConfig::with_namespace)).
@@ -292,14 +339,12 @@ pub fn lock_keys<N: LockName + ?Sized>(
     name: &N,
 ) -> Result<LockKeys, LockError> {
     let name = escaped_name(delimiter, name)?;
-    let key = format!("{namespace}:{{{name}}}");
-    Ok(LockKeys {
-        fence: fence_key(namespace, cluster_slot(&key)),
-        waiters: format!("{key}:waiters"),
-        channel: format!("{key}:released"),
-        key,
-        name,
-    })
+    let mut key = String::with_capacity(namespace.len() + name.len() + 3);
+    key.push_str(namespace);
+    key.push_str(":{");
+    key.push_str(&name);
+    key.push('}');
+    Ok(LockKeys { key, name })
 }
 
 /// The fencing counter of hash slot `slot` under `namespace`.
@@ -339,8 +384,8 @@ pub(crate) fn fenced_keys<N: LockName + ?Sized>(
 ) -> Result<(String, String), LockError> {
     let base = lock_keys(namespace, delimiter, resource)?.key;
     Ok((
-        format!("{base}:fenced-value"),
-        format!("{base}:fenced-token"),
+        suffixed(&base, ":fenced-value"),
+        suffixed(&base, ":fenced-token"),
     ))
 }
 
@@ -422,9 +467,9 @@ mod tests {
             super::crc16_xmodem(b"{}user1000") % 16384
         );
         let keys = lock_keys("lock", ":", &("order", 7_u64)).unwrap();
-        assert_eq!(cluster_slot(&keys.key), cluster_slot(&keys.fence));
-        assert_eq!(cluster_slot(&keys.key), cluster_slot(&keys.channel));
-        assert_eq!(cluster_slot(&keys.key), cluster_slot(&keys.waiters));
+        assert_eq!(cluster_slot(&keys.key), cluster_slot(&keys.fence()));
+        assert_eq!(cluster_slot(&keys.key), cluster_slot(&keys.channel()));
+        assert_eq!(cluster_slot(&keys.key), cluster_slot(&keys.waiters()));
     }
 
     #[test]
@@ -435,7 +480,10 @@ mod tests {
         }
         // Many names share a slot's counter: the counters are bounded by the slots.
         let a = lock_keys("lock", ":", "a").unwrap();
-        assert_eq!(a.fence, fence_key("lock", cluster_slot(&a.key)));
+        assert_eq!(a.fence(), fence_key("lock", cluster_slot(&a.key)));
+        // A namespace with colons: the fence key keeps all of it.
+        let b = lock_keys("app:locks", ":", "a").unwrap();
+        assert_eq!(b.fence(), fence_key("app:locks", cluster_slot(&b.key)));
     }
 
     use super::*;
@@ -448,9 +496,10 @@ mod tests {
     fn layout_shares_one_hash_tag() {
         let k = keys(&("order", 42_u64));
         assert_eq!(k.key, "lock:{order:42}");
-        assert_eq!(k.waiters, "lock:{order:42}:waiters");
-        assert!(k.fence.starts_with("lock:fence:{"), "{}", k.fence);
-        assert_eq!(k.channel, "lock:{order:42}:released");
+        assert_eq!(k.name, "order:42");
+        assert_eq!(k.waiters(), "lock:{order:42}:waiters");
+        assert!(k.fence().starts_with("lock:fence:{"), "{}", k.fence());
+        assert_eq!(k.channel(), "lock:{order:42}:released");
     }
 
     #[test]
@@ -460,12 +509,57 @@ mod tests {
         // Braces cannot close the hash tag or reach another lock's fence key.
         let forged = keys("x}:fence");
         assert_eq!(forged.key, "lock:{x%7D%3Afence}");
-        assert_ne!(forged.key, keys("x").waiters);
+        assert_ne!(forged.key, keys("x").waiters());
         // The escape character itself is escaped, so escapes cannot be forged.
         assert_ne!(keys("%3A").key, keys(":").key);
         for k in [keys("{a}"), keys(&("}", "{")), keys("%7B")] {
             assert_eq!(k.key.matches('{').count(), 1, "{k:?}");
             assert_eq!(k.key.matches('}').count(), 1, "{k:?}");
+        }
+    }
+
+    /// The escaping by definition, one character at a time.
+    fn escaped_by_definition(delimiter: &str, parts: &[String]) -> String {
+        let mut out = Vec::new();
+        for p in parts {
+            let mut e = String::new();
+            for c in p.chars() {
+                if matches!(c, '%' | '{' | '}') || delimiter.contains(c) {
+                    let mut buf = [0u8; 4];
+                    for b in c.encode_utf8(&mut buf).bytes() {
+                        e.push_str(&format!("%{b:02X}"));
+                    }
+                } else {
+                    e.push(c);
+                }
+            }
+            out.push(e);
+        }
+        out.join(delimiter)
+    }
+
+    #[test]
+    fn escaping_matches_its_definition_for_random_parts_and_delimiters() {
+        let alphabet = [
+            'a', 'Z', '0', ':', '/', '%', '{', '}', '-', 'é', '→', '😀', ' ',
+        ];
+        let delimiters = [":", "/", "::", "-", "é", "→:"];
+        let mut rng = fastrand::Rng::with_seed(42);
+        for _ in 0..5000 {
+            let delimiter = delimiters[rng.usize(..delimiters.len())];
+            let parts: Vec<String> = (0..rng.usize(1..4))
+                .map(|_| {
+                    (0..rng.usize(1..8))
+                        .map(|_| alphabet[rng.usize(..alphabet.len())])
+                        .collect()
+                })
+                .collect();
+            let got = escaped_name(delimiter, parts.as_slice()).unwrap();
+            assert_eq!(
+                got,
+                escaped_by_definition(delimiter, &parts),
+                "{parts:?} {delimiter:?}"
+            );
         }
     }
 
