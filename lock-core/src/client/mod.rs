@@ -251,13 +251,18 @@ impl<N: LockName + ?Sized> LockName for Prefixed<'_, N> {
     }
 }
 
-/// Runs `fut` inside `span`, or bare when no subscriber wants the span: the wrapper
-/// costs on every poll, so a call pays for it only when someone listens.
-pub(crate) async fn in_span<F: std::future::Future>(span: tracing::Span, fut: F) -> F::Output {
+/// `fut` inside `span`, or bare when no subscriber wants the span: the wrapper costs on
+/// every poll, so a call pays for it only when someone listens. (One future either
+/// way, as large as the larger of the two.)
+pub(crate) fn in_span<F: std::future::Future>(
+    span: tracing::Span,
+    fut: F,
+) -> futures_util::future::Either<F, tracing::instrument::Instrumented<F>> {
+    use futures_util::future::Either;
     if span.is_disabled() {
-        fut.await
+        Either::Left(fut)
     } else {
-        tracing::Instrument::instrument(fut, span).await
+        Either::Right(tracing::Instrument::instrument(fut, span))
     }
 }
 

@@ -150,6 +150,12 @@ impl Hub {
         sub
     }
 
+    /// Whether any local waiter listens on any channel: a release builds its channel's
+    /// name to wake one only then.
+    pub(crate) fn has_local_waiters(&self) -> bool {
+        !lock(&self.waiters).is_empty()
+    }
+
     /// Wakes one local waiter of `channel` (after this client released the lock).
     pub(crate) fn notify_local(&self, channel: &str) {
         if let Some((_, n)) = lock(&self.waiters).get(channel) {

@@ -13,11 +13,11 @@ use super::registry::{Enter, Grant};
 use crate::client::cleanup::{self, OnDrop};
 use crate::client::config::{MAX_LEASE, drift};
 use crate::client::store::batch::{Entry, Turn as LaneTurn};
-use crate::client::store::key::LockKeys;
+use crate::client::store::key::{LockKeys, WAITERS};
 use crate::client::store::scripts::{ACQUIRE, AcquireReply};
 use crate::client::wait::{Turn, wait_for_turn};
 use crate::error::LockError;
-use crate::metrics::{self, Acquired, StoreKind};
+use crate::metrics::{self, Acquired};
 
 /// What a granted attempt brings back.
 struct Granted {
@@ -30,7 +30,7 @@ struct Granted {
 
 impl Core {
     /// Takes the lock for `req`, waiting up to `wait`, and counts the outcome once (a
-    /// Redlock's node copy is counted by its Redlock instead).
+    /// part of a composite lock is counted by the composite instead).
     pub(crate) async fn acquire(
         self: &Arc<Self>,
         req: &Request,
@@ -39,7 +39,7 @@ impl Core {
         let started = Instant::now();
         let mut reentered = false;
         let result = self.enter_or_take(req, wait, started, &mut reentered).await;
-        if !req.quorum_copy {
+        if req.part_of.is_none() {
             let outcome = Acquired::of(&result, reentered);
             metrics::acquired(self.client.kind(), outcome, started.elapsed());
         }
@@ -110,11 +110,8 @@ impl Core {
                     g.token.map(|t| self.token(g.seq, t)),
                     g.seq,
                     g.valid_until,
-                    if req.quorum_copy {
-                        StoreKind::Redlock
-                    } else {
-                        self.client.kind()
-                    },
+                    req.part_of.unwrap_or(self.client.kind()),
+                    req.part_of.is_none(),
                 ));
                 if req.watchdog {
                     let mut st = grant.state();
@@ -173,8 +170,8 @@ impl Core {
             let (core, k, v) = (self.clone(), keys.clone(), value.clone());
             Entry::new()
                 .key(&keys.key)
-                .key_owned(keys.fence())
-                .key_owned(keys.waiters())
+                .key(&keys.fence())
+                .key_suffixed(&keys.key, WAITERS)
                 .arg(&value)
                 .arg(lease.as_millis() as u64)
                 .arg(linger)

@@ -12,7 +12,7 @@ use crate::client::cleanup;
 use crate::client::config::{LockConfig, drift};
 use crate::client::store::Conn;
 use crate::client::store::batch::Entry;
-use crate::client::store::key::LockKeys;
+use crate::client::store::key::{LockKeys, RELEASED, WAITERS};
 use crate::client::store::scripts::{FENCE, FenceReply, GrantReply, RELEASE, RENEW, codes};
 use crate::error::LockError;
 use crate::fencing::FencingToken;
@@ -79,21 +79,20 @@ impl Core {
         keys: &LockKeys,
         value: &str,
     ) -> Result<GrantReply, LockError> {
-        let channel = keys.channel();
         let reply = self
             .conn()
             .call(&RELEASE, &keys.key, || {
                 Entry::new()
                     .key(&keys.key)
-                    .key_owned(keys.waiters())
-                    .key(&channel)
+                    .key_suffixed(&keys.key, WAITERS)
+                    .key_suffixed(&keys.key, RELEASED)
                     .arg(value)
                     .arg(self.client.id_hex())
             })
             .await?;
         let r = GrantReply::decode("release", reply)?;
-        if r == GrantReply::Done {
-            self.client.hub().notify_local(&channel);
+        if r == GrantReply::Done && self.client.hub().has_local_waiters() {
+            self.client.hub().notify_local(&keys.channel());
         }
         Ok(r)
     }

@@ -230,7 +230,7 @@ impl LockGuard {
             watchdog: self.watched,
             max_hold: None,
             fenced: false,
-            quorum_copy: self.grant.store == crate::metrics::StoreKind::Redlock,
+            part_of: (!self.grant.counted).then_some(self.grant.store),
         };
         self.core.acquire(&request, Duration::ZERO).await
     }

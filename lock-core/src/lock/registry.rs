@@ -53,8 +53,11 @@ pub(crate) struct Grant {
     pub(crate) token: std::sync::OnceLock<FencingToken>,
     /// Unique per grant in this client (the watchdog's queue key).
     pub(crate) seq: u64,
-    /// The `store` label of its metrics (`Redlock` for a Redlock's node copy).
+    /// The `store` label of its metrics (the composite's for a part of one).
     pub(crate) store: StoreKind,
+    /// Whether this client counts its acquisition and releases (a composite lock
+    /// counts those of its parts itself).
+    pub(crate) counted: bool,
     /// When it was granted (for the hold time).
     pub(crate) granted: Instant,
     pub(crate) lost_tx: watch::Sender<bool>,
@@ -94,6 +97,7 @@ impl Grant {
         seq: u64,
         valid_until: Instant,
         store: StoreKind,
+        counted: bool,
     ) -> Self {
         Self {
             keys,
@@ -102,6 +106,7 @@ impl Grant {
             token: token.map(std::sync::OnceLock::from).unwrap_or_default(),
             seq,
             store,
+            counted,
             granted: Instant::now(),
             lost_tx: watch::Sender::new(false),
             state: Mutex::new(GrantState {
@@ -126,9 +131,9 @@ impl Grant {
     }
 
     /// Counts the release of one hold that returned `result` (`last`: the grant's last
-    /// hold, so its hold time too); a Redlock's node copy is counted by its Redlock.
+    /// hold, so its hold time too), unless a composite lock counts it.
     pub(crate) fn count_release(&self, result: &Result<crate::Released, LockError>, last: bool) {
-        if self.store != StoreKind::Redlock {
+        if self.counted {
             metrics::release(
                 self.store,
                 release_outcome(result),
@@ -458,6 +463,7 @@ mod tests {
             1,
             Instant::now() + Duration::from_secs(30),
             StoreKind::Redis,
+            true,
         ));
         ticket.fulfil(g.clone());
         g

@@ -9,6 +9,7 @@ use crate::client::config::Lease;
 use crate::client::config::{LockConfig, check_lease};
 use crate::client::store::key::{self, LockKeys, LockName};
 use crate::error::LockError;
+use crate::metrics::StoreKind;
 use crate::owner::LockScope;
 
 /// What the caller wants, resolved against the config.
@@ -21,8 +22,10 @@ pub(crate) struct Request {
     pub(crate) max_hold: Option<Duration>,
     /// Take the fencing token with the grant.
     pub(crate) fenced: bool,
-    /// A node copy of a Redlock: the Redlock counts its acquisition and release.
-    pub(crate) quorum_copy: bool,
+    /// Set when the grant is one part of a composite lock (one node's copy of a
+    /// Redlock): its metrics carry the composite's label, and the composite counts
+    /// acquisitions and releases itself.
+    pub(crate) part_of: Option<StoreKind>,
 }
 
 /// Options resolved once per call (the scope above all: every node of a Redlock must
@@ -82,7 +85,7 @@ impl<'c> Resolved<'c> {
             watchdog: self.watchdog,
             max_hold: self.max_hold,
             fenced: self.fenced,
-            quorum_copy: false,
+            part_of: None,
         })
     }
 }

@@ -210,7 +210,7 @@ impl Redlock {
             .iter()
             .map(|n| {
                 let mut request = resolved.request(&n.config().namespace, &name)?;
-                request.quorum_copy = true;
+                request.part_of = Some(StoreKind::Redlock);
                 Ok(request)
             })
             .collect::<Result<Vec<_>, LockError>>()?;

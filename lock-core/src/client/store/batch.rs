@@ -31,77 +31,16 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use redis::{FromRedisValue, ToRedisArgs, Value};
+use redis::{FromRedisValue, Value};
 use tokio::sync::oneshot;
 
+pub(crate) use super::entry::Entry;
 use super::scripts::Lua;
 use super::{Conn, decode};
 use crate::error::LockError;
 
 /// The most entries one script call carries.
 pub(crate) const MAX_BATCH: usize = 128;
-
-/// A queued entry's cleanup (see [`Entry::cleanup`]).
-type Cleanup = Box<dyn FnOnce(Option<Result<Value, LockError>>) + Send + Sync>;
-
-/// One entry of a batched script call: its keys and arguments in the script's per-entry
-/// layout.
-pub(crate) struct Entry {
-    keys: Vec<String>,
-    args: Vec<Vec<u8>>,
-    cleanup: Option<Cleanup>,
-}
-
-impl Entry {
-    pub(crate) fn new() -> Self {
-        Self {
-            keys: Vec::with_capacity(3),
-            args: Vec::with_capacity(4),
-            cleanup: None,
-        }
-    }
-
-    pub(crate) fn key(self, key: &str) -> Self {
-        self.key_owned(key.to_owned())
-    }
-
-    /// [`key`](Self::key) for a key built for this entry alone.
-    pub(crate) fn key_owned(mut self, key: String) -> Self {
-        self.keys.push(key);
-        self
-    }
-
-    pub(crate) fn arg(mut self, arg: impl ToRedisArgs) -> Self {
-        self.args.extend(arg.to_redis_args());
-        self
-    }
-
-    /// What to undo for this entry when queued, run once its outcome is known and its
-    /// caller will not act on it: with its error (the caller gets a copy), with its
-    /// reply if the caller went away after it was sent, or with `None` if the caller
-    /// went away before (nothing was sent).
-    pub(crate) fn cleanup(
-        mut self,
-        f: impl FnOnce(Option<Result<Value, LockError>>) + Send + Sync + 'static,
-    ) -> Self {
-        self.cleanup = Some(Box::new(f));
-        self
-    }
-
-    /// The keys and arguments of `entries`, in order: every entry's keys, then every
-    /// entry's arguments (`numkeys` first).
-    fn fill(entries: &[&Entry], cmd: &mut redis::Cmd) {
-        cmd.arg(entries.iter().map(|e| e.keys.len()).sum::<usize>());
-        for e in entries {
-            cmd.arg(&e.keys);
-        }
-        for e in entries {
-            for a in &e.args {
-                cmd.arg(&a[..]);
-            }
-        }
-    }
-}
 
 struct Queued {
     entry: Entry,
@@ -114,11 +53,13 @@ type LaneId = (&'static str, u16);
 /// what queued behind that call.
 #[derive(Default)]
 pub(crate) struct Lanes {
-    busy: Mutex<HashMap<LaneId, Vec<Queued>>>,
+    busy: Mutex<HashMap<LaneId, Vec<Queued>, foldhash::fast::RandomState>>,
 }
 
 impl Lanes {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<LaneId, Vec<Queued>>> {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<LaneId, Vec<Queued>, foldhash::fast::RandomState>> {
         // A panic while holding the lock cannot leave the map half-changed (only
         // single inserts, removes and takes happen under it).
         self.busy.lock().unwrap_or_else(|p| p.into_inner())
@@ -267,7 +208,9 @@ async fn send_batch(
     entries: &[&Entry],
 ) -> Result<Vec<Value>, LockError> {
     let reply = conn
-        .eval(script, conn.timeout(), |c| Entry::fill(entries, c))
+        .eval_sized(script, conn.timeout(), Entry::size(entries), |c| {
+            Entry::fill(entries, c)
+        })
         .await?;
     match reply {
         Value::Array(items) if items.len() == entries.len() => Ok(items),

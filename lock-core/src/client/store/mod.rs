@@ -10,6 +10,7 @@
 
 pub(crate) mod batch;
 mod deployment;
+mod entry;
 pub mod key;
 pub(crate) mod scripts;
 pub(crate) mod version;
@@ -96,17 +97,30 @@ impl Conn {
         within: Duration,
         fill: impl Fn(&mut Cmd),
     ) -> Result<Value, LockError> {
+        self.eval_sized(script, within, (4, 64), fill).await
+    }
+
+    /// [`eval`](Self::eval) of a call whose `fill` writes about `size.0` arguments of
+    /// `size.1` bytes in all: its command is allocated once.
+    pub(crate) async fn eval_sized(
+        &self,
+        script: &scripts::Lua,
+        within: Duration,
+        size: (usize, usize),
+        fill: impl Fn(&mut Cmd),
+    ) -> Result<Value, LockError> {
         let within = within.min(self.timeout);
         let call = async {
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(script.sha());
+            let mut cmd = Cmd::with_capacity(size.0 + 2, size.1 + 56);
+            cmd.arg("EVALSHA").arg(script.sha());
             fill(&mut cmd);
             match self.store.query(&cmd).await {
                 Err(e)
                     if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                 {
-                    let mut cmd = redis::cmd("EVAL");
-                    cmd.arg(script.source());
+                    let mut cmd =
+                        Cmd::with_capacity(size.0 + 2, size.1 + script.source().len() + 16);
+                    cmd.arg("EVAL").arg(script.source());
                     fill(&mut cmd);
                     self.store.query(&cmd).await
                 }

@@ -1,0 +1,189 @@
+//! One entry of a batched script call, packed flat: an entry's keys in one buffer and
+//! its arguments in another, so building one costs four allocations however many keys
+//! and arguments it has, and a key made of a lock key and a suffix costs none.
+
+use std::io;
+
+use redis::{RedisWrite, ToRedisArgs, Value};
+
+use crate::error::LockError;
+
+/// A queued entry's cleanup (see [`Entry::cleanup`]).
+pub(super) type Cleanup = Box<dyn FnOnce(Option<Result<Value, LockError>>) + Send + Sync>;
+
+/// One entry of a batched script call: its keys and arguments in the script's per-entry
+/// layout.
+pub(crate) struct Entry {
+    keys: Packed,
+    args: Packed,
+    pub(super) cleanup: Option<Cleanup>,
+}
+
+impl Entry {
+    pub(crate) fn new() -> Self {
+        Self {
+            keys: Packed::with_capacity(3, 128),
+            args: Packed::with_capacity(4, 96),
+            cleanup: None,
+        }
+    }
+
+    pub(crate) fn key(mut self, key: &str) -> Self {
+        self.keys.write_arg(key.as_bytes());
+        self
+    }
+
+    /// The key `key` followed by `suffix` (a lock's waiter marker, say), built in place.
+    pub(crate) fn key_suffixed(mut self, key: &str, suffix: &str) -> Self {
+        self.keys.data.extend_from_slice(key.as_bytes());
+        self.keys.write_arg(suffix.as_bytes());
+        self
+    }
+
+    pub(crate) fn arg(mut self, arg: impl ToRedisArgs) -> Self {
+        arg.write_redis_args(&mut self.args);
+        self
+    }
+
+    /// What to undo for this entry when queued, run once its outcome is known and its
+    /// caller will not act on it: with its error (the caller gets a copy), with its
+    /// reply if the caller went away after it was sent, or with `None` if the caller
+    /// went away before (nothing was sent).
+    pub(crate) fn cleanup(
+        mut self,
+        f: impl FnOnce(Option<Result<Value, LockError>>) + Send + Sync + 'static,
+    ) -> Self {
+        self.cleanup = Some(Box::new(f));
+        self
+    }
+
+    /// Arguments and bytes the call of `entries` takes after the script's name or sha
+    /// (`numkeys`, keys, arguments), to size its command once.
+    pub(super) fn size(entries: &[&Entry]) -> (usize, usize) {
+        entries.iter().fold((1, 20), |(n, bytes), e| {
+            (
+                n + e.keys.ends.len() + e.args.ends.len(),
+                bytes + e.keys.data.len() + e.args.data.len(),
+            )
+        })
+    }
+
+    /// The keys and arguments of `entries`, in order: every entry's keys, then every
+    /// entry's arguments (`numkeys` first).
+    pub(super) fn fill(entries: &[&Entry], cmd: &mut redis::Cmd) {
+        cmd.arg(entries.iter().map(|e| e.keys.ends.len()).sum::<usize>());
+        for e in entries {
+            e.keys.each(|k| {
+                cmd.arg(k);
+            });
+        }
+        for e in entries {
+            e.args.each(|a| {
+                cmd.arg(a);
+            });
+        }
+    }
+}
+
+/// Arguments back to back in one buffer, and where each ends.
+struct Packed {
+    data: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl Packed {
+    fn with_capacity(args: usize, bytes: usize) -> Self {
+        Self {
+            data: Vec::with_capacity(bytes),
+            ends: Vec::with_capacity(args),
+        }
+    }
+
+    fn each(&self, mut f: impl FnMut(&[u8])) {
+        let mut start = 0;
+        for &end in &self.ends {
+            f(&self.data[start..end]);
+            start = end;
+        }
+    }
+}
+
+impl RedisWrite for Packed {
+    fn write_arg(&mut self, arg: &[u8]) {
+        self.data.extend_from_slice(arg);
+        self.ends.push(self.data.len());
+    }
+
+    fn writer_for_next_arg(&mut self) -> impl io::Write + '_ {
+        NextArg(self)
+    }
+}
+
+/// Writes one argument into a [`Packed`]; it ends when the writer is dropped.
+struct NextArg<'a>(&'a mut Packed);
+
+impl io::Write for NextArg<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.data.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for NextArg<'_> {
+    fn drop(&mut self) {
+        self.0.ends.push(self.0.data.len());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(p: &Packed) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        p.each(|a| out.push(a.to_vec()));
+        out
+    }
+
+    #[test]
+    fn an_entry_keeps_each_key_and_argument_whole_and_in_order() {
+        let e = Entry::new()
+            .key("lock:{a}")
+            .key_suffixed("lock:{a}", ":waiters")
+            .key("")
+            .arg("v")
+            .arg(42_u64)
+            .arg(&b"\x00bytes"[..])
+            .arg(Vec::<u8>::new());
+        assert_eq!(
+            parts(&e.keys),
+            [&b"lock:{a}"[..], b"lock:{a}:waiters", b""].map(<[u8]>::to_vec)
+        );
+        assert_eq!(
+            parts(&e.args),
+            [&b"v"[..], b"42", b"\x00bytes", b""].map(<[u8]>::to_vec)
+        );
+        let mut cmd = redis::cmd("EVALSHA");
+        Entry::fill(&[&e, &e], &mut cmd);
+        let args: Vec<Vec<u8>> = cmd
+            .args_iter()
+            .skip(1)
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b.to_vec(),
+                _ => panic!("only simple arguments"),
+            })
+            .collect();
+        assert_eq!(args[0], b"6");
+        assert_eq!(
+            args[1..4],
+            args[4..7],
+            "keys of both entries, then arguments"
+        );
+        assert_eq!(args[7..11], args[11..15]);
+        assert_eq!(Entry::size(&[&e, &e]).0, 1 + 2 * 7);
+    }
+}
