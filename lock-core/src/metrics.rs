@@ -127,6 +127,18 @@ pub(crate) enum StoreKind {
 }
 
 impl StoreKind {
+    /// Every kind, in declaration order (`kind as usize` indexes it).
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    const ALL: [Self; 7] = [
+        Self::Redis,
+        Self::RedisCluster,
+        Self::Redlock,
+        Self::Memory,
+        Self::Zookeeper,
+        Self::Mysql,
+        Self::Postgres,
+    ];
+
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub(crate) const fn label(self) -> &'static str {
         match self {
@@ -165,6 +177,15 @@ impl Acquired {
     }
 
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    const ALL: [Self; 5] = [
+        Self::Granted,
+        Self::Reentered,
+        Self::Busy,
+        Self::TimedOut,
+        Self::Error,
+    ];
+
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     const fn label(self) -> &'static str {
         match self {
             Self::Granted => "granted",
@@ -188,7 +209,16 @@ pub(crate) enum ReleaseOutcome {
 
 impl ReleaseOutcome {
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-    fn label(self) -> &'static str {
+    const ALL: [Self; 5] = [
+        Self::Unlocked,
+        Self::StillHeld,
+        Self::Expired,
+        Self::NotOwner,
+        Self::Error,
+    ];
+
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    const fn label(self) -> &'static str {
         match self {
             Self::Unlocked => "unlocked",
             Self::StillHeld => "still_held",
@@ -209,6 +239,9 @@ pub(crate) enum Renewal {
 }
 
 impl Renewal {
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    const ALL: [Self; 4] = [Self::Renewed, Self::Expired, Self::NotOwner, Self::Error];
+
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     const fn label(self) -> &'static str {
         match self {
@@ -255,30 +288,85 @@ mod record {
 
     use super::*;
 
+    use std::sync::LazyLock;
+
+    use metrics::{Counter, Histogram, Key, Label, Level, Metadata};
+
+    /// What the `counter!` and `histogram!` macros would pass.
+    static META: Metadata<'static> =
+        Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+    /// The keys of `name` for every store and every `values` of the label `other`, at
+    /// `store as usize * values.len() + value index`: built once, so recording one
+    /// neither allocates nor hashes its labels.
+    fn by_store_and(name: &'static str, other: &'static str, values: &[&'static str]) -> Vec<Key> {
+        StoreKind::ALL
+            .iter()
+            .flat_map(|s| {
+                values.iter().map(move |v| {
+                    Key::from_parts(
+                        name,
+                        vec![Label::new("store", s.label()), Label::new(other, *v)],
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// The keys of `name` for every store, at `store as usize`.
+    fn by_store(name: &'static str) -> Vec<Key> {
+        StoreKind::ALL
+            .iter()
+            .map(|s| Key::from_parts(name, vec![Label::new("store", s.label())]))
+            .collect()
+    }
+
+    static ACQUISITION_KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
+        by_store_and(ACQUISITIONS, "outcome", &Acquired::ALL.map(Acquired::label))
+    });
+    static WAIT_KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| by_store(WAIT));
+    static RELEASE_KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
+        by_store_and(
+            RELEASES,
+            "result",
+            &ReleaseOutcome::ALL.map(ReleaseOutcome::label),
+        )
+    });
+    static HOLD_KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| by_store(HOLD));
+    static RENEWAL_KEYS: LazyLock<Vec<Key>> =
+        LazyLock::new(|| by_store_and(RENEWALS, "result", &Renewal::ALL.map(Renewal::label)));
+
+    fn counter(key: &Key) -> Counter {
+        metrics::with_recorder(|r| r.register_counter(key, &META))
+    }
+
+    fn histogram(key: &Key) -> Histogram {
+        metrics::with_recorder(|r| r.register_histogram(key, &META))
+    }
+
     pub(crate) fn acquired(store: StoreKind, outcome: Acquired, waited: Duration) {
-        let store = store.label();
-        metrics::counter!(ACQUISITIONS, "store" => store, "outcome" => outcome.label())
-            .increment(1);
+        let at = store as usize * Acquired::ALL.len() + outcome as usize;
+        counter(&ACQUISITION_KEYS[at]).increment(1);
         if matches!(
             outcome,
             Acquired::Granted | Acquired::Busy | Acquired::TimedOut
         ) {
-            metrics::histogram!(WAIT, "store" => store).record(waited);
+            histogram(&WAIT_KEYS[store as usize]).record(waited);
         }
     }
 
     pub(crate) fn released(store: StoreKind, result: ReleaseOutcome) {
-        metrics::counter!(RELEASES, "store" => store.label(), "result" => result.label())
-            .increment(1);
+        let at = store as usize * ReleaseOutcome::ALL.len() + result as usize;
+        counter(&RELEASE_KEYS[at]).increment(1);
     }
 
     pub(crate) fn held(store: StoreKind, held: Duration) {
-        metrics::histogram!(HOLD, "store" => store.label()).record(held);
+        histogram(&HOLD_KEYS[store as usize]).record(held);
     }
 
     pub(crate) fn renewed(store: StoreKind, result: Renewal, locks: u64) {
-        metrics::counter!(RENEWALS, "store" => store.label(), "result" => result.label())
-            .increment(locks);
+        let at = store as usize * Renewal::ALL.len() + result as usize;
+        counter(&RENEWAL_KEYS[at]).increment(locks);
     }
 
     pub(crate) fn renewal_call(store: StoreKind, took: Duration) {
@@ -345,5 +433,27 @@ pub(crate) fn release(store: StoreKind, result: ReleaseOutcome, held_for: Option
     released(store, result);
     if let Some(d) = held_for {
         held(store, d);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The recorder indexes its key tables by `variant as usize`.
+    #[test]
+    fn every_label_list_is_in_declaration_order() {
+        for (i, v) in StoreKind::ALL.iter().enumerate() {
+            assert_eq!(*v as usize, i, "{v:?}");
+        }
+        for (i, v) in Acquired::ALL.iter().enumerate() {
+            assert_eq!(*v as usize, i, "{v:?}");
+        }
+        for (i, v) in ReleaseOutcome::ALL.iter().enumerate() {
+            assert_eq!(*v as usize, i, "{v:?}");
+        }
+        for (i, v) in Renewal::ALL.iter().enumerate() {
+            assert_eq!(*v as usize, i, "{v:?}");
+        }
     }
 }

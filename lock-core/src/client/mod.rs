@@ -22,7 +22,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use self::config::LockConfig;
 use self::store::key::{self, LockKeys, LockName, NameWriter};
-use self::store::{Conn, RedisStore, version};
+use self::store::{Conn, RedisStore, Store, version};
 use self::wait::Hub;
 use crate::error::LockError;
 use crate::metrics::StoreKind;
@@ -54,11 +54,13 @@ impl std::fmt::Debug for Client {
 
 impl Client {
     fn new(
-        conn: Conn,
+        store: impl Store,
         pubsub: Vec<redis::Client>,
         config: LockConfig,
         kind: StoreKind,
     ) -> Result<Self, LockError> {
+        config.validate()?;
+        let conn = Conn::new(store, config.command_timeout, config.batching);
         let id = ClientId::random()?;
         let id_hex = id.to_hex();
         Ok(Self {
@@ -115,13 +117,13 @@ impl Client {
         pubsub: Option<redis::Client>,
         config: LockConfig,
     ) -> Result<Self, LockError> {
-        config.validate()?;
-        let conn = Conn::new(
-            RedisStore::new(manager),
-            config.command_timeout,
-            config.batching,
-        );
-        Self::new(conn, pubsub.into_iter().collect(), config, StoreKind::Redis)
+        let store = RedisStore::new(manager);
+        Self::new(
+            store,
+            pubsub.into_iter().collect(),
+            config,
+            StoreKind::Redis,
+        )
     }
 
     /// Connects to a Redis Cluster through any of its seed `nodes`, refusing masters
@@ -169,13 +171,12 @@ impl Client {
         pubsub: Vec<redis::Client>,
         config: LockConfig,
     ) -> Result<Self, LockError> {
-        config.validate()?;
-        let conn = Conn::new(
+        Self::new(
             RedisStore::new(conn),
-            config.command_timeout,
-            config.batching,
-        );
-        Self::new(conn, pubsub, config, StoreKind::RedisCluster)
+            pubsub,
+            config,
+            StoreKind::RedisCluster,
+        )
     }
 
     /// The connection: every Redis call goes through it.
