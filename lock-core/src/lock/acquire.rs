@@ -10,11 +10,9 @@ use super::Request;
 use super::core::Core;
 use super::guard::LockGuard;
 use super::registry::{Enter, Grant};
-use crate::client::cleanup::{self, OnDrop};
+use crate::client::cleanup::OnDrop;
 use crate::client::config::{MAX_LEASE, drift};
-use crate::client::store::batch::{Entry, Turn as LaneTurn};
-use crate::client::store::key::{LockKeys, WAITERS};
-use crate::client::store::scripts::{ACQUIRE, AcquireReply};
+use crate::client::store::scripts::AcquireReply;
 use crate::client::wait::{Turn, wait_for_turn};
 use crate::error::LockError;
 use crate::metrics::{self, Acquired};
@@ -41,7 +39,7 @@ impl Core {
         let result = self.enter_or_take(req, wait, started, &mut reentered).await;
         if req.part_of.is_none() {
             let outcome = Acquired::of(&result, reentered);
-            metrics::acquired(self.client.kind(), outcome, started.elapsed());
+            metrics::acquired(self.client().kind(), outcome, started.elapsed());
         }
         result
     }
@@ -72,7 +70,7 @@ impl Core {
                     // Our own release finishes within one command timeout, whatever
                     // the wait budget; another acquisition of the scope within ours.
                     let until = if own_release {
-                        deadline.max(Instant::now() + self.conn().timeout())
+                        deadline.max(Instant::now() + self.config().command_timeout)
                     } else {
                         deadline
                     };
@@ -87,13 +85,13 @@ impl Core {
         } else {
             // The waiter marker outlives the holder's lease by the longest sleep
             // between two attempts, so a waiter is always marked while it waits.
-            (self.config().backoff.max + self.conn().timeout()).as_millis() as u64
+            (self.config().backoff.max + self.config().command_timeout).as_millis() as u64
         };
         // Built only if the lock is busy: an uncontended acquisition never listens.
         let channel = std::sync::OnceLock::new();
         let listen = || {
             Some((
-                self.client.hub(),
+                self.backend.hub(),
                 channel.get_or_init(|| req.keys.channel()).as_str(),
             ))
         };
@@ -110,7 +108,7 @@ impl Core {
                     g.token.map(|t| self.token(g.seq, t)),
                     g.seq,
                     g.valid_until,
-                    req.part_of.unwrap_or(self.client.kind()),
+                    req.part_of.unwrap_or(self.client().kind()),
                     req.part_of.is_none(),
                 ));
                 if req.watchdog {
@@ -149,66 +147,26 @@ impl Core {
         }
     }
 
-    /// One acquisition attempt with a fresh grant value. Unfenced, a plain `SET NX PX`
-    /// first, sent at once whatever else is in flight (concurrent commands share the
-    /// connection's pipeline; inside a script the same SET costs Redis several times
-    /// more). Only what needs the script goes through the acquire lane (alone, or an
-    /// entry of the next batched call): a fenced request, and a lock the SET found
-    /// busy (the script leaves the waiter marker and reads the holder's lease).
+    /// One acquisition attempt with a fresh grant value (see [`RedisBackend::take`](super::backend::RedisBackend::take)).
     async fn attempt(
         self: &Arc<Self>,
         req: &Request,
         linger: u64,
     ) -> Result<Turn<Granted>, LockError> {
         let (value, seq) = self.next_grant(&req.scope);
-        let keys = &req.keys;
         let lease = req.lease;
         let sent = Instant::now();
-        let entry = || {
-            // Queued: a grant its caller will not take (gone), or an unknown outcome (an
-            // error), is given back once the reply is in.
-            let (core, k, v) = (self.clone(), keys.clone(), value.clone());
-            Entry::new()
-                .key(&keys.key)
-                .key(&keys.fence())
-                .key_suffixed(&keys.key, WAITERS)
-                .arg(&value)
-                .arg(lease.as_millis() as u64)
-                .arg(linger)
-                .arg(u8::from(req.fenced))
-                .cleanup(move |reply| {
-                    let Some(reply) = reply else {
-                        return; // never sent
-                    };
-                    let granted = reply.and_then(AcquireReply::decode);
-                    if !matches!(granted, Ok(AcquireReply::Busy { .. })) {
-                        core.give_back_in_background(&k, &v);
-                    }
-                })
-        };
-        // Until the reply is in, the grant may exist: a cancelled or failed call is
-        // undone in the background (the value is this attempt's own).
-        let undo = || OnDrop::new(|| self.give_back_in_background(keys, &value));
-        let granted_by_set = !req.fenced && {
-            let undo = undo();
-            let granted = self.plain_set(req, &value).await?;
-            undo.disarm();
-            granted
-        };
-        let reply = if granted_by_set {
-            AcquireReply::Granted { token: None }
-        } else {
-            self.attempt_script(keys, entry, undo).await?
-        };
-        match reply {
+        match self.backend.take(req, &value, linger).await? {
             AcquireReply::Granted { token } => {
                 let valid_until = sent + lease - drift(lease);
                 if Instant::now() >= valid_until {
                     // The reply came after the lease it granted: nothing of it can be
                     // relied on, so give it back now rather than block everyone.
-                    tracing::warn!(lock = %keys.name, "grant arrived with no validity left; given back");
-                    let undo = undo();
-                    let result = self.delete_call(keys, &value).await;
+                    tracing::warn!(lock = %req.keys.name, "grant arrived with no validity left; given back");
+                    let undo = OnDrop::new(|| {
+                        self.backend.give_back_in_background(&req.keys, &value);
+                    });
+                    let result = self.backend.give_back(&req.keys, &value).await;
                     undo.disarm();
                     result?;
                     return Ok(Turn::Retry(Duration::ZERO));
@@ -222,54 +180,6 @@ impl Core {
             }
             AcquireReply::Busy { pttl_ms } => Ok(Turn::Retry(Duration::from_millis(pttl_ms))),
         }
-    }
-
-    /// `SET key value NX PX lease`, what the raw recipe costs: whether it granted.
-    async fn plain_set(&self, req: &Request, value: &str) -> Result<bool, LockError> {
-        let mut set = redis::cmd("SET");
-        set.arg(&req.keys.key)
-            .arg(value)
-            .arg("NX")
-            .arg("PX")
-            .arg(req.lease.as_millis() as u64);
-        let reply: Option<String> = self.conn().query("acquire", &set).await?;
-        Ok(reply.is_some())
-    }
-
-    /// The attempt through `acquire.lua`: alone on its lane, or queued as an entry of
-    /// the next batch. `undo` arms the give-back of a grant whose outcome is unknown
-    /// (a queued entry's error is its cleanup's to undo instead).
-    async fn attempt_script<U>(
-        &self,
-        keys: &LockKeys,
-        entry: impl FnOnce() -> Entry,
-        undo: impl Fn() -> OnDrop<U>,
-    ) -> Result<AcquireReply, LockError>
-    where
-        U: FnOnce(),
-    {
-        let (value, undo) = match self.conn().turn(&ACQUIRE, &keys.key, entry) {
-            LaneTurn::Alone(alone, entry) => {
-                let undo = undo();
-                let value = self.conn().send_one(&ACQUIRE, &entry()).await;
-                drop(alone);
-                (value?, undo)
-            }
-            // An error is the queued entry's cleanup's to undo: armed only after.
-            LaneTurn::Queued(pending) => (pending.await?, undo()),
-        };
-        let reply = AcquireReply::decode(value)?;
-        undo.disarm();
-        Ok(reply)
-    }
-
-    /// Gives back the grant `value` of `keys` in the background (compare-and-delete).
-    fn give_back_in_background(self: &Arc<Self>, keys: &Arc<LockKeys>, value: &str) {
-        let (core, keys, value) = (self.clone(), keys.clone(), value.to_owned());
-        let name = keys.name.clone();
-        cleanup::spawn("undoing an unfinished acquisition", name, async move {
-            core.delete_call_patiently(&keys, &value).await.map(|_| ())
-        });
     }
 
     /// The scope already holds the grant: one more hold, and a longer lease if this

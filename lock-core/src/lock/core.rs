@@ -1,26 +1,24 @@
-//! `Core`: what a client and its guards share (connection, registry, watchdog, waiters),
-//! and the lock protocol's Redis calls.
+//! `Core`: what a client and its guards share (the backend, the registry, the
+//! watchdog), and the engine's side of a release, a fence and an extension.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use super::backend::RedisBackend;
 use super::registry::{Grant, Loss, Registry};
 use super::watchdog::Watchdog;
 use crate::client::Client;
 use crate::client::cleanup;
 use crate::client::config::{LockConfig, drift};
-use crate::client::store::Conn;
-use crate::client::store::batch::Entry;
-use crate::client::store::key::{LockKeys, RELEASED, WAITERS};
-use crate::client::store::scripts::{FENCE, FenceReply, GrantReply, RELEASE, RENEW, codes};
+use crate::client::store::scripts::{FenceReply, GrantReply};
 use crate::error::LockError;
 use crate::fencing::FencingToken;
 use crate::lock::Released;
 use crate::owner::{LockScope, push_digits};
 
 pub(crate) struct Core {
-    pub(crate) client: Client,
+    pub(crate) backend: RedisBackend,
     pub(crate) registry: Arc<Registry>,
     pub(crate) watchdog: Watchdog,
     grants: AtomicU64,
@@ -29,32 +27,28 @@ pub(crate) struct Core {
 impl Core {
     pub(crate) fn new(client: Client) -> Self {
         let registry = Arc::new(Registry::default());
+        let backend = RedisBackend::new(client);
         Self {
-            watchdog: Watchdog::new(
-                client.conn().clone(),
-                client.kind(),
-                registry.clone(),
-                client.config(),
-            ),
-            client,
+            watchdog: Watchdog::new(backend.clone(), registry.clone()),
+            backend,
             registry,
             grants: AtomicU64::new(1),
         }
     }
 
-    pub(crate) fn conn(&self) -> &Conn {
-        self.client.conn()
+    pub(crate) fn client(&self) -> &Client {
+        self.backend.client()
     }
 
     pub(crate) fn config(&self) -> &LockConfig {
-        self.client.config()
+        self.client().config()
     }
 
     /// A value and a number for a new grant: unique per grant (this client's random id
     /// and a counter), so a release or renewal can only touch its own grant.
     pub(crate) fn next_grant(&self, scope: &LockScope) -> (String, u64) {
         let seq = self.grants.fetch_add(1, Ordering::Relaxed);
-        let id = self.client.id_hex();
+        let id = self.client().id_hex();
         // `<owner>:<grant number>`: the owner id is recovered from it (`Grant::owner`).
         let mut value = String::with_capacity(id.len() + 38);
         scope.write_owner(id, &mut value);
@@ -67,48 +61,8 @@ impl Core {
     /// distinct for every grant of this client (an odd multiplier is a bijection) and
     /// unrelated between clients (their ids are random).
     pub(crate) fn token(&self, seq: u64, token: u64) -> FencingToken {
-        let holder = self.client.id().low64() ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let holder = self.client().id().low64() ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15);
         FencingToken::new(token, holder)
-    }
-
-    /// Deletes the grant with value `value` if the lock still holds it
-    /// (compare-and-delete; publishes if someone waits, and wakes this client's
-    /// waiters). Used by releases and by the undo of an unfinished acquisition.
-    pub(crate) async fn delete_call(
-        &self,
-        keys: &LockKeys,
-        value: &str,
-    ) -> Result<GrantReply, LockError> {
-        let reply = self
-            .conn()
-            .call(&RELEASE, &keys.key, || {
-                Entry::new()
-                    .key(&keys.key)
-                    .key_suffixed(&keys.key, WAITERS)
-                    .key_suffixed(&keys.key, RELEASED)
-                    .arg(value)
-                    .arg(self.client.id_hex())
-            })
-            .await?;
-        let r = GrantReply::decode("release", reply)?;
-        if r == GrantReply::Done && self.client.hub().has_local_waiters() {
-            self.client.hub().notify_local(&keys.channel());
-        }
-        Ok(r)
-    }
-
-    /// [`delete_call`](Self::delete_call) for background work, tried again after a
-    /// failure ([`cleanup::patiently`]: it deletes only this grant's own value). After a
-    /// failed try, `Expired` means that try may have deleted it: reported as done.
-    pub(crate) async fn delete_call_patiently(
-        &self,
-        keys: &LockKeys,
-        value: &str,
-    ) -> Result<GrantReply, LockError> {
-        match cleanup::patiently("a background delete", || self.delete_call(keys, value)).await {
-            (Ok(GrantReply::Expired), true) => Ok(GrantReply::Done),
-            (answer, _) => answer,
-        }
     }
 
     /// Gives back the last hold of a live grant (`lost`: of a grant already lost, which
@@ -124,9 +78,11 @@ impl Core {
         self.watchdog.unschedule(grant);
         let background = cleanup::OnDrop::new(|| self.release_in_background(grant, lost));
         let reply = if patiently {
-            self.delete_call_patiently(&grant.keys, &grant.value).await
+            self.backend
+                .give_back_patiently(&grant.keys, &grant.value)
+                .await
         } else {
-            self.delete_call(&grant.keys, &grant.value).await
+            self.backend.give_back(&grant.keys, &grant.value).await
         };
         background.disarm();
         if lost.is_none() {
@@ -163,14 +119,8 @@ impl Core {
         if let Some(loss) = grant.state().lost {
             return Err(loss.error(&grant.keys.name));
         }
-        let keys = &grant.keys;
-        let reply = self
-            .conn()
-            .eval(&FENCE, self.conn().timeout(), |c| {
-                c.arg(2).arg(&keys.key).arg(keys.fence()).arg(&grant.value);
-            })
-            .await?;
-        match FenceReply::decode(reply)? {
+        let reply = self.backend.fence(&grant.keys, &grant.value).await?;
+        match reply {
             // Two holds asking at once may both take one: the first one set stays.
             FenceReply::Token(t) => Ok(*grant.token.get_or_init(|| self.token(grant.seq, t))),
             FenceReply::Lost(GrantReply::NotOwner) => Err(self.lose(grant, Loss::TakenOver)),
@@ -191,16 +141,10 @@ impl Core {
         }
         let sent = Instant::now();
         let reply = self
-            .conn()
-            .eval(&RENEW, self.conn().timeout(), |c| {
-                c.arg(1)
-                    .arg(&grant.keys.key)
-                    .arg(&grant.value)
-                    .arg(lease.as_millis() as u64);
-            })
+            .backend
+            .extend(&grant.keys, &grant.value, lease)
             .await?;
-        let code = codes("renew", reply, 1)?[0];
-        match GrantReply::from_code("renew", code)? {
+        match reply {
             GrantReply::Done => {
                 let mut st = grant.state();
                 if st.lost.is_none() {

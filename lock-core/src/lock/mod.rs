@@ -8,6 +8,7 @@
 //! never the client.
 
 mod acquire;
+mod backend;
 mod capabilities;
 pub(crate) mod core;
 mod guard;
@@ -63,7 +64,7 @@ pub struct LockClient {
 impl std::fmt::Debug for LockClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockClient")
-            .field("id", &self.inner.client.id())
+            .field("id", &self.inner.client().id())
             .field("namespace", &self.inner.config().namespace)
             .field("held", &self.inner.registry.len())
             .finish_non_exhaustive()
@@ -190,12 +191,12 @@ impl LockClient {
 
     /// The connection, hub, id and configuration this client's capabilities share.
     pub(crate) fn client(&self) -> &Client {
-        &self.inner.client
+        self.inner.client()
     }
 
     /// This client's random id (part of every owner id it uses).
     pub fn id(&self) -> ClientId {
-        self.inner.client.id()
+        self.inner.client().id()
     }
 
     /// The configuration in force.
@@ -205,7 +206,7 @@ impl LockClient {
 
     /// The Redis keys and channel of the lock `name` (for inspection and tooling).
     pub fn keys<N: LockName>(&self, name: N) -> Result<LockKeys, LockError> {
-        self.inner.client.lock_keys(&name)
+        self.inner.client().lock_keys(&name)
     }
 
     /// Number of locks this client holds or is acquiring right now.
@@ -217,7 +218,7 @@ impl LockClient {
     /// and completions) waiting behind a call in flight to go in the next batch; 0 with
     /// batching off. See [`LockConfig::with_batching`].
     pub fn queued_calls(&self) -> usize {
-        self.inner.conn().queued_calls()
+        self.inner.client().conn().queued_calls()
     }
 
     /// Takes the lock if it is free (or re-enters it); fails with

@@ -22,11 +22,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use super::backend::RedisBackend;
 use super::registry::{Grant, Loss, Registry};
 use crate::client::cleanup::{self, OnDrop};
-use crate::client::config::{LockConfig, drift};
-use crate::client::store::Conn;
-use crate::client::store::scripts::{GrantReply, RENEW, codes};
+use crate::client::config::drift;
+use crate::client::store::scripts::GrantReply;
 use crate::error::LockError;
 use crate::metrics::{self, Renewal, StoreKind};
 
@@ -38,7 +38,7 @@ pub(crate) struct Watchdog {
 }
 
 struct Shared {
-    conn: Conn,
+    backend: RedisBackend,
     /// The `store` label of the connection's renewal calls.
     kind: StoreKind,
     registry: Arc<Registry>,
@@ -58,19 +58,20 @@ struct Queue {
 }
 
 impl Watchdog {
-    pub(crate) fn new(
-        conn: Conn,
-        kind: StoreKind,
-        registry: Arc<Registry>,
-        config: &LockConfig,
-    ) -> Self {
+    pub(crate) fn new(backend: RedisBackend, registry: Arc<Registry>) -> Self {
+        let config = backend.client().config();
+        let (kind, lease, period) = (
+            backend.client().kind(),
+            config.watchdog_lease,
+            config.watchdog_period(),
+        );
         Self {
             shared: Arc::new(Shared {
-                conn,
+                backend,
                 kind,
                 registry,
-                lease: config.watchdog_lease,
-                period: config.watchdog_period(),
+                lease,
+                period,
                 wake: Arc::new(Notify::new()),
                 queue: Mutex::new(Queue::default()),
             }),
@@ -223,7 +224,7 @@ impl Shared {
         let mut by_group: BTreeMap<u16, Vec<Arc<Grant>>> = BTreeMap::new();
         for grant in due {
             by_group
-                .entry(self.conn.group(&grant.keys.key))
+                .entry(self.backend.group(&grant.keys.key))
                 .or_default()
                 .push(grant);
         }
@@ -250,22 +251,9 @@ impl Shared {
             .max()
             .unwrap_or_default();
         let unanswered = OnDrop::new(|| self.retry_soon(&batch));
-        let reply = self
-            .conn
-            .eval(&RENEW, left.max(Duration::from_millis(1)), |c| {
-                c.arg(batch.len());
-                for grant in &batch {
-                    c.arg(&grant.keys.key);
-                }
-                for grant in &batch {
-                    c.arg(&grant.value);
-                }
-                for _ in &batch {
-                    c.arg(lease.as_millis() as u64);
-                }
-            })
-            .await
-            .and_then(|r| codes("renew", r, batch.len()));
+        let grants: Vec<_> = batch.iter().map(|g| (&*g.keys, g.value.as_str())).collect();
+        let within = left.max(Duration::from_millis(1));
+        let reply = self.backend.renew(&grants, lease, within).await;
         unanswered.disarm();
         metrics::renewal_call(self.kind, sent.elapsed());
         match reply {
