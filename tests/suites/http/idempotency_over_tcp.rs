@@ -209,10 +209,9 @@ async fn one_time_token_accepts_exactly_one_of_fifty_submissions() {
     assert_eq!(submit(Some(other)).await.status, StatusCode::CONFLICT);
 }
 
-/// Issue 14, item 3: a response of unknown length past the storable limit once was
-/// buffered whole before its first byte went out. Now the layer reads at most the limit
-/// (plus a frame), frees the key, and streams the rest: the client gets the head and
-/// the first bytes while the handler's body is still open.
+/// A response of unknown length past the storable limit is not buffered whole: the layer
+/// reads at most the limit (plus a frame), frees the key, and streams the rest, so the
+/// client gets the head and the first bytes while the handler's body is still open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_streamed_response_flows_through_unstored() {
     use http_body_util::BodyExt;

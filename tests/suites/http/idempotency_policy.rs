@@ -1,4 +1,4 @@
-//! IdempotencyLayer policy on real Redis (issue 14): which responses are stored, which
+//! IdempotencyLayer policy on real Redis: which responses are stored, which
 //! headers are replayed, whose key it is, and what a key is.
 
 use crate::support as idem;
@@ -34,8 +34,8 @@ fn not_found(run: usize, body: Bytes) -> Response<Body> {
     refusal(run, body, 404, false)
 }
 
-/// Item 4: a refusal that tells the client to retry was stored and replayed for 24 h,
-/// so the retry got the refusal again after the condition passed.
+/// A refusal that tells the client to retry is not stored: replayed, the retry would get
+/// the refusal again after the condition passed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_asking_for_a_retry_are_not_stored() {
     let server = RedisServer::start();
@@ -61,7 +61,7 @@ async fn refusals_asking_for_a_retry_are_not_stored() {
     }
 }
 
-/// Item 4: which statuses are stored is a setting; by default a plain 404 is.
+/// Which statuses are stored is a setting; by default a plain 404 is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stored_statuses_are_configurable() {
     let server = RedisServer::start();
@@ -92,8 +92,8 @@ fn with_secrets(run: usize, body: Bytes) -> Response<Body> {
     r
 }
 
-/// Item 5: `deny_headers` once replaced the default list, so adding one header
-/// re-enabled the replay of `Set-Cookie`. It adds now; replacing is explicit.
+/// `deny_headers` adds to the default list, so adding one header cannot re-enable the
+/// replay of `Set-Cookie`; replacing the list is explicit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deny_headers_adds_to_the_default_list() {
     let server = RedisServer::start();
@@ -125,10 +125,9 @@ async fn deny_headers_adds_to_the_default_list() {
     assert_eq!(replay.header("x-session-token"), "");
 }
 
-/// Item 5: without credentials every caller once shared the "anonymous" scope, so a
-/// cookie-authenticated app replayed one user's response to another who guessed the
-/// key. A keyed request without a principal is refused unless anonymous keys are
-/// allowed explicitly.
+/// A keyed request without a principal is refused unless anonymous keys are allowed
+/// explicitly: in one shared "anonymous" scope a cookie-authenticated app would replay
+/// one user's response to another who guessed the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyed_requests_without_a_principal_are_refused_by_default() {
     let server = RedisServer::start();

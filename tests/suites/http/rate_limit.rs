@@ -286,9 +286,8 @@ async fn one_key_extractor_serves_both_layers_and_its_refusal_is_400() {
     );
 }
 
-/// Issue 14, item 1: a key the limiter could not store once failed open. An over-long
-/// key is now counted (hashed), an empty one is 400, a broken quota 500: no input
-/// switches the limit off.
+/// No input switches the limit off: an over-long key is counted (hashed), an empty one
+/// is 400, a broken quota 500.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_key_switches_the_limit_off() {
     let server = RedisServer::start();
@@ -329,8 +328,8 @@ async fn no_key_switches_the_limit_off() {
     assert_eq!(header(&r, "content-type"), "application/problem+json");
 }
 
-/// Issue 14, item 2: an IPv6 client rotating addresses inside its /64 once got a fresh
-/// quota per address; it is now one client, and the prefix is configurable.
+/// An IPv6 client rotating addresses inside its /64 is one client (else each address
+/// would get a fresh quota); the prefix is configurable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ipv6_peers_are_limited_per_64_by_default() {
     let server = RedisServer::start();

@@ -196,8 +196,8 @@ async fn the_seeds_limit_rule_step_by_step() {
     assert!(bad.try_access("k").await.unwrap_err().is_invalid_input());
 }
 
-/// Issue 14, item 7: `peek` once decided a request of cost 0, which always fits, so it
-/// said "allowed" with the quota exhausted while the next check was refused.
+/// `peek` answers for a request of cost 1, as the next check would: with the quota
+/// exhausted it says refused (a request of cost 0 would always fit).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peek_agrees_with_the_next_check() {
     let server = RedisServer::start();
