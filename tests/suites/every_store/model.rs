@@ -1,21 +1,22 @@
-//! A seeded randomized test against a model: many tasks in a few scopes on two clients
-//! interleave lock / re-enter / drop / release / cancel / timeout on a few names, with
-//! short leases, against a real redis-server. A checker looks at every guard alive,
-//! over and over, and fails on any instant where
+//! A seeded randomized test against a model, on every lock store: many tasks in a few
+//! scopes on two handles of one store interleave lock / re-enter / drop / release /
+//! cancel / timeout on a few names, with short leases. A checker looks at every guard
+//! alive, over and over, and fails on any instant where
 //! - two different grants of one name both believe they hold it (`valid_for()` left), or
-//! - a guard believes it holds a name while the server shows another grant (or none).
+//! - on Redis and Redis Cluster, a guard believes it holds a name while the server
+//!   shows another grant (or none).
 //!
 //! Reproduce a failure with `MODEL_SEED=<seed> cargo test -p lock-tests --test
 //! every_store -- model::`; the seed is printed at the start of every run.
 
-use crate::common;
-
+use std::any::Any;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::client;
-use lock_core::{Lease, LockClient, LockConfig, LockGuard, LockOptions, LockScope};
-use lock_tests::RedisServer;
+use crate::common;
+
+use lock_core::{AnyGuard, AnyLocks, HeldLock, Lease, LockConfig, LockOptions, LockScope};
+use lock_tests::{MariaDbServer, PostgresServer, RedisCluster, RedisServer, ZooKeeperServer};
 
 const NAMES: [&str; 3] = ["alpha", "beta", "gamma"];
 /// A guard counts as believing it holds only with this much validity left, so that
@@ -23,17 +24,175 @@ const NAMES: [&str; 3] = ["alpha", "beta", "gamma"];
 const MARGIN: Duration = Duration::from_millis(3);
 
 /// The guards one task holds right now, where the checker can see them.
-type Held = Arc<Mutex<Vec<LockGuard>>>;
+type Held = Arc<Mutex<Vec<AnyGuard>>>;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn options(rng: &mut fastrand::Rng) -> LockOptions {
-    let lease = if rng.bool() {
-        Lease::Watchdog
-    } else {
+/// One store under test: two handles (clients, pools or sessions; for memory, two
+/// clones of one store, since two memory stores never exclude each other), the
+/// servers they run on, and where the checker can read a name's grant on the server.
+struct Backend {
+    locks: [AnyLocks; 2],
+    server: Option<Server>,
+    /// Whether the store applies `Lease::Fixed`. The session stores (PostgreSQL,
+    /// MySQL, ZooKeeper) do not: a grant lives with its session, so a fixed lease would
+    /// only be a guard's belief the store never enforces, and the model asks for the
+    /// watchdog there.
+    fixed_leases: bool,
+    _keep: Box<dyn Any>,
+}
+
+/// Where the grants of a Redis store can be read back.
+enum Server {
+    Node(redis::aio::MultiplexedConnection),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl Server {
+    async fn get(&mut self, key: &str) -> Option<String> {
+        let get = redis::cmd("GET").arg(key).clone();
+        match self {
+            Self::Node(c) => get.query_async(c).await.unwrap(),
+            Self::Cluster(c) => get.query_async(c).await.unwrap(),
+        }
+    }
+}
+
+/// Two handles on the store at `url`.
+async fn open_two(url: &str, config: &LockConfig) -> [AnyLocks; 2] {
+    let open = || async { AnyLocks::open(url, config.clone()).await.expect(url) };
+    [open().await, open().await]
+}
+
+fn redis_config(batching: bool) -> LockConfig {
+    LockConfig::new()
+        .with_batching(batching)
+        .with_watchdog_lease(Duration::from_millis(150))
+        .with_command_timeout(Duration::from_secs(2))
+}
+
+async fn redis(batching: bool) -> Backend {
+    let server = RedisServer::start();
+    let locks = open_two(&server.url(), &redis_config(batching)).await;
+    Backend {
+        locks,
+        server: Some(Server::Node(server.connection().await)),
+        fixed_leases: true,
+        _keep: Box::new(server),
+    }
+}
+
+async fn cluster() -> Backend {
+    let cluster = RedisCluster::start(3, 0);
+    let seeds: Vec<String> = (0..cluster.len())
+        .map(|i| format!("127.0.0.1:{}", cluster.node(i).port()))
+        .collect();
+    let url = format!("redis+cluster://{}", seeds.join(","));
+    let locks = open_two(&url, &redis_config(true)).await;
+    Backend {
+        locks,
+        server: Some(Server::Cluster(cluster.connection().await)),
+        fixed_leases: true,
+        _keep: Box::new(cluster),
+    }
+}
+
+fn memory() -> Backend {
+    let store = lock_core::MemoryLocks::with_config(
+        LockConfig::new().with_watchdog_lease(Duration::from_millis(150)),
+    );
+    Backend {
+        locks: [store.clone().into(), store.into()],
+        server: None,
+        fixed_leases: true,
+        _keep: Box::new(()),
+    }
+}
+
+/// PostgreSQL and MySQL: a guard believes in at most 800 ms past its session's last
+/// check, made every 200 ms.
+fn sql_config() -> LockConfig {
+    LockConfig::new()
+        .with_watchdog_lease(Duration::from_millis(800))
+        .with_watchdog_period(Duration::from_millis(200))
+        .with_command_timeout(Duration::from_secs(2))
+}
+
+async fn postgres() -> Backend {
+    let server = PostgresServer::start();
+    let locks = open_two(&server.url(), &sql_config()).await;
+    Backend {
+        locks,
+        server: None,
+        fixed_leases: false,
+        _keep: Box::new(server),
+    }
+}
+
+async fn mysql() -> Backend {
+    let server = MariaDbServer::start();
+    let locks = open_two(&server.url(), &sql_config()).await;
+    Backend {
+        locks,
+        server: None,
+        fixed_leases: false,
+        _keep: Box::new(server),
+    }
+}
+
+async fn zookeeper() -> Backend {
+    let server = ZooKeeperServer::start();
+    // The watchdog lease is the session timeout.
+    let config = LockConfig::new()
+        .with_watchdog_lease(Duration::from_millis(1_500))
+        .with_command_timeout(Duration::from_secs(2));
+    let locks = open_two(&format!("zk://{}", server.connect_string()), &config).await;
+    Backend {
+        locks,
+        server: None,
+        fixed_leases: false,
+        _keep: Box::new(server),
+    }
+}
+
+/// The grant a guard of handle `handle` belongs to: guards of one grant share it, two
+/// grants never do. Redis guards carry the value stored on the server; the other
+/// stores' grants are told apart by their handle and fencing token (a token is unique
+/// per grant within one store, and two stores that do not share must not look alike).
+fn grant(handle: usize, g: &AnyGuard) -> Option<String> {
+    match g {
+        AnyGuard::Redis(g) => Some(g.grant_value().to_owned()),
+        AnyGuard::Store(g) => g.fencing_token().map(|t| format!("{handle}/{}", t.get())),
+        other => panic!("no model for {other:?}"),
+    }
+}
+
+async fn reenter(g: &AnyGuard) -> Option<AnyGuard> {
+    match g {
+        AnyGuard::Redis(g) => g.reenter().await.ok().map(AnyGuard::Redis),
+        AnyGuard::Store(g) => g.reenter().ok().map(AnyGuard::Store),
+        other => panic!("no model for {other:?}"),
+    }
+}
+
+fn held_count(locks: &AnyLocks) -> usize {
+    match locks {
+        AnyLocks::Redis(c) => c.held_count(),
+        AnyLocks::Memory(m) => m.held_count(),
+        AnyLocks::Postgres(p) => p.held_count(),
+        AnyLocks::Mysql(m) => m.held_count(),
+        AnyLocks::Zookeeper(z) => z.held_count(),
+        other => panic!("no model for {other:?}"),
+    }
+}
+
+fn options(rng: &mut fastrand::Rng, fixed_leases: bool) -> LockOptions {
+    let lease = if fixed_leases && rng.bool() {
         Lease::Fixed(Duration::from_millis(rng.u64(30..300)))
+    } else {
+        Lease::Watchdog
     };
     let wait = if rng.u8(0..3) == 0 {
         Duration::ZERO
@@ -45,7 +204,8 @@ fn options(rng: &mut fastrand::Rng) -> LockOptions {
 
 /// One task's random walk for `run_for`.
 async fn walk(
-    client: LockClient,
+    locks: AnyLocks,
+    fixed_leases: bool,
     scope: LockScope,
     held: Held,
     seed: u64,
@@ -59,15 +219,16 @@ async fn walk(
         let name = NAMES[rng.usize(0..NAMES.len())];
         match rng.u8(0..10) {
             0..=2 => {
-                if let Ok(g) = client.acquire(name, options(&mut rng).scope(&scope)).await {
+                let options = options(&mut rng, fixed_leases).scope(&scope);
+                if let Ok(g) = locks.acquire(name, options).await {
                     lock(&held).push(g);
                 }
             }
             3 => {
                 // An acquisition cancelled somewhere in its request.
                 let cut = Duration::from_micros(rng.u64(0..3000));
-                let acquiring = client.acquire(name, options(&mut rng).scope(&scope));
-                if let Ok(Ok(g)) = tokio::time::timeout(cut, acquiring).await {
+                let options = options(&mut rng, fixed_leases).scope(&scope);
+                if let Ok(Ok(g)) = tokio::time::timeout(cut, locks.acquire(name, options)).await {
                     lock(&held).push(g);
                 }
             }
@@ -78,7 +239,7 @@ async fn walk(
                     (n > 0).then(|| h.swap_remove(rng.usize(0..n)))
                 };
                 if let Some(g) = g {
-                    if let Ok(again) = g.reenter().await {
+                    if let Some(again) = reenter(&g).await {
                         lock(&held).push(again);
                     }
                     lock(&held).push(g);
@@ -111,7 +272,7 @@ async fn walk(
         }
     }
     // Leave nothing held.
-    let rest: Vec<LockGuard> = lock(&held).drain(..).collect();
+    let rest: Vec<AnyGuard> = lock(&held).drain(..).collect();
     for g in rest {
         let _ = g.release().await;
     }
@@ -119,16 +280,22 @@ async fn walk(
 }
 
 /// One look at every guard alive; returns a description of any violation.
-async fn check(server: &RedisServer, keys: &[(String, String)], tasks: &[Held]) -> Option<String> {
+async fn check(
+    server: &mut Option<Server>,
+    keys: &[(String, String)],
+    tasks: &[(usize, Held)],
+) -> Option<String> {
     for (name, key) in keys {
         // Who believes they hold `name`, and until when.
         let t0 = Instant::now();
         let mut believers: Vec<(String, Instant, String)> = Vec::new();
-        for held in tasks {
+        for (handle, held) in tasks {
             for g in lock(held).iter().filter(|g| g.name() == name.as_str()) {
                 let left = g.valid_for();
-                if left > MARGIN {
-                    believers.push((g.grant_value().to_owned(), t0 + left, format!("{g:?}")));
+                if left > MARGIN
+                    && let Some(grant) = grant(*handle, g)
+                {
+                    believers.push((grant, t0 + left, format!("{g:?}")));
                 }
             }
         }
@@ -140,15 +307,10 @@ async fn check(server: &RedisServer, keys: &[(String, String)], tasks: &[Held]) 
                 "two grants of {name} both believe they hold it: {believers:?}"
             ));
         }
-        if believers.is_empty() {
+        let Some(server) = server.as_mut().filter(|_| !believers.is_empty()) else {
             continue;
-        }
-        let mut c = server.connection().await;
-        let value: Option<String> = redis::cmd("GET")
-            .arg(key)
-            .query_async(&mut c)
-            .await
-            .unwrap();
+        };
+        let value = server.get(key).await;
         let t1 = Instant::now();
         for (grant, until, what) in &believers {
             // A guard taken out and released between the look and the GET is no
@@ -169,50 +331,47 @@ async fn check(server: &RedisServer, keys: &[(String, String)], tasks: &[Held]) 
     None
 }
 
-/// Whether some guard alive now holds the grant with value `grant`.
-fn still_held(tasks: &[Held], grant: &str) -> bool {
-    tasks.iter().any(|held| {
+/// Whether some guard alive now holds the grant `grant`.
+fn still_held(tasks: &[(usize, Held)], grant: &str) -> bool {
+    tasks.iter().any(|(handle, held)| {
         lock(held)
             .iter()
-            .any(|g| g.grant_value() == grant && g.valid_for() > MARGIN)
+            .any(|g| self::grant(*handle, g).as_deref() == Some(grant) && g.valid_for() > MARGIN)
     })
 }
 
-async fn run_model(seed: u64, run_for: Duration, batching: bool) {
-    let server = RedisServer::start();
-    let config = LockConfig::new()
-        .with_batching(batching)
-        .with_watchdog_lease(Duration::from_millis(150))
-        .with_command_timeout(Duration::from_secs(2));
-    let clients = [
-        client(&server, config.clone()).await,
-        client(&server, config).await,
-    ];
+async fn run_model(mut backend: Backend, seed: u64, run_for: Duration) {
     let keys: Vec<(String, String)> = NAMES
         .iter()
-        .map(|n| (n.to_string(), clients[0].keys(*n).unwrap().key))
+        .map(|n| {
+            // The checker reads a grant back only on Redis, under the lock's key there.
+            let key = match &backend.locks[0] {
+                AnyLocks::Redis(c) => c.keys(*n).unwrap().key,
+                _ => String::new(),
+            };
+            (n.to_string(), key)
+        })
         .collect();
-    // 3 scopes on the first client shared by 2 tasks each, 3 scopes of one task on
+    // 3 scopes on the first handle shared by 2 tasks each, 3 scopes of one task on
     // the second.
     let mut plan = Vec::new();
-    for s in 0..3 {
+    for _ in 0..3 {
         let scope = LockScope::new();
         plan.push((0, scope.clone()));
         plan.push((0, scope));
-        let _ = s;
     }
     for _ in 0..3 {
         plan.push((1, LockScope::new()));
     }
-    let tasks: Vec<Held> = plan.iter().map(|_| Held::default()).collect();
+    let tasks: Vec<(usize, Held)> = plan.iter().map(|(h, _)| (*h, Held::default())).collect();
     let walkers: Vec<_> = plan
         .into_iter()
         .zip(&tasks)
         .enumerate()
-        .map(|(i, ((c, scope), held))| {
-            let client = clients[c].clone();
+        .map(|(i, ((h, scope), (_, held)))| {
             tokio::spawn(walk(
-                client,
+                backend.locks[h].clone(),
+                backend.fixed_leases,
                 scope,
                 held.clone(),
                 seed.wrapping_mul(31).wrapping_add(i as u64),
@@ -222,7 +381,7 @@ async fn run_model(seed: u64, run_for: Duration, batching: bool) {
         .collect();
     let mut checks = 0u64;
     while walkers.iter().any(|w| !w.is_finished()) {
-        if let Some(violation) = check(&server, &keys, &tasks).await {
+        if let Some(violation) = check(&mut backend.server, &keys, &tasks).await {
             panic!("seed {seed}: {violation}");
         }
         checks += 1;
@@ -235,9 +394,9 @@ async fn run_model(seed: u64, run_for: Duration, batching: bool) {
     println!("seed {seed}: {steps} steps, {checks} checks, no violation");
     assert!(steps > 500, "too few steps ({steps}) to mean anything");
     assert!(checks > 100, "too few checks ({checks})");
-    for c in &clients {
-        common::eventually(Duration::from_secs(2), "every grant given back", || async {
-            c.held_count() == 0
+    for locks in &backend.locks {
+        common::eventually(Duration::from_secs(5), "every grant given back", || async {
+            held_count(locks) == 0
         })
         .await;
     }
@@ -254,12 +413,47 @@ fn seed() -> u64 {
 
 /// With batching (the default): concurrent acquisitions and releases share script calls.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_two_owners_ever_believe_they_hold_one_name() {
-    run_model(seed(), Duration::from_secs(4), true).await;
+async fn redis_no_two_owners_ever_believe_they_hold_one_name() {
+    run_model(redis(true).await, seed(), Duration::from_secs(4)).await;
 }
 
 /// With every call its own command.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_two_owners_without_batching() {
-    run_model(seed(), Duration::from_secs(3), false).await;
+async fn redis_no_two_owners_without_batching() {
+    run_model(redis(false).await, seed(), Duration::from_secs(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_no_two_owners_ever_believe_they_hold_one_name() {
+    run_model(cluster().await, seed(), Duration::from_secs(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_no_two_owners_ever_believe_they_hold_one_name() {
+    run_model(memory(), seed(), Duration::from_secs(3)).await;
+}
+
+/// The checker can fail: two memory stores that do not share exclude nobody, and the
+/// model must catch their grants of one name overlapping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[should_panic(expected = "both believe they hold it")]
+async fn two_unrelated_stores_are_caught_overlapping() {
+    let mut backend = memory();
+    backend.locks[1] = memory().locks[1].clone();
+    run_model(backend, seed(), Duration::from_secs(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_no_two_owners_ever_believe_they_hold_one_name() {
+    run_model(postgres().await, seed(), Duration::from_secs(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_no_two_owners_ever_believe_they_hold_one_name() {
+    run_model(mysql().await, seed(), Duration::from_secs(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_no_two_owners_ever_believe_they_hold_one_name() {
+    run_model(zookeeper().await, seed(), Duration::from_secs(3)).await;
 }
