@@ -1,22 +1,30 @@
-//! Mutual exclusion across OS processes: 2 processes x 16 tasks x 200 acquisitions over
-//! 4 keys, each guarding a deliberately non-atomic GET / sleep / SET.
+//! Mutual exclusion across OS processes on every store that reaches across processes:
+//! 2 processes x 16 tasks x 200 acquisitions over 4 keys, each guarding a deliberately
+//! non-atomic GET / sleep / SET of a counter on a redis-server. `memory://` is left
+//! out: it is a store of one process, and two processes never exclude each other.
 
 use std::process::{Command, Stdio};
 
-use lock_tests::RedisServer;
+use lock_tests::{MariaDbServer, PostgresServer, RedisCluster, RedisServer, ZooKeeperServer};
 use redis::AsyncCommands;
 
-const TASKS: &str = "16";
-const ITERS: &str = "200";
+const TASKS: u64 = 16;
+const ITERS: u64 = 200;
 const KEYS: usize = 4;
 
-/// Runs two worker processes and returns (per-key acquisitions, per-key counter values).
-async fn run_two_processes(server: &RedisServer, extra: &[&str]) -> (Vec<u64>, Vec<u64>) {
-    let url = server.url();
-    let keys = KEYS.to_string();
+/// Runs two worker processes locking on `lock_url`, counters on `data`; returns
+/// (per-key acquisitions, per-key counter values).
+async fn run_two_processes(
+    lock_url: &str,
+    data: &RedisServer,
+    extra: &[&str],
+) -> (Vec<u64>, Vec<u64>) {
+    let data_url = data.url();
+    let (tasks, iters, keys) = (TASKS.to_string(), ITERS.to_string(), KEYS.to_string());
     let spawn = || {
         Command::new(env!("CARGO_BIN_EXE_lock-worker"))
-            .args(["count", &url, TASKS, ITERS, &keys, "300"])
+            .args(["count", lock_url, &tasks, &iters, &keys, "300"])
+            .args(["--data", &data_url])
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -40,7 +48,7 @@ async fn run_two_processes(server: &RedisServer, extra: &[&str]) -> (Vec<u64>, V
             acquired[k] += n.parse::<u64>().unwrap();
         }
     }
-    let mut conn = server.connection().await;
+    let mut conn = data.connection().await;
     let mut counters = Vec::new();
     for k in 0..KEYS {
         let v: Option<u64> = conn.get(format!("counter:{k}")).await.unwrap();
@@ -49,37 +57,68 @@ async fn run_two_processes(server: &RedisServer, extra: &[&str]) -> (Vec<u64>, V
     (acquired, counters)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_processes_never_overlap() {
-    let server = RedisServer::start();
-    let (acquired, counters) = run_two_processes(&server, &[]).await;
-    assert_eq!(acquired.iter().sum::<u64>(), 2 * 16 * 200);
+/// Two processes on `lock_url`: every update survives.
+async fn never_overlap(lock_url: &str, data: &RedisServer, extra: &[&str]) {
+    let (acquired, counters) = run_two_processes(lock_url, data, extra).await;
+    assert_eq!(acquired.iter().sum::<u64>(), 2 * TASKS * ITERS);
     assert_eq!(
         counters, acquired,
-        "a lost update means two holders overlapped"
+        "{lock_url}: a lost update means two holders overlapped"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_two_processes_never_overlap() {
+    let server = RedisServer::start();
+    never_overlap(&server.url(), &server, &[]).await;
 }
 
 /// The same with every call its own command (batching off).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_processes_never_overlap_without_batching() {
+async fn redis_two_processes_never_overlap_without_batching() {
     let server = RedisServer::start();
-    let (acquired, counters) = run_two_processes(&server, &["--no-batching"]).await;
-    assert_eq!(acquired.iter().sum::<u64>(), 2 * 16 * 200);
-    assert_eq!(
-        counters, acquired,
-        "a lost update means two holders overlapped"
-    );
+    never_overlap(&server.url(), &server, &["--no-batching"]).await;
 }
 
-/// The same workload without the lock loses updates: the test above can fail.
+/// The same workload without the lock loses updates: the tests here can fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_lock_updates_are_lost() {
     let server = RedisServer::start();
-    let (acquired, counters) = run_two_processes(&server, &["--no-lock"]).await;
-    assert_eq!(acquired.iter().sum::<u64>(), 2 * 16 * 200);
+    let (acquired, counters) = run_two_processes(&server.url(), &server, &["--no-lock"]).await;
+    assert_eq!(acquired.iter().sum::<u64>(), 2 * TASKS * ITERS);
     assert!(
         counters.iter().sum::<u64>() < acquired.iter().sum::<u64>(),
         "expected lost updates without a lock: {counters:?} vs {acquired:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_two_processes_never_overlap() {
+    let cluster = RedisCluster::start(3, 0);
+    let data = RedisServer::start();
+    let seeds: Vec<String> = (0..cluster.len())
+        .map(|i| format!("127.0.0.1:{}", cluster.node(i).port()))
+        .collect();
+    never_overlap(&format!("redis+cluster://{}", seeds.join(",")), &data, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_two_processes_never_overlap() {
+    let server = PostgresServer::start();
+    let data = RedisServer::start();
+    never_overlap(&server.url(), &data, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_two_processes_never_overlap() {
+    let server = MariaDbServer::start();
+    let data = RedisServer::start();
+    never_overlap(&server.url(), &data, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_two_processes_never_overlap() {
+    let server = ZooKeeperServer::start();
+    let data = RedisServer::start();
+    never_overlap(&format!("zk://{}", server.connect_string()), &data, &[]).await;
 }
