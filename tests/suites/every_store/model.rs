@@ -3,7 +3,7 @@
 //! cancel / timeout on a few names, with short leases. A checker looks at every guard
 //! alive, over and over, and fails on any instant where
 //! - two different grants of one name both believe they hold it (`valid_for()` left), or
-//! - on Redis and Redis Cluster, a guard believes it holds a name while the server
+//! - on one Redis node and a Redis Cluster, a guard believes it holds a name while the server
 //!   shows another grant (or none).
 //!
 //! Reproduce a failure with `MODEL_SEED=<seed> cargo test -p lock-tests --test
@@ -99,6 +99,24 @@ async fn cluster() -> Backend {
     }
 }
 
+/// Redlock over 3 masters. The checker reads no node back: a minority of them may miss
+/// a copy by design, and the quorum is what the belief check holds to.
+async fn redlock() -> Backend {
+    let masters = RedisServer::start_many(3);
+    let hosts: Vec<String> = masters
+        .iter()
+        .map(|m| format!("127.0.0.1:{}", m.port()))
+        .collect();
+    let url = format!("redlock://{}", hosts.join(","));
+    let locks = open_two(&url, &redis_config(true)).await;
+    Backend {
+        locks,
+        server: None,
+        fixed_leases: true,
+        _keep: Box::new(masters),
+    }
+}
+
 fn memory() -> Backend {
     let store = lock_core::MemoryLocks::with_config(
         LockConfig::new().with_watchdog_lease(Duration::from_millis(150)),
@@ -158,12 +176,19 @@ async fn zookeeper() -> Backend {
 }
 
 /// The grant a guard of handle `handle` belongs to: guards of one grant share it, two
-/// grants never do. Redis guards carry the value stored on the server; the other
-/// stores' grants are told apart by their handle and fencing token (a token is unique
-/// per grant within one store, and two stores that do not share must not look alike).
+/// grants never do. Redis guards carry the value stored on the server. A Redlock grant
+/// is its handle and scope (the owner is `<node client id>:<scope>`, and the node it is
+/// read from may differ between holds of one grant): a scope's holds of one name share
+/// one grant while any is alive. The other stores' grants are told apart by their
+/// handle and fencing token (a token is unique per grant within one store, and two
+/// stores that do not share must not look alike).
 fn grant(handle: usize, g: &AnyGuard) -> Option<String> {
     match g {
         AnyGuard::Redis(g) => Some(g.grant_value().to_owned()),
+        AnyGuard::Redlock(g) => g
+            .owner()
+            .rsplit_once(':')
+            .map(|(_, scope)| format!("{handle}/{scope}")),
         AnyGuard::Store(g) => g.fencing_token().map(|t| format!("{handle}/{}", t.get())),
         other => panic!("no model for {other:?}"),
     }
@@ -172,6 +197,7 @@ fn grant(handle: usize, g: &AnyGuard) -> Option<String> {
 async fn reenter(g: &AnyGuard) -> Option<AnyGuard> {
     match g {
         AnyGuard::Redis(g) => g.reenter().await.ok().map(AnyGuard::Redis),
+        AnyGuard::Redlock(g) => g.reenter().await.ok().map(AnyGuard::Redlock),
         AnyGuard::Store(g) => g.reenter().ok().map(AnyGuard::Store),
         other => panic!("no model for {other:?}"),
     }
@@ -180,6 +206,11 @@ async fn reenter(g: &AnyGuard) -> Option<AnyGuard> {
 fn held_count(locks: &AnyLocks) -> usize {
     match locks {
         AnyLocks::Redis(c) => c.held_count(),
+        AnyLocks::Redlock(r) => r
+            .nodes()
+            .iter()
+            .map(lock_core::LockClient::held_count)
+            .sum(),
         AnyLocks::Memory(m) => m.held_count(),
         AnyLocks::Postgres(p) => p.held_count(),
         AnyLocks::Mysql(m) => m.held_count(),
@@ -426,6 +457,11 @@ async fn redis_no_two_owners_without_batching() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_no_two_owners_ever_believe_they_hold_one_name() {
     run_model(cluster().await, seed(), Duration::from_secs(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_no_two_owners_ever_believe_they_hold_one_name() {
+    run_model(redlock().await, seed(), Duration::from_secs(3)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
