@@ -103,6 +103,17 @@ async fn cluster_two_processes_never_overlap() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_two_processes_never_overlap() {
+    let masters = RedisServer::start_many(3);
+    let data = RedisServer::start();
+    let hosts: Vec<String> = masters
+        .iter()
+        .map(|m| format!("127.0.0.1:{}", m.port()))
+        .collect();
+    never_overlap(&format!("redlock://{}", hosts.join(",")), &data, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_two_processes_never_overlap() {
     let server = PostgresServer::start();
     let data = RedisServer::start();
