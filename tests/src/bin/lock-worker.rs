@@ -1,8 +1,9 @@
 //! A second OS process for the cross-process suites. Not a user tool.
 //!
-//! `lock-worker count URL TASKS ITERS KEYS SLEEP_US [--no-lock] [--no-batching]`
-//!   TASKS tasks each take ITERS locks round-robin over KEYS keys; inside each lock a
-//!   deliberately non-atomic GET, sleep, SET increments `counter:<k>`. Prints
+//! `lock-worker count URL TASKS ITERS KEYS SLEEP_US [--no-lock] [--no-batching] [--data DATA_URL]`
+//!   TASKS tasks each take ITERS locks round-robin over KEYS keys of the lock store URL
+//!   names (any `AnyLocks` URL); inside each lock a deliberately non-atomic GET, sleep,
+//!   SET increments `counter:<k>` on the redis-server DATA_URL (default: URL). Prints
 //!   `done <acquisitions of key 0> <key 1> ...` and exits.
 //! `lock-worker hold URL KEY LEASE_MS`
 //!   Takes KEY under the watchdog (lease LEASE_MS), prints `token <n>`, waits for a line
@@ -25,7 +26,7 @@
 use std::io::BufRead;
 use std::time::Duration;
 
-use lock_core::{FencedWrite, LockClient, LockConfig, LockError, LockOptions};
+use lock_core::{AnyLocks, FencedWrite, HeldLock, LockClient, LockConfig, LockError, LockOptions};
 use redis::AsyncCommands;
 
 #[tokio::main]
@@ -59,11 +60,15 @@ async fn count(args: &[String]) -> Res {
         (arg(args, 1)?, arg(args, 2)?, arg(args, 3)?, arg(args, 4)?);
     let use_lock = !args.iter().any(|a| a == "--no-lock");
     let batching = !args.iter().any(|a| a == "--no-batching");
+    let data_url = match args.iter().position(|a| a == "--data") {
+        Some(i) => arg::<String>(args, i + 1)?,
+        None => url.clone(),
+    };
     let config = LockConfig::new()
         .with_wait(Duration::from_secs(60))
         .with_batching(batching);
-    let client = LockClient::open_with_config(url.as_str(), config).await?;
-    let redis = redis::Client::open(url.as_str())?;
+    let client = AnyLocks::open(url.as_str(), config).await?;
+    let redis = redis::Client::open(data_url.as_str())?;
     let mut handles = Vec::new();
     for t in 0..tasks {
         let client = client.clone();

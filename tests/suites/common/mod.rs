@@ -84,3 +84,45 @@ pub async fn subscribers(server: &RedisServer, channel: &str) -> i64 {
         .expect("PUBSUB NUMSUB");
     n.first().map_or(0, |(_, n)| *n)
 }
+
+/// The lease left on a Redis key, in milliseconds (PTTL).
+pub async fn pttl(server: &RedisServer, key: &str) -> i64 {
+    let mut c = server.connection().await;
+    redis::cmd("PTTL")
+        .arg(key)
+        .query_async(&mut c)
+        .await
+        .unwrap()
+}
+
+/// While `guard` believes it holds `name` for `valid_for`, nobody else can take it and
+/// the server shows this grant with at least that much lease left.
+pub async fn assert_really_held(
+    server: &RedisServer,
+    other: &LockClient,
+    guard: &lock_core::LockGuard,
+) {
+    let t0 = Instant::now();
+    let believed = guard.valid_for();
+    assert!(
+        guard.is_held(),
+        "{guard:?} should believe it holds the lock"
+    );
+    let key = &guard.keys().key;
+    assert_eq!(
+        get(server, key).await.as_deref(),
+        Some(guard.grant_value()),
+        "the server shows another grant than the one {guard:?} believes in"
+    );
+    let left = pttl(server, key).await;
+    // PTTL counts down while we ask: add what passed since `believed` was read.
+    assert!(
+        Duration::from_millis(left as u64 + 1) + t0.elapsed() >= believed,
+        "server lease {left} ms is shorter than the {believed:?} the guard believes in"
+    );
+    let stolen = other.try_lock(guard.name()).await;
+    assert!(
+        stolen.as_ref().unwrap_err().is_busy(),
+        "another client got {stolen:?}"
+    );
+}

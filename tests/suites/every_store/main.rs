@@ -1,0 +1,9 @@
+//! What every lock store promises, checked on each: one API opened from a URL, the
+//! randomized model, and mutual exclusion across processes.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod across_processes;
+mod any_locks;
+mod model;

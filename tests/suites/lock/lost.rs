@@ -1,0 +1,303 @@
+//! Lost locks and fencing: a holder that cannot renew past its lease learns it lost the
+//! lock, its fenced write is refused, the new holder's is accepted, and its release says
+//! what happened. `lost()` fires on the client's own timer when the server stops
+//! answering or a partition cuts the holder off, and a grant that arrives with no
+//! validity left is given back at once.
+
+use crate::common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{client, eventually, exists};
+use lock_core::{FencedWrite, Lease, LockClient, LockConfig, LockOptions};
+use lock_tests::{RedisServer, TcpProxy};
+
+fn fixed(ms: u64) -> LockOptions {
+    LockOptions::new().lease(Lease::Fixed(Duration::from_millis(ms)))
+}
+
+/// Renewal disabled (a fixed lease): the lease passes, another client takes over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_lease_runs_out_and_the_stale_holder_is_fenced() {
+    let server = RedisServer::start();
+    let a = client(&server, LockConfig::new()).await;
+    let b = client(&server, LockConfig::new()).await;
+
+    let first = a.acquire("ledger", fixed(300).fenced()).await.unwrap();
+    assert!(first.is_held());
+    let second = b
+        .acquire("ledger", fixed(5_000).wait(Duration::from_secs(3)).fenced())
+        .await
+        .unwrap();
+    assert!(second.fencing_token() > first.fencing_token());
+
+    tokio::time::timeout(Duration::from_secs(1), first.lost())
+        .await
+        .expect("lost() fires once the lease has run out");
+    assert!(!first.is_held());
+    assert_eq!(first.valid_for(), Duration::ZERO);
+
+    let newer = b
+        .fenced_write("ledger", second.fencing_token().unwrap(), "b")
+        .await
+        .unwrap();
+    assert_eq!(newer, FencedWrite::Written);
+    let stale = a
+        .fenced_write("ledger", first.fencing_token().unwrap(), "a")
+        .await
+        .unwrap();
+    assert_eq!(
+        stale,
+        FencedWrite::Refused {
+            highest: second.fencing_token().unwrap()
+        }
+    );
+    assert_eq!(
+        b.fenced_read("ledger").await.unwrap().as_deref(),
+        Some(&b"b"[..])
+    );
+
+    let e = first.release().await.unwrap_err();
+    assert!(e.is_not_owner(), "{e}");
+    // The stale release did not free the new holder's lock.
+    assert!(second.is_held());
+    assert!(a.try_lock("ledger").await.unwrap_err().is_busy());
+    second.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_after_expiry_reports_expired() {
+    let server = RedisServer::start();
+    let a = client(&server, LockConfig::new()).await;
+    let g = a.acquire("short", fixed(50)).await.unwrap();
+    let lock_key = a.keys("short").unwrap().key;
+    eventually(Duration::from_secs(2), "lease expiry", || async {
+        !exists(&server, &lock_key).await
+    })
+    .await;
+    let e = g.release().await.unwrap_err();
+    assert!(e.is_expired(), "{e}");
+}
+
+/// The watchdog's renewal is refused (the lock was taken over, as after a failover
+/// that lost the key): lost() fires, extend and release say not-owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_renewal_fires_lost() {
+    let server = RedisServer::start();
+    let config = LockConfig::new().with_watchdog_lease(Duration::from_millis(300));
+    let a = client(&server, config.clone()).await;
+    let b = client(&server, config).await;
+    let g = a.try_lock("job").await.unwrap();
+    let lock_key = a.keys("job").unwrap().key;
+    // Simulate the key vanishing (failover to a replica that never saw it).
+    let mut raw = server.connection().await;
+    let _: () = redis::cmd("DEL")
+        .arg(&lock_key)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let g2 = b.try_lock("job").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(1), g.lost())
+        .await
+        .expect("the next renewal finds another owner");
+    assert!(!g.is_held());
+    assert!(
+        g.extend(Duration::from_secs(1))
+            .await
+            .unwrap_err()
+            .is_lost()
+    );
+    assert!(g.release().await.unwrap_err().is_not_owner());
+    assert!(g2.is_held());
+    g2.release().await.unwrap();
+}
+
+/// The holder's whole process is paused (SIGSTOP) past its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_holder_process_loses_the_lock() {
+    let server = RedisServer::start();
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_lock-worker"))
+        .args(["hold", &server.url(), "vault", "600"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn lock-worker");
+    let mut out = BufReader::new(worker.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let worker_token: u64 = line
+        .trim()
+        .strip_prefix("token ")
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected worker output {line:?}"));
+    let pid = worker.id().to_string();
+    let signal = |sig: &str| {
+        let ok = Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+
+    let b = client(&server, LockConfig::new()).await;
+    let lock_key = b.keys("vault").unwrap().key;
+    signal("-STOP");
+    eventually(
+        Duration::from_secs(5),
+        "the paused holder's lease to run out",
+        || async { !exists(&server, &lock_key).await },
+    )
+    .await;
+    let g = b.try_lock("vault").await.unwrap();
+    let token = g.fence().await.unwrap();
+    assert!(token.get() > worker_token);
+    assert_eq!(
+        b.fenced_write("vault", token, "from-b").await.unwrap(),
+        FencedWrite::Written
+    );
+    signal("-CONT");
+    worker.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    let status = worker.wait().unwrap();
+    assert!(status.success());
+    assert_eq!(
+        line.trim(),
+        format!("report held=false lost=true write=refused-by-{token} release=not-owner",)
+    );
+    assert!(g.is_held());
+    g.release().await.unwrap();
+}
+
+/// The holder's Redis stops answering (paused): `lost()` fires at the end of the
+/// lease the client can prove, on its own timer, not after the renewal call gives up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_on_time_when_redis_stops_answering() {
+    let server = RedisServer::start();
+    let lease = Duration::from_millis(500);
+    let config = LockConfig::new()
+        .with_watchdog_lease(lease)
+        .with_command_timeout(Duration::from_secs(5));
+    let period = config.watchdog_period();
+    let a = client(&server, config).await;
+    let g = a.lock("paused").await.unwrap();
+    // Let a renewal or two happen.
+    tokio::time::sleep(period * 2).await;
+    assert!(g.is_held());
+    let promised = g.valid_for();
+    server.pause();
+    let paused_at = Instant::now();
+    tokio::time::timeout(lease + period, g.lost())
+        .await
+        .expect("lost() must fire within a lease and a renewal period of the pause");
+    let fired = paused_at.elapsed();
+    assert!(
+        fired + Duration::from_millis(20) >= promised,
+        "lost() fired after {fired:?}, before the {promised:?} the guard promised"
+    );
+    assert!(!g.is_held());
+    assert!(g.valid_for().is_zero());
+    server.resume();
+    let released = g.release().await;
+    assert!(released.unwrap_err().is_lost());
+}
+
+/// A real partition: a proxy stops forwarding without closing. The
+/// cut-off holder's `lost()` fires within lease + one renewal period; a second holder
+/// takes over, and the first one's fenced write after the second's is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_holder_learns_it_lost_and_its_fenced_write_is_refused() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let lease = Duration::from_millis(600);
+    let config = LockConfig::new()
+        .with_watchdog_lease(lease)
+        .with_command_timeout(Duration::from_secs(5));
+    let period = config.watchdog_period();
+    let cut_off = LockClient::open_with_config(proxy.url().as_str(), config.clone())
+        .await
+        .unwrap();
+    let other = client(&server, config).await;
+    let first = cut_off.lock("ledger").await.unwrap();
+    let first_token = first.fence().await.unwrap();
+    assert_eq!(
+        cut_off
+            .fenced_write("ledger", first_token, "a0")
+            .await
+            .unwrap(),
+        FencedWrite::Written
+    );
+    proxy.cut();
+    let cut_at = Instant::now();
+    tokio::time::timeout(lease + period, first.lost())
+        .await
+        .expect("lost() within lease + one renewal period of the cut");
+    assert!(!first.is_held());
+    let second = other
+        .acquire("ledger", LockOptions::new().wait(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert!(cut_at.elapsed() >= lease.saturating_sub(Duration::from_millis(50)));
+    let second_token = second.fence().await.unwrap();
+    assert!(second_token > first_token);
+    assert_eq!(
+        other
+            .fenced_write("ledger", second_token, "b")
+            .await
+            .unwrap(),
+        FencedWrite::Written
+    );
+    proxy.heal();
+    // The stale holder writes late: refused.
+    let late = cut_off
+        .fenced_write("ledger", first_token, "a1")
+        .await
+        .unwrap();
+    assert!(
+        matches!(late, FencedWrite::Refused { highest } if highest.get() == second_token.get())
+    );
+    assert_eq!(
+        other.fenced_read("ledger").await.unwrap().as_deref(),
+        Some(&b"b"[..])
+    );
+    assert!(first.release().await.unwrap_err().is_not_owner());
+    second.release().await.unwrap();
+}
+
+/// A grant whose reply arrives after its lease (the request sat in a paused
+/// server) is given back at once instead of blocking everyone for a lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_with_no_validity_left_is_given_back_at_once() {
+    let server = RedisServer::start();
+    let a = client(&server, LockConfig::new()).await;
+    // Load the scripts first, so the queued call grants rather than gets NOSCRIPT.
+    a.try_lock("warm").await.unwrap().release().await.unwrap();
+    let key = a.keys("late").unwrap().key;
+    server.pause();
+    let attempt = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            a.acquire(
+                "late",
+                LockOptions::new()
+                    .wait(Duration::ZERO)
+                    .lease(Lease::Fixed(Duration::from_millis(300))),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    server.resume();
+    let resumed = Instant::now();
+    let outcome = attempt.await.unwrap();
+    assert!(outcome.unwrap_err().is_busy(), "no usable grant");
+    // Gone well before the 300 ms the server granted from its resumption.
+    assert!(!exists(&server, &key).await);
+    assert!(resumed.elapsed() < Duration::from_millis(250));
+    let b = client(&server, LockConfig::new()).await;
+    b.try_lock("late").await.unwrap().release().await.unwrap();
+}

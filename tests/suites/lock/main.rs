@@ -1,0 +1,19 @@
+//! The lock of `LockClient` on one redis-server: reentrancy, waiting, the watchdog,
+//! lost locks, cancellation, fencing, restarts, runtimes, batching and input checks.
+//! Every test starts its own server, so the modules run side by side.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod bad_input;
+mod batching;
+mod cancellation;
+mod fencing;
+mod lost;
+mod reentrancy;
+mod restart;
+mod runtimes;
+mod script_flush;
+mod server_checks;
+mod waiters;
+mod watchdog;

@@ -1,0 +1,230 @@
+//! One client outliving the runtime it was used on: a guard dropped on another
+//! runtime or on none, a batch lane whose call was in flight when its runtime ended,
+//! and the watchdog of a lock taken on a runtime that has since ended. Background work
+//! must run on a runtime that is alive, and no state may wait on a task that never runs.
+
+use crate::common;
+
+use std::cell::RefCell;
+use std::time::{Duration, Instant};
+
+use common::{assert_really_held, client, eventually, exists, get, runtime};
+use lock_core::{Lease, LockClient, LockConfig, LockOptions, RateLimit};
+use lock_tests::{RedisServer, TcpProxy};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Polls `attempt` on `rt` until it answers true or `limit` passes; false then.
+fn within<F, Fut>(rt: &tokio::runtime::Runtime, limit: Duration, mut attempt: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    rt.block_on(async {
+        while start.elapsed() < limit {
+            if attempt().await {
+                return true;
+            }
+            tokio::time::sleep(ms(20)).await;
+        }
+        false
+    })
+}
+
+#[test]
+fn a_guard_dropped_on_a_second_runtime_after_the_first_ended_frees_its_name() {
+    let server = RedisServer::start();
+    let rt1 = runtime();
+    let client = rt1.block_on(LockClient::open(server.url())).unwrap();
+    let opts = LockOptions::new()
+        .wait(Duration::ZERO)
+        .lease(Lease::Fixed(ms(100)));
+    let guard = rt1.block_on(client.acquire("shared", opts)).unwrap();
+    drop(rt1);
+
+    let rt2 = runtime();
+    rt2.block_on(async { drop(guard) });
+    // The lease is long over after the first round; what may still say Busy is only
+    // this client's own bookkeeping of a release that never ran.
+    let (client, last) = (&client, &RefCell::new(String::new()));
+    let freed = within(&rt2, Duration::from_secs(5), || async move {
+        match client.try_lock("shared").await {
+            Ok(g) => {
+                g.release().await.unwrap();
+                true
+            }
+            Err(e) => {
+                *last.borrow_mut() = e.to_string();
+                false
+            }
+        }
+    });
+    assert!(
+        freed,
+        "the name stayed unavailable on this client: {}",
+        last.borrow()
+    );
+}
+
+#[test]
+fn a_guard_dropped_after_its_runtime_ended_is_released_in_redis() {
+    let server = RedisServer::start();
+    let rt1 = runtime();
+    let client = rt1.block_on(LockClient::open(server.url())).unwrap();
+    let long = LockOptions::new()
+        .wait(Duration::ZERO)
+        .lease(Lease::Fixed(Duration::from_secs(60)));
+    let on_rt2 = rt1
+        .block_on(client.acquire("on-rt2", long.clone()))
+        .unwrap();
+    let on_none = rt1.block_on(client.acquire("on-none", long)).unwrap();
+    let keys = [on_rt2.keys().key.clone(), on_none.keys().key.clone()];
+    drop(rt1);
+
+    let rt2 = runtime();
+    rt2.block_on(async { drop(on_rt2) });
+    // Dropped on a thread with no runtime at all.
+    std::thread::spawn(move || drop(on_none)).join().unwrap();
+    for key in &keys {
+        let gone = within(&rt2, Duration::from_secs(5), || async {
+            !exists(&server, key).await
+        });
+        assert!(
+            gone,
+            "{key} is still held: the background release never ran"
+        );
+    }
+}
+
+#[test]
+fn a_batch_lane_whose_call_was_in_flight_when_its_runtime_ended_serves_the_next_runtime() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let config = LockConfig::new()
+        .with_command_timeout(ms(500))
+        .with_batching(true);
+    let rt1 = runtime();
+    let client = rt1
+        .block_on(LockClient::open_with_config(proxy.url().as_str(), config))
+        .unwrap();
+    let limiter = client.rate_limiter("api", RateLimit::per_second(1000).with_burst(1000));
+    rt1.block_on(limiter.check("warm-up")).unwrap();
+
+    // One check goes alone and hangs on the cut connection; a second queues behind it.
+    proxy.cut();
+    for _ in 0..2 {
+        let l = limiter.clone();
+        rt1.spawn(async move { l.check("k").await });
+    }
+    let queued = within(&rt1, Duration::from_secs(5), || async {
+        client.queued_calls() == 1
+    });
+    assert!(queued, "the second check did not queue behind the first");
+    drop(rt1);
+    proxy.heal();
+
+    let rt2 = runtime();
+    let (limiter, last) = (&limiter, &RefCell::new(String::new()));
+    let served = within(&rt2, Duration::from_secs(5), || async move {
+        match limiter.check("k").await {
+            Ok(_) => true,
+            Err(e) => {
+                *last.borrow_mut() = e.to_string();
+                false
+            }
+        }
+    });
+    assert!(served, "the lane stayed busy: {}", last.borrow());
+    assert_eq!(client.queued_calls(), 0);
+}
+
+#[test]
+fn the_watchdog_keeps_renewing_after_the_runtime_that_started_it_ended() {
+    let server = RedisServer::start();
+    let lease = ms(600);
+    let config = LockConfig::new().with_watchdog_lease(lease);
+    let rt1 = runtime();
+    let client = rt1
+        .block_on(LockClient::open_with_config(server.url().as_str(), config))
+        .unwrap();
+    let guard = rt1.block_on(client.lock("watched")).unwrap();
+    let (key, value) = (guard.keys().key.clone(), guard.grant_value().to_owned());
+    drop(rt1);
+
+    // Held from a thread with no runtime for several leases: only renewals keep it.
+    let rt2 = runtime();
+    let until = Instant::now() + lease * 4;
+    while Instant::now() < until {
+        let stored = rt2.block_on(get(&server, &key));
+        assert_eq!(
+            stored.as_deref(),
+            Some(value.as_str()),
+            "the lock was not renewed after its runtime ended"
+        );
+        assert!(
+            guard.is_held(),
+            "the guard gave up a lock Redis still holds"
+        );
+        std::thread::sleep(lease / 6);
+    }
+    rt2.block_on(guard.release()).unwrap();
+}
+
+/// A client shared by several runtimes (a global client in `#[tokio::test]`s)
+/// keeps renewing and waking waiters after the runtime that started its tasks ended.
+#[test]
+fn a_client_outlives_the_runtime_that_first_used_it() {
+    let server = RedisServer::start();
+    let config = LockConfig::new().with_watchdog_lease(Duration::from_millis(300));
+    let rt1 = tokio::runtime::Runtime::new().unwrap();
+    let (c, other) = rt1.block_on(async {
+        let c = client(&server, config.clone()).await;
+        let other = client(&server, config.clone()).await;
+        // Starts the watchdog and the pub/sub tasks on rt1.
+        let g = other.try_lock("w").await.unwrap();
+        let waiter = c.acquire("w", LockOptions::new().wait(Duration::from_secs(5)));
+        let (got, _) = tokio::join!(waiter, async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            g.release().await.unwrap();
+        });
+        got.unwrap().release().await.unwrap();
+        (c, other)
+    });
+    drop(rt1);
+    let rt2 = tokio::runtime::Runtime::new().unwrap();
+    rt2.block_on(async {
+        // The redis-rs connection's own driver task ended with rt1: the first call on
+        // it may fail, and the connection manager reconnects on this runtime.
+        for client in [&c, &other] {
+            if let Err(e) = client.try_lock("reconnect").await {
+                assert!(e.is_redis(), "{e}");
+            }
+        }
+        let g = c.lock("renewed").await.unwrap();
+        // Three leases: only renewals keep it.
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        assert_really_held(&server, &other, &g).await;
+        g.release().await.unwrap();
+        // Waiters subscribe again.
+        let theirs = other.try_lock("w2").await.unwrap();
+        let channel = c.keys("w2").unwrap().channel();
+        let waiter = {
+            let c = c.clone();
+            tokio::spawn(async move {
+                c.acquire("w2", LockOptions::new().wait(Duration::from_secs(5)))
+                    .await
+            })
+        };
+        eventually(
+            Duration::from_secs(2),
+            "the waiter's subscription",
+            || async { common::subscribers(&server, &channel).await == 1 },
+        )
+        .await;
+        theirs.release().await.unwrap();
+        waiter.await.unwrap().unwrap().release().await.unwrap();
+    });
+}

@@ -1,0 +1,128 @@
+//! Watchdog renewal (also of locks taken while a renewal pass runs), wake-up of
+//! waiters, and the lost signal with fencing.
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use common::{assert_really_held, client};
+use lock_core::{Backoff, LockConfig, LockOptions, Released};
+use lock_tests::RedisServer;
+
+/// Lease 1 s, the holder works 4 s: the watchdog keeps it, nobody else gets in; after
+/// release a waiter on another client gets the lock within 50 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchdog_keeps_a_long_hold_and_release_wakes_the_waiter() {
+    let server = RedisServer::start();
+    let lease = LockConfig::new().with_watchdog_lease(Duration::from_secs(1));
+    let holder = client(&server, lease.clone()).await;
+    // A slow fallback backoff: only the release message can wake it quickly.
+    let slow = Backoff {
+        initial: Duration::from_secs(1),
+        max: Duration::from_secs(1),
+    };
+    let other = client(&server, lease.with_backoff(slow)).await;
+
+    let guard = holder
+        .acquire("report", LockOptions::new().wait(Duration::ZERO).fenced())
+        .await
+        .unwrap();
+    let intruder = {
+        let other = other.clone();
+        tokio::spawn(async move {
+            let opts = LockOptions::new().wait(Duration::from_secs(10)).fenced();
+            let g = other.acquire("report", opts).await.unwrap();
+            (Instant::now(), g)
+        })
+    };
+    // The holder "works" for 4 s; meanwhile try_lock keeps failing.
+    let work_until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < work_until {
+        let e = other.try_lock("report").await.unwrap_err();
+        assert!(e.is_busy(), "{e}");
+        assert!(guard.is_held());
+        assert!(
+            !intruder.is_finished(),
+            "waiter got in while the holder worked"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let released_at = Instant::now();
+    guard.release().await.unwrap();
+    let (granted_at, g2) = tokio::time::timeout(Duration::from_secs(2), intruder)
+        .await
+        .expect("waiter woke")
+        .unwrap();
+    let handoff = granted_at.duration_since(released_at);
+    assert!(
+        handoff < Duration::from_millis(50),
+        "handoff took {handoff:?}"
+    );
+    assert_eq!(
+        g2.fencing_token().map(|t| t.get()),
+        Some(2),
+        "second fresh grant of the lock"
+    );
+    g2.release().await.unwrap();
+}
+
+/// The cap on total hold time: the watchdog stops renewing, the lease runs out, and the
+/// holder is told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_hold_caps_the_watchdog() {
+    let server = RedisServer::start();
+    let config = LockConfig::new().with_watchdog_lease(Duration::from_millis(300));
+    let c = client(&server, config).await;
+    let started = Instant::now();
+    let g = c
+        .acquire(
+            "capped",
+            LockOptions::new().max_hold(Duration::from_millis(600)),
+        )
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(3), g.lost())
+        .await
+        .expect("lost() once the cap stops the renewals");
+    let held_for = started.elapsed();
+    // Renewed past one lease, stopped at the cap, expired within a lease after it.
+    assert!(
+        held_for > Duration::from_millis(600),
+        "lost after {held_for:?}"
+    );
+    assert!(
+        held_for < Duration::from_millis(600 + 300 + 500),
+        "lost after {held_for:?}"
+    );
+    // Our local deadline was measured from before the renewal, so Redis expires it a
+    // moment later.
+    let key = c.keys("capped").unwrap().key;
+    common::eventually(Duration::from_secs(1), "the key to expire", || async {
+        !common::exists(&server, &key).await
+    })
+    .await;
+    assert!(g.release().await.unwrap_err().is_expired());
+}
+
+/// Many locks taken while the watchdog is busy renewing others are all renewed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_scheduled_during_a_renewal_pass_are_renewed() {
+    let server = RedisServer::start();
+    let config = LockConfig::new().with_watchdog_lease(Duration::from_millis(200));
+    let a = client(&server, config).await;
+    let b = client(&server, LockConfig::new()).await;
+    let mut guards = Vec::new();
+    let started = Instant::now();
+    // Acquisitions spread over several renewal periods.
+    while started.elapsed() < Duration::from_millis(400) {
+        guards.push(a.try_lock(format!("many{}", guards.len())).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    for g in &guards {
+        assert_really_held(&server, &b, g).await;
+    }
+    for g in guards {
+        assert_eq!(g.release().await.unwrap(), Released::Unlocked);
+    }
+}

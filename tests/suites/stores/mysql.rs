@@ -1,0 +1,151 @@
+//! The MySQL store on a real MariaDB server the harness starts: exclusion across
+//! pools, waiting in the server, reentrancy, long names, names differing in case or
+//! spelling a hashed name, a killed connection firing `lost()`, cancellation.
+
+use crate::checks;
+
+use std::time::{Duration, Instant};
+
+use lock_core::{LockConfig, LockOptions, LockScope, MysqlLocks, Released};
+use lock_tests::MariaDbServer;
+use sqlx::mysql::MySqlPoolOptions;
+
+fn config() -> LockConfig {
+    LockConfig::new()
+        .with_watchdog_lease(Duration::from_millis(800))
+        .with_watchdog_period(Duration::from_millis(200))
+        .with_wait(Duration::from_secs(10))
+}
+
+async fn locks(server: &MariaDbServer) -> MysqlLocks {
+    let pool = MySqlPoolOptions::new()
+        .max_connections(20)
+        .connect(&server.url())
+        .await
+        .expect("connect to the test mariadb");
+    MysqlLocks::new(pool, config())
+}
+
+/// Who holds `name` on the server (its connection id), if anyone.
+async fn holder(locks: &MysqlLocks, name: &str) -> Option<i64> {
+    sqlx::query_scalar("SELECT IS_USED_LOCK(?)")
+        .bind(name)
+        .fetch_one(locks.pool())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pools_never_hold_one_name_at_once_and_tokens_grow() {
+    let server = MariaDbServer::start();
+    let stores = [locks(&server).await, locks(&server).await];
+    checks::never_two_holders_and_tokens_grow(&stores, 16).await;
+    assert_eq!(stores[0].held_count() + stores[1].held_count(), 0);
+    let name = stores[0].server_name("counter").unwrap();
+    assert_eq!(holder(&stores[0], &name).await, None, "nothing left held");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_wait_in_the_server_and_timeout() {
+    let server = MariaDbServer::start();
+    let (a, b) = (locks(&server).await, locks(&server).await);
+    checks::busy_then_timeout_then_woken(&a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reentrant_per_scope_and_long_names_hashed() {
+    let server = MariaDbServer::start();
+    let locks = locks(&server).await;
+    let scope = LockScope::new();
+    let long = "n".repeat(300);
+    let outer = locks
+        .acquire(long.as_str(), LockOptions::new().scope(&scope))
+        .await
+        .unwrap();
+    let inner = locks
+        .acquire(long.as_str(), LockOptions::new().scope(&scope))
+        .await
+        .unwrap();
+    assert_eq!(outer.fencing_token(), inner.fencing_token());
+    assert!(locks.try_lock(long.as_str()).await.unwrap_err().is_busy());
+    let sent = locks.server_name(long.as_str()).unwrap();
+    assert!(sent.len() <= 64, "{sent}");
+    assert!(holder(&locks, &sent).await.is_some(), "held under {sent}");
+    assert_eq!(
+        inner.release().await.unwrap(),
+        Released::StillHeld { holds_left: 1 }
+    );
+    drop(outer);
+    let again = locks
+        .acquire(long.as_str(), LockOptions::new().scope(&scope))
+        .await
+        .unwrap();
+    assert!(locks.try_lock(long.as_str()).await.unwrap_err().is_busy());
+    assert_eq!(again.release().await.unwrap(), Released::Unlocked);
+    assert!(locks.try_lock(long.as_str()).await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_connection_fires_lost_and_lets_another_owner_in() {
+    let server = MariaDbServer::start();
+    let (a, b) = (locks(&server).await, locks(&server).await);
+    let g = a.lock("job").await.unwrap();
+    let name = a.server_name("job").unwrap();
+    let id = holder(&b, &name).await.expect("held");
+    sqlx::query(&format!("KILL {id}"))
+        .execute(b.pool())
+        .await
+        .unwrap();
+    let killed_at = Instant::now();
+    let fired = checks::loss_lets_another_owner_in(
+        g,
+        &b,
+        "job",
+        killed_at,
+        "lost() fired within the check period and lease",
+    )
+    .await;
+    assert!(fired < Duration::from_millis(1_000));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_wait_leaves_no_lock_behind() {
+    let server = MariaDbServer::start();
+    let (a, b) = (locks(&server).await, locks(&server).await);
+    // A cancelled wait closes its session: none of them holds or later takes the lock.
+    checks::cancelled_waits_leave_no_lock(&a, &b).await;
+    assert_eq!(b.held_count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_differing_only_in_case_are_two_locks() {
+    let server = MariaDbServer::start();
+    let (a, b) = (locks(&server).await, locks(&server).await);
+    let upper = a.lock("Order").await.unwrap();
+    let lower = b.try_lock("order").await.unwrap();
+    let (sent_upper, sent_lower) = (
+        a.server_name("Order").unwrap(),
+        a.server_name("order").unwrap(),
+    );
+    let (by_a, by_b) = (holder(&a, &sent_upper).await, holder(&a, &sent_lower).await);
+    assert!(
+        by_a.is_some() && by_b.is_some() && by_a != by_b,
+        "{by_a:?} {by_b:?}"
+    );
+    lower.release().await.unwrap();
+    upper.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_name_spelling_a_long_names_hashed_form_is_another_lock() {
+    let server = MariaDbServer::start();
+    let (a, b) = (locks(&server).await, locks(&server).await);
+    let long = "n".repeat(300);
+    let hashed = a.server_name(long.as_str()).unwrap();
+    let forged = hashed.strip_prefix("lock:").expect("the default namespace");
+    let held = a.lock(long.as_str()).await.unwrap();
+    let other = b.try_lock(forged).await.unwrap();
+    assert_ne!(b.server_name(forged).unwrap(), hashed);
+    other.release().await.unwrap();
+    held.release().await.unwrap();
+}

@@ -1,0 +1,130 @@
+//! Faults of the database stores on real servers the harness starts: a guard dropped
+//! after its runtime ended, on a thread with none, and acquisitions while the server
+//! is unreachable (a cut proxy), which must end within their wait budget plus one
+//! command timeout whatever the pool does.
+
+use crate::common;
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use common::runtime;
+use lock_core::{AnyLocks, DistributedLock, HeldLock, LockConfig, LockOptions, PostgresLocks};
+use lock_tests::{MariaDbServer, PostgresServer, TcpProxy};
+use sqlx::postgres::PgPoolOptions;
+
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
+/// Scheduling and connection teardown on a loaded machine.
+const SLACK: Duration = Duration::from_millis(1_500);
+
+fn config() -> LockConfig {
+    LockConfig::new()
+        .with_watchdog_lease(Duration::from_millis(800))
+        .with_watchdog_period(Duration::from_millis(200))
+        .with_command_timeout(COMMAND_TIMEOUT)
+}
+
+/// Takes `name` on a runtime that then ends, drops the guard on a thread with no
+/// runtime (it must not panic), and expects a fresh client (`open`, on a new runtime)
+/// to take `name` within 10 s.
+fn dropped_without_a_runtime<L, F, Fut>(open: F)
+where
+    L: DistributedLock,
+    L::Guard: Send + 'static,
+    F: Fn() -> Fut,
+    Fut: Future<Output = L>,
+{
+    let first = runtime();
+    let guard = first.block_on(async { open().await.lock_named("dropped").await.unwrap() });
+    drop(first);
+    let dropped = std::thread::spawn(move || drop(guard)).join();
+    assert!(
+        dropped.is_ok(),
+        "dropping the guard outside a runtime panicked"
+    );
+
+    let last = RefCell::new(String::new());
+    let freed = runtime().block_on(async {
+        let other = open().await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            match other.try_lock_named("dropped").await {
+                Ok(g) => return g.release().await.is_ok(),
+                Err(e) => *last.borrow_mut() = e.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    });
+    assert!(freed, "the lock stayed held: {}", last.borrow());
+}
+
+#[test]
+fn a_postgres_guard_dropped_with_no_runtime_frees_the_lock() {
+    let server = PostgresServer::start();
+    dropped_without_a_runtime(|| async {
+        PostgresLocks::connect(&server.url(), config())
+            .await
+            .unwrap()
+    });
+}
+
+#[test]
+fn a_mysql_guard_dropped_with_no_runtime_frees_the_lock() {
+    let server = MariaDbServer::start();
+    dropped_without_a_runtime(|| async {
+        lock_core::MysqlLocks::connect(&server.url(), config())
+            .await
+            .unwrap()
+    });
+}
+
+/// With the proxy to the server cut, a wait of 1 s and a try each end in an
+/// unavailable error within their budget plus one command timeout (and slack).
+async fn unreachable_ends_within_budget<L: DistributedLock>(locks: &L, proxy: &TcpProxy) {
+    // The pool keeps a connection, and first-use setup is done.
+    locks
+        .lock_named("warm")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    proxy.cut();
+    for wait in [Duration::from_secs(1), Duration::ZERO] {
+        let started = Instant::now();
+        let taken = tokio::time::timeout(
+            Duration::from_secs(45),
+            locks.acquire("x", LockOptions::new().wait(wait)),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("no answer within 45 s (wait {wait:?})"));
+        let took = started.elapsed();
+        let err = taken.map(drop).unwrap_err();
+        assert!(err.is_unavailable(), "wait {wait:?}: {err}");
+        assert!(
+            took <= wait + COMMAND_TIMEOUT + SLACK,
+            "wait {wait:?}: took {took:?}: {err}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_acquisition_ends_within_its_budget_with_the_server_unreachable() {
+    let server = PostgresServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
+    // The pool's own 30 s wait for a connection is left as sqlx sets it.
+    let pool = PgPoolOptions::new().connect(&url).await.unwrap();
+    unreachable_ends_within_budget(&PostgresLocks::new(pool, config()), &proxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mysql_acquisition_through_any_locks_ends_within_its_budget_when_unreachable() {
+    let server = MariaDbServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let url = format!("mariadb://root@127.0.0.1:{}/locks", proxy.port());
+    let locks = AnyLocks::open(&url, config()).await.unwrap();
+    unreachable_ends_within_budget(&locks, &proxy).await;
+}
