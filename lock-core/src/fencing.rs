@@ -1,4 +1,5 @@
-//! Fencing tokens and the fenced write.
+//! The fenced write: a value stored in Redis that refuses stale fencing tokens
+//! ([`FencingToken`]).
 
 use redis::ToRedisArgs;
 
@@ -6,49 +7,7 @@ use crate::client::Client;
 use crate::client::store::key::{self, LockName};
 use crate::client::store::scripts::{FENCED_WRITE, FencedWriteReply};
 use crate::error::LockError;
-
-/// A number that grows with every fresh grant of one lock, and the grant it belongs to.
-///
-/// A lock can be lost without its holder knowing (a long pause, a network partition):
-/// the resource it protects should remember the newest token it has seen and refuse
-/// writes carrying an older one. [`LockClient::fenced_write`](crate::LockClient::fenced_write) does exactly that for a
-/// value stored in Redis.
-///
-/// How the numbers are made: one counter per hash slot of the namespace (see
-/// [`key`](crate::key)), incremented by every fresh grant in that slot, in the same
-/// script that grants. A lock name always lives in the same slot, so its tokens only
-/// grow, and the counters stay bounded (at most 16384 per namespace) however many names
-/// are ever locked. The counter is replicated asynchronously like any key: after a
-/// failover, the promoted replica may hand out a number again. The token therefore also
-/// carries its grant's holder id, and a fenced write with a token equal to the newest
-/// seen is accepted only from that same holder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct FencingToken {
-    token: u64,
-    holder: u64,
-}
-
-impl FencingToken {
-    pub(crate) fn new(token: u64, holder: u64) -> Self {
-        Self { token, holder }
-    }
-
-    /// The token as a number.
-    pub fn get(self) -> u64 {
-        self.token
-    }
-
-    /// The id of the grant this token was issued to (unique per grant).
-    pub fn holder(self) -> u64 {
-        self.holder
-    }
-}
-
-impl std::fmt::Display for FencingToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.token.fmt(f)
-    }
-}
+use crate::owner::FencingToken;
 
 /// Outcome of [`LockClient::fenced_write`](crate::LockClient::fenced_write).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,8 +48,8 @@ pub(crate) async fn fenced_write<N: LockName, V: ToRedisArgs>(
             c.arg(2)
                 .arg(&value_key)
                 .arg(&token_key)
-                .arg(token.token)
-                .arg(token.holder)
+                .arg(token.get())
+                .arg(token.holder())
                 .arg(&value);
         })
         .await?;

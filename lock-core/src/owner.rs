@@ -1,4 +1,5 @@
-//! Who holds a lock: a random client id plus a scope counter.
+//! Who holds a lock: a random client id plus a scope counter, and the fencing token
+//! that names one grant.
 
 use std::fmt;
 use std::future::Future;
@@ -143,6 +144,49 @@ pub(crate) fn push_digits(out: &mut String, mut n: u64, radix: u64) {
         }
     }
     out.extend(buf[at..].iter().map(|&b| char::from(b)));
+}
+
+/// A number that grows with every fresh grant of one lock, and the grant it belongs to.
+///
+/// A lock can be lost without its holder knowing (a long pause, a network partition):
+/// the resource it protects should remember the newest token it has seen and refuse
+/// writes carrying an older one. [`LockClient::fenced_write`](crate::LockClient::fenced_write) does exactly that for a
+/// value stored in Redis.
+///
+/// How the numbers are made: one counter per hash slot of the namespace (see
+/// [`key`](crate::key)), incremented by every fresh grant in that slot, in the same
+/// script that grants. A lock name always lives in the same slot, so its tokens only
+/// grow, and the counters stay bounded (at most 16384 per namespace) however many names
+/// are ever locked. The counter is replicated asynchronously like any key: after a
+/// failover, the promoted replica may hand out a number again. The token therefore also
+/// carries its grant's holder id, and a fenced write with a token equal to the newest
+/// seen is accepted only from that same holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken {
+    token: u64,
+    holder: u64,
+}
+
+impl FencingToken {
+    pub(crate) fn new(token: u64, holder: u64) -> Self {
+        Self { token, holder }
+    }
+
+    /// The token as a number.
+    pub fn get(self) -> u64 {
+        self.token
+    }
+
+    /// The id of the grant this token was issued to (unique per grant).
+    pub fn holder(self) -> u64 {
+        self.holder
+    }
+}
+
+impl std::fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.token.fmt(f)
+    }
 }
 
 #[cfg(test)]

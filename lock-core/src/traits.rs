@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use crate::client::store::key::LockName;
 use crate::error::LockError;
-use crate::fencing::FencingToken;
 use crate::lock::LockOptions;
 use crate::lock::Released;
+use crate::owner::FencingToken;
 
 /// A store of distributed locks.
 ///

@@ -8,9 +8,10 @@ use redis::ToRedisArgs;
 use super::LockClient;
 use crate::client::store::key::LockName;
 use crate::error::LockError;
-use crate::fencing::{self, FencedWrite, FencingToken};
+use crate::fencing::{self, FencedWrite};
 use crate::idempotency::{IdempotencyStore, OneTimeTokens};
 use crate::ids::{IdConfig, IdGenerator};
+use crate::owner::FencingToken;
 use crate::rate::{LimitRule, RateLimit, RateLimiter, RuleLimiter};
 use crate::semaphore::Semaphore;
 

@@ -13,8 +13,8 @@ use crate::client::cleanup;
 use crate::client::config::{LockConfig, drift};
 use crate::client::store::scripts::{FenceReply, GrantReply};
 use crate::error::LockError;
-use crate::fencing::FencingToken;
 use crate::lock::Released;
+use crate::owner::FencingToken;
 use crate::owner::{LockScope, push_digits};
 
 pub(crate) struct Core {

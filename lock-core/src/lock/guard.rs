@@ -11,8 +11,8 @@ use super::core::Core;
 use super::registry::{Grant, Plan};
 use crate::client::config::check_lease;
 use crate::error::LockError;
-use crate::fencing::FencingToken;
 use crate::metrics::ReleaseOutcome;
+use crate::owner::FencingToken;
 use crate::owner::LockScope;
 
 /// What a successful [`LockGuard::release`] did.

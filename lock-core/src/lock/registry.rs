@@ -19,9 +19,9 @@ use tokio::sync::{Notify, watch};
 
 use crate::client::store::key::LockKeys;
 use crate::error::LockError;
-use crate::fencing::FencingToken;
 use crate::lock::release_outcome;
 use crate::metrics::{self, StoreKind};
+use crate::owner::FencingToken;
 
 /// Why a grant was lost, as far as this client knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,11 +8,11 @@ use futures_util::stream::FuturesUnordered;
 
 use super::quorum::{self, ReleaseTally, ReleaseVerdict, each_within};
 use crate::error::LockError;
-use crate::fencing::FencingToken;
 use crate::lock::LockGuard;
 use crate::lock::Released;
 use crate::lock::release_outcome;
 use crate::metrics::{self, StoreKind};
+use crate::owner::FencingToken;
 
 /// A lock held on a quorum of a [`Redlock`](crate::Redlock)'s nodes.
 ///

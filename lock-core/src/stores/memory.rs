@@ -12,8 +12,8 @@ use super::session::{BoxFuture, Hold, StoreGuard, Stores};
 use crate::client::config::LockConfig;
 use crate::client::store::key::LockName;
 use crate::error::LockError;
-use crate::fencing::FencingToken;
 use crate::lock::LockOptions;
+use crate::owner::FencingToken;
 
 /// Locks in this process's memory, with the same API and guard semantics as the
 /// Redis and database stores: for a service that runs as one instance, and for unit

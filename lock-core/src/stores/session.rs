@@ -18,12 +18,12 @@ use std::time::{Duration, Instant};
 use crate::client::config::LockConfig;
 use crate::client::store::key::{self, LockName};
 use crate::error::LockError;
-use crate::fencing::FencingToken;
 use crate::lock::LockOptions;
 use crate::lock::Released;
 use crate::lock::Resolved;
 use crate::lock::release_outcome;
 use crate::metrics::{self, StoreKind};
+use crate::owner::FencingToken;
 
 /// A boxed `Send` future.
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;

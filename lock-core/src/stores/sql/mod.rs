@@ -20,8 +20,8 @@ use tokio::time::Instant;
 use super::session::{BoxFuture, Hold};
 use crate::client::config::LockConfig;
 use crate::error::LockError;
-use crate::fencing::FencingToken;
 use crate::metrics::{self, Renewal, StoreKind};
+use crate::owner::FencingToken;
 
 /// A future borrowing a session.
 pub(crate) type ConnFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -9,8 +9,8 @@ use zookeeper_client as zk;
 use super::{node, terminal, zk_error};
 use crate::client::cleanup::{self, OnDrop};
 use crate::error::LockError;
-use crate::fencing::FencingToken;
 use crate::metrics::{self, StoreKind};
+use crate::owner::FencingToken;
 use crate::stores::session::{BoxFuture, Hold};
 
 /// Where a held lock stands.
