@@ -21,7 +21,7 @@ use crate::client::in_span;
 use crate::client::store::key::{self, LockKeys, LockName};
 use crate::client::wait::{Turn, wait_for_turn};
 use crate::error::LockError;
-use crate::lock::LockClient;
+use crate::facade::LockClient;
 use crate::lock::LockGuard;
 use crate::lock::LockOptions;
 use crate::lock::{Request, Resolved};

@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::client::config::LockConfig;
 use crate::client::store::key::LockName;
 use crate::error::LockError;
-use crate::lock::LockClient;
+use crate::facade::LockClient;
 use crate::lock::LockGuard;
 use crate::lock::LockOptions;
 use crate::lock::Released;
