@@ -1,9 +1,5 @@
 //! `seckill-load`: a flash sale against two `seckill-server` instances, and its verdict.
 //!
-//! ```text
-//! seckill-load [--buyers B] [--stock S] [--targets URL,URL] [--server-bin PATH]
-//! ```
-//!
 //! Without `--targets` it starts everything itself and removes it at the end: a private
 //! `redis-server` on a free port (the test harness's `RedisServer`), a temporary SQLite
 //! file, and two `seckill-server` processes on two ports (the binary beside this one,
@@ -15,63 +11,47 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use clap::Parser;
+
 use lock_examples::seckill::instances::{BoxError, Instance, server_binary, shutdown_signal};
 use lock_examples::seckill::load::{self, LoadConfig, Verdict};
 use lock_tests::RedisServer;
 
-const USAGE: &str =
-    "usage: seckill-load [--buyers B] [--stock S] [--targets URL,URL] [--server-bin PATH]
-  --buyers B         concurrent buyers, each a distinct user (default 2000)
-  --stock S          units of the voucher on sale (default 100)
-  --targets URL,URL  running instances to use (sharing one Redis and one SQLite file);
-                     default: start redis-server and two seckill-server instances
-  --server-bin PATH  the seckill-server binary (default: the one beside this program)";
-
+/// A flash sale against two seckill-server instances, and its verdict.
+#[derive(Debug, Parser)]
+#[command(version)]
 struct Args {
-    config: LoadConfig,
+    /// Concurrent buyers, each a distinct user.
+    #[arg(long, default_value = "2000", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    buyers: u32,
+    /// Units of the voucher on sale.
+    #[arg(long, default_value = "100", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    stock: u32,
+    /// Running instances to use, comma-separated (sharing one Redis and one database);
+    /// default: start redis-server and two seckill-server instances.
+    #[arg(long, value_delimiter = ',', value_name = "URL,URL")]
     targets: Vec<String>,
+    /// The seckill-server binary (default: the one beside this program).
+    #[arg(long, value_name = "PATH")]
     server_bin: Option<PathBuf>,
 }
 
-fn parse_args() -> Result<Args, BoxError> {
-    let mut args = Args {
-        config: LoadConfig {
-            buyers: 2000,
-            stock: 100,
-        },
-        targets: Vec::new(),
-        server_bin: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        if arg == "-h" || arg == "--help" {
-            println!("{USAGE}");
-            std::process::exit(0);
-        }
-        let value = it
-            .next()
-            .ok_or_else(|| format!("{arg} needs a value (see --help)"))?;
-        let number = |v: &str| -> Result<u32, BoxError> {
-            v.parse::<u32>()
-                .ok()
-                .filter(|n| (1..=1_000_000).contains(n))
-                .ok_or_else(|| format!("{arg}: expected 1 to 1000000, got {v:?}").into())
-        };
-        match arg.as_str() {
-            "--buyers" => args.config.buyers = number(&value)? as usize,
-            "--stock" => args.config.stock = number(&value)?,
-            "--targets" => {
-                args.targets = value
-                    .split(',')
-                    .map(|t| t.trim().trim_end_matches('/').to_string())
-                    .filter(|t| !t.is_empty())
-                    .collect()
-            }
-            "--server-bin" => args.server_bin = Some(value.into()),
-            other => return Err(format!("unknown option {other:?} (see --help)").into()),
+impl Args {
+    fn config(&self) -> LoadConfig {
+        LoadConfig {
+            buyers: self.buyers as usize,
+            stock: self.stock,
         }
     }
-    Ok(args)
+
+    /// The targets without trailing slashes or empty items.
+    fn targets(&self) -> Vec<String> {
+        self.targets
+            .iter()
+            .map(|t| t.trim().trim_end_matches('/').to_string())
+            .filter(|t| !t.is_empty())
+            .collect()
+    }
 }
 
 /// A temporary directory removed on drop.
@@ -124,9 +104,9 @@ async fn run_local(args: &Args) -> Result<Verdict, BoxError> {
     );
     println!(
         "selling {} units to {} concurrent buyers...",
-        args.config.stock, args.config.buyers
+        args.stock, args.buyers
     );
-    let verdict = load::run(args.config, &urls).await;
+    let verdict = load::run(args.config(), &urls).await;
     for mut i in instances {
         i.kill().await;
     }
@@ -135,13 +115,14 @@ async fn run_local(args: &Args) -> Result<Verdict, BoxError> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    let args = Args::parse();
     let result = async {
-        let args = parse_args()?;
+        let targets = args.targets();
         let run = async {
-            if args.targets.is_empty() {
+            if targets.is_empty() {
                 run_local(&args).await
             } else {
-                load::run(args.config, &args.targets).await
+                load::run(args.config(), &targets).await
             }
         };
         tokio::select! {

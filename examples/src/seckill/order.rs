@@ -2,16 +2,17 @@
 //! script that also queues the order.
 
 use std::sync::LazyLock;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use lock_core::OrderId;
 use lock_macros::cache_lock;
 use redis::Value;
 
+use super::app::App;
+use super::clock::{format_ms, now_ms};
 use super::keys;
 use super::problem::{AppError, Problem};
-use super::server::App;
+use super::voucher;
 
 /// `examples/lua/seckill_take.lua`: window, stock and buyer checks, decrement, buyer
 /// record and stream append in one step.
@@ -23,34 +24,6 @@ static TAKE: LazyLock<redis::Script> =
 /// the handler runs, so a slow order keeps them; a dead instance frees them this long
 /// after its last renewal, and the buyer's retry is answered (its order, if it was taken).
 pub(crate) const CLAIM_LEASE: Duration = Duration::from_secs(2);
-
-/// Fault injection for tests: the process exits right after the stock script has taken
-/// this many units, before answering (a unit taken whose 201 never arrives).
-#[derive(Debug, Default)]
-pub(crate) struct CrashAfterTakes {
-    limit: Option<u64>,
-    taken: AtomicU64,
-}
-
-impl CrashAfterTakes {
-    pub(crate) fn new(limit: Option<u64>) -> Self {
-        Self {
-            limit,
-            taken: AtomicU64::new(0),
-        }
-    }
-
-    fn taken(&self) {
-        let Some(limit) = self.limit else { return };
-        if self.taken.fetch_add(1, Ordering::Relaxed) + 1 >= limit {
-            tracing::error!(
-                limit,
-                "crash_after_takes reached: exiting before the answer"
-            );
-            std::process::exit(3);
-        }
-    }
-}
 
 /// What the stock script decided.
 #[derive(Debug, PartialEq, Eq)]
@@ -129,24 +102,20 @@ pub(crate) async fn take_order(
     let refuse = |status, kind, detail: String| Err(Problem::new(status, kind, detail).into());
     match take {
         Take::Taken { entry, stock_left } => {
-            app.crash_after_takes.taken();
             tracing::debug!(%order_id, voucher_id, user_id, %entry, stock_left, "order taken");
             Ok(Placed { order_id })
         }
-        Take::NoVoucher => Err(super::voucher::missing(app, voucher_id).await.into()),
+        Take::NoVoucher => Err(voucher::missing(app, voucher_id).await.into()),
         Take::NotStarted { begins_at_ms } => {
             // A refusal that passes: `Retry-After` keeps it out of the idempotency
             // record, so a retry with the same key after the start is served.
-            let now_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as i64);
-            let wait_s = (begins_at_ms.saturating_sub(now_ms) as u64).div_ceil(1000);
+            let wait_ms = u64::try_from(begins_at_ms.saturating_sub(now_ms())).unwrap_or(0);
             let detail = format!(
                 "the sale of voucher {voucher_id} begins at {}",
-                super::voucher::format_ms(begins_at_ms)
+                format_ms(begins_at_ms)
             );
             Err(Problem::new(StatusCode::FORBIDDEN, "not-active", detail)
-                .retry_after(wait_s)
+                .retry_after(wait_ms.div_ceil(1000))
                 .into())
         }
         Take::Ended { ends_at_ms } => refuse(
@@ -154,7 +123,7 @@ pub(crate) async fn take_order(
             "not-active",
             format!(
                 "the sale of voucher {voucher_id} ended at {}",
-                super::voucher::format_ms(ends_at_ms)
+                format_ms(ends_at_ms)
             ),
         ),
         // The existing order is named, so a buyer whose 201 was lost (the instance died

@@ -4,7 +4,7 @@ use axum::Json;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Extension, Path, Request, State};
 use axum::http::header::{CONTENT_TYPE, LOCATION};
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
@@ -15,20 +15,27 @@ use lock_tower::idempotency::IdempotencyLayer;
 use lock_tower::rate_limit::RateLimitLayer;
 use serde_json::json;
 
+use super::app::App;
+use super::fault;
 use super::order;
 use super::problem::{self, AppError, Problem};
-use super::server::App;
+use super::store::StoreError;
 use super::voucher;
-use super::worker;
 
 /// The header naming the buyer (a stand-in for authentication).
 const USER_HEADER: &str = "x-user-id";
 
-/// The service's routes; see the README for the API.
-pub(crate) fn router(app: App, limiter: RateLimiter, idempotency: IdempotencyStore) -> Router {
+/// The service's routes; see the README for the API. `crash_after_takes`: the tests'
+/// fault layer around the order handler (see `fault.rs`).
+pub(crate) fn router(
+    app: App,
+    limiter: RateLimiter,
+    idempotency: IdempotencyStore,
+    crash_after_takes: Option<u64>,
+) -> Router {
     // Outermost first: who is it (400), too fast (429), a retry (replayed), then the
     // handler with its lock.
-    let place_order = post::<_, _, App>(create_order)
+    let place_order = with_fault(post::<_, _, App>(create_order), crash_after_takes)
         .layer::<_, std::convert::Infallible>(
             IdempotencyLayer::new(idempotency)
                 .require_key(true)
@@ -44,8 +51,17 @@ pub(crate) fn router(app: App, limiter: RateLimiter, idempotency: IdempotencySto
 /// The floor of `scripts/bench seckill` (`seckill-server --floor`): the same routes on
 /// the same HTTP stack, but an order only takes its stock (no lock, no idempotency key,
 /// no rate limit), to price the protections.
-pub(crate) fn floor_router(app: App) -> Router {
-    routes(post(create_order_unprotected)).with_state(app)
+pub(crate) fn floor_router(app: App, crash_after_takes: Option<u64>) -> Router {
+    let place_order = with_fault(post(create_order_unprotected), crash_after_takes)
+        .layer::<_, std::convert::Infallible>(middleware::from_fn(require_user));
+    routes(place_order).with_state(app)
+}
+
+fn with_fault(handler: MethodRouter<App>, crash_after_takes: Option<u64>) -> MethodRouter<App> {
+    match crash_after_takes {
+        Some(limit) => fault::crash_after_takes(handler, limit),
+        None => handler,
+    }
 }
 
 fn routes(place_order: MethodRouter<App>) -> Router<App> {
@@ -60,6 +76,11 @@ fn routes(place_order: MethodRouter<App>) -> Router<App> {
         // rejections (413) are problem+json too.
         .layer(middleware::from_fn(problem::problem_json_errors))
 }
+
+/// The buyer of an order request, parsed once from `X-User-Id` by [`require_user`]
+/// and read from the request's extensions by everything after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Buyer(i64);
 
 /// The buyer of a request: `X-User-Id`, a whole number from 1 to `i64::MAX`.
 fn user_id(headers: &HeaderMap) -> Result<i64, Problem> {
@@ -91,13 +112,20 @@ fn user_id(headers: &HeaderMap) -> Result<i64, Problem> {
 /// so `7`, `07` and a padded `000…07` (one buyer to the handler) are one quota and one
 /// scope, and one user can never replay another's order.
 fn buyer(request: &Request<Body>) -> Option<String> {
-    user_id(request.headers()).ok().map(|id| id.to_string())
+    request
+        .extensions()
+        .get::<Buyer>()
+        .map(|Buyer(id)| id.to_string())
 }
 
-/// Refuses an order without a valid `X-User-Id` before it reaches the rate limiter.
-async fn require_user(request: Request, next: Next) -> Response {
+/// Parses `X-User-Id` into the request's [`Buyer`], refusing an order without a valid
+/// one before it reaches the rate limiter.
+async fn require_user(mut request: Request, next: Next) -> Response {
     match user_id(request.headers()) {
-        Ok(_) => next.run(request).await,
+        Ok(id) => {
+            request.extensions_mut().insert(Buyer(id));
+            next.run(request).await
+        }
         Err(problem) => problem.into_response(),
     }
 }
@@ -118,7 +146,7 @@ fn path_id(path: Result<Path<String>, PathRejection>, what: &str) -> Result<i64,
         })
 }
 
-fn db_unavailable(e: rusqlite::Error) -> Problem {
+fn db_unavailable(e: StoreError) -> Problem {
     Problem::unavailable("the orders database", &e)
 }
 
@@ -158,10 +186,10 @@ async fn get_voucher(
 /// `{"order_id": ...}`; see [`order::place_order`] for the refusals.
 async fn create_order(
     State(app): State<App>,
+    Extension(Buyer(user_id)): Extension<Buyer>,
     path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
 ) -> Result<Response, AppError> {
-    let (voucher_id, user_id) = order_of(path, &headers)?;
+    let voucher_id = path_id(path, "voucher")?;
     Ok(created(
         order::place_order(&app, voucher_id, user_id).await?,
     ))
@@ -170,19 +198,11 @@ async fn create_order(
 /// `--floor`'s order: the stock script alone.
 async fn create_order_unprotected(
     State(app): State<App>,
+    Extension(Buyer(user_id)): Extension<Buyer>,
     path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
 ) -> Result<Response, AppError> {
-    let (voucher_id, user_id) = order_of(path, &headers)?;
+    let voucher_id = path_id(path, "voucher")?;
     Ok(created(order::take_order(&app, voucher_id, user_id).await?))
-}
-
-/// The voucher and the buyer of an order request.
-fn order_of(
-    path: Result<Path<String>, PathRejection>,
-    headers: &HeaderMap,
-) -> Result<(i64, i64), Problem> {
-    Ok((path_id(path, "voucher")?, user_id(headers)?))
 }
 
 /// 201 with the order's id and `Location`.
@@ -224,13 +244,15 @@ async fn list_orders(
     Ok(Json(json!({ "voucher_id": id, "orders": orders })).into_response())
 }
 
-/// `GET /healthz` -> 200 with the worker's figures and the stream backlog; 503 when
-/// Redis is unreachable or the worker has stopped.
+/// `GET /healthz` -> 200 with the consumer's figures and the queue's backlog; 503 when
+/// the queue is unreachable or the consumer has stopped.
 async fn healthz(State(app): State<App>) -> Result<Response, AppError> {
-    let backlog = worker::backlog(&mut app.redis.clone())
+    let backlog = app
+        .queue
+        .backlog()
         .await
-        .map_err(redis_unavailable)?;
-    let worker = app.worker.snapshot();
+        .map_err(|e| Problem::unavailable("the orders queue", &e))?;
+    let worker = app.queue.stats().snapshot();
     let status = if worker.running {
         StatusCode::OK
     } else {
@@ -239,7 +261,7 @@ async fn healthz(State(app): State<App>) -> Result<Response, AppError> {
     let body = json!({
         "status": if worker.running { "ok" } else { "worker-stopped" },
         "worker": worker,
-        "stream": backlog,
+        "queue": backlog,
     });
     Ok((status, Json(body)).into_response())
 }

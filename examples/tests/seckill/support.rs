@@ -70,7 +70,7 @@ pub(crate) async fn wait_health(
 }
 
 pub(crate) fn drained(h: &serde_json::Value) -> bool {
-    h["stream"]["pending"] == 0 && h["stream"]["undelivered"] == false
+    h["queue"]["pending"] == 0 && h["queue"]["undelivered"] == false
 }
 
 /// `XPENDING` summary: how many entries are delivered but not acknowledged.

@@ -11,7 +11,7 @@
 //!   client does after a timeout: the first answer must come back replayed, identical;
 //! - the rest order once.
 //!
-//! Then it waits until the workers have drained the stream (`GET /healthz`), reads the
+//! Then it waits until the workers have drained the queue (`GET /healthz`), reads the
 //! voucher and its persisted orders, and checks the result ([`Verdict::violations`]).
 
 mod http;
@@ -26,7 +26,7 @@ use super::instances::BoxError;
 pub use http::{Http, Reply};
 pub use verdict::{Attempt, Verdict};
 
-/// How long the workers get to drain the stream after the last buyer.
+/// How long the workers get to drain the queue after the last buyer.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 /// Orders a greedy buyer fires at once.
 const GREEDY_BURST: usize = 10;
@@ -152,13 +152,13 @@ async fn buy(http: &Http, targets: &[String], i: usize, voucher: i64, user: i64)
     }
 }
 
-/// Polls `GET /healthz` until the stream is drained; false on timeout.
+/// Polls `GET /healthz` until the queue is drained; false on timeout.
 async fn wait_drained(http: &Http, base: &str) -> bool {
     let deadline = Instant::now() + DRAIN_TIMEOUT;
     while Instant::now() < deadline {
         if let Ok(reply) = http.get(&format!("{base}/healthz")).await {
-            let stream = reply.json()["stream"].clone();
-            if stream["pending"].as_u64() == Some(0) && stream["undelivered"] == false {
+            let queue = reply.json()["queue"].clone();
+            if queue["pending"].as_u64() == Some(0) && queue["undelivered"] == false {
                 return true;
             }
         }
