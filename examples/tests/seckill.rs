@@ -1,5 +1,6 @@
 //! The seckill scenario on real processes: a private redis-server, `seckill-server`
-//! instances on their own ports sharing one SQLite file, and the load generator.
+//! instances on their own ports sharing one database (a SQLite file; MariaDB in
+//! `systems`), and the load generator.
 
 #[path = "seckill/anomaly.rs"]
 mod anomaly;
@@ -9,6 +10,8 @@ mod lost_reply;
 mod redis_lost;
 #[path = "seckill/support.rs"]
 mod support;
+#[path = "seckill/systems.rs"]
+mod systems;
 #[path = "seckill/trim.rs"]
 mod trim;
 

@@ -23,8 +23,10 @@ struct Cli {
     /// The Redis shared by every instance.
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379/")]
     redis: String,
-    /// The orders database shared by every instance: a SQLite file.
-    #[arg(long, env = "SECKILL_DB", default_value = "seckill.db")]
+    /// The orders database shared by every instance: a SQLite file, or
+    /// mysql://USER:PASSWORD@HOST:PORT/DATABASE (MySQL or MariaDB, with
+    /// innodb_flush_log_at_trx_commit=1).
+    #[arg(long, env = "DATABASE_URL", default_value = "seckill.db")]
     db: String,
     /// Orders per second per user, on average.
     #[arg(long, default_value = "2")]

@@ -17,7 +17,7 @@
 //!    without the lock; a repeat gets 409 `already-ordered` naming the existing order;
 //! 7. 201 with the order id. A worker in every instance (a consumer group on the
 //!    stream: the seed's queue for peak shaving) writes the order into the database
-//!    (SQLite), whose UNIQUE (voucher_id, user_id) index is the seed's last safeguard,
+//!    (SQLite, or MySQL with `--db mysql://...`), whose UNIQUE (voucher_id, user_id) index is the seed's last safeguard,
 //!    then XACKs it;
 //!    entries a crashed worker left pending are claimed by another after an idle time,
 //!    and what the group acknowledged is trimmed from the stream. Vouchers and their
@@ -27,7 +27,7 @@
 //! Modules, each importing only those below it: [`server`] (configuration, start-up),
 //! `routes` (the HTTP API), `order` and `voucher` (the order path), `app` (the state
 //! they share), [`queue`] (the queue trait; the Redis Stream), [`store`] (the storage
-//! trait; SQLite), `clock`; beside them [`load`] (the load generator and its verdict)
+//! trait; SQLite and MySQL), `clock`; beside them [`load`] (the load generator and its verdict)
 //! and [`instances`] (starting service processes for the load generator, the tests and
 //! the benchmark).
 

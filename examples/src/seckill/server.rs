@@ -31,7 +31,7 @@ pub struct ServerConfig {
     /// The Redis shared by all instances (default `redis://127.0.0.1:6379/`).
     pub redis: String,
     /// The orders database shared by all instances: a SQLite file on this machine
-    /// (default `seckill.db`).
+    /// (default `seckill.db`), or `mysql://...` (MySQL or MariaDB).
     pub db: String,
     /// Orders per second one user may send, on average (default 2).
     pub user_rate: u32,

@@ -9,6 +9,7 @@
 //!   its commit is durable when it returns, so the queue may acknowledge right after;
 //! - voucher ids are never handed out twice, whatever happened to Redis.
 
+mod mysql;
 mod sqlite;
 
 use std::fmt;
@@ -17,6 +18,7 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use serde::Serialize;
 
+pub use mysql::MySqlStore;
 pub use sqlite::SqliteStore;
 
 /// Errors of a store: the driver's, boxed, so the trait does not name a driver.
@@ -91,7 +93,12 @@ pub trait Storage: Send + Sync + fmt::Debug {
     fn count(&self) -> BoxFuture<'_, Result<i64, StoreError>>;
 }
 
-/// Opens the store `db` names: a SQLite file path.
+/// Opens the store `db` names: `mysql://...` (MySQL or MariaDB), else a SQLite file
+/// path.
 pub async fn open(db: &str) -> Result<Arc<dyn Storage>, StoreError> {
-    Ok(Arc::new(SqliteStore::open(std::path::Path::new(db))?))
+    if db.starts_with("mysql://") {
+        Ok(Arc::new(MySqlStore::connect(db).await?))
+    } else {
+        Ok(Arc::new(SqliteStore::open(std::path::Path::new(db))?))
+    }
 }
