@@ -1,11 +1,13 @@
 //! The seckill scenario on real processes: a private redis-server, `seckill-server`
-//! instances on their own ports sharing one database (a SQLite file; MariaDB in
-//! `systems`), and the load generator.
+//! instances on their own ports sharing one database (a SQLite file; MariaDB and
+//! RabbitMQ in `systems` and `mid_sale`), and the load generator.
 
 #[path = "seckill/anomaly.rs"]
 mod anomaly;
 #[path = "seckill/lost_reply.rs"]
 mod lost_reply;
+#[path = "seckill/mid_sale.rs"]
+mod mid_sale;
 #[path = "seckill/redis_lost.rs"]
 mod redis_lost;
 #[path = "seckill/support.rs"]

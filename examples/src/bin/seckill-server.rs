@@ -28,6 +28,10 @@ struct Cli {
     /// innodb_flush_log_at_trx_commit=1).
     #[arg(long, env = "DATABASE_URL", default_value = "seckill.db")]
     db: String,
+    /// The queue between the order path and the database: `stream` (a Redis Stream on
+    /// --redis) or amqp://USER:PASSWORD@HOST:PORT/VHOST (RabbitMQ; %2f is the vhost /).
+    #[arg(long, env = "AMQP_URL", default_value = "stream")]
+    queue: String,
     /// Orders per second per user, on average.
     #[arg(long, default_value = "2")]
     user_rate: NonZeroU32,
@@ -65,6 +69,7 @@ impl Cli {
         config.listen = self.listen;
         config.redis = self.redis;
         config.db = self.db;
+        config.queue = self.queue;
         config.user_rate = self.user_rate.get();
         config.user_burst = self.user_burst.get();
         config.worker.claim_idle = Duration::from_millis(self.claim_idle_ms.get());

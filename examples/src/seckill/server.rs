@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use super::app::App;
 use super::order::CLAIM_LEASE;
 use super::queue::OrderQueue;
+use super::queue::rabbit::{RabbitConfig, RabbitQueue};
 use super::queue::stream::{StreamQueue, WorkerConfig};
 use super::routes;
 use super::store;
@@ -33,6 +34,9 @@ pub struct ServerConfig {
     /// The orders database shared by all instances: a SQLite file on this machine
     /// (default `seckill.db`), or `mysql://...` (MySQL or MariaDB).
     pub db: String,
+    /// The queue between the order path and the database: `stream` (the Redis Stream,
+    /// the default) or `amqp://...` (RabbitMQ).
+    pub queue: String,
     /// Orders per second one user may send, on average (default 2).
     pub user_rate: u32,
     /// How many orders one user may send at once (default 4).
@@ -65,6 +69,7 @@ impl ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             redis: "redis://127.0.0.1:6379/".into(),
             db: "seckill.db".into(),
+            queue: "stream".into(),
             user_rate: 2,
             user_burst: 4,
             worker: WorkerConfig::new(format!("worker-{}-{nanos:08x}", std::process::id())),
@@ -231,11 +236,26 @@ pub async fn start(
     let store = store::open(&config.db)
         .await
         .map_err(|e| format!("cannot open the database {}: {e}", config.db))?;
-    let queue: Arc<dyn OrderQueue> = Arc::new(
-        StreamQueue::new(redis.clone(), worker_conn, config.worker.clone())
-            .await
-            .map_err(unreachable)?,
-    );
+    let queue: Arc<dyn OrderQueue> = if config.queue.starts_with("amqp://") {
+        let rabbit = RabbitConfig::new(config.queue.as_str(), config.worker.consumer.as_str());
+        Arc::new(
+            RabbitQueue::connect(rabbit, redis.clone())
+                .await
+                .map_err(|e| format!("cannot reach RabbitMQ at {}: {e}", config.queue))?,
+        )
+    } else if config.queue == "stream" {
+        Arc::new(
+            StreamQueue::new(redis.clone(), worker_conn, config.worker.clone())
+                .await
+                .map_err(unreachable)?,
+        )
+    } else {
+        return Err(format!(
+            "--queue {:?}: expected `stream` or an amqp:// URL",
+            config.queue
+        )
+        .into());
+    };
     let limiter = locks.rate_limiter(
         "seckill-orders",
         RateLimit::per_second(config.user_rate).with_burst(config.user_burst),

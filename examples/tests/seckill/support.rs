@@ -17,6 +17,14 @@ pub(crate) fn persistent_redis() -> RedisServer {
     RedisServer::start_with_args(&["--appendonly", "yes", "--appendfsync", "always"])
 }
 
+/// One heavy sale at a time: the 2000-buyer bursts and the faulty sales each load a
+/// two-core machine fully, and two at once push answers past the service's 2 s Redis
+/// timeout (503s the verdict counts). Taken once the servers are up, so boots overlap.
+pub(crate) async fn one_sale_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    static SALE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    SALE.lock().await
+}
+
 pub(crate) fn server_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_seckill-server"))
 }

@@ -6,6 +6,7 @@
 //! an order delivered to a consumer that died is delivered again to a live one; a
 //! second delivery is harmless (the store's inserts are idempotent).
 
+pub mod rabbit;
 pub mod stream;
 
 use std::fmt;
@@ -16,13 +17,29 @@ use futures_util::future::BoxFuture;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use super::store::Storage;
+use super::store::{Inserted, NewOrder, Storage};
 
 /// Errors of a queue: the client's, boxed, so the trait does not name a client.
 pub type QueueError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Where the stock script records a taken order, in the same atomic step as the take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScriptSink {
+    /// The orders stream: the queue itself.
+    Stream,
+    /// The outbox hash, until the broker confirms the order's publish.
+    Outbox,
+}
+
 /// The queue of accepted orders; see the [module docs](self).
 pub trait OrderQueue: Send + Sync + fmt::Debug {
+    /// Where the stock script puts a taken order.
+    fn script_sink(&self) -> ScriptSink;
+
+    /// Makes a taken order durable in the queue before its 201 is sent (the stream: it
+    /// already is, the script appended it).
+    fn publish<'a>(&'a self, order: &'a NewOrder) -> BoxFuture<'a, Result<(), QueueError>>;
+
     /// The queue's depth and consumers, for `GET /healthz`.
     fn backlog(&self) -> BoxFuture<'_, Result<Backlog, QueueError>>;
 
@@ -41,17 +58,19 @@ pub trait OrderQueue: Send + Sync + fmt::Debug {
 /// The queue's backlog.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct Backlog {
-    /// Which queue: `redis-stream`.
+    /// Which queue: `redis-stream` or `rabbitmq`.
     pub kind: &'static str,
     /// Orders held by the queue (the stream: entries not trimmed yet, acknowledged
-    /// ones included).
+    /// ones included; RabbitMQ: messages ready plus orders in the outbox).
     pub length: u64,
-    /// Orders delivered to a consumer but not acknowledged.
+    /// Orders delivered to a consumer but not acknowledged (the stream: by any
+    /// consumer; RabbitMQ: by this instance's, the broker's own count needs its
+    /// management API).
     pub pending: u64,
     /// Whether orders wait that no consumer has received yet.
     pub undelivered: bool,
     /// Consumers the queue knows (the stream: names in the group, including those of
-    /// instances that died, until their entries are claimed and they are removed).
+    /// instances that died, until they are removed; RabbitMQ: live subscriptions).
     pub consumers: u64,
 }
 
@@ -95,6 +114,27 @@ pub struct WorkerSnapshot {
 }
 
 impl WorkerStats {
+    /// Counts what one batch's insert did, logging each anomaly as an error.
+    pub(crate) fn record(&self, inserted: &Inserted) {
+        for (order, holder) in &inserted.conflicting {
+            tracing::error!(
+                order_id = order.order_id,
+                voucher_id = order.voucher_id,
+                user_id = order.user_id,
+                entry = %order.stream_entry,
+                row_order_id = ?holder,
+                "anomaly: an accepted order conflicts with another row (same voucher and \
+                 user under another order id, or its id on another sale); not written"
+            );
+        }
+        self.anomalies
+            .fetch_add(inserted.conflicting.len() as u64, Ordering::Relaxed);
+        self.persisted
+            .fetch_add(inserted.new as u64, Ordering::Relaxed);
+        self.duplicates
+            .fetch_add(inserted.already_there as u64, Ordering::Relaxed);
+    }
+
     /// The current figures.
     pub fn snapshot(&self) -> WorkerSnapshot {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);

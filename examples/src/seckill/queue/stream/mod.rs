@@ -35,9 +35,9 @@ use redis::Value;
 use redis::aio::ConnectionManager;
 use tokio::sync::watch;
 
-use super::{Backlog, OrderQueue, QueueError, WorkerStats};
+use super::{Backlog, OrderQueue, QueueError, ScriptSink, WorkerStats};
 use crate::seckill::keys::{GROUP, STREAM};
-use crate::seckill::store::Storage;
+use crate::seckill::store::{NewOrder, Storage};
 use reply::{Entry, pairs, text};
 
 /// How long one `XREADGROUP` blocks when the stream is idle.
@@ -175,6 +175,14 @@ impl StreamQueue {
 }
 
 impl OrderQueue for StreamQueue {
+    fn script_sink(&self) -> ScriptSink {
+        ScriptSink::Stream
+    }
+
+    fn publish<'a>(&'a self, _order: &'a NewOrder) -> BoxFuture<'a, Result<(), QueueError>> {
+        Box::pin(async { Ok(()) })
+    }
+
     fn backlog(&self) -> BoxFuture<'_, Result<Backlog, QueueError>> {
         Box::pin(async move { Ok(backlog(&mut self.conn.clone()).await?) })
     }
@@ -336,26 +344,7 @@ impl Worker {
             }
         }
         let inserted = self.store.insert_batch(orders).await?;
-        for (order, holder) in &inserted.conflicting {
-            tracing::error!(
-                order_id = order.order_id,
-                voucher_id = order.voucher_id,
-                user_id = order.user_id,
-                entry = %order.stream_entry,
-                row_order_id = ?holder,
-                "anomaly: an accepted order conflicts with another row (same voucher and \
-                 user under another order id, or its id on another sale); not written"
-            );
-        }
-        self.stats
-            .anomalies
-            .fetch_add(inserted.conflicting.len() as u64, Ordering::Relaxed);
-        self.stats
-            .persisted
-            .fetch_add(inserted.new as u64, Ordering::Relaxed);
-        self.stats
-            .duplicates
-            .fetch_add(inserted.already_there as u64, Ordering::Relaxed);
+        self.stats.record(&inserted);
         let _: i64 = redis::cmd("XACK")
             .arg(STREAM)
             .arg(GROUP)
