@@ -1,10 +1,12 @@
 //! `seckill-load`: a flash sale against two `seckill-server` instances, and its verdict.
 //!
 //! Without `--targets` it starts everything itself and removes it at the end: a private
-//! `redis-server` on a free port (the test harness's `RedisServer`), a temporary SQLite
-//! file, and two `seckill-server` processes on two ports (the binary beside this one,
-//! or `--server-bin`). With `--targets` it uses running instances (which must share one
-//! Redis and one database). Exit status: 0 when every check holds, 1 on any violation,
+//! `redis-server` on a free port (the test harness's `RedisServer`), the database (a
+//! temporary SQLite file, or with `--db mysql` a private MariaDB), the queue (the Redis
+//! Stream, or with `--queue rabbitmq` a private RabbitMQ node), and two
+//! `seckill-server` processes on two ports (the binary beside this one, or
+//! `--server-bin`). With `--targets` it uses running instances (which must share one
+//! Redis, one database and one queue). Exit status: 0 when every check holds, 1 on any violation,
 //! 2 when the run could not be made.
 
 use std::path::PathBuf;
@@ -15,7 +17,25 @@ use clap::Parser;
 
 use lock_examples::seckill::instances::{BoxError, Instance, server_binary, shutdown_signal};
 use lock_examples::seckill::load::{self, LoadConfig, Verdict};
-use lock_tests::RedisServer;
+use lock_tests::{MariaDbServer, RabbitMqServer, RedisServer};
+
+/// The database a local run starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Db {
+    /// A temporary SQLite file.
+    Sqlite,
+    /// A private MariaDB server (as MySQL), committing durably.
+    Mysql,
+}
+
+/// The queue a local run uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Queue {
+    /// The Redis Stream on the run's redis-server.
+    Stream,
+    /// A private RabbitMQ node.
+    Rabbitmq,
+}
 
 /// A flash sale against two seckill-server instances, and its verdict.
 #[derive(Debug, Parser)]
@@ -34,6 +54,12 @@ struct Args {
     /// The seckill-server binary (default: the one beside this program).
     #[arg(long, value_name = "PATH")]
     server_bin: Option<PathBuf>,
+    /// The database a local run starts.
+    #[arg(long, value_enum, default_value = "sqlite", conflicts_with = "targets")]
+    db: Db,
+    /// The queue a local run uses.
+    #[arg(long, value_enum, default_value = "stream", conflicts_with = "targets")]
+    queue: Queue,
 }
 
 impl Args {
@@ -82,25 +108,49 @@ async fn run_local(args: &Args) -> Result<Verdict, BoxError> {
         Some(bin) => bin.clone(),
         None => server_binary()?,
     };
-    // Redis persists every write, as the service requires: it is the only record of
-    // an accepted order until a worker writes it into SQLite.
+    // Redis persists every write, as the service requires: it holds the stock, the
+    // buyers and, until they are in the queue's hands, the accepted orders.
     let redis = RedisServer::start_with_args(&["--appendonly", "yes", "--appendfsync", "always"]);
-    let dir = TempDir::new()?;
-    let db = dir.0.join("orders.db");
     println!(
         "redis-server {} (private, port {})",
         redis.url(),
         redis.port()
     );
+    let dir = TempDir::new()?;
+    // Kept until the end: dropping them stops the servers.
+    let (mut mariadb, mut rabbitmq) = (None, None);
+    let db = match args.db {
+        Db::Sqlite => dir.0.join("orders.db").display().to_string(),
+        Db::Mysql => {
+            let server = tokio::task::spawn_blocking(|| {
+                MariaDbServer::start_with_args(&["--innodb-flush-log-at-trx-commit=1"])
+            })
+            .await?;
+            let url = server.url();
+            println!("mariadbd {url} (private)");
+            mariadb = Some(server);
+            url
+        }
+    };
+    let queue = match args.queue {
+        Queue::Stream => "stream".to_string(),
+        Queue::Rabbitmq => {
+            let server = tokio::task::spawn_blocking(RabbitMqServer::start).await?;
+            let url = server.url();
+            println!("rabbitmq-server {url} (private)");
+            rabbitmq = Some(server);
+            url
+        }
+    };
     let mut instances = Vec::new();
     for _ in 0..2 {
-        instances.push(Instance::spawn(&bin, &redis.url(), &db, &[]).await?);
+        let flags = ["--queue", queue.as_str()];
+        instances.push(Instance::spawn(&bin, &redis.url(), &db, &flags).await?);
     }
     let urls: Vec<String> = instances.iter().map(|i| i.url.clone()).collect();
     println!(
-        "seckill-server x2: {} (SQLite {})",
-        urls.join(", "),
-        db.display()
+        "seckill-server x2: {} (database {db}, queue {queue})",
+        urls.join(", ")
     );
     println!(
         "selling {} units to {} concurrent buyers...",
@@ -110,6 +160,7 @@ async fn run_local(args: &Args) -> Result<Verdict, BoxError> {
     for mut i in instances {
         i.kill().await;
     }
+    drop((mariadb, rabbitmq));
     verdict
 }
 

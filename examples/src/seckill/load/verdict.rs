@@ -293,7 +293,7 @@ impl fmt::Display for Verdict {
         writeln!(f, "seckill verdict")?;
         writeln!(
             f,
-            "  instances            {} (one Redis, one SQLite file)",
+            "  instances            {} (one Redis, one database)",
             self.run.instances.join(", ")
         )?;
         writeln!(
@@ -314,14 +314,14 @@ impl fmt::Display for Verdict {
         )?;
         writeln!(
             f,
-            "  users with 2 orders  {:<14} (must be 0; in 201s: {}, in SQLite: {})",
+            "  users with 2 orders  {:<14} (must be 0; in 201s: {}, in the database: {})",
             self.users_two_orders_201.max(self.users_two_orders_rows),
             self.users_two_orders_201,
             self.users_two_orders_rows
         )?;
         writeln!(
             f,
-            "  201s / SQLite rows   {:<14} (must match; accepted orders missing: {})",
+            "  201s / database rows {:<14} (must match; accepted orders missing: {})",
             format!("{} / {}", self.accepted, self.rows),
             self.missing
         )?;
