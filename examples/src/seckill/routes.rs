@@ -19,6 +19,7 @@ use super::app::App;
 use super::fault;
 use super::order;
 use super::problem::{self, AppError, Problem};
+use super::queue::Backlog;
 use super::store::StoreError;
 use super::voucher;
 
@@ -267,12 +268,49 @@ async fn healthz(State(app): State<App>) -> Result<Response, AppError> {
 }
 
 /// `GET /metrics` -> lock-core's metrics (acquisitions, waits, holds, renewals, losses,
-/// releases, rate-limit decisions, idempotency outcomes) in the Prometheus text format.
+/// releases, rate-limit decisions, idempotency outcomes) and the queue's gauges (length,
+/// pending, undelivered, consumers) in the Prometheus text format.
 async fn metrics(State(app): State<App>) -> Result<Response, AppError> {
     let handle = app.metrics.as_ref().ok_or_else(|| {
         Problem::not_found("this process exports no metrics (another recorder was installed)")
     })?;
     handle.run_upkeep();
-    let text = handle.render();
+    let mut text = handle.render();
+    // The queue's gauges, read now; left out (with the reason logged) when the queue
+    // does not answer, so the rest still reaches the scraper.
+    match app.queue.backlog().await {
+        Ok(backlog) => text.push_str(&queue_gauges(&backlog)),
+        Err(e) => tracing::warn!(error = %e, "queue gauges left out of /metrics"),
+    }
     Ok(([(CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}
+
+/// The queue's backlog as Prometheus gauges, labelled with the queue's kind.
+fn queue_gauges(b: &Backlog) -> String {
+    let gauges = [
+        ("seckill_queue_length", "Orders held by the queue", b.length),
+        (
+            "seckill_queue_pending",
+            "Orders delivered to a consumer and not acknowledged",
+            b.pending,
+        ),
+        (
+            "seckill_queue_undelivered",
+            "1 when orders wait that no consumer has received",
+            u64::from(b.undelivered),
+        ),
+        (
+            "seckill_queue_consumers",
+            "Consumers of the queue",
+            b.consumers,
+        ),
+    ];
+    let mut text = String::new();
+    for (name, help, value) in gauges {
+        text.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{kind=\"{}\"}} {value}\n",
+            b.kind
+        ));
+    }
+    text
 }

@@ -164,9 +164,10 @@ enum Fault {
 }
 
 /// Runs `fault` in a sale on `system`, then checks the sale.
-async fn sale_with(mut system: System, fault: Fault) {
-    let (mut a, b) = system.instances(FLAGS).await;
+async fn sale_with(system: impl FnOnce() -> System, fault: Fault) {
     let _alone = one_sale_at_a_time().await;
+    let mut system = system();
+    let (mut a, b) = system.instances(FLAGS).await;
     let http = Http::new();
     let voucher = http
         .create_voucher(&b.url, format!(r#"{{"stock": {STOCK}}}"#))
@@ -235,30 +236,30 @@ async fn blocking(mut system: System, f: fn(&mut System)) -> System {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_killed_mid_sale_on_sqlite_stream() {
-    sale_with(System::sqlite_stream("killed"), Fault::KillInstance).await;
+    sale_with(|| System::sqlite_stream("killed"), Fault::KillInstance).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_killed_mid_sale_on_mysql_stream() {
-    sale_with(System::mysql_stream(), Fault::KillInstance).await;
+    sale_with(System::mysql_stream, Fault::KillInstance).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_killed_mid_sale_on_mysql_rabbitmq() {
-    sale_with(System::mysql_rabbit(), Fault::KillInstance).await;
+    sale_with(System::mysql_rabbit, Fault::KillInstance).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_restarted_mid_sale_on_mysql_stream() {
-    sale_with(System::mysql_stream(), Fault::RestartMariaDb).await;
+    sale_with(System::mysql_stream, Fault::RestartMariaDb).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_restarted_mid_sale_on_mysql_rabbitmq() {
-    sale_with(System::mysql_rabbit(), Fault::RestartMariaDb).await;
+    sale_with(System::mysql_rabbit, Fault::RestartMariaDb).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_restarted_mid_sale_on_mysql_rabbitmq() {
-    sale_with(System::mysql_rabbit(), Fault::RestartRabbitMq).await;
+    sale_with(System::mysql_rabbit, Fault::RestartRabbitMq).await;
 }

@@ -18,8 +18,9 @@ pub(crate) fn persistent_redis() -> RedisServer {
 }
 
 /// One heavy sale at a time: the 2000-buyer bursts and the faulty sales each load a
-/// two-core machine fully, and two at once push answers past the service's 2 s Redis
-/// timeout (503s the verdict counts). Taken once the servers are up, so boots overlap.
+/// two-core machine fully, and two at once (or one beside a RabbitMQ or MariaDB boot)
+/// push answers past the service's 2 s Redis timeout (503s the verdict counts). Taken
+/// before the sale's servers start.
 pub(crate) async fn one_sale_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
     static SALE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     SALE.lock().await

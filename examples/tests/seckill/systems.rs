@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use lock_examples::seckill::instances::Instance;
-use lock_examples::seckill::load::{self, LoadConfig};
+use lock_examples::seckill::load::{self, Http, LoadConfig};
 use lock_examples::seckill::store::{self, MySqlStore, NewOrder, Storage};
 use lock_tests::{MariaDbServer, RabbitMqServer, RedisServer};
 
@@ -169,9 +169,10 @@ async fn mysql_that_can_lose_commits_is_refused() {
 }
 
 /// The demo's burst: 2000 buyers at once for 100 units on two instances.
-async fn burst(system: System) {
-    let (a, b) = system.instances(&[]).await;
+async fn burst(system: impl FnOnce() -> System) {
     let _alone = one_sale_at_a_time().await;
+    let system = system();
+    let (a, b) = system.instances(&[]).await;
     let config = LoadConfig {
         buyers: 2000,
         stock: 100,
@@ -186,19 +187,44 @@ async fn burst(system: System) {
         "{v}"
     );
     assert_eq!(system.db.store().await.count().await.unwrap(), 100);
+    // Both instances consume, and both endpoints say so, for either queue.
+    let kind = match system.queue {
+        Queue::Stream => "redis-stream",
+        Queue::Rabbit(_) => "rabbitmq",
+    };
+    let http = Http::new();
+    let health = http
+        .get(&format!("{}/healthz", a.url))
+        .await
+        .unwrap()
+        .json();
+    assert_eq!(
+        (&health["queue"]["kind"], &health["queue"]["consumers"]),
+        (&kind.into(), &2.into()),
+        "{health}"
+    );
+    let metrics = http.get(&format!("{}/metrics", b.url)).await.unwrap();
+    let text = String::from_utf8_lossy(&metrics.body);
+    for line in [
+        format!("seckill_queue_consumers{{kind=\"{kind}\"}} 2"),
+        format!("seckill_queue_pending{{kind=\"{kind}\"}} 0"),
+        format!("seckill_queue_undelivered{{kind=\"{kind}\"}} 0"),
+    ] {
+        assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn burst_of_2000_buyers_on_sqlite_stream() {
-    burst(System::sqlite_stream("burst")).await;
+    burst(|| System::sqlite_stream("burst")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn burst_of_2000_buyers_on_mysql_stream() {
-    burst(System::mysql_stream()).await;
+    burst(System::mysql_stream).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn burst_of_2000_buyers_on_mysql_rabbitmq() {
-    burst(System::mysql_rabbit()).await;
+    burst(System::mysql_rabbit).await;
 }
