@@ -53,8 +53,8 @@ struct Cli {
     /// coalescing concurrent ones (LockConfig::with_batching).
     #[arg(long)]
     no_batching: bool,
-    /// Fault injection for tests: exit once the worker has read N entries, before
-    /// persisting them.
+    /// Fault injection for tests: exit once the worker has read N entries (or
+    /// RabbitMQ deliveries), before persisting them.
     #[arg(long, value_name = "N", help_heading = "Fault injection (tests)")]
     crash_after_reads: Option<NonZeroU64>,
     /// Fault injection for tests: exit once N orders were answered 201, before the

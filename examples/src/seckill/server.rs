@@ -237,7 +237,8 @@ pub async fn start(
         .await
         .map_err(|e| format!("cannot open the database {}: {e}", config.db))?;
     let queue: Arc<dyn OrderQueue> = if config.queue.starts_with("amqp://") {
-        let rabbit = RabbitConfig::new(config.queue.as_str(), config.worker.consumer.as_str());
+        let mut rabbit = RabbitConfig::new(config.queue.as_str(), config.worker.consumer.as_str());
+        rabbit.crash_after_reads = config.worker.crash_after_reads;
         Arc::new(
             RabbitQueue::connect(rabbit, redis.clone())
                 .await

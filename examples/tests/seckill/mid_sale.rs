@@ -263,3 +263,48 @@ async fn mariadb_restarted_mid_sale_on_mysql_rabbitmq() {
 async fn rabbitmq_restarted_mid_sale_on_mysql_rabbitmq() {
     sale_with(System::mysql_rabbit, Fault::RestartRabbitMq).await;
 }
+
+/// A consumer that dies holding deliveries (its process exits once it has read 3,
+/// before writing them) under RabbitMQ: the broker hands them to the other instance's
+/// consumer, which writes them; every 201 is a row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_consumers_deliveries_go_to_a_live_one() {
+    let _alone = one_sale_at_a_time().await;
+    let system = System::mysql_rabbit();
+    // A only consumes; the orders go to B.
+    let mut a = system.instance(&["--crash-after-reads", "3"]).await;
+    let b = system.instance(FLAGS).await;
+    let http = Http::new();
+    wait_health(&http, &[&b.url], "both consumers to subscribe", |hs| {
+        hs[0]["queue"]["consumers"] == 2
+    })
+    .await;
+    let voucher = http
+        .create_voucher(&b.url, r#"{"stock": 20}"#.into())
+        .await
+        .unwrap();
+    let mut accepted = Vec::new();
+    for user in 1..=10 {
+        let r = http.order(&b.url, voucher, user, "k").await.unwrap();
+        assert_eq!(r.status, 201, "{:?}", r.body);
+        accepted.push(r.json()["order_id"].as_str().unwrap().to_owned());
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.exited().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "instance A never read 3 deliveries"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wait_health(&http, &[&b.url], "B to take over and drain", |hs| {
+        hs[0]["worker"]["claimed"].as_u64() >= Some(1) && drained(&hs[0])
+    })
+    .await;
+    let store = system.db.store().await;
+    for id in &accepted {
+        let row = store.order(id.parse().unwrap()).await.unwrap();
+        assert!(row.is_some(), "order {id} answered 201 is not a row");
+    }
+    assert_eq!(store.voucher_orders(voucher).await.unwrap().len(), 10);
+}

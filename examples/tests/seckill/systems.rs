@@ -92,16 +92,19 @@ impl System {
         }
     }
 
-    /// Two instances on these servers, with `flags`.
-    pub(crate) async fn instances(&self, flags: &[&str]) -> (Instance, Instance) {
+    /// An instance on these servers, with `flags`.
+    pub(crate) async fn instance(&self, flags: &[&str]) -> Instance {
         let queue = self.queue.arg();
         let mut args = vec!["--queue", queue.as_str()];
         args.extend_from_slice(flags);
-        let url = self.redis.url();
-        let a = Instance::spawn(server_bin(), &url, self.db.arg(), &args);
-        let b = Instance::spawn(server_bin(), &url, self.db.arg(), &args);
-        let (a, b) = tokio::join!(a, b);
-        (a.unwrap(), b.unwrap())
+        Instance::spawn(server_bin(), &self.redis.url(), self.db.arg(), &args)
+            .await
+            .unwrap()
+    }
+
+    /// Two instances on these servers, with `flags`.
+    pub(crate) async fn instances(&self, flags: &[&str]) -> (Instance, Instance) {
+        tokio::join!(self.instance(flags), self.instance(flags))
     }
 }
 

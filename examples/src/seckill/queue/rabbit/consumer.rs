@@ -115,9 +115,21 @@ impl Consumer {
         let last = batch.last().map(|d| d.delivery_tag).unwrap_or_default();
         let redelivered = batch.iter().filter(|d| d.redelivered).count() as u64;
         self.stats.claimed.fetch_add(redelivered, Ordering::Relaxed);
-        self.stats
+        let read = self
+            .stats
             .read
-            .fetch_add(batch.len() as u64 - redelivered, Ordering::Relaxed);
+            .fetch_add(batch.len() as u64 - redelivered, Ordering::Relaxed)
+            + batch.len() as u64
+            - redelivered;
+        if let Some(limit) = self.config.crash_after_reads
+            && read >= limit
+        {
+            tracing::error!(
+                read,
+                "crash_after_reads reached: exiting with deliveries unacknowledged"
+            );
+            std::process::exit(3);
+        }
         let mut orders = Vec::with_capacity(batch.len());
         for d in &batch {
             match serde_json::from_slice::<Message>(&d.data) {

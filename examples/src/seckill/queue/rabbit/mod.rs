@@ -56,6 +56,10 @@ pub struct RabbitConfig {
     /// An outbox entry this old is published again (default 3 s: longer than a
     /// publish may take, so a live publisher is rarely doubled).
     pub republish_after: Duration,
+    /// Fault injection for tests: after this many deliveries read, the process exits at
+    /// once, before persisting them (a crash with deliveries unacknowledged). Default:
+    /// never.
+    pub crash_after_reads: Option<u64>,
 }
 
 impl RabbitConfig {
@@ -66,6 +70,7 @@ impl RabbitConfig {
             consumer: consumer.into(),
             batch: 256,
             republish_after: Duration::from_secs(3),
+            crash_after_reads: None,
         }
     }
 }
