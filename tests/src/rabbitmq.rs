@@ -49,6 +49,7 @@ impl RabbitMqServer {
                 .unwrap_or_else(|e| panic!("cannot write {name}: {e}"));
         };
         file("enabled_plugins", "[].\n");
+        // Its log goes to a file under log/, read by `log()`, not to the console.
         file("rabbitmq.conf", "log.console = false\n");
         // The cookie Erlang reads from $HOME; only the owner may read it.
         let cookie = dir.path().join(".erlang.cookie");
@@ -171,9 +172,11 @@ impl RabbitMqServer {
         format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.amqp)
     }
 
-    /// The node's output so far (its log goes there: `log.console`).
+    /// The node's output and its log file so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("node.log")).unwrap_or_default()
+        let read = |p: PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+        let file = format!("lock-tests-{}@localhost.log", self.amqp);
+        read(self.dir.path().join("node.log")) + &read(self.dir.path().join("log").join(file))
     }
 
     /// Kills the node (`SIGKILL`: no shutdown) and waits for it to exit.
