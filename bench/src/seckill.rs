@@ -12,22 +12,35 @@
 //! `--floor`, the same HTTP stack and routes whose order only runs the stock script (no
 //! lock, idempotency key or rate limit); rounds interleave the configurations, so all
 //! see the same machine. Two more run with `--no-batching` (every lock, rate-limit and
-//! idempotency call sent on its own), to show what batching changes. Prints each round,
-//! the medians, and the ratios, each the median of the per-round ratios (targets:
-//! requests/s >= 0.5x the floor's, p99 <= 2x the floor's).
+//! idempotency call sent on its own), to show what batching changes. Two more pairs run
+//! the service on the other combinations of database and queue, each on a private
+//! redis-server (their own stream and outbox) and one private MariaDB: MySQL + Stream
+//! and MySQL + RabbitMQ (a private node). Prints each round, the medians per
+//! configuration (requests/s and p99: `ours` is SQLite + Stream), and the ratios, each
+//! the median of the per-round ratios (targets: requests/s >= 0.5x the floor's, p99 <=
+//! 2x the floor's).
 
 use lock_examples::seckill::instances::{Instance, server_binary};
 use lock_examples::seckill::load::{self, LoadConfig};
+use lock_tests::{MariaDbServer, RabbitMqServer, RedisServer};
 
 use crate::figure::Figure;
 use std::time::{Duration, Instant};
 
 use crate::measure::{BoxError, Timing, median, round_order};
 
-/// Indices of the three service configurations measured.
+/// Indices of the service configurations measured (`OURS` and the two after `FLOOR`
+/// are the three combinations of database and queue).
 const OURS: usize = 0;
 const UNBATCHED: usize = 1;
 const FLOOR: usize = 2;
+const NAMES: [&str; 5] = [
+    "ours",
+    "ours_unbatched",
+    "floor",
+    "ours_mysql_stream",
+    "ours_mysql_rabbitmq",
+];
 
 /// The demo's size.
 const CONFIG: LoadConfig = LoadConfig {
@@ -64,6 +77,10 @@ async fn round(
     ))
 }
 
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|a| a.to_string()).collect()
+}
+
 pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>, BoxError> {
     let bin = server_binary()?;
     let dir = std::env::temp_dir().join(format!("lock-bench-seckill-{}", std::process::id()));
@@ -71,27 +88,73 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
     let db = dir.join("orders.db");
     let result = async {
         // The benchmark's redis-server is shared by every bench and keeps nothing.
-        let spawn = |extra: &'static [&'static str], db: std::path::PathBuf| {
+        let spawn = |redis: String, db: String, extra: Vec<String>| {
             let bin = bin.clone();
             async move {
+                let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
                 let mut instances = Vec::new();
                 for _ in 0..2 {
-                    instances.push(Instance::spawn(&bin, url, &db, extra).await?);
+                    instances.push(Instance::spawn(&bin, &redis, &db, &extra).await?);
                 }
                 Ok::<_, BoxError>(instances)
             }
         };
-        let ours = spawn(&["--allow-volatile-redis"], db.clone()).await?;
-        let unbatched = spawn(&["--allow-volatile-redis", "--no-batching"], db.clone()).await?;
+        let sqlite = db.display().to_string();
+        let ours = spawn(
+            url.into(),
+            sqlite.clone(),
+            args(&["--allow-volatile-redis"]),
+        )
+        .await?;
+        let unbatched = spawn(
+            url.into(),
+            sqlite.clone(),
+            args(&["--allow-volatile-redis", "--no-batching"]),
+        )
+        .await?;
         // One Redis stream and consumer group for all: the floor's workers persist into
         // the same SQLite file, or ours would find rows missing.
-        let floor = spawn(&["--allow-volatile-redis", "--floor"], db.clone()).await?;
+        let floor = spawn(
+            url.into(),
+            sqlite,
+            args(&["--allow-volatile-redis", "--floor"]),
+        )
+        .await?;
+        // The other combinations: Redis of their own, so no worker of one takes the
+        // orders of another; one MariaDB, whose voucher ids never repeat.
+        let (mysql, rabbit, redis_mysql, redis_rabbit) = tokio::task::spawn_blocking(|| {
+            (
+                MariaDbServer::start_with_args(&["--innodb-flush-log-at-trx-commit=1"]),
+                RabbitMqServer::start(),
+                RedisServer::start(),
+                RedisServer::start(),
+            )
+        })
+        .await?;
+        let mysql_stream = spawn(
+            redis_mysql.url(),
+            mysql.url(),
+            args(&["--allow-volatile-redis"]),
+        )
+        .await?;
+        let mysql_rabbit = spawn(
+            redis_rabbit.url(),
+            mysql.url(),
+            args(&["--allow-volatile-redis", "--queue", &rabbit.url()]),
+        )
+        .await?;
         let urls = |is: &[Instance]| is.iter().map(|i| i.url.clone()).collect::<Vec<_>>();
-        let sets = [urls(&ours), urls(&unbatched), urls(&floor)];
-        let names = ["ours", "ours_unbatched", "floor"];
-        let (mut rates, mut p99s) = ([vec![], vec![], vec![]], [vec![], vec![], vec![]]);
+        let sets = [
+            urls(&ours),
+            urls(&unbatched),
+            urls(&floor),
+            urls(&mysql_stream),
+            urls(&mysql_rabbit),
+        ];
+        let names = NAMES;
+        let (mut rates, mut p99s): ([Vec<f64>; 5], [Vec<f64>; 5]) = Default::default();
         for r in 0..rounds {
-            let mut parts: [String; 3] = Default::default();
+            let mut parts: [String; 5] = Default::default();
             for i in round_order(sets.len(), r) {
                 let (rate, p50, p99, sales) = round(&sets[i], names[i], timing.measure).await?;
                 parts[i] = format!(

@@ -2,44 +2,38 @@
 //! starting one as a child process from a test.
 //!
 //! Every small program (`cache-lock-axum`, `payments`, `rate-limited-api`) takes
-//! `--listen ADDR` (default `127.0.0.1:3000`; port 0 picks a free one) and reads its
-//! Redis from `REDIS_URL` (default `redis://127.0.0.1:6379/`), prints
+//! `--listen ADDR` (default `127.0.0.1:3000`; port 0 picks a free one) and `--redis URL`
+//! (else `REDIS_URL`, else `redis://127.0.0.1:6379/`), prints
 //! `<name> listening on http://ADDR` once it accepts requests, and stops on SIGINT or
 //! SIGTERM.
 
 use std::net::SocketAddr;
 use std::path::Path;
 
+use clap::{Args, FromArgMatches};
+
 use tokio::process::{Child, Command};
 
 use crate::seckill::instances::{BoxError, shutdown_signal, spawn_listening};
 
-/// The Redis a program uses: `REDIS_URL`, or a local default.
-pub fn redis_url() -> String {
-    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
+/// The command line every small program shares.
+#[derive(Debug, clap::Args)]
+pub struct ProgramArgs {
+    /// Address to listen on (port 0: any free port).
+    #[arg(long, default_value = "127.0.0.1:3000")]
+    pub listen: SocketAddr,
+    /// The Redis to use.
+    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379/")]
+    pub redis: String,
 }
 
-/// The `--listen ADDR` argument, or `127.0.0.1:3000`; any other argument is an error
-/// naming the program's usage.
-pub fn listen_addr(usage: &str) -> Result<SocketAddr, BoxError> {
-    let mut addr = SocketAddr::from(([127, 0, 0, 1], 3000));
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--listen" => {
-                let v = args.next().ok_or("--listen needs IP:PORT")?;
-                addr = v
-                    .parse()
-                    .map_err(|e| format!("--listen: expected IP:PORT, got {v:?}: {e}"))?;
-            }
-            "-h" | "--help" => {
-                println!("{usage}");
-                std::process::exit(0);
-            }
-            other => return Err(format!("unknown argument {other:?}\n{usage}").into()),
-        }
+impl ProgramArgs {
+    /// Parses the command line of program `name` (`about` heads its `--help`); a bad
+    /// command line exits with clap's message and status 2, `--help` with 0.
+    pub fn parse(name: &'static str, about: &'static str) -> Self {
+        let command = Self::augment_args(clap::Command::new(name)).about(about);
+        Self::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit())
     }
-    Ok(addr)
 }
 
 /// Serves `router` on `addr` until SIGINT or SIGTERM, after printing

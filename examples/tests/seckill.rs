@@ -1,14 +1,19 @@
 //! The seckill scenario on real processes: a private redis-server, `seckill-server`
-//! instances on their own ports sharing one SQLite file, and the load generator.
+//! instances on their own ports sharing one database (a SQLite file; MariaDB and
+//! RabbitMQ in `systems` and `mid_sale`), and the load generator.
 
 #[path = "seckill/anomaly.rs"]
 mod anomaly;
 #[path = "seckill/lost_reply.rs"]
 mod lost_reply;
+#[path = "seckill/mid_sale.rs"]
+mod mid_sale;
 #[path = "seckill/redis_lost.rs"]
 mod redis_lost;
 #[path = "seckill/support.rs"]
 mod support;
+#[path = "seckill/systems.rs"]
+mod systems;
 #[path = "seckill/trim.rs"]
 mod trim;
 
@@ -16,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use lock_examples::seckill::instances::Instance;
 use lock_examples::seckill::load::{self, Http, LoadConfig};
-use lock_examples::seckill::store::OrderStore;
+use lock_examples::seckill::store::SqliteStore;
 use support::{Dir, STREAM, drained, pending, persistent_redis, server_bin, wait_health};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -52,7 +57,7 @@ async fn flash_sale_on_two_instances_and_a_second_run_adds_no_duplicates() {
     assert!(v.replays >= 30, "every same-key retry is a replay: {v}");
     assert!(v.already_ordered + v.lock_busy > 0, "{v}");
     assert!(v.sold_out > 0 && v.rate_limited > 0, "{v}");
-    let store = OrderStore::open(&dir.db()).unwrap();
+    let store = SqliteStore::open(&dir.db()).unwrap();
     assert_eq!(store.count().await.unwrap(), 50);
 
     // Each instance exports what its orders did, in the Prometheus text format.
@@ -80,9 +85,9 @@ async fn flash_sale_on_two_instances_and_a_second_run_adds_no_duplicates() {
     assert!(granted >= 50, "granted acquisitions: {granted}");
 
     // Once the sale is persisted, the workers trim what the group acknowledged: the
-    // stream is empty again (issue 14b, item 3; before, it kept every order forever).
+    // stream is empty again.
     wait_health(&http, &[&a.url, &b.url], "the stream to be trimmed", |hs| {
-        hs.iter().all(|h| drained(h) && h["stream"]["length"] == 0)
+        hs.iter().all(|h| drained(h) && h["queue"]["length"] == 0)
     })
     .await;
 
@@ -193,7 +198,7 @@ async fn a_worker_killed_mid_stream_loses_nothing() {
         .unwrap()
         .json()["sold"]
         .as_i64();
-    let store = OrderStore::open(&dir.db()).unwrap();
+    let store = SqliteStore::open(&dir.db()).unwrap();
     assert_eq!(
         Some(store.count().await.unwrap()),
         sold,
@@ -202,9 +207,8 @@ async fn a_worker_killed_mid_stream_loses_nothing() {
     assert_eq!(pending(&mut conn).await, 0);
 }
 
-/// Issue 14, item 1: the order limit counts the parsed buyer, so `7`, `07` and a `7`
-/// padded past 1 KB (one buyer to the handler) share one quota; before, each spelling
-/// had its own burst and the padded one was never limited.
+/// The order limit counts the parsed buyer, so `7`, `07` and a `7` padded past 1 KB
+/// (one buyer to the handler) share one quota.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_buyer_spelled_many_ways_shares_one_quota() {
     let redis = persistent_redis();
@@ -248,9 +252,9 @@ async fn one_buyer_spelled_many_ways_shares_one_quota() {
     }
 }
 
-/// Issue 14, item 4: a 403 `not-active` before the sale begins carries `Retry-After`
-/// and is not stored, so the buyer's retry with the same key after the start is served
-/// (before, the 403 was replayed to that key for 24 h).
+/// A 403 `not-active` before the sale begins carries `Retry-After` and is not stored,
+/// so the buyer's retry with the same key after the start is served, not the 403
+/// replayed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_before_the_sale_is_not_replayed_after_it_begins() {
     let redis = persistent_redis();
@@ -293,13 +297,11 @@ async fn a_refusal_before_the_sale_is_not_replayed_after_it_begins() {
     }
 }
 
-/// Issue 14, items 9 and part 2 item 5: every error the service sends is problem+json
-/// with a `type`, written byte for byte by lock-tower's one writer: the service's own
-/// problems (before, serde_json wrote them with the keys in another order), unknown
-/// routes and wrong methods (before, empty bodies). A body over the limit (before,
-/// axum's `text/plain` 413) is checked in process (`problem::tests`): over TCP the
-/// server answers 413 while the client still writes, and the client's broken pipe can
-/// come first.
+/// Every error the service sends is problem+json with a `type`, written byte for byte
+/// by lock-tower's one writer: the service's own problems, unknown routes and wrong
+/// methods. A body over the limit (413) is checked in process (`problem::tests`): over
+/// TCP the server answers 413 while the client still writes, and the client's broken
+/// pipe can come first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_error_is_problem_json_from_one_writer() {
     let redis = persistent_redis();
@@ -335,9 +337,9 @@ async fn every_error_is_problem_json_from_one_writer() {
     }
 }
 
-/// Issue 14, part 2 item 6: `--floor` (the benchmark's floor) serves the same routes
-/// but an order only takes its stock: no idempotency key required, no lock, no limit;
-/// the script alone still sells each unit once and one per user.
+/// `--floor` (the benchmark's floor) serves the same routes but an order only takes its
+/// stock: no idempotency key required, no lock, no limit; the script alone still sells
+/// each unit once and one per user.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_floor_serves_orders_without_their_protections() {
     let redis = persistent_redis();

@@ -67,6 +67,7 @@ mod port;
 mod postgres;
 mod process;
 mod proxy;
+mod rabbitmq;
 mod server;
 mod zookeeper;
 
@@ -79,6 +80,7 @@ pub use monitor::Monitor;
 pub use port::free_port;
 pub use postgres::PostgresServer;
 pub use proxy::TcpProxy;
+pub use rabbitmq::RabbitMqServer;
 pub use server::RedisServer;
 pub use zookeeper::ZooKeeperServer;
 

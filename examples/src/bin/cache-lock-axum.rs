@@ -14,11 +14,9 @@ use axum::Router;
 use axum::extract::{Path, State};
 use axum::routing::post;
 use lock_core::LockClient;
-use lock_examples::programs::{exit_on_error, listen_addr, redis_url, serve};
+use lock_examples::programs::{ProgramArgs, exit_on_error, serve};
 use lock_macros::cache_lock;
 use lock_tower::problem::Problem;
-
-const USAGE: &str = "usage: cache-lock-axum [--listen ADDR]   (Redis from REDIS_URL)";
 
 /// How long an order's own work takes here (a payment provider, say).
 const ORDER_WORK: Duration = Duration::from_secs(2);
@@ -37,14 +35,17 @@ async fn place_order(State(app): State<App>, Path(user_id): Path<u64>) -> Result
     Ok(format!("order placed for user {user_id}\n"))
 }
 
+const ABOUT: &str = "An axum handler guarded by #[cache_lock]: one order per user at a time.";
+
 #[tokio::main]
 async fn main() {
     exit_on_error(
         "cache-lock-axum",
         async {
-            let addr = listen_addr(USAGE)?;
+            let args = ProgramArgs::parse("cache-lock-axum", ABOUT);
+            let addr = args.listen;
             let app = App {
-                locks: LockClient::open(redis_url().as_str()).await?,
+                locks: LockClient::open(args.redis.as_str()).await?,
             };
             let router = Router::new()
                 .route("/users/{user_id}/orders", post(place_order))

@@ -11,7 +11,17 @@
 //! Takes the lock `nightly-report`, shows that a second take is refused while it is
 //! held, and releases it.
 
+use clap::Parser;
 use lock_core::{AnyLocks, DistributedLock, HeldLock, LockConfig};
+
+/// Takes the lock `nightly-report` on the store a URL names, shows a second take
+/// refused while it is held, and releases it.
+#[derive(Debug, Parser)]
+struct Cli {
+    /// The store: redis://, redis+cluster://, redlock://, memory://, postgres://,
+    /// mysql:// or zk://.
+    url: String,
+}
 
 type Res = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
@@ -41,13 +51,8 @@ async fn run(url: &str) -> Res {
 
 #[tokio::main]
 async fn main() {
-    let Some(url) = std::env::args().nth(1) else {
-        eprintln!(
-            "usage: lock-by-url URL   (redis://, redis+cluster://, redlock://, memory://, postgres://, mysql://, zk://)"
-        );
-        std::process::exit(2);
-    };
-    if let Err(e) = run(&url).await {
+    let cli = Cli::parse();
+    if let Err(e) = run(&cli.url).await {
         eprintln!("lock-by-url: {e}");
         std::process::exit(1);
     }

@@ -11,16 +11,37 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use clap::{Parser, Subcommand};
 use lock_core::{FencedWrite, LockClient, LockConfig};
 use lock_tests::RedisServer;
 
+/// Two processes contending for one lock, taking turns.
+#[derive(Debug, Parser)]
+struct Cli {
+    /// The Redis to use; default: a throwaway redis-server.
+    #[arg(long, env = "REDIS_URL")]
+    redis: Option<String>,
+    #[command(subcommand)]
+    role: Option<Role>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Role {
+    /// One of the two contending processes (the demo starts them itself).
+    Worker {
+        /// The Redis URL.
+        url: String,
+        /// The worker's name in the output.
+        name: String,
+    },
+}
+
 #[tokio::main]
 async fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let result = match args.get(1).map(String::as_str) {
-        Some("worker") if args.len() == 4 => worker(&args[2], &args[3]).await,
-        None => parent().await,
-        _ => Err("usage: lock-demo [worker URL NAME]".into()),
+    let cli = Cli::parse();
+    let result = match cli.role {
+        Some(Role::Worker { url, name }) => worker(&url, &name).await,
+        None => parent(cli.redis).await,
     };
     if let Err(e) = result {
         eprintln!("lock-demo: {e}");
@@ -68,11 +89,11 @@ async fn worker(url: &str, name: &str) -> Res {
     Ok(())
 }
 
-async fn parent() -> Res {
+async fn parent(redis: Option<String>) -> Res {
     // The same harness the tests use: a throwaway redis-server, killed on exit.
-    let (url, _server) = match std::env::var("REDIS_URL") {
-        Ok(url) => (url, None),
-        Err(_) => {
+    let (url, _server) = match redis {
+        Some(url) => (url, None),
+        None => {
             let server = RedisServer::start();
             (server.url(), Some(server))
         }

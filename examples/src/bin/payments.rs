@@ -17,10 +17,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use lock_core::LockClient;
-use lock_examples::programs::{exit_on_error, listen_addr, redis_url, serve};
+use lock_examples::programs::{ProgramArgs, exit_on_error, serve};
 use lock_tower::idempotency::IdempotencyLayer;
-
-const USAGE: &str = "usage: payments [--listen ADDR]   (Redis from REDIS_URL)";
 
 /// Charges this process ran (what a duplicate must not add to).
 #[derive(Clone, Default)]
@@ -38,13 +36,16 @@ async fn count(State(charges): State<Charges>) -> String {
     format!("{}\n", charges.0.load(Ordering::SeqCst))
 }
 
+const ABOUT: &str = "An idempotent payments endpoint: a retried POST with the same Idempotency-Key is charged once.";
+
 #[tokio::main]
 async fn main() {
     exit_on_error(
         "payments",
         async {
-            let addr = listen_addr(USAGE)?;
-            let locks = LockClient::open(redis_url().as_str()).await?;
+            let args = ProgramArgs::parse("payments", ABOUT);
+            let addr = args.listen;
+            let locks = LockClient::open(args.redis.as_str()).await?;
             // Keys are scoped per caller (a hash of Authorization) and fingerprinted:
             // a retry replays, another payload under the same key is 422.
             let idempotency = IdempotencyLayer::new(locks.idempotency_store("payments"));

@@ -12,18 +12,20 @@ use axum::Router;
 use axum::http::HeaderName;
 use axum::routing::get;
 use lock_core::{LockClient, RateLimit};
-use lock_examples::programs::{exit_on_error, listen_addr, redis_url, serve};
+use lock_examples::programs::{ProgramArgs, exit_on_error, serve};
 use lock_tower::rate_limit::{HeaderKey, RateLimitLayer};
 
-const USAGE: &str = "usage: rate-limited-api [--listen ADDR]   (Redis from REDIS_URL)";
+const ABOUT: &str =
+    "An API limited to 3 requests a minute per X-Api-Key, shared by every process on one Redis.";
 
 #[tokio::main]
 async fn main() {
     exit_on_error(
         "rate-limited-api",
         async {
-            let addr = listen_addr(USAGE)?;
-            let locks = LockClient::open(redis_url().as_str()).await?;
+            let args = ProgramArgs::parse("rate-limited-api", ABOUT);
+            let addr = args.listen;
+            let locks = LockClient::open(args.redis.as_str()).await?;
             let limiter = locks.rate_limiter("api", RateLimit::per_minute(3).with_burst(3));
             let router = Router::new()
                 .route("/hello", get(|| async { "hello\n" }))

@@ -11,8 +11,17 @@
 
 use std::time::Duration;
 
+use clap::Parser;
 use lock_core::{LockConfig, LockOptions, Redlock};
 use lock_tests::RedisServer;
+
+/// A Redlock over independent Redis masters, granted by a majority of them.
+#[derive(Debug, Parser)]
+struct Cli {
+    /// The masters (redis:// URLs); none: three throwaway redis-servers, one of them
+    /// stopped after the first round.
+    urls: Vec<String>,
+}
 
 type Res = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
@@ -40,7 +49,7 @@ async fn round(nodes: &[String], label: &str) -> Res {
 
 #[tokio::main]
 async fn main() {
-    let urls: Vec<String> = std::env::args().skip(1).collect();
+    let urls = Cli::parse().urls;
     let result = async {
         if !urls.is_empty() {
             return round(&urls, "given nodes").await;

@@ -1,77 +1,83 @@
 //! `seckill-load`: a flash sale against two `seckill-server` instances, and its verdict.
 //!
-//! ```text
-//! seckill-load [--buyers B] [--stock S] [--targets URL,URL] [--server-bin PATH]
-//! ```
-//!
 //! Without `--targets` it starts everything itself and removes it at the end: a private
-//! `redis-server` on a free port (the test harness's `RedisServer`), a temporary SQLite
-//! file, and two `seckill-server` processes on two ports (the binary beside this one,
-//! or `--server-bin`). With `--targets` it uses running instances (which must share one
-//! Redis and one database). Exit status: 0 when every check holds, 1 on any violation,
+//! `redis-server` on a free port (the test harness's `RedisServer`), the database (a
+//! temporary SQLite file, or with `--db mysql` a private MariaDB), the queue (the Redis
+//! Stream, or with `--queue rabbitmq` a private RabbitMQ node), and two
+//! `seckill-server` processes on two ports (the binary beside this one, or
+//! `--server-bin`). With `--targets` it uses running instances (which must share one
+//! Redis, one database and one queue). Exit status: 0 when every check holds, 1 on any violation,
 //! 2 when the run could not be made.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use clap::Parser;
+
 use lock_examples::seckill::instances::{BoxError, Instance, server_binary, shutdown_signal};
 use lock_examples::seckill::load::{self, LoadConfig, Verdict};
-use lock_tests::RedisServer;
+use lock_tests::{MariaDbServer, RabbitMqServer, RedisServer};
 
-const USAGE: &str =
-    "usage: seckill-load [--buyers B] [--stock S] [--targets URL,URL] [--server-bin PATH]
-  --buyers B         concurrent buyers, each a distinct user (default 2000)
-  --stock S          units of the voucher on sale (default 100)
-  --targets URL,URL  running instances to use (sharing one Redis and one SQLite file);
-                     default: start redis-server and two seckill-server instances
-  --server-bin PATH  the seckill-server binary (default: the one beside this program)";
-
-struct Args {
-    config: LoadConfig,
-    targets: Vec<String>,
-    server_bin: Option<PathBuf>,
+/// The database a local run starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Db {
+    /// A temporary SQLite file.
+    Sqlite,
+    /// A private MariaDB server (as MySQL), committing durably.
+    Mysql,
 }
 
-fn parse_args() -> Result<Args, BoxError> {
-    let mut args = Args {
-        config: LoadConfig {
-            buyers: 2000,
-            stock: 100,
-        },
-        targets: Vec::new(),
-        server_bin: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        if arg == "-h" || arg == "--help" {
-            println!("{USAGE}");
-            std::process::exit(0);
-        }
-        let value = it
-            .next()
-            .ok_or_else(|| format!("{arg} needs a value (see --help)"))?;
-        let number = |v: &str| -> Result<u32, BoxError> {
-            v.parse::<u32>()
-                .ok()
-                .filter(|n| (1..=1_000_000).contains(n))
-                .ok_or_else(|| format!("{arg}: expected 1 to 1000000, got {v:?}").into())
-        };
-        match arg.as_str() {
-            "--buyers" => args.config.buyers = number(&value)? as usize,
-            "--stock" => args.config.stock = number(&value)?,
-            "--targets" => {
-                args.targets = value
-                    .split(',')
-                    .map(|t| t.trim().trim_end_matches('/').to_string())
-                    .filter(|t| !t.is_empty())
-                    .collect()
-            }
-            "--server-bin" => args.server_bin = Some(value.into()),
-            other => return Err(format!("unknown option {other:?} (see --help)").into()),
+/// The queue a local run uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Queue {
+    /// The Redis Stream on the run's redis-server.
+    Stream,
+    /// A private RabbitMQ node.
+    Rabbitmq,
+}
+
+/// A flash sale against two seckill-server instances, and its verdict.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Concurrent buyers, each a distinct user.
+    #[arg(long, default_value = "2000", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    buyers: u32,
+    /// Units of the voucher on sale.
+    #[arg(long, default_value = "100", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    stock: u32,
+    /// Running instances to use, comma-separated (sharing one Redis and one database);
+    /// default: start redis-server and two seckill-server instances.
+    #[arg(long, value_delimiter = ',', value_name = "URL,URL")]
+    targets: Vec<String>,
+    /// The seckill-server binary (default: the one beside this program).
+    #[arg(long, value_name = "PATH")]
+    server_bin: Option<PathBuf>,
+    /// The database a local run starts.
+    #[arg(long, value_enum, default_value = "sqlite", conflicts_with = "targets")]
+    db: Db,
+    /// The queue a local run uses.
+    #[arg(long, value_enum, default_value = "stream", conflicts_with = "targets")]
+    queue: Queue,
+}
+
+impl Args {
+    fn config(&self) -> LoadConfig {
+        LoadConfig {
+            buyers: self.buyers as usize,
+            stock: self.stock,
         }
     }
-    Ok(args)
+
+    /// The targets without trailing slashes or empty items.
+    fn targets(&self) -> Vec<String> {
+        self.targets
+            .iter()
+            .map(|t| t.trim().trim_end_matches('/').to_string())
+            .filter(|t| !t.is_empty())
+            .collect()
+    }
 }
 
 /// A temporary directory removed on drop.
@@ -102,46 +108,72 @@ async fn run_local(args: &Args) -> Result<Verdict, BoxError> {
         Some(bin) => bin.clone(),
         None => server_binary()?,
     };
-    // Redis persists every write, as the service requires: it is the only record of
-    // an accepted order until a worker writes it into SQLite.
+    // Redis persists every write, as the service requires: it holds the stock, the
+    // buyers and, until they are in the queue's hands, the accepted orders.
     let redis = RedisServer::start_with_args(&["--appendonly", "yes", "--appendfsync", "always"]);
-    let dir = TempDir::new()?;
-    let db = dir.0.join("orders.db");
     println!(
         "redis-server {} (private, port {})",
         redis.url(),
         redis.port()
     );
+    let dir = TempDir::new()?;
+    // Kept until the end: dropping them stops the servers.
+    let (mut mariadb, mut rabbitmq) = (None, None);
+    let db = match args.db {
+        Db::Sqlite => dir.0.join("orders.db").display().to_string(),
+        Db::Mysql => {
+            let server = tokio::task::spawn_blocking(|| {
+                MariaDbServer::start_with_args(&["--innodb-flush-log-at-trx-commit=1"])
+            })
+            .await?;
+            let url = server.url();
+            println!("mariadbd {url} (private)");
+            mariadb = Some(server);
+            url
+        }
+    };
+    let queue = match args.queue {
+        Queue::Stream => "stream".to_string(),
+        Queue::Rabbitmq => {
+            let server = tokio::task::spawn_blocking(RabbitMqServer::start).await?;
+            let url = server.url();
+            println!("rabbitmq-server {url} (private)");
+            rabbitmq = Some(server);
+            url
+        }
+    };
     let mut instances = Vec::new();
     for _ in 0..2 {
-        instances.push(Instance::spawn(&bin, &redis.url(), &db, &[]).await?);
+        let flags = ["--queue", queue.as_str()];
+        instances.push(Instance::spawn(&bin, &redis.url(), &db, &flags).await?);
     }
     let urls: Vec<String> = instances.iter().map(|i| i.url.clone()).collect();
     println!(
-        "seckill-server x2: {} (SQLite {})",
-        urls.join(", "),
-        db.display()
+        "seckill-server x2: {} (database {db}, queue {queue})",
+        urls.join(", ")
     );
     println!(
         "selling {} units to {} concurrent buyers...",
-        args.config.stock, args.config.buyers
+        args.stock, args.buyers
     );
-    let verdict = load::run(args.config, &urls).await;
+    let verdict = load::run(args.config(), &urls).await;
     for mut i in instances {
         i.kill().await;
     }
+    drop((mariadb, rabbitmq));
     verdict
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    let args = Args::parse();
     let result = async {
-        let args = parse_args()?;
+        let targets = args.targets();
         let run = async {
-            if args.targets.is_empty() {
+            if targets.is_empty() {
                 run_local(&args).await
             } else {
-                load::run(args.config, &args.targets).await
+                load::run(args.config(), &targets).await
             }
         };
         tokio::select! {

@@ -44,13 +44,13 @@ pub struct Instance {
 }
 
 impl Instance {
-    /// Starts `bin` on `127.0.0.1` (a free port) against `redis` and the SQLite file
-    /// `db`, with `extra` arguments, and waits until it listens. Its log goes to this
+    /// Starts `bin` on `127.0.0.1` (a free port) against `redis` and the database `db`
+    /// (its `--db`), with `extra` arguments, and waits until it listens. Its log goes to this
     /// process's stderr (`RUST_LOG`, default `warn`).
     pub async fn spawn(
         bin: &Path,
         redis: &str,
-        db: &Path,
+        db: impl AsRef<std::ffi::OsStr>,
         extra: &[&str],
     ) -> Result<Instance, BoxError> {
         let mut cmd = Command::new(bin);

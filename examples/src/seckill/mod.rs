@@ -13,27 +13,35 @@
 //! 5. an order id from the [`IdGenerator`](lock_core::IdGenerator) (segment mode);
 //! 6. `examples/lua/seckill_take.lua`, one atomic script: sale window, stock and buyers
 //!    checked, stock decremented, buyer recorded with the order id and the order
-//!    appended to a Redis Stream. Oversell and double orders are impossible here even
-//!    without the lock; a repeat gets 409 `already-ordered` naming the existing order;
-//! 7. 201 with the order id. A worker in every instance (a consumer group on the
-//!    stream: the seed's queue for peak shaving) writes the order into SQLite, whose
-//!    UNIQUE (voucher_id, user_id) index is the seed's last safeguard, then XACKs it;
-//!    entries a crashed worker left pending are claimed by another after an idle time,
-//!    and what the group acknowledged is trimmed from the stream. Vouchers and their
-//!    ids live in SQLite too; Redis holds their live stock and buyers, and must persist
-//!    (AOF) unless the server is started with `--allow-volatile-redis`.
+//!    queued: appended to a Redis Stream, or with RabbitMQ put in an outbox hash and
+//!    then published with a publisher confirm awaited. Oversell and double orders are
+//!    impossible here even without the lock; a repeat gets 409 `already-ordered`
+//!    naming the existing order;
+//! 7. 201 with the order id. A consumer in every instance (the seed's queue for peak
+//!    shaving: a consumer group on the stream, or a RabbitMQ consumer) writes the order
+//!    into the database (SQLite, or MySQL with `--db mysql://...`), whose UNIQUE
+//!    (voucher_id, user_id) index is the seed's last safeguard, then acknowledges it;
+//!    what a crashed consumer held is taken over by another. Vouchers and their ids
+//!    live in the database too; Redis holds their live stock and buyers, and must
+//!    persist (AOF) unless the server is started with `--allow-volatile-redis`.
 //!
-//! Modules: [`server`] (configuration, router, start-up), [`worker`] (stream to SQLite),
-//! [`store`] (SQLite), [`load`] (the load generator and its verdict), [`instances`]
-//! (starting service processes for the load generator, the tests and the benchmark).
+//! Modules, each importing only those below it: [`server`] (configuration, start-up),
+//! `routes` (the HTTP API), `order` and `voucher` (the order path), `app` (the state
+//! they share), [`queue`] (the queue trait; the Redis Stream and RabbitMQ), [`store`]
+//! (the storage trait; SQLite and MySQL), `clock`; beside them [`load`] (the load
+//! generator and its verdict) and [`instances`] (starting service processes for the
+//! load generator, the tests and the benchmark).
 
+mod app;
+mod clock;
+mod fault;
 pub mod instances;
 mod keys;
 pub mod load;
 mod order;
 mod problem;
+pub mod queue;
 mod routes;
 pub mod server;
 pub mod store;
 mod voucher;
-pub mod worker;

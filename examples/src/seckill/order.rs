@@ -2,16 +2,19 @@
 //! script that also queues the order.
 
 use std::sync::LazyLock;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use lock_core::OrderId;
 use lock_macros::cache_lock;
 use redis::Value;
 
+use super::app::App;
+use super::clock::{format_ms, now_ms};
 use super::keys;
 use super::problem::{AppError, Problem};
-use super::server::App;
+use super::queue::ScriptSink;
+use super::store::NewOrder;
+use super::voucher;
 
 /// `examples/lua/seckill_take.lua`: window, stock and buyer checks, decrement, buyer
 /// record and stream append in one step.
@@ -24,41 +27,15 @@ static TAKE: LazyLock<redis::Script> =
 /// after its last renewal, and the buyer's retry is answered (its order, if it was taken).
 pub(crate) const CLAIM_LEASE: Duration = Duration::from_secs(2);
 
-/// Fault injection for tests: the process exits right after the stock script has taken
-/// this many units, before answering (a unit taken whose 201 never arrives).
-#[derive(Debug, Default)]
-pub(crate) struct CrashAfterTakes {
-    limit: Option<u64>,
-    taken: AtomicU64,
-}
-
-impl CrashAfterTakes {
-    pub(crate) fn new(limit: Option<u64>) -> Self {
-        Self {
-            limit,
-            taken: AtomicU64::new(0),
-        }
-    }
-
-    fn taken(&self) {
-        let Some(limit) = self.limit else { return };
-        if self.taken.fetch_add(1, Ordering::Relaxed) + 1 >= limit {
-            tracing::error!(
-                limit,
-                "crash_after_takes reached: exiting before the answer"
-            );
-            std::process::exit(3);
-        }
-    }
-}
-
 /// What the stock script decided.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Take {
-    /// Sold: the order is in the stream under `entry`.
+    /// Sold: the order is in the stream under `entry` (or in the outbox, `entry`
+    /// `outbox`), taken at `created_ms` on the Redis clock.
     Taken {
         entry: String,
         stock_left: i64,
+        created_ms: i64,
     },
     NoVoucher,
     NotStarted {
@@ -99,9 +76,9 @@ pub(crate) async fn place_order(
 }
 
 /// The order itself, without the protections around it (lock, idempotency, rate
-/// limit): an order id (from a reserved block, so almost never a Redis call) and the
-/// stock script, one round trip. `--floor` serves this alone, as the floor of
-/// `scripts/bench seckill`.
+/// limit): an order id (from a reserved block, so almost never a Redis call), the
+/// stock script (one round trip), and with RabbitMQ the publish and its confirm.
+/// `--floor` serves this alone, as the floor of `scripts/bench seckill`.
 pub(crate) async fn take_order(
     app: &App,
     voucher_id: i64,
@@ -109,13 +86,18 @@ pub(crate) async fn take_order(
 ) -> Result<Placed, AppError> {
     let order_id = app.ids.next_id().await?;
     let mut conn = app.redis.clone();
+    let (sink_key, sink) = match app.queue.script_sink() {
+        ScriptSink::Stream => (keys::STREAM, "stream"),
+        ScriptSink::Outbox => (keys::OUTBOX, "outbox"),
+    };
     let reply: Value = TAKE
         .key(keys::voucher(voucher_id))
         .key(keys::buyers(voucher_id))
-        .key(keys::STREAM)
+        .key(sink_key)
         .arg(voucher_id)
         .arg(user_id)
         .arg(order_id.get())
+        .arg(sink)
         .invoke_async(&mut conn)
         .await
         .map_err(|e| Problem::unavailable("the stock service", &e))?;
@@ -128,25 +110,41 @@ pub(crate) async fn take_order(
     use axum::http::StatusCode;
     let refuse = |status, kind, detail: String| Err(Problem::new(status, kind, detail).into());
     match take {
-        Take::Taken { entry, stock_left } => {
-            app.crash_after_takes.taken();
+        Take::Taken {
+            entry,
+            stock_left,
+            created_ms,
+        } => {
             tracing::debug!(%order_id, voucher_id, user_id, %entry, stock_left, "order taken");
+            // Taken and in the outbox: if the publish fails, the outbox publishes it
+            // later and the buyer's retry is told of it (409 naming the order).
+            let id = i64::try_from(order_id.get()).map_err(|e| {
+                Problem::unavailable("the order id", &format!("{order_id} is not an i64: {e}"))
+            })?;
+            let order = NewOrder {
+                order_id: id,
+                voucher_id,
+                user_id,
+                created_ms,
+                stream_entry: entry,
+            };
+            app.queue
+                .publish(&order)
+                .await
+                .map_err(|e| Problem::unavailable("the orders queue", &e))?;
             Ok(Placed { order_id })
         }
-        Take::NoVoucher => Err(super::voucher::missing(app, voucher_id).await.into()),
+        Take::NoVoucher => Err(voucher::missing(app, voucher_id).await.into()),
         Take::NotStarted { begins_at_ms } => {
             // A refusal that passes: `Retry-After` keeps it out of the idempotency
             // record, so a retry with the same key after the start is served.
-            let now_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as i64);
-            let wait_s = (begins_at_ms.saturating_sub(now_ms) as u64).div_ceil(1000);
+            let wait_ms = u64::try_from(begins_at_ms.saturating_sub(now_ms())).unwrap_or(0);
             let detail = format!(
                 "the sale of voucher {voucher_id} begins at {}",
-                super::voucher::format_ms(begins_at_ms)
+                format_ms(begins_at_ms)
             );
             Err(Problem::new(StatusCode::FORBIDDEN, "not-active", detail)
-                .retry_after(wait_s)
+                .retry_after(wait_ms.div_ceil(1000))
                 .into())
         }
         Take::Ended { ends_at_ms } => refuse(
@@ -154,7 +152,7 @@ pub(crate) async fn take_order(
             "not-active",
             format!(
                 "the sale of voucher {voucher_id} ended at {}",
-                super::voucher::format_ms(ends_at_ms)
+                format_ms(ends_at_ms)
             ),
         ),
         // The existing order is named, so a buyer whose 201 was lost (the instance died
@@ -197,6 +195,7 @@ pub(crate) fn parse_take(reply: &Value) -> Option<Take> {
         "ok" => Take::Taken {
             entry: text(1)?,
             stock_left: int(2)?,
+            created_ms: int(3)?,
         },
         "no-voucher" => Take::NoVoucher,
         "not-started" => Take::NotStarted {
@@ -221,12 +220,13 @@ mod tests {
 
     #[test]
     fn parses_every_reply_and_refuses_others() {
-        let ok = Value::Array(vec![bulk("ok"), bulk("1-0"), Value::Int(4)]);
+        let ok = Value::Array(vec![bulk("ok"), bulk("1-0"), Value::Int(4), Value::Int(7)]);
         assert_eq!(
             parse_take(&ok),
             Some(Take::Taken {
                 entry: "1-0".into(),
-                stock_left: 4
+                stock_left: 4,
+                created_ms: 7,
             })
         );
         let ended = Value::Array(vec![bulk("ended"), bulk("1700000000000")]);
@@ -249,6 +249,7 @@ mod tests {
             Value::Int(1),
             Value::Array(vec![]),
             Value::Array(vec![bulk("ok")]),
+            Value::Array(vec![bulk("ok"), bulk("1-0"), Value::Int(4)]),
             Value::Array(vec![bulk("already-ordered")]),
             Value::Array(vec![bulk("what")]),
         ] {

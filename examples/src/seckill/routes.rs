@@ -4,7 +4,7 @@ use axum::Json;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Extension, Path, Request, State};
 use axum::http::header::{CONTENT_TYPE, LOCATION};
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
@@ -15,20 +15,28 @@ use lock_tower::idempotency::IdempotencyLayer;
 use lock_tower::rate_limit::RateLimitLayer;
 use serde_json::json;
 
+use super::app::App;
+use super::fault;
 use super::order;
 use super::problem::{self, AppError, Problem};
-use super::server::App;
+use super::queue::Backlog;
+use super::store::StoreError;
 use super::voucher;
-use super::worker;
 
 /// The header naming the buyer (a stand-in for authentication).
 const USER_HEADER: &str = "x-user-id";
 
-/// The service's routes; see the README for the API.
-pub(crate) fn router(app: App, limiter: RateLimiter, idempotency: IdempotencyStore) -> Router {
+/// The service's routes; see the README for the API. `crash_after_takes`: the tests'
+/// fault layer around the order handler (see `fault.rs`).
+pub(crate) fn router(
+    app: App,
+    limiter: RateLimiter,
+    idempotency: IdempotencyStore,
+    crash_after_takes: Option<u64>,
+) -> Router {
     // Outermost first: who is it (400), too fast (429), a retry (replayed), then the
     // handler with its lock.
-    let place_order = post::<_, _, App>(create_order)
+    let place_order = with_fault(post::<_, _, App>(create_order), crash_after_takes)
         .layer::<_, std::convert::Infallible>(
             IdempotencyLayer::new(idempotency)
                 .require_key(true)
@@ -44,8 +52,17 @@ pub(crate) fn router(app: App, limiter: RateLimiter, idempotency: IdempotencySto
 /// The floor of `scripts/bench seckill` (`seckill-server --floor`): the same routes on
 /// the same HTTP stack, but an order only takes its stock (no lock, no idempotency key,
 /// no rate limit), to price the protections.
-pub(crate) fn floor_router(app: App) -> Router {
-    routes(post(create_order_unprotected)).with_state(app)
+pub(crate) fn floor_router(app: App, crash_after_takes: Option<u64>) -> Router {
+    let place_order = with_fault(post(create_order_unprotected), crash_after_takes)
+        .layer::<_, std::convert::Infallible>(middleware::from_fn(require_user));
+    routes(place_order).with_state(app)
+}
+
+fn with_fault(handler: MethodRouter<App>, crash_after_takes: Option<u64>) -> MethodRouter<App> {
+    match crash_after_takes {
+        Some(limit) => fault::crash_after_takes(handler, limit),
+        None => handler,
+    }
 }
 
 fn routes(place_order: MethodRouter<App>) -> Router<App> {
@@ -60,6 +77,11 @@ fn routes(place_order: MethodRouter<App>) -> Router<App> {
         // rejections (413) are problem+json too.
         .layer(middleware::from_fn(problem::problem_json_errors))
 }
+
+/// The buyer of an order request, parsed once from `X-User-Id` by [`require_user`]
+/// and read from the request's extensions by everything after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Buyer(i64);
 
 /// The buyer of a request: `X-User-Id`, a whole number from 1 to `i64::MAX`.
 fn user_id(headers: &HeaderMap) -> Result<i64, Problem> {
@@ -91,13 +113,20 @@ fn user_id(headers: &HeaderMap) -> Result<i64, Problem> {
 /// so `7`, `07` and a padded `000…07` (one buyer to the handler) are one quota and one
 /// scope, and one user can never replay another's order.
 fn buyer(request: &Request<Body>) -> Option<String> {
-    user_id(request.headers()).ok().map(|id| id.to_string())
+    request
+        .extensions()
+        .get::<Buyer>()
+        .map(|Buyer(id)| id.to_string())
 }
 
-/// Refuses an order without a valid `X-User-Id` before it reaches the rate limiter.
-async fn require_user(request: Request, next: Next) -> Response {
+/// Parses `X-User-Id` into the request's [`Buyer`], refusing an order without a valid
+/// one before it reaches the rate limiter.
+async fn require_user(mut request: Request, next: Next) -> Response {
     match user_id(request.headers()) {
-        Ok(_) => next.run(request).await,
+        Ok(id) => {
+            request.extensions_mut().insert(Buyer(id));
+            next.run(request).await
+        }
         Err(problem) => problem.into_response(),
     }
 }
@@ -118,7 +147,7 @@ fn path_id(path: Result<Path<String>, PathRejection>, what: &str) -> Result<i64,
         })
 }
 
-fn db_unavailable(e: rusqlite::Error) -> Problem {
+fn db_unavailable(e: StoreError) -> Problem {
     Problem::unavailable("the orders database", &e)
 }
 
@@ -158,10 +187,10 @@ async fn get_voucher(
 /// `{"order_id": ...}`; see [`order::place_order`] for the refusals.
 async fn create_order(
     State(app): State<App>,
+    Extension(Buyer(user_id)): Extension<Buyer>,
     path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
 ) -> Result<Response, AppError> {
-    let (voucher_id, user_id) = order_of(path, &headers)?;
+    let voucher_id = path_id(path, "voucher")?;
     Ok(created(
         order::place_order(&app, voucher_id, user_id).await?,
     ))
@@ -170,19 +199,11 @@ async fn create_order(
 /// `--floor`'s order: the stock script alone.
 async fn create_order_unprotected(
     State(app): State<App>,
+    Extension(Buyer(user_id)): Extension<Buyer>,
     path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
 ) -> Result<Response, AppError> {
-    let (voucher_id, user_id) = order_of(path, &headers)?;
+    let voucher_id = path_id(path, "voucher")?;
     Ok(created(order::take_order(&app, voucher_id, user_id).await?))
-}
-
-/// The voucher and the buyer of an order request.
-fn order_of(
-    path: Result<Path<String>, PathRejection>,
-    headers: &HeaderMap,
-) -> Result<(i64, i64), Problem> {
-    Ok((path_id(path, "voucher")?, user_id(headers)?))
 }
 
 /// 201 with the order's id and `Location`.
@@ -224,13 +245,15 @@ async fn list_orders(
     Ok(Json(json!({ "voucher_id": id, "orders": orders })).into_response())
 }
 
-/// `GET /healthz` -> 200 with the worker's figures and the stream backlog; 503 when
-/// Redis is unreachable or the worker has stopped.
+/// `GET /healthz` -> 200 with the consumer's figures and the queue's backlog; 503 when
+/// the queue is unreachable or the consumer has stopped.
 async fn healthz(State(app): State<App>) -> Result<Response, AppError> {
-    let backlog = worker::backlog(&mut app.redis.clone())
+    let backlog = app
+        .queue
+        .backlog()
         .await
-        .map_err(redis_unavailable)?;
-    let worker = app.worker.snapshot();
+        .map_err(|e| Problem::unavailable("the orders queue", &e))?;
+    let worker = app.queue.stats().snapshot();
     let status = if worker.running {
         StatusCode::OK
     } else {
@@ -239,18 +262,55 @@ async fn healthz(State(app): State<App>) -> Result<Response, AppError> {
     let body = json!({
         "status": if worker.running { "ok" } else { "worker-stopped" },
         "worker": worker,
-        "stream": backlog,
+        "queue": backlog,
     });
     Ok((status, Json(body)).into_response())
 }
 
 /// `GET /metrics` -> lock-core's metrics (acquisitions, waits, holds, renewals, losses,
-/// releases, rate-limit decisions, idempotency outcomes) in the Prometheus text format.
+/// releases, rate-limit decisions, idempotency outcomes) and the queue's gauges (length,
+/// pending, undelivered, consumers) in the Prometheus text format.
 async fn metrics(State(app): State<App>) -> Result<Response, AppError> {
     let handle = app.metrics.as_ref().ok_or_else(|| {
         Problem::not_found("this process exports no metrics (another recorder was installed)")
     })?;
     handle.run_upkeep();
-    let text = handle.render();
+    let mut text = handle.render();
+    // The queue's gauges, read now; left out (with the reason logged) when the queue
+    // does not answer, so the rest still reaches the scraper.
+    match app.queue.backlog().await {
+        Ok(backlog) => text.push_str(&queue_gauges(&backlog)),
+        Err(e) => tracing::warn!(error = %e, "queue gauges left out of /metrics"),
+    }
     Ok(([(CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}
+
+/// The queue's backlog as Prometheus gauges, labelled with the queue's kind.
+fn queue_gauges(b: &Backlog) -> String {
+    let gauges = [
+        ("seckill_queue_length", "Orders held by the queue", b.length),
+        (
+            "seckill_queue_pending",
+            "Orders delivered to a consumer and not acknowledged",
+            b.pending,
+        ),
+        (
+            "seckill_queue_undelivered",
+            "1 when orders wait that no consumer has received",
+            u64::from(b.undelivered),
+        ),
+        (
+            "seckill_queue_consumers",
+            "Consumers of the queue",
+            b.consumers,
+        ),
+    ];
+    let mut text = String::new();
+    for (name, help, value) in gauges {
+        text.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{kind=\"{}\"}} {value}\n",
+            b.kind
+        ));
+    }
+    text
 }

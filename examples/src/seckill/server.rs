@@ -1,8 +1,8 @@
-//! The service: configuration, shared state, the router and start-up.
+//! The service: configuration and start-up (connections, the queue's consumer, the
+//! router).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
@@ -12,10 +12,13 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::watch;
 
-use super::order::{CLAIM_LEASE, CrashAfterTakes};
+use super::app::App;
+use super::order::CLAIM_LEASE;
+use super::queue::OrderQueue;
+use super::queue::rabbit::{RabbitConfig, RabbitQueue};
+use super::queue::stream::{StreamQueue, WorkerConfig};
 use super::routes;
-use super::store::OrderStore;
-use super::worker::{self, Worker, WorkerConfig, WorkerStats};
+use super::store;
 
 /// Time limit of every Redis call on the request path.
 const REDIS_TIMEOUT: Duration = Duration::from_secs(2);
@@ -28,16 +31,20 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     /// The Redis shared by all instances (default `redis://127.0.0.1:6379/`).
     pub redis: String,
-    /// The SQLite file shared by all instances on the machine (default `seckill.db`).
-    pub db: PathBuf,
+    /// The orders database shared by all instances: a SQLite file on this machine
+    /// (default `seckill.db`), or `mysql://...` (MySQL or MariaDB).
+    pub db: String,
+    /// The queue between the order path and the database: `stream` (the Redis Stream,
+    /// the default) or `amqp://...` (RabbitMQ).
+    pub queue: String,
     /// Orders per second one user may send, on average (default 2).
     pub user_rate: u32,
     /// How many orders one user may send at once (default 4).
     pub user_burst: u32,
     /// The stream worker's settings.
     pub worker: WorkerConfig,
-    /// Fault injection for tests: exit right after the stock script has taken this many
-    /// units, before answering. Default: never.
+    /// Fault injection for tests: exit once this many orders were answered 201, before
+    /// the answer leaves the handler (a layer around it, see `fault.rs`). Default: never.
     pub crash_after_takes: Option<u64>,
     /// Start even if Redis does not persist (no AOF): Redis is the only record of an
     /// accepted order until the worker writes it, so by default the server refuses.
@@ -61,7 +68,8 @@ impl ServerConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             redis: "redis://127.0.0.1:6379/".into(),
-            db: PathBuf::from("seckill.db"),
+            db: "seckill.db".into(),
+            queue: "stream".into(),
             user_rate: 2,
             user_burst: 4,
             worker: WorkerConfig::new(format!("worker-{}-{nanos:08x}", std::process::id())),
@@ -77,21 +85,6 @@ impl Default for ServerConfig {
     fn default() -> Self {
         Self::new()
     }
-}
-
-/// What every handler shares; cheap to clone.
-#[derive(Clone, Debug)]
-pub(crate) struct App {
-    /// Locks (`#[cache_lock]`), ids, the rate limiter and idempotency records.
-    pub(crate) locks: LockClient,
-    /// Stock script, vouchers and stream statistics.
-    pub(crate) redis: ConnectionManager,
-    pub(crate) ids: IdGenerator,
-    pub(crate) store: OrderStore,
-    pub(crate) worker: std::sync::Arc<WorkerStats>,
-    pub(crate) crash_after_takes: std::sync::Arc<CrashAfterTakes>,
-    /// What `GET /metrics` renders (`None`: another recorder was installed first).
-    pub(crate) metrics: Option<PrometheusHandle>,
 }
 
 /// Histogram buckets of lock-core's timings (seconds): from a local round trip to the
@@ -206,7 +199,7 @@ impl Running {
     }
 }
 
-/// Connects to Redis and SQLite, starts the worker and the HTTP server.
+/// Connects to Redis and the database, starts the queue's consumer and the HTTP server.
 pub async fn start(
     config: ServerConfig,
 ) -> Result<Running, Box<dyn std::error::Error + Send + Sync>> {
@@ -240,13 +233,30 @@ pub async fn start(
         "seckill-order",
         IdConfig::new().with_mode(IdMode::Segment { block: 1_000 }),
     )?;
-    let store = OrderStore::open(&config.db)
-        .map_err(|e| format!("cannot open the database {}: {e}", config.db.display()))?;
-    worker::ensure_group(&mut redis.clone())
+    let store = store::open(&config.db)
         .await
-        .map_err(unreachable)?;
-
-    let worker = Worker::new(worker_conn, store.clone(), config.worker.clone());
+        .map_err(|e| format!("cannot open the database {}: {e}", config.db))?;
+    let queue: Arc<dyn OrderQueue> = if config.queue.starts_with("amqp://") {
+        let mut rabbit = RabbitConfig::new(config.queue.as_str(), config.worker.consumer.as_str());
+        rabbit.crash_after_reads = config.worker.crash_after_reads;
+        Arc::new(
+            RabbitQueue::connect(rabbit, redis.clone())
+                .await
+                .map_err(|e| format!("cannot reach RabbitMQ at {}: {e}", config.queue))?,
+        )
+    } else if config.queue == "stream" {
+        Arc::new(
+            StreamQueue::new(redis.clone(), worker_conn, config.worker.clone())
+                .await
+                .map_err(unreachable)?,
+        )
+    } else {
+        return Err(format!(
+            "--queue {:?}: expected `stream` or an amqp:// URL",
+            config.queue
+        )
+        .into());
+    };
     let limiter = locks.rate_limiter(
         "seckill-orders",
         RateLimit::per_second(config.user_rate).with_burst(config.user_burst),
@@ -256,17 +266,16 @@ pub async fn start(
         locks,
         redis,
         ids,
-        store,
-        worker: worker.stats(),
-        crash_after_takes: std::sync::Arc::new(CrashAfterTakes::new(config.crash_after_takes)),
+        store: store.clone(),
+        queue: queue.clone(),
         metrics: prometheus(),
     };
     let upkeep = app.metrics.clone();
     let router: Router = if config.floor {
         tracing::warn!("--floor: orders run without their lock, idempotency key and rate limit");
-        routes::floor_router(app)
+        routes::floor_router(app, config.crash_after_takes)
     } else {
-        routes::router(app, limiter, idempotency)
+        routes::router(app, limiter, idempotency, config.crash_after_takes)
     };
 
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -274,7 +283,7 @@ pub async fn start(
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let addr = listener.local_addr()?;
     let (shutdown, rx) = watch::channel(false);
-    let worker = tokio::spawn(worker.run(rx.clone()));
+    let worker = tokio::spawn(queue.consume(store, rx.clone()));
     if let Some(handle) = upkeep {
         // Histogram samples wait in the recorder until upkeep folds them in.
         let mut stop = rx.clone();

@@ -1,5 +1,5 @@
-//! Vouchers: creation (with input checks; the record and id in SQLite, the live stock
-//! and buyers in Redis), the stock figures, and the refusal for a voucher Redis lost.
+//! Vouchers: creation (with input checks; the record and id in the orders database, the
+//! live stock and buyers in Redis), the stock figures, and the refusal for a voucher Redis lost.
 
 use std::sync::LazyLock;
 
@@ -9,9 +9,9 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
+use super::app::App;
 use super::keys;
 use super::problem::Problem;
-use super::server::App;
 
 /// `examples/lua/seckill_voucher.lua`: the voucher hash, unless one exists under that id.
 static CREATE: LazyLock<redis::Script> =
@@ -91,7 +91,7 @@ fn rfc3339_ms(s: &str) -> Result<i64, Problem> {
         .map_err(|_| Problem::bad_request("invalid-voucher", format!("{s:?} is out of range")))
 }
 
-/// Creates a voucher: its record and id in SQLite (never an id handed out before, even
+/// Creates a voucher: its record and id in the database (never an id handed out before, even
 /// after Redis lost everything), then its stock in Redis; returns its id.
 pub(crate) async fn create(app: &App, spec: &VoucherSpec) -> Result<i64, Problem> {
     let id = app
@@ -170,14 +170,6 @@ pub(crate) async fn state(
     })
 }
 
-/// Unix milliseconds as RFC 3339 (UTC), for order records.
-pub(crate) fn format_ms(ms: i64) -> String {
-    OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
-        .ok()
-        .and_then(|t| t.format(&Rfc3339).ok())
-        .unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,10 +198,5 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
-    }
-
-    #[test]
-    fn formats_milliseconds() {
-        assert_eq!(format_ms(1_735_689_601_000), "2025-01-01T00:00:01Z");
     }
 }

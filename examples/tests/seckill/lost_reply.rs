@@ -57,9 +57,8 @@ fn assert_names_order(r: &Reply, order_id: &str) {
     );
 }
 
-/// Issue 14b, item 1. Before: the same key answered 409 `idempotency-key-in-use` for
-/// about 10 s (the dead instance's in-flight lease), then 409 `already-ordered` without
-/// the order id, so the buyer could never learn the order.
+/// The retry is answered once the dead instance's claims expire (about 2 s), and the
+/// answer names the order, so the buyer learns it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_buyer_whose_201_was_lost_learns_the_order_by_ordering_again() {
     let redis = persistent_redis();

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use lock_examples::seckill::instances::{BoxError, Instance};
 use lock_examples::seckill::load::{Http, Reply};
-use lock_examples::seckill::store::OrderStore;
+use lock_examples::seckill::store::SqliteStore;
 use lock_tests::RedisServer;
 
 use super::support::{Dir, drained, persistent_redis, server_bin, wait_health};
@@ -31,9 +31,8 @@ async fn once_reconnected<F: Future<Output = Result<Reply, BoxError>>>(
     }
 }
 
-/// Issue 14b, item 4. Before, the restarted Redis handed out voucher id 1 again (its
-/// INCR counter was gone), and the new voucher 1 was sold to users who already had an
-/// order for the old one.
+/// Voucher ids come from the database, so a Redis restarted empty cannot hand out an
+/// id again and sell it to users who already have an order for the old voucher.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_that_lost_its_data_reuses_no_voucher_id_and_resells_nothing() {
     let mut redis = RedisServer::start();
@@ -86,15 +85,15 @@ async fn a_redis_that_lost_its_data_reuses_no_voucher_id_and_resells_nothing() {
         hs[0]["worker"]["persisted"] == 2 && drained(&hs[0])
     })
     .await;
-    let store = OrderStore::open(&dir.db()).unwrap();
+    let store = SqliteStore::open(&dir.db()).unwrap();
     for voucher in [first, second] {
         let rows = store.voucher_orders(voucher).await.unwrap();
         assert_eq!(rows.len(), 1, "voucher {voucher}: {rows:?}");
     }
 }
 
-/// Issue 14b, item 4. Before, the server started on a Redis that keeps nothing across a
-/// restart, though Redis is the only record of an order until the worker writes it.
+/// Redis is the only record of an order until the worker writes it, so a Redis that
+/// keeps nothing across a restart is refused unless asked for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_refuses_a_redis_that_does_not_persist() {
     let volatile = RedisServer::start(); // --appendonly no

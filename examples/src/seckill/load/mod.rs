@@ -11,7 +11,7 @@
 //!   client does after a timeout: the first answer must come back replayed, identical;
 //! - the rest order once.
 //!
-//! Then it waits until the workers have drained the stream (`GET /healthz`), reads the
+//! Then it waits until the workers have drained the queue (`GET /healthz`), reads the
 //! voucher and its persisted orders, and checks the result ([`Verdict::violations`]).
 
 mod http;
@@ -26,7 +26,7 @@ use super::instances::BoxError;
 pub use http::{Http, Reply};
 pub use verdict::{Attempt, Verdict};
 
-/// How long the workers get to drain the stream after the last buyer.
+/// How long the workers get to drain the queue after the last buyer.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 /// Orders a greedy buyer fires at once.
 const GREEDY_BURST: usize = 10;
@@ -96,7 +96,7 @@ pub async fn run(config: LoadConfig, targets: &[String]) -> Result<Verdict, BoxE
     }
     let elapsed = began.elapsed();
 
-    let drained = wait_drained(&http, &targets[0]).await;
+    let drained = wait_drained(&http, &targets).await;
     let state = http
         .get(&format!("{}/vouchers/{voucher}", targets[0]))
         .await?
@@ -152,15 +152,21 @@ async fn buy(http: &Http, targets: &[String], i: usize, voucher: i64, user: i64)
     }
 }
 
-/// Polls `GET /healthz` until the stream is drained; false on timeout.
-async fn wait_drained(http: &Http, base: &str) -> bool {
+/// Polls `GET /healthz` of every instance until the queue is drained by all of them
+/// (RabbitMQ's `pending` counts one instance's deliveries); false on timeout.
+async fn wait_drained(http: &Http, targets: &[String]) -> bool {
     let deadline = Instant::now() + DRAIN_TIMEOUT;
     while Instant::now() < deadline {
-        if let Ok(reply) = http.get(&format!("{base}/healthz")).await {
-            let stream = reply.json()["stream"].clone();
-            if stream["pending"].as_u64() == Some(0) && stream["undelivered"] == false {
-                return true;
-            }
+        let mut drained = true;
+        for base in targets {
+            let queue = match http.get(&format!("{base}/healthz")).await {
+                Ok(reply) => reply.json()["queue"].clone(),
+                Err(_) => serde_json::Value::Null,
+            };
+            drained &= queue["pending"].as_u64() == Some(0) && queue["undelivered"] == false;
+        }
+        if drained {
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

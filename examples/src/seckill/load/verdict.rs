@@ -55,13 +55,13 @@ pub struct Verdict {
     pub requests: usize,
     /// Distinct order ids answered 201 (first answers, not replays).
     pub accepted: usize,
-    /// Rows of the voucher in SQLite once the stream was drained.
+    /// Rows of the voucher in the database once the queue was drained.
     pub rows: usize,
-    /// Accepted order ids that are not in SQLite (lost orders).
+    /// Accepted order ids that are not in the database (lost orders).
     pub missing: usize,
     /// Users with more than one distinct order id in 201 answers.
     pub users_two_orders_201: usize,
-    /// Users with more than one row in SQLite.
+    /// Users with more than one row in the database.
     pub users_two_orders_rows: usize,
     /// Answers with `Idempotent-Replayed: true`.
     pub replays: usize,
@@ -226,10 +226,7 @@ impl Verdict {
             }
         };
         let stock = i64::from(self.run.stock);
-        check(
-            self.run.drained,
-            "the stream was not drained in time".into(),
-        );
+        check(self.run.drained, "the queue was not drained in time".into());
         check(
             self.oversold() == 0,
             format!("oversold by {}", self.oversold()),
@@ -296,7 +293,7 @@ impl fmt::Display for Verdict {
         writeln!(f, "seckill verdict")?;
         writeln!(
             f,
-            "  instances            {} (one Redis, one SQLite file)",
+            "  instances            {} (one Redis, one database)",
             self.run.instances.join(", ")
         )?;
         writeln!(
@@ -317,14 +314,14 @@ impl fmt::Display for Verdict {
         )?;
         writeln!(
             f,
-            "  users with 2 orders  {:<14} (must be 0; in 201s: {}, in SQLite: {})",
+            "  users with 2 orders  {:<14} (must be 0; in 201s: {}, in the database: {})",
             self.users_two_orders_201.max(self.users_two_orders_rows),
             self.users_two_orders_201,
             self.users_two_orders_rows
         )?;
         writeln!(
             f,
-            "  201s / SQLite rows   {:<14} (must match; accepted orders missing: {})",
+            "  201s / database rows {:<14} (must match; accepted orders missing: {})",
             format!("{} / {}", self.accepted, self.rows),
             self.missing
         )?;

@@ -1,11 +1,12 @@
-//! The stream worker: takes accepted orders off the Redis Stream (a consumer group, the
-//! seed's queue for peak shaving) and persists them into SQLite.
+//! The Redis Stream queue: the stock script appends every accepted order to a stream,
+//! and a worker in every instance (a consumer group, the seed's queue for peak
+//! shaving) takes them off it into the orders database.
 //!
 //! Behavior:
 //! - **Reads** new entries with `XREADGROUP` as its own consumer of the group
 //!   `persist`, in batches, blocking up to half a second when the stream is idle.
-//! - **Persists, then acknowledges**: a batch is written in one SQLite transaction
-//!   (idempotent inserts, see [`OrderStore`]) and `XACK`ed only after the commit. A crash
+//! - **Persists, then acknowledges**: a batch is written in one database transaction
+//!   (idempotent inserts, see [`Storage`]) and `XACK`ed only after the commit. A crash
 //!   anywhere before the `XACK` leaves the entries pending: nothing accepted is lost,
 //!   and a second write of the same entry is a no-op.
 //! - **Re-claims** every [`WorkerConfig::claim_idle`] / 2 the entries that have been
@@ -14,11 +15,11 @@
 //! - **Trims** every [`TRIM_EVERY`] the entries every group has acknowledged
 //!   (`XTRIM MINID`, `trim.rs`): pending and undelivered entries are never removed,
 //!   and the stream holds the backlog, not the whole sale.
-//! - **Survives Redis and SQLite outages**: errors are logged and retried with backoff;
+//! - **Survives Redis and database outages**: errors are logged and retried with backoff;
 //!   a consumer group that vanished (Redis restarted empty) is created again.
 //! - An order that conflicts with a different row (same voucher and user, another
 //!   order id) cannot be written: it is logged as an error, counted in
-//!   [`WorkerSnapshot::anomalies`] (`GET /healthz`) and acknowledged.
+//!   [`WorkerSnapshot::anomalies`](super::WorkerSnapshot::anomalies) (`GET /healthz`) and acknowledged.
 //! - A malformed entry (not written by `examples/lua/seckill_take.lua`) is logged and
 //!   acknowledged, so it cannot block the stream.
 
@@ -26,16 +27,17 @@ mod reply;
 mod trim;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use futures_util::future::BoxFuture;
 use redis::Value;
 use redis::aio::ConnectionManager;
-use serde::Serialize;
 use tokio::sync::watch;
 
-use super::keys::{GROUP, STREAM};
-use super::store::OrderStore;
+use super::{Backlog, OrderQueue, QueueError, ScriptSink, WorkerStats};
+use crate::seckill::keys::{GROUP, STREAM};
+use crate::seckill::store::{NewOrder, Storage};
 use reply::{Entry, pairs, text};
 
 /// How long one `XREADGROUP` blocks when the stream is idle.
@@ -45,7 +47,7 @@ pub const TRIM_EVERY: Duration = Duration::from_secs(1);
 /// Longest pause between retries after an error.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
-/// Settings of a [`Worker`].
+/// Settings of the stream worker of a [`StreamQueue`].
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
     /// This worker's consumer name in the group; unique per process.
@@ -68,72 +70,6 @@ impl WorkerConfig {
             claim_idle: Duration::from_secs(5),
             crash_after_reads: None,
         }
-    }
-}
-
-/// What a worker has done so far (shown by `GET /healthz`).
-#[derive(Debug, Default)]
-pub struct WorkerStats {
-    running: AtomicBool,
-    read: AtomicU64,
-    claimed: AtomicU64,
-    persisted: AtomicU64,
-    duplicates: AtomicU64,
-    trimmed: AtomicU64,
-    anomalies: AtomicU64,
-}
-
-/// A snapshot of [`WorkerStats`].
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct WorkerSnapshot {
-    /// The worker loop is running.
-    pub running: bool,
-    /// New entries read.
-    pub read: u64,
-    /// Entries claimed from idle pending lists.
-    pub claimed: u64,
-    /// Rows written.
-    pub persisted: u64,
-    /// Entries that were already in the database (re-deliveries).
-    pub duplicates: u64,
-    /// Acknowledged entries this worker removed from the stream.
-    pub trimmed: u64,
-    /// Orders that conflicted with a different row and were not written (logged as
-    /// errors): each is an accepted order the database does not have.
-    pub anomalies: u64,
-}
-
-impl WorkerStats {
-    /// The current figures.
-    pub fn snapshot(&self) -> WorkerSnapshot {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        WorkerSnapshot {
-            running: self.running.load(Ordering::Relaxed),
-            read: get(&self.read),
-            claimed: get(&self.claimed),
-            persisted: get(&self.persisted),
-            duplicates: get(&self.duplicates),
-            trimmed: get(&self.trimmed),
-            anomalies: get(&self.anomalies),
-        }
-    }
-}
-
-/// The stream's backlog, as `XINFO` sees it.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct Backlog {
-    /// Entries in the stream.
-    pub length: u64,
-    /// Entries delivered to a worker but not acknowledged.
-    pub pending: u64,
-    /// Whether entries exist that no worker has read yet.
-    pub undelivered: bool,
-}
-
-impl Backlog {
-    /// Every entry has been persisted and acknowledged.
-    pub fn drained(&self) -> bool {
-        self.pending == 0 && !self.undelivered
     }
 }
 
@@ -174,7 +110,7 @@ pub(crate) async fn backlog(conn: &mut ConnectionManager) -> Result<Backlog, red
             .and_then(|(_, v)| text(v))
     };
     let s = pairs(&stream).ok_or_else(odd)?;
-    let length = field(&s, "length")
+    let length: u64 = field(&s, "length")
         .and_then(|l| l.parse().ok())
         .ok_or_else(odd)?;
     let last_added = field(&s, "last-generated-id").ok_or_else(odd)?;
@@ -188,49 +124,100 @@ pub(crate) async fn backlog(conn: &mut ConnectionManager) -> Result<Backlog, red
                 .and_then(|p| p.parse().ok())
                 .ok_or_else(odd)?;
             let delivered = field(&g, "last-delivered-id").ok_or_else(odd)?;
+            let consumers = field(&g, "consumers")
+                .and_then(|c| c.parse().ok())
+                .ok_or_else(odd)?;
             return Ok(Backlog {
+                kind: "redis-stream",
                 length,
                 pending,
                 undelivered: length > 0 && delivered != last_added,
+                consumers,
             });
         }
     }
     Ok(Backlog {
+        kind: "redis-stream",
         length,
         pending: 0,
         undelivered: length > 0,
+        consumers: 0,
     })
+}
+
+/// The stream as the service's [`OrderQueue`]: the backlog read on the request
+/// path's connection, the worker on a connection of its own.
+#[derive(Debug)]
+pub struct StreamQueue {
+    conn: ConnectionManager,
+    worker_conn: ConnectionManager,
+    config: WorkerConfig,
+    stats: Arc<WorkerStats>,
+}
+
+impl StreamQueue {
+    /// The queue on `conn`, its worker on `worker_conn` (it blocks in `XREADGROUP`,
+    /// so it must not share a connection with request handlers; give it a response
+    /// timeout above half a second). Creates the consumer group unless it exists.
+    pub async fn new(
+        mut conn: ConnectionManager,
+        worker_conn: ConnectionManager,
+        config: WorkerConfig,
+    ) -> Result<Self, redis::RedisError> {
+        ensure_group(&mut conn).await?;
+        Ok(Self {
+            conn,
+            worker_conn,
+            config,
+            stats: Arc::default(),
+        })
+    }
+}
+
+impl OrderQueue for StreamQueue {
+    fn script_sink(&self) -> ScriptSink {
+        ScriptSink::Stream
+    }
+
+    fn publish<'a>(&'a self, _order: &'a NewOrder) -> BoxFuture<'a, Result<(), QueueError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn backlog(&self) -> BoxFuture<'_, Result<Backlog, QueueError>> {
+        Box::pin(async move { Ok(backlog(&mut self.conn.clone()).await?) })
+    }
+
+    fn stats(&self) -> Arc<WorkerStats> {
+        self.stats.clone()
+    }
+
+    fn consume(
+        &self,
+        store: Arc<dyn Storage>,
+        shutdown: watch::Receiver<bool>,
+    ) -> BoxFuture<'static, ()> {
+        let worker = Worker {
+            conn: self.worker_conn.clone(),
+            store,
+            config: self.config.clone(),
+            stats: self.stats.clone(),
+        };
+        Box::pin(worker.run(shutdown))
+    }
 }
 
 /// One instance's worker; see the [module docs](self).
 #[derive(Debug)]
-pub struct Worker {
+struct Worker {
     conn: ConnectionManager,
-    store: OrderStore,
+    store: Arc<dyn Storage>,
     config: WorkerConfig,
     stats: Arc<WorkerStats>,
 }
 
 impl Worker {
-    /// A worker on its own connection `conn` (it blocks in `XREADGROUP`, so it must
-    /// not share a connection with request handlers; give it a response timeout above
-    /// half a second).
-    pub fn new(conn: ConnectionManager, store: OrderStore, config: WorkerConfig) -> Self {
-        Self {
-            conn,
-            store,
-            config,
-            stats: Arc::default(),
-        }
-    }
-
-    /// Its figures, shared with the running loop.
-    pub fn stats(&self) -> Arc<WorkerStats> {
-        self.stats.clone()
-    }
-
     /// Runs until `shutdown` turns true (finishing the batch in hand).
-    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+    async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         self.stats.running.store(true, Ordering::Relaxed);
         tracing::info!(consumer = %self.config.consumer, "stream worker started");
         let claim_every = (self.config.claim_idle / 2).max(Duration::from_millis(50));
@@ -357,26 +344,7 @@ impl Worker {
             }
         }
         let inserted = self.store.insert_batch(orders).await?;
-        for (order, holder) in &inserted.conflicting {
-            tracing::error!(
-                order_id = order.order_id,
-                voucher_id = order.voucher_id,
-                user_id = order.user_id,
-                entry = %order.stream_entry,
-                row_order_id = ?holder,
-                "anomaly: an accepted order conflicts with another row (same voucher and \
-                 user under another order id, or its id on another sale); not written"
-            );
-        }
-        self.stats
-            .anomalies
-            .fetch_add(inserted.conflicting.len() as u64, Ordering::Relaxed);
-        self.stats
-            .persisted
-            .fetch_add(inserted.new as u64, Ordering::Relaxed);
-        self.stats
-            .duplicates
-            .fetch_add(inserted.already_there as u64, Ordering::Relaxed);
+        self.stats.record(&inserted);
         let _: i64 = redis::cmd("XACK")
             .arg(STREAM)
             .arg(GROUP)

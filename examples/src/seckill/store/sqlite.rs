@@ -1,13 +1,12 @@
-//! The orders database: an embedded SQLite file shared by every instance on the machine.
+//! The embedded orders database: a SQLite file shared by every instance on the machine.
 //!
 //! Behavior:
 //! - Table `orders` (order_id primary key, voucher_id, user_id, created_ms,
-//!   stream_entry, persisted_ms) with a UNIQUE index on (voucher_id, user_id): the
-//!   seed's last safeguard for "one order per user", independent of Redis.
+//!   stream_entry, persisted_ms) with a UNIQUE index on (voucher_id, user_id).
 //! - Table `vouchers`: the system of record of vouchers. Ids come from its
 //!   `AUTOINCREMENT` key, so an id is never handed out twice, whatever happened to
 //!   Redis (which holds only a voucher's live stock and buyers).
-//! - Writes are idempotent: [`OrderStore::insert_batch`] uses `ON CONFLICT DO NOTHING`,
+//! - Writes are idempotent: [`SqliteStore::insert_batch`] uses `ON CONFLICT DO NOTHING`,
 //!   so a stream entry persisted twice (a worker that crashed between the commit and
 //!   its XACK, a re-delivered stream) never becomes a second row. An order that
 //!   conflicts with a different row (the same voucher and user under another order id,
@@ -22,15 +21,14 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use rusqlite::{Connection, OptionalExtension, params};
-use serde::Serialize;
 
-use super::voucher::format_ms;
+use super::{Inserted, MAX_LISTED, NewOrder, Order, Storage, StoreError};
+use crate::seckill::clock::{format_ms, now_ms};
 
 /// How long a write waits for another process's write transaction.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
-/// Most orders `GET /vouchers/{id}/orders` returns.
-pub const MAX_LISTED: i64 = 100_000;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS orders (
@@ -51,53 +49,13 @@ CREATE TABLE IF NOT EXISTS vouchers (
 );
 ";
 
-/// An order as the stream carries it and the database keeps it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NewOrder {
-    /// The order id (an [`OrderId`](lock_core::OrderId)'s raw value).
-    pub order_id: i64,
-    /// The voucher bought.
-    pub voucher_id: i64,
-    /// The buyer.
-    pub user_id: i64,
-    /// When the stock was taken, Unix milliseconds on the Redis server's clock.
-    pub created_ms: i64,
-    /// The stream entry id it came from.
-    pub stream_entry: String,
-}
-
-/// A persisted order, as the API shows it.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct Order {
-    /// The order id, as a string (64-bit ids do not fit a JavaScript number).
-    pub order_id: String,
-    /// The voucher bought.
-    pub voucher_id: i64,
-    /// The buyer.
-    pub user_id: i64,
-    /// When the stock was taken (RFC 3339, UTC).
-    pub created_at: String,
-}
-
-/// Result of [`OrderStore::insert_batch`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Inserted {
-    /// New rows.
-    pub new: usize,
-    /// Orders already in the table (a re-delivery): left as they were.
-    pub already_there: usize,
-    /// Orders refused by a different row: each with the order id of the row holding its
-    /// voucher and user (`None` if its order id is taken by another sale).
-    pub conflicting: Vec<(NewOrder, Option<i64>)>,
-}
-
 /// The SQLite orders database; cheap to clone (clones share the connection).
 #[derive(Debug, Clone)]
-pub struct OrderStore {
+pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
 }
 
-impl OrderStore {
+impl SqliteStore {
     /// Opens (creating if needed) the database at `path` and its schema.
     pub fn open(path: &Path) -> Result<Self, rusqlite::Error> {
         let conn = Connection::open(path)?;
@@ -234,11 +192,37 @@ impl OrderStore {
     }
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or_default()
+impl Storage for SqliteStore {
+    fn insert_batch(&self, orders: Vec<NewOrder>) -> BoxFuture<'_, Result<Inserted, StoreError>> {
+        Box::pin(async move { Ok(SqliteStore::insert_batch(self, orders).await?) })
+    }
+
+    fn create_voucher(
+        &self,
+        stock: i64,
+        begins_at_ms: Option<i64>,
+        ends_at_ms: Option<i64>,
+    ) -> BoxFuture<'_, Result<i64, StoreError>> {
+        Box::pin(async move {
+            Ok(SqliteStore::create_voucher(self, stock, begins_at_ms, ends_at_ms).await?)
+        })
+    }
+
+    fn has_voucher(&self, id: i64) -> BoxFuture<'_, Result<bool, StoreError>> {
+        Box::pin(async move { Ok(SqliteStore::has_voucher(self, id).await?) })
+    }
+
+    fn order(&self, order_id: i64) -> BoxFuture<'_, Result<Option<Order>, StoreError>> {
+        Box::pin(async move { Ok(SqliteStore::order(self, order_id).await?) })
+    }
+
+    fn voucher_orders(&self, voucher_id: i64) -> BoxFuture<'_, Result<Vec<Order>, StoreError>> {
+        Box::pin(async move { Ok(SqliteStore::voucher_orders(self, voucher_id).await?) })
+    }
+
+    fn count(&self) -> BoxFuture<'_, Result<i64, StoreError>> {
+        Box::pin(async move { Ok(SqliteStore::count(self).await?) })
+    }
 }
 
 fn row_to_order(r: &rusqlite::Row<'_>) -> Result<Order, rusqlite::Error> {
@@ -264,14 +248,14 @@ mod tests {
         }
     }
 
-    /// Issue 14b, item 2: the worker acknowledges a batch once `insert_batch` returns,
-    /// so the commit must be durable by then: `synchronous` is FULL (2) or EXTRA (3) on
-    /// the store's own connection (it was NORMAL, 1).
+    /// The worker acknowledges a batch once `insert_batch` returns, so the commit must
+    /// be durable by then: `synchronous` is FULL (2) or EXTRA (3) on the store's own
+    /// connection.
     #[test]
     fn commits_are_synced_before_they_return() {
         let dir = std::env::temp_dir().join(format!("seckill-sync-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let store = OrderStore::open(&dir.join("orders.db")).unwrap();
+        let store = SqliteStore::open(&dir.join("orders.db")).unwrap();
         let conn = store.conn.lock().unwrap();
         let journal: String = conn
             .pragma_query_value(None, "journal_mode", |r| r.get(0))
@@ -292,7 +276,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("orders.db");
         let _ = std::fs::remove_file(&path);
-        let store = OrderStore::open(&path).unwrap();
+        let store = SqliteStore::open(&path).unwrap();
         let first = store
             .insert_batch(vec![order(10, 1), order(11, 2)])
             .await
