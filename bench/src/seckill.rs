@@ -34,7 +34,8 @@ use crate::measure::{BoxError, Timing, median, round_order};
 const OURS: usize = 0;
 const UNBATCHED: usize = 1;
 const FLOOR: usize = 2;
-const NAMES: [&str; 5] = [
+/// The configurations each round measures (the time estimate counts them).
+pub const NAMES: [&str; 5] = [
     "ours",
     "ours_unbatched",
     "floor",
