@@ -91,8 +91,9 @@ fn rfc3339_ms(s: &str) -> Result<i64, Problem> {
         .map_err(|_| Problem::bad_request("invalid-voucher", format!("{s:?} is out of range")))
 }
 
-/// Creates a voucher: its record and id in the database (never an id handed out before, even
-/// after Redis lost everything), then its stock in Redis; returns its id.
+/// Creates a voucher: its record and id in the database first, whose ids never repeat,
+/// so a Redis that lost its data cannot hand out an old voucher's id again; then its
+/// stock in Redis. Returns its id.
 pub(crate) async fn create(app: &App, spec: &VoucherSpec) -> Result<i64, Problem> {
     let id = app
         .store

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use lock_examples::seckill::instances::Instance;
 use lock_examples::seckill::load::{self, Http, LoadConfig};
-use lock_examples::seckill::store::{self, MySqlStore, NewOrder, Storage};
+use lock_examples::seckill::store::{self, Inserted, MySqlStore, NewOrder, SqliteStore, Storage};
 use lock_tests::{MariaDbServer, RabbitMqServer, RedisServer};
 
 use super::support::{Dir, one_sale_at_a_time, persistent_redis, server_bin};
@@ -118,21 +118,29 @@ fn order(order_id: i64, user_id: i64) -> NewOrder {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mysql_inserts_are_idempotent_and_one_per_user() {
-    let server = MariaDbServer::start_with_args(DURABLE);
-    let store = MySqlStore::connect(&server.url()).await.unwrap();
+/// What every `Storage` promises the worker: a re-delivered order is found, not
+/// written twice; a second order of one user on one voucher is an anomaly; voucher ids
+/// only grow.
+async fn inserts_are_idempotent_and_one_per_user(store: &dyn Storage) {
     let first = store
         .insert_batch(vec![order(10, 1), order(11, 2)])
         .await
         .unwrap();
-    assert_eq!((first.new, first.already_there), (2, 0));
+    assert_eq!(
+        first,
+        Inserted {
+            new: 2,
+            ..Inserted::default()
+        }
+    );
     // The same orders again (a re-delivery), and another order for user 1.
     let again = store
         .insert_batch(vec![order(10, 1), order(11, 2), order(12, 1), order(13, 3)])
         .await
         .unwrap();
     assert_eq!((again.new, again.already_there), (1, 2));
+    // Order 12 is user 1's second order (row 10 holds the voucher and user): an
+    // anomaly, not a re-delivery.
     assert_eq!(again.conflicting, [(order(12, 1), Some(10))]);
     // Order id 11 on another user's sale.
     let reused = store.insert_batch(vec![order(11, 4)]).await.unwrap();
@@ -157,6 +165,20 @@ async fn mysql_inserts_are_idempotent_and_one_per_user() {
     );
     assert!(v2 > v1 && store.has_voucher(v2).await.unwrap());
     assert!(!store.has_voucher(v2 + 1).await.unwrap());
+}
+
+#[tokio::test]
+async fn sqlite_inserts_are_idempotent_and_one_per_user() {
+    let dir = Dir::new("storage-contract");
+    let store = SqliteStore::open(&dir.db()).unwrap();
+    inserts_are_idempotent_and_one_per_user(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_inserts_are_idempotent_and_one_per_user() {
+    let server = MariaDbServer::start_with_args(DURABLE);
+    let store = MySqlStore::connect(&server.url()).await.unwrap();
+    inserts_are_idempotent_and_one_per_user(&store).await;
 }
 
 /// With `innodb_flush_log_at_trx_commit=0` a crash of the server loses the last
