@@ -83,15 +83,11 @@ impl Client {
     ) -> Result<Self, LockError> {
         config.validate()?;
         let t = config.command_timeout;
-        let mut manager = tokio::time::timeout(
+        let mut manager = connect_within(
             t,
             ConnectionManager::new_with_config(client.clone(), manager_config(t, 2)),
         )
-        .await
-        .map_err(|_| LockError::RedisTimeout {
-            op: "connect",
-            after: t,
-        })??;
+        .await?;
         version::require_supported(&mut manager, t).await?;
         Self::over_connection(manager, Some(client), config)
     }
@@ -151,12 +147,7 @@ impl Client {
             // what the cluster refused without running (see `store::deployment`).
             .retries(0)
             .build()?;
-        let mut conn = tokio::time::timeout(t, cluster.get_async_connection())
-            .await
-            .map_err(|_| LockError::RedisTimeout {
-                op: "connect",
-                after: t,
-            })??;
+        let mut conn = connect_within(t, cluster.get_async_connection()).await?;
         version::require_supported(&mut conn, t).await?;
         let pubsub = infos
             .into_iter()
@@ -264,6 +255,20 @@ pub(crate) fn in_span<F: std::future::Future>(
         Either::Left(fut)
     } else {
         Either::Right(tracing::Instrument::instrument(fut, span))
+    }
+}
+
+/// A connection attempt bounded by the command timeout `t`.
+async fn connect_within<C>(
+    t: Duration,
+    connect: impl std::future::Future<Output = redis::RedisResult<C>>,
+) -> Result<C, LockError> {
+    match tokio::time::timeout(t, connect).await {
+        Ok(conn) => Ok(conn?),
+        Err(_) => Err(LockError::RedisTimeout {
+            op: "connect",
+            after: t,
+        }),
     }
 }
 

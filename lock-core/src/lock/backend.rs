@@ -35,7 +35,7 @@ impl RedisBackend {
         &self.client
     }
 
-    /// Where a waiter for the lock listens: the hub and the lock's release channel.
+    /// The hub a waiter for a lock listens on (for the lock's release channel).
     pub(crate) fn hub(&self) -> &Hub {
         self.client.hub()
     }
