@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::eventually;
 use lock_core::{LockClient, LockConfig, LockOptions};
 use lock_tests::{FailoverMode, RedisCluster};
 use redis::AsyncCommands;
@@ -21,21 +22,6 @@ async fn client(cluster: &RedisCluster, config: LockConfig) -> LockClient {
     LockClient::open_cluster(cluster.master_urls(), config)
         .await
         .expect("cluster client")
-}
-
-async fn poll_until<F, Fut>(what: &str, within: Duration, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    while !cond().await {
-        assert!(
-            Instant::now() < deadline,
-            "{what} did not happen within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 const KEYS: usize = 6;
@@ -84,9 +70,9 @@ async fn two_processes_keep_mutual_exclusion_through_a_failover() {
         }
         total
     };
-    poll_until(
-        "200 increments before the failover",
+    eventually(
         Duration::from_secs(60),
+        "200 increments before the failover",
         || {
             let f = total(data.clone());
             async move { f.await >= 200 }

@@ -2,9 +2,13 @@
 //! while masters die, the quorum error, a paused master, validity, lost quorum,
 //! reentrancy and release results.
 
+#[path = "../common/mod.rs"]
+mod common;
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::eventually;
 use lock_core::{Lease, LockConfig, LockOptions, LockScope, Redlock, Released};
 use lock_tests::{RedisMasters, RedisServer};
 use redis::AsyncCommands;
@@ -42,21 +46,6 @@ async fn lock_hashes(server: &RedisServer) -> Vec<String> {
         .collect()
 }
 
-async fn poll_until<F, Fut>(what: &str, within: Duration, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    while !cond().await {
-        assert!(
-            Instant::now() < deadline,
-            "{what} did not happen within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// Two worker processes x 8 tasks count under a Redlock over 5 masters; 2 masters are
 /// SIGKILLed mid-run. Every increment must survive; then a third master dies and
 /// acquisition fails with the quorum error within the wait budget; after restarting
@@ -86,9 +75,9 @@ async fn two_processes_keep_mutual_exclusion_while_two_of_five_masters_die() {
 
     // Kill two masters once the run is well under way.
     let mut conn = data.connection().await;
-    poll_until(
-        "100 increments before the kill",
+    eventually(
         Duration::from_secs(60),
+        "100 increments before the kill",
         || {
             let mut conn = conn.clone();
             async move {
@@ -181,18 +170,18 @@ async fn two_processes_keep_mutual_exclusion_while_two_of_five_masters_die() {
         nodes[i].restart();
     }
     for (i, node) in nodes.iter().enumerate() {
-        poll_until(
-            &format!("node {i} free of lock hashes"),
+        eventually(
             Duration::from_secs(5),
+            &format!("node {i} free of lock hashes"),
             || async { lock_hashes(node).await.is_empty() },
         )
         .await;
     }
     // And the Redlock works again with all five (each restarted node's connection is
     // re-established by the first call that finds it broken).
-    poll_until(
-        "a grant by all five masters",
+    eventually(
         Duration::from_secs(5),
+        "a grant by all five masters",
         || async {
             match redlock.try_lock("quorum-gone").await {
                 Ok(guard) => {
@@ -311,10 +300,10 @@ async fn a_slow_node_shortens_validity_and_an_overlong_grant_is_refused() {
     // The paused node never answered; once it runs again it executes the queued
     // acquisitions, and the undo requests queued behind them free the lock there too.
     nodes[4].resume();
-    poll_until(
-        "the node that did not answer to give its copies back",
+    eventually(
         // Well inside the 1 s lease of the copy it granted on resuming.
         Duration::from_millis(500),
+        "the node that did not answer to give its copies back",
         || async { lock_hashes(&nodes[4]).await.is_empty() },
     )
     .await;
@@ -422,7 +411,7 @@ async fn dropped_guard_releases_every_copy() {
     taken.release().await.unwrap();
     // ...and every copy of the dropped guard was given back, none left to its lease.
     for node in nodes.iter() {
-        poll_until("every copy given back", Duration::from_secs(1), || async {
+        eventually(Duration::from_secs(1), "every copy given back", || async {
             lock_hashes(node).await.is_empty()
         })
         .await;
