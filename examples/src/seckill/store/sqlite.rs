@@ -55,14 +55,36 @@ pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
 }
 
+/// The store's settings and schema on `conn`; every step is safe to repeat.
+fn set_up(conn: &Connection) -> Result<(), rusqlite::Error> {
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.execute_batch(SCHEMA)
+}
+
 impl SqliteStore {
     /// Opens (creating if needed) the database at `path` and its schema.
     pub fn open(path: &Path) -> Result<Self, rusqlite::Error> {
         let conn = Connection::open(path)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "FULL")?;
-        conn.execute_batch(SCHEMA)?;
+        // Another instance setting up the same fresh file can make the switch to WAL
+        // answer "locked" at once, without the busy handler: tried again, within the
+        // busy timeout.
+        let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+        loop {
+            match set_up(&conn) {
+                Ok(()) => break,
+                Err(rusqlite::Error::SqliteFailure(e, _))
+                    if matches!(
+                        e.code,
+                        rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                    ) && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => return Err(e),
+            }
+        }
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
         })
@@ -237,6 +259,31 @@ fn row_to_order(r: &rusqlite::Row<'_>) -> Result<Order, rusqlite::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two instances start at once on a fresh file: both open it (switching a new
+    /// database to WAL can answer "locked" without waiting on the busy timeout).
+    #[test]
+    fn instances_opening_one_fresh_file_at_once_all_succeed() {
+        let dir = std::env::temp_dir().join(format!("seckill-open-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for round in 0..30 {
+            let path = dir.join(format!("orders-{round}.db"));
+            let barrier = Arc::new(std::sync::Barrier::new(4));
+            let openers: Vec<_> = (0..4)
+                .map(|_| {
+                    let (path, barrier) = (path.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        SqliteStore::open(&path).map(drop)
+                    })
+                })
+                .collect();
+            for o in openers {
+                o.join().unwrap().unwrap();
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     /// The worker acknowledges a batch once `insert_batch` returns, so the commit must
     /// be durable by then: `synchronous` is FULL (2) or EXTRA (3) on the store's own
