@@ -73,6 +73,7 @@
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+pub mod backends;
 mod classify;
 mod client;
 mod error;
@@ -112,9 +113,11 @@ pub use owner::{ClientId, FencingToken, LockScope};
 pub use rate::{Decision, LimitRule, RateLimit, RateLimiter, RuleDecision, RuleLimiter};
 pub use redlock::{DEFAULT_NODE_TIMEOUT, Redlock, RedlockGuard};
 pub use semaphore::{MAX_PERMITS_PER_ACQUIRE, Permits, Semaphore, SemaphoreOptions};
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "zookeeper"))]
+pub use stores::StoreGuard;
 #[cfg(feature = "zookeeper")]
 pub use stores::ZkLocks;
-pub use stores::{AnyGuard, AnyLocks, MemoryLocks, StoreGuard};
+pub use stores::{AnyGuard, AnyLocks, MemoryGuard, MemoryLocks};
 #[cfg(feature = "mysql")]
 pub use stores::{MYSQL_FENCE_TABLE, MysqlLocks};
 #[cfg(feature = "postgres")]

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use crate::client::store::key::LockName;
 use crate::error::LockError;
-use crate::lock::LockOptions;
-use crate::lock::Released;
+use crate::lock::seam::Backend;
+use crate::lock::{LockGuard, LockOptions, Released};
 use crate::owner::FencingToken;
 
 /// A store of distributed locks.
@@ -104,7 +104,7 @@ macro_rules! distributed_lock {
 distributed_lock! {
     crate::LockClient => crate::LockGuard,
     crate::Redlock => crate::RedlockGuard,
-    crate::MemoryLocks => crate::StoreGuard,
+    crate::MemoryLocks => crate::MemoryGuard,
     #[cfg(feature = "postgres")]
     crate::PostgresLocks => crate::StoreGuard,
     #[cfg(feature = "mysql")]
@@ -116,7 +116,8 @@ distributed_lock! {
 /// `HeldLock` for guards with the same inherent methods; `fence` says how the guard's
 /// own token fetch maps to the trait's.
 macro_rules! held_lock {
-    ($($guard:ty => fence(|$g:ident| $fence:expr)),* $(,)?) => {$(
+    ($($(#[$cfg:meta])* $guard:ty => fence(|$g:ident| $fence:expr)),* $(,)?) => {$(
+        $(#[$cfg])*
         impl HeldLock for $guard {
             fn name(&self) -> &str {
                 <$guard>::name(self)
@@ -147,9 +148,36 @@ macro_rules! held_lock {
     )*};
 }
 
+impl<B: Backend> HeldLock for LockGuard<B> {
+    fn name(&self) -> &str {
+        LockGuard::name(self)
+    }
+    fn is_held(&self) -> bool {
+        LockGuard::is_held(self)
+    }
+    fn valid_for(&self) -> Duration {
+        LockGuard::valid_for(self)
+    }
+    fn token(&self) -> Option<FencingToken> {
+        LockGuard::fencing_token(self)
+    }
+    async fn fence(&self) -> Result<Option<FencingToken>, LockError> {
+        LockGuard::fence(self).await.map(Some)
+    }
+    fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        LockGuard::lost(self)
+    }
+    fn release(self) -> impl Future<Output = Result<Released, LockError>> + Send {
+        LockGuard::release(self)
+    }
+    fn hold_until_expiry(self) {
+        LockGuard::hold_until_expiry(self)
+    }
+}
+
 held_lock! {
-    crate::LockGuard => fence(|g| g.fence().await.map(Some)),
     crate::RedlockGuard => fence(|g| g.fence().await),
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "zookeeper"))]
     crate::StoreGuard => fence(|g| Ok(g.fencing_token())),
 }
 

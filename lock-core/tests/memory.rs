@@ -4,8 +4,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_core::{
-    DistributedLock, Lease, LockConfig, LockError, LockOptions, LockScope, MemoryLocks, Released,
-    StoreGuard,
+    DistributedLock, Lease, LockConfig, LockError, LockOptions, LockScope, MemoryGuard,
+    MemoryLocks, Released,
 };
 use tokio::time::Instant;
 
@@ -194,7 +194,7 @@ async fn model_no_two_grants_believe_they_hold_one_name() {
         .unwrap_or_else(|| fastrand::u64(..));
     println!("MODEL_SEED={seed}");
     let locks = MemoryLocks::with_config(LockConfig::new().with_watchdog_lease(MS(150)));
-    type Held = Arc<Mutex<Vec<StoreGuard>>>;
+    type Held = Arc<Mutex<Vec<MemoryGuard>>>;
     let all: Vec<Held> = (0..8).map(|_| Held::default()).collect();
     let scopes = [LockScope::new(), LockScope::new()];
     let names = ["a", "b", "c"];
@@ -244,10 +244,15 @@ async fn model_no_two_grants_believe_they_hold_one_name() {
                         }
                     }
                     4 => {
-                        let mut h = held.lock().unwrap();
-                        let n = h.len();
-                        if n > 0 {
-                            let again = h[rng.usize(0..n)].reenter();
+                        let g = {
+                            let mut h = held.lock().unwrap();
+                            let n = h.len();
+                            (n > 0).then(|| h.swap_remove(rng.usize(0..n)))
+                        };
+                        if let Some(g) = g {
+                            let again = g.reenter().await;
+                            let mut h = held.lock().unwrap();
+                            h.push(g);
                             if let Ok(again) = again {
                                 h.push(again);
                             }

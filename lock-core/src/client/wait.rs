@@ -14,6 +14,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use tokio::time::Instant as Clock;
+
 use futures_util::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -55,7 +57,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct Subscription {
     channel: String,
     notify: Arc<Notify>,
-    waiters: Waiters,
+    /// `None`: a wake-up of the store's own, not a hub's channel.
+    waiters: Option<Waiters>,
     commands: Option<mpsc::UnboundedSender<Command>>,
 }
 
@@ -67,7 +70,10 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        let mut map = lock(&self.waiters);
+        let Some(waiters) = &self.waiters else {
+            return;
+        };
+        let mut map = lock(waiters);
         if let Some(entry) = map.get_mut(&self.channel) {
             entry.0 -= 1;
             if entry.0 == 0 {
@@ -136,7 +142,7 @@ impl Hub {
         let sub = Subscription {
             channel: channel.to_owned(),
             notify,
-            waiters: self.waiters.clone(),
+            waiters: Some(self.waiters.clone()),
             commands: commands.clone(),
         };
         let (ack, done) = oneshot::channel();
@@ -302,6 +308,14 @@ async fn next_message(conn: &mut Option<(PubSubSink, PubSubStream)>) -> Option<r
     }
 }
 
+/// Where a waiter learns that the state changed.
+pub(crate) enum Listen<'h> {
+    /// A hub's channel (a Redis release channel).
+    Hub(&'h Hub, &'h str),
+    /// A wake-up the store fires itself (the memory store's releases).
+    Local(Arc<Notify>),
+}
+
 /// What one attempt of a waiter found.
 pub(crate) enum Turn<T> {
     /// Finished: hand this to the caller.
@@ -321,18 +335,19 @@ pub(crate) enum Turn<T> {
 /// whether a subscription is active (a waiter woken by one message can pass the turn on
 /// with [`Hub::notify_local`]). Returns the last hint when the deadline passes.
 ///
-/// `listen` names the hub and channel to subscribe to after the first miss (asked only
-/// then; a Redlock picks a node that answered); `None` means backoff only.
+/// `listen` names where to listen after the first miss (asked only then; a Redlock
+/// picks a node that answered); `None` means backoff only. Time is tokio's clock, so a
+/// store that follows it (memory) waits on a paused clock as on a real one.
 pub(crate) async fn wait_for_turn<'h, T, F, Fut, L>(
     backoff: &Backoff,
     listen: L,
-    deadline: Instant,
+    deadline: Clock,
     mut attempt: F,
 ) -> Result<Result<T, Duration>, crate::LockError>
 where
     F: FnMut(bool) -> Fut,
     Fut: std::future::Future<Output = Result<Turn<T>, crate::LockError>>,
-    L: Fn() -> Option<(&'h Hub, &'h str)>,
+    L: Fn() -> Option<Listen<'h>>,
 {
     let mut asked = false;
     let mut subscription: Option<Subscription> = None;
@@ -347,16 +362,28 @@ where
             Turn::Done(t) => return Ok(Ok(t)),
             Turn::Retry(hint) => hint,
         };
-        let now = Instant::now();
+        let now = Clock::now();
         if now >= deadline {
             return Ok(Err(hint));
         }
         if !asked {
             asked = true;
-            if let Some((hub, channel)) = listen() {
-                tracing::trace!(channel, "waiting for a release message");
-                subscription = Some(hub.subscribe(channel, deadline - now).await);
-                continue;
+            match listen() {
+                Some(Listen::Hub(hub, channel)) => {
+                    tracing::trace!(channel, "waiting for a release message");
+                    subscription = Some(hub.subscribe(channel, deadline - now).await);
+                    continue;
+                }
+                Some(Listen::Local(notify)) => {
+                    subscription = Some(Subscription {
+                        channel: String::new(),
+                        notify,
+                        waiters: None,
+                        commands: None,
+                    });
+                    continue;
+                }
+                None => {}
             }
         }
         let pause = backoff

@@ -10,6 +10,7 @@ use std::time::Duration;
 use redis::IntoConnectionInfo;
 use redis::aio::ConnectionManager;
 
+use crate::backends::RedisBackend;
 use crate::client::config::LockConfig;
 use crate::client::store::key::{LockKeys, LockName};
 use crate::client::{Client, in_span};
@@ -42,13 +43,13 @@ use crate::owner::ClientId;
 /// ```
 #[derive(Clone)]
 pub struct LockClient {
-    pub(crate) inner: Arc<Core>,
+    pub(crate) inner: Arc<Core<RedisBackend>>,
 }
 
 impl std::fmt::Debug for LockClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockClient")
-            .field("id", &self.inner.client().id())
+            .field("id", &self.inner.backend.client().id())
             .field("namespace", &self.inner.config().namespace)
             .field("held", &self.inner.registry.len())
             .finish_non_exhaustive()
@@ -169,18 +170,18 @@ impl LockClient {
 
     fn over(client: Client) -> Self {
         Self {
-            inner: Arc::new(Core::new(client)),
+            inner: Arc::new(Core::new(RedisBackend::new(client))),
         }
     }
 
     /// The connection, hub, id and configuration this client's capabilities share.
     pub(crate) fn client(&self) -> &Client {
-        self.inner.client()
+        self.inner.backend.client()
     }
 
     /// This client's random id (part of every owner id it uses).
     pub fn id(&self) -> ClientId {
-        self.inner.client().id()
+        self.inner.backend.client().id()
     }
 
     /// The configuration in force.
@@ -190,7 +191,7 @@ impl LockClient {
 
     /// The Redis keys and channel of the lock `name` (for inspection and tooling).
     pub fn keys<N: LockName>(&self, name: N) -> Result<LockKeys, LockError> {
-        self.inner.client().lock_keys(&name)
+        self.inner.backend.client().lock_keys(&name)
     }
 
     /// Number of locks this client holds or is acquiring right now.
@@ -202,7 +203,7 @@ impl LockClient {
     /// and completions) waiting behind a call in flight to go in the next batch; 0 with
     /// batching off. See [`LockConfig::with_batching`].
     pub fn queued_calls(&self) -> usize {
-        self.inner.client().conn().queued_calls()
+        self.inner.backend.client().conn().queued_calls()
     }
 
     /// Takes the lock if it is free (or re-enters it); fails with

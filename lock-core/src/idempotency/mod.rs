@@ -17,7 +17,7 @@ use crate::client::config::{MAX_LEASE, check_lease};
 use crate::client::store::batch::{Entry, Turn as BatchTurn};
 use crate::client::store::key::LockName;
 use crate::client::store::scripts::IDEMPOTENCY_BEGIN;
-use crate::client::wait::{Turn, wait_for_turn};
+use crate::client::wait::{Listen, Turn, wait_for_turn};
 use crate::client::{Client, in_span};
 use crate::error::LockError;
 use crate::metrics::{self, IdempotencyOutcome};
@@ -211,11 +211,11 @@ impl IdempotencyStore {
         let started = Instant::now();
         let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
         let keys = &keys;
-        let listen = || Some((inner.hub(), keys.channel.as_str()));
+        let listen = || Some(Listen::Hub(inner.hub(), keys.channel.as_str()));
         let turn = wait_for_turn(
             &inner.config().backoff,
             listen,
-            deadline,
+            deadline.into(),
             |subscribed| async move {
                 Ok(match self.attempt(keys, fingerprint, lease).await? {
                     Begin::InFlight { retry_after } => Turn::Retry(retry_after),

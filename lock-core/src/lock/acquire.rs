@@ -1,45 +1,47 @@
-//! The acquisition protocol: re-enter locally, or take a fresh grant in Redis (waiting
-//! for a release when busy), and undo a grant whose outcome is unknown.
+//! The acquisition protocol: re-enter locally, or take a fresh grant in the store
+//! (waiting for a release when busy), and give back a grant that came too late.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::runtime::Handle;
+use tokio::time::Instant;
 
 use super::Request;
 use super::core::Core;
 use super::guard::LockGuard;
 use super::registry::{Enter, Grant};
+use super::seam::{Backend, Taken, Validity};
 use crate::client::cleanup::OnDrop;
 use crate::client::config::{MAX_LEASE, drift};
-use crate::client::store::scripts::AcquireReply;
 use crate::client::wait::{Turn, wait_for_turn};
 use crate::error::LockError;
 use crate::metrics::{self, Acquired};
+use crate::owner::FencingToken;
 
 /// What a granted attempt brings back.
-struct Granted {
-    value: String,
+struct Granted<G> {
+    grant: G,
     seq: u64,
     /// Taken with the grant (a fenced request, or a grant through the script).
-    token: Option<u64>,
-    valid_until: Instant,
+    token: Option<FencingToken>,
+    valid: Validity,
 }
 
-impl Core {
+impl<B: Backend> Core<B> {
     /// Takes the lock for `req`, waiting up to `wait`, and counts the outcome once (a
     /// part of a composite lock is counted by the composite instead).
     pub(crate) async fn acquire(
         self: &Arc<Self>,
         req: &Request,
         wait: Duration,
-    ) -> Result<LockGuard, LockError> {
+    ) -> Result<LockGuard<B>, LockError> {
         let started = Instant::now();
         let mut reentered = false;
         let result = self.enter_or_take(req, wait, started, &mut reentered).await;
         if req.part_of.is_none() {
             let outcome = Acquired::of(&result, reentered);
-            metrics::acquired(self.client().kind(), outcome, started.elapsed());
+            metrics::acquired(self.backend.kind(), outcome, started.elapsed());
         }
         result
     }
@@ -51,7 +53,7 @@ impl Core {
         wait: Duration,
         started: Instant,
         reentered: &mut bool,
-    ) -> Result<LockGuard, LockError> {
+    ) -> Result<LockGuard<B>, LockError> {
         if Handle::try_current().is_err() {
             return Err(LockError::InvalidConfig(
                 "locks must be taken inside a tokio runtime".into(),
@@ -74,51 +76,47 @@ impl Core {
                     } else {
                         deadline
                     };
-                    if tokio::time::timeout_at(until.into(), ready).await.is_err() {
+                    if tokio::time::timeout_at(until, ready).await.is_err() {
                         return Err(self.miss(req, wait, started, Duration::ZERO));
                     }
                 }
             }
         };
-        let linger = if wait.is_zero() {
-            0
-        } else {
-            // The waiter marker outlives the holder's lease by the longest sleep
-            // between two attempts, so a waiter is always marked while it waits.
-            (self.config().backoff.max + self.config().command_timeout).as_millis() as u64
-        };
+        let waits = !wait.is_zero();
         // Built only if the lock is busy: an uncontended acquisition never listens.
         let channel = std::sync::OnceLock::new();
         let listen = || {
-            Some((
-                self.backend.hub(),
-                channel.get_or_init(|| req.keys.channel()).as_str(),
-            ))
+            let channel = channel.get_or_init(|| self.backend.channel(&req.keys));
+            self.backend.listen(&req.keys, channel)
         };
         let turn = wait_for_turn(&self.config().backoff, listen, deadline, |_| {
-            self.attempt(req, linger)
+            self.attempt(req, waits)
         })
         .await?;
         match turn {
             Ok(g) => {
+                let valid = match g.valid {
+                    Validity::Until(until) => (until, None),
+                    Validity::Kept => (Instant::now(), Some(self.config().watchdog_lease())),
+                };
                 let grant = Arc::new(Grant::new(
                     req.keys.clone(),
                     scope,
-                    g.value,
-                    g.token.map(|t| self.token(g.seq, t)),
+                    g.grant,
+                    g.token,
                     g.seq,
-                    g.valid_until,
-                    req.part_of.unwrap_or(self.client().kind()),
+                    valid,
+                    req.part_of.unwrap_or(self.backend.kind()),
                     req.part_of.is_none(),
                 ));
-                if req.watchdog {
+                if req.watchdog && grant.kept.is_none() {
                     let mut st = grant.state();
                     st.watched = 1;
                     st.next_renewal = Some(Instant::now() + self.config().watchdog_period());
                     st.renew_until = req.max_hold.and_then(|m| Instant::now().checked_add(m));
                 }
                 ticket.fulfil(grant.clone());
-                self.watchdog.schedule(&grant);
+                self.schedule(&grant);
                 tracing::debug!(lock = %req.keys.name, token = ?g.token, waited = ?started.elapsed(), "lock granted");
                 Ok(LockGuard::new(self.clone(), grant, req.watchdog))
             }
@@ -147,50 +145,60 @@ impl Core {
         }
     }
 
-    /// One acquisition attempt with a fresh grant value (see [`RedisBackend::take`](super::backend::RedisBackend::take)).
+    /// One acquisition attempt, as a fresh grant number.
     async fn attempt(
         self: &Arc<Self>,
         req: &Request,
-        linger: u64,
-    ) -> Result<Turn<Granted>, LockError> {
-        let (value, seq) = self.next_grant(&req.scope);
-        let lease = req.lease;
-        let sent = Instant::now();
-        match self.backend.take(req, &value, linger).await? {
-            AcquireReply::Granted { token } => {
-                let valid_until = sent + lease - drift(lease);
-                if Instant::now() >= valid_until {
+        waits: bool,
+    ) -> Result<Turn<Granted<B::Grant>>, LockError> {
+        let seq = self.next_seq();
+        match self.backend.take(req, seq, waits).await? {
+            Taken::Granted {
+                grant,
+                token,
+                valid,
+            } => {
+                if matches!(valid, Validity::Until(until) if Instant::now() >= until) {
                     // The reply came after the lease it granted: nothing of it can be
                     // relied on, so give it back now rather than block everyone.
                     tracing::warn!(lock = %req.keys.name, "grant arrived with no validity left; given back");
-                    let undo = OnDrop::new(|| {
-                        self.backend.give_back_in_background(&req.keys, &value);
-                    });
-                    let result = self.backend.give_back(&req.keys, &value).await;
+                    let undo = OnDrop::new(|| self.give_back_in_background(req, &grant));
+                    let result = self.backend.give_back(&req.keys, &grant).await;
                     undo.disarm();
-                    result?;
+                    // Lost in the meantime or not, it is not ours any more.
+                    let _ = result?;
                     return Ok(Turn::Retry(Duration::ZERO));
                 }
                 Ok(Turn::Done(Granted {
-                    value,
+                    grant,
                     seq,
                     token,
-                    valid_until,
+                    valid,
                 }))
             }
-            AcquireReply::Busy { pttl_ms } => Ok(Turn::Retry(Duration::from_millis(pttl_ms))),
+            Taken::Busy { retry_after } => Ok(Turn::Retry(retry_after)),
         }
+    }
+
+    /// Gives back a grant nobody holds (an interrupted undo) in the background.
+    fn give_back_in_background(self: &Arc<Self>, req: &Request, grant: &B::Grant) {
+        let (core, keys, grant) = (self.clone(), req.keys.clone(), grant.clone());
+        crate::client::cleanup::spawn("undoing a late grant", keys.name.clone(), async move {
+            core.backend.give_back(&keys, &grant).await.map(|_| ())
+        });
     }
 
     /// The scope already holds the grant: one more hold, and a longer lease if this
     /// hold asks for more than the grant has left.
     async fn reentered(
         self: &Arc<Self>,
-        grant: Arc<Grant>,
+        grant: Arc<Grant<B>>,
         req: &Request,
-    ) -> Result<LockGuard, LockError> {
+    ) -> Result<LockGuard<B>, LockError> {
         let guard = LockGuard::new(self.clone(), grant.clone(), req.watchdog);
-        if req.watchdog {
+        if grant.kept.is_some() {
+            // The store keeps it while held: no lease to renew or lengthen.
+        } else if req.watchdog {
             let mut st = grant.state();
             if st.next_renewal.is_none() {
                 // The first watched hold of a fixed-lease grant: renew from now on.
@@ -198,7 +206,7 @@ impl Core {
                 st.renew_until = req.max_hold.and_then(|m| Instant::now().checked_add(m));
             }
             drop(st);
-            self.watchdog.schedule(&grant);
+            self.schedule(&grant);
         } else {
             let needed = Instant::now() + req.lease - drift(req.lease);
             let short = grant.state().valid_until < needed;

@@ -2,13 +2,16 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::Request;
 use super::core::Core;
 use super::registry::{Grant, Plan};
+use super::seam::Backend;
+use crate::backends::RedisBackend;
 use crate::client::config::check_lease;
 use crate::error::LockError;
 use crate::metrics::ReleaseOutcome;
@@ -19,17 +22,19 @@ use crate::owner::LockScope;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Released {
-    /// The lock is free: deleted in Redis, and waiters were told.
+    /// The lock is free: given back to the store, and waiters were told.
     Unlocked,
     /// This was a re-entered hold; the owner still holds the lock `holds_left` times
-    /// (counted by this client: nothing was sent to Redis).
+    /// (counted by this client: nothing was sent to the store).
     StillHeld {
         /// Holds of the same owner that remain.
         holds_left: u32,
     },
 }
 
-/// A held lock.
+/// A held lock, on any store: `LockGuard` (on Redis, from a
+/// [`LockClient`](crate::LockClient)) or `LockGuard<B>` for the store `B`
+/// ([`MemoryGuard`](crate::MemoryGuard) for [`MemoryLocks`](crate::MemoryLocks)).
 ///
 /// Behavior:
 /// - [`release`](Self::release) says what happened: [`Released::Unlocked`],
@@ -47,16 +52,16 @@ pub enum Released {
 ///   of this lock. Hand it to the resource you write so it can refuse stale holders
 ///   ([`LockClient::fenced_write`](crate::LockClient::fenced_write)).
 #[must_use = "dropping a LockGuard releases the lock at once"]
-pub struct LockGuard {
-    core: Arc<Core>,
-    grant: Arc<Grant>,
+pub struct LockGuard<B: Backend = RedisBackend> {
+    core: Arc<Core<B>>,
+    grant: Arc<Grant<B>>,
     /// This hold asked for the watchdog lease.
     watched: bool,
     lost: watch::Receiver<bool>,
     done: bool,
 }
 
-impl std::fmt::Debug for LockGuard {
+impl<B: Backend> std::fmt::Debug for LockGuard<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockGuard")
             .field("lock", &self.grant.keys.name)
@@ -66,8 +71,8 @@ impl std::fmt::Debug for LockGuard {
     }
 }
 
-impl LockGuard {
-    pub(crate) fn new(core: Arc<Core>, grant: Arc<Grant>, watched: bool) -> Self {
+impl<B: Backend> LockGuard<B> {
+    pub(crate) fn new(core: Arc<Core<B>>, grant: Arc<Grant<B>>, watched: bool) -> Self {
         let lost = grant.lost_tx.subscribe();
         Self {
             core,
@@ -83,7 +88,8 @@ impl LockGuard {
         &self.grant.keys.name
     }
 
-    /// The Redis keys and channel of this lock (for inspection and tooling).
+    /// The keys of this lock (its name and stored key; on Redis also its fence key and
+    /// channel), for inspection and tooling.
     pub fn keys(&self) -> &crate::LockKeys {
         &self.grant.keys
     }
@@ -115,33 +121,20 @@ impl LockGuard {
         self.core.fence(&self.grant).await
     }
 
-    /// The owner id this guard holds the lock as (client id and scope).
-    pub fn owner(&self) -> &str {
-        self.grant.owner()
-    }
-
-    /// The value this grant wrote to the lock key in Redis (unique per grant; shared
-    /// by re-entered holds). For inspection and tooling.
-    pub fn grant_value(&self) -> &str {
-        &self.grant.value
-    }
-
     /// True while the lease is known to be in force and the lock was not reported lost.
     pub fn is_held(&self) -> bool {
-        !*self.lost.borrow() && Instant::now() < self.grant.state().valid_until
+        !*self.lost.borrow() && !self.valid_for().is_zero()
     }
 
-    /// How long the lease is known to last from now (zero once lost): the lease less
-    /// the time its request took and a drift allowance of 1% + 2 ms, as confirmed by
-    /// the last grant, renewal or extension.
+    /// How long the lease is known to last from now (zero once lost): on Redis the
+    /// lease less the time its request took and a drift allowance of 1% + 2 ms, as
+    /// confirmed by the last grant, renewal or extension; on a store that keeps a
+    /// grant while it is held, the watchdog lease.
     pub fn valid_for(&self) -> Duration {
         if *self.lost.borrow() {
             return Duration::ZERO;
         }
-        self.grant
-            .state()
-            .valid_until
-            .saturating_duration_since(Instant::now())
+        self.grant.valid_for()
     }
 
     /// Resolves when the lock is lost: a renewal or release found another grant or
@@ -160,15 +153,31 @@ impl LockGuard {
     /// ```
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
         let mut rx = self.lost.clone();
+        let grant = self.grant.clone();
         async move {
-            // The sender lives as long as any guard: an error cannot happen while we wait.
-            let _ = rx.wait_for(|lost| *lost).await;
+            // Also on this task's own clock: the lease's end is the loss, whenever the
+            // watchdog (on its own runtime, or none for some stores) gets to it.
+            loop {
+                if grant.kept.is_some() {
+                    // The sender lives as long as the grant: no error while we wait.
+                    let _ = rx.wait_for(|lost| *lost).await;
+                    return;
+                }
+                let until = grant.state().valid_until;
+                if Instant::now() >= until {
+                    return;
+                }
+                tokio::select! {
+                    _ = rx.wait_for(|lost| *lost) => return,
+                    () = tokio::time::sleep_until(until) => {}
+                }
+            }
         }
     }
 
-    /// Gives back this hold. The last hold of the grant deletes it in Redis (only this
-    /// grant: a compare-and-delete of its value); other holds are counted locally.
-    /// Cancelled while the delete is in flight, the delete finishes in the background.
+    /// Gives back this hold. The last hold of the grant gives it back to the store (only
+    /// this grant: on Redis a compare-and-delete of its value); other holds are counted
+    /// locally. Cancelled while the call is in flight, it finishes in the background.
     pub async fn release(mut self) -> Result<Released, LockError> {
         self.done = true;
         match self.core.registry.release(&self.grant, self.watched, true) {
@@ -181,7 +190,7 @@ impl LockGuard {
         }
     }
 
-    /// A hold given back without a Redis call (others remain): counted, and returned.
+    /// A hold given back without a store call (others remain): counted, and returned.
     fn released_locally(&self, result: Result<Released, LockError>) -> Result<Released, LockError> {
         self.grant.count_release(&result, false);
         result
@@ -199,6 +208,8 @@ impl LockGuard {
             self.core.registry.release(&self.grant, self.watched, false)
         {
             self.core.watchdog.unschedule(&self.grant);
+            let (keys, record) = (&self.grant.keys, &self.grant.record);
+            self.core.backend.let_expire(keys, record);
         }
     }
 
@@ -214,15 +225,15 @@ impl LockGuard {
 
     /// Takes the same lock again as the same owner (a re-entered hold; no waiting, no
     /// round trip unless the lease must grow). Fails with the loss if the lock was lost.
-    pub async fn reenter(&self) -> Result<LockGuard, LockError> {
+    pub async fn reenter(&self) -> Result<LockGuard<B>, LockError> {
         if let Some(loss) = self.grant.state().lost {
             return Err(loss.error(&self.grant.keys.name));
         }
-        let lease = self
-            .grant
-            .state()
-            .valid_until
-            .saturating_duration_since(Instant::now());
+        let lease = self.grant.valid_for();
+        if lease.is_zero() {
+            // Ran out unnoticed: a fresh grant would not be this one.
+            return Err(crate::lock::registry::Loss::Expired.error(&self.grant.keys.name));
+        }
         let request = Request {
             keys: self.grant.keys.clone(),
             scope: LockScope::from_id(self.grant.scope),
@@ -236,7 +247,23 @@ impl LockGuard {
     }
 }
 
-impl Drop for LockGuard {
+impl LockGuard<RedisBackend> {
+    /// The owner id this guard holds the lock as (client id and scope).
+    pub fn owner(&self) -> &str {
+        let value = &self.grant.record;
+        value
+            .rsplit_once(':')
+            .map_or(value.as_str(), |(owner, _)| owner)
+    }
+
+    /// The value this grant wrote to the lock key in Redis (unique per grant; shared
+    /// by re-entered holds). For inspection and tooling.
+    pub fn grant_value(&self) -> &str {
+        &self.grant.record
+    }
+}
+
+impl<B: Backend> Drop for LockGuard<B> {
     fn drop(&mut self) {
         if self.done {
             return;

@@ -1,6 +1,9 @@
-//! What this client holds: one [`Grant`] per lock granted by Redis, shared by every hold
-//! of its owner (scope), so reentrancy, renewal and the lost signal have one source of
-//! truth, and a re-entry costs no round trip.
+//! What this client holds: one [`Grant`] per lock granted by the store, shared by every
+//! hold of its owner (scope), so reentrancy, renewal and the lost signal have one source
+//! of truth, and a re-entry costs no round trip.
+//!
+//! Time is tokio's clock (the same as the system's, except on a paused test runtime,
+//! where the memory store follows it).
 //!
 //! The registry also knows which acquisitions are in flight (a second acquisition of
 //! the same scope waits for the first instead of racing it) and which releases are in
@@ -12,10 +15,13 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::Duration;
 
 use tokio::sync::futures::OwnedNotified;
 use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+use super::seam::Seam;
 
 use crate::client::store::key::LockKeys;
 use crate::error::LockError;
@@ -26,9 +32,9 @@ use crate::owner::FencingToken;
 /// Why a grant was lost, as far as this client knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Loss {
-    /// The lease ran out (by the local clock, or Redis had no lock any more).
+    /// The lease ran out (by the local clock, or the store had no grant any more).
     Expired,
-    /// Redis showed another grant.
+    /// The store showed another grant.
     TakenOver,
 }
 
@@ -42,13 +48,14 @@ impl Loss {
     }
 }
 
-/// One grant: a value written to the lock key by one successful acquire.
-#[derive(Debug)]
-pub(crate) struct Grant {
+/// One grant: what one successful acquisition took in the store.
+pub(crate) struct Grant<B: Seam> {
     pub(crate) keys: Arc<LockKeys>,
     pub(crate) scope: u64,
-    /// The value in Redis: unique to this grant (`<owner>:<grant number>`).
-    pub(crate) value: String,
+    /// The store's record of it (on Redis, the value: `<owner>:<grant number>`).
+    pub(crate) record: B::Grant,
+    /// `Some(reported validity)`: the store keeps it while held (no local lease).
+    pub(crate) kept: Option<Duration>,
     /// The fencing token, once taken (with the grant, or on demand).
     pub(crate) token: std::sync::OnceLock<FencingToken>,
     /// Unique per grant in this client (the watchdog's queue key).
@@ -87,22 +94,34 @@ pub(crate) struct GrantState {
     pub(crate) queued: Option<Instant>,
 }
 
-impl Grant {
+impl<B: Seam> std::fmt::Debug for Grant<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grant")
+            .field("lock", &self.keys.name)
+            .field("scope", &self.scope)
+            .field("seq", &self.seq)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Seam> Grant<B> {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         keys: Arc<LockKeys>,
         scope: u64,
-        value: String,
+        record: B::Grant,
         token: Option<FencingToken>,
         seq: u64,
-        valid_until: Instant,
+        valid: (Instant, Option<Duration>),
         store: StoreKind,
         counted: bool,
     ) -> Self {
+        let (valid_until, kept) = valid;
         Self {
             keys,
             scope,
-            value,
+            record,
+            kept,
             token: token.map(std::sync::OnceLock::from).unwrap_or_default(),
             seq,
             store,
@@ -123,11 +142,20 @@ impl Grant {
         }
     }
 
-    /// The owner id (client id and scope): the value less its grant number.
-    pub(crate) fn owner(&self) -> &str {
-        self.value
-            .rsplit_once(':')
-            .map_or(self.value.as_str(), |(owner, _)| owner)
+    /// Whether the lease this client can prove ran out, with nobody having noticed yet
+    /// (the watchdog may be late, and some stores have none).
+    pub(crate) fn overdue(&self, st: &GrantState) -> bool {
+        self.kept.is_none() && st.lost.is_none() && Instant::now() >= st.valid_until
+    }
+
+    /// How long the grant is known to last from now (zero once lost).
+    pub(crate) fn valid_for(&self) -> Duration {
+        let st = self.state();
+        match (st.lost, self.kept) {
+            (Some(_), _) => Duration::ZERO,
+            (None, Some(reported)) => reported,
+            (None, None) => st.valid_until.saturating_duration_since(Instant::now()),
+        }
     }
 
     /// Counts the release of one hold that returned `result` (`last`: the grant's last
@@ -156,38 +184,38 @@ impl Grant {
 }
 
 /// What a caller about to acquire must do.
-pub(crate) enum Enter<'a> {
+pub(crate) enum Enter<'a, B: Seam> {
     /// The scope holds the lock: one more hold was counted on this grant.
-    Reentered(Arc<Grant>),
+    Reentered(Arc<Grant<B>>),
     /// Wait for this, then ask again: the same scope is acquiring it right now
     /// (`own_release == false`), or this client is still giving back a grant of it.
     Wait {
         ready: Pin<Box<OwnedNotified>>,
         own_release: bool,
     },
-    /// Go to Redis; the ticket stands for the acquisition in flight.
-    Acquire(Ticket<'a>),
+    /// Go to the store; the ticket stands for the acquisition in flight.
+    Acquire(Ticket<'a, B>),
 }
 
 /// How to give back one hold, decided locally.
 #[derive(Debug)]
 pub(crate) enum Plan {
-    /// Other holds remain: nothing to tell Redis.
+    /// Other holds remain: nothing to tell the store.
     StillHeld(u32),
     /// The grant was lost and other holds remain.
     Lost(Loss),
-    /// The last hold of a live grant: delete it in Redis.
+    /// The last hold of a live grant: give it back to the store.
     Last,
-    /// The last hold of a lost grant: delete it in Redis if it is still ours, and
+    /// The last hold of a lost grant: give it back if the store still has it, and
     /// report the loss.
     LastLost(Loss),
 }
 
-enum Slot {
+enum Slot<B: Seam> {
     /// An acquisition in flight, and the wake-up of those waiting for it (made when
     /// the first one comes: most acquisitions have no one waiting).
     Acquiring(Option<Arc<Notify>>),
-    Held(Arc<Grant>),
+    Held(Arc<Grant<B>>),
 }
 
 /// A lock key and a scope; shares the request's keys instead of copying the name.
@@ -242,20 +270,29 @@ type Releasing = (u32, Option<Arc<Notify>>);
 /// (a fraction of SipHash's cost) keeps its per-process seed against chosen collisions.
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
-#[derive(Default)]
-struct Maps {
-    slots: Map<SlotKey, Slot>,
+struct Maps<B: Seam> {
+    slots: Map<SlotKey, Slot<B>>,
     /// Releases in flight, by lock key.
     releasing: Map<ByKey, Releasing>,
 }
 
 /// Every grant and in-flight acquisition of one client.
-#[derive(Default)]
-pub(crate) struct Registry {
-    maps: Mutex<Maps>,
+pub(crate) struct Registry<B: Seam> {
+    maps: Mutex<Maps<B>>,
 }
 
-impl std::fmt::Debug for Registry {
+impl<B: Seam> Default for Registry<B> {
+    fn default() -> Self {
+        Self {
+            maps: Mutex::new(Maps {
+                slots: Map::default(),
+                releasing: Map::default(),
+            }),
+        }
+    }
+}
+
+impl<B: Seam> std::fmt::Debug for Registry<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Registry")
             .field("entries", &self.len())
@@ -272,23 +309,26 @@ fn armed(slot: &mut Option<Arc<Notify>>) -> Pin<Box<OwnedNotified>> {
     ready
 }
 
-impl Registry {
-    fn maps(&self) -> MutexGuard<'_, Maps> {
+impl<B: Seam> Registry<B> {
+    fn maps(&self) -> MutexGuard<'_, Maps<B>> {
         self.maps.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Re-enters the grant `scope` holds on `key`, or says what to wait for, or
     /// registers an acquisition. `watched`: the new hold wants the watchdog lease.
-    pub(crate) fn enter(&self, keys: &Arc<LockKeys>, scope: u64, watched: bool) -> Enter<'_> {
+    pub(crate) fn enter(&self, keys: &Arc<LockKeys>, scope: u64, watched: bool) -> Enter<'_, B> {
         let mut maps = self.maps();
         let slot_key = SlotKey {
             keys: keys.clone(),
             scope,
         };
+        let mut overdue = None;
         match maps.slots.get_mut(&slot_key) {
             Some(Slot::Held(grant)) => {
                 let mut st = grant.state();
-                if !st.ended {
+                if grant.overdue(&st) {
+                    overdue = Some(grant.clone());
+                } else if !st.ended {
                     st.holds += 1;
                     if watched {
                         st.watched += 1;
@@ -304,6 +344,12 @@ impl Registry {
                 };
             }
             None => {}
+        }
+        if let Some(grant) = overdue {
+            // Its lease ran out unnoticed: lost, and the scope takes a fresh grant.
+            drop(maps);
+            self.lose(&grant, Loss::Expired);
+            return self.enter(keys, scope, watched);
         }
         if let Some((_, notify)) = maps.releasing.get_mut(keys.key.as_str()) {
             return Enter::Wait {
@@ -324,7 +370,10 @@ impl Registry {
     /// Gives back one hold of `grant` and says what Redis must be told. With
     /// `remote`, the caller will delete the grant in Redis: acquisitions of the same
     /// lock by this client wait until it calls [`released`](Self::released).
-    pub(crate) fn release(&self, grant: &Arc<Grant>, watched: bool, remote: bool) -> Plan {
+    pub(crate) fn release(&self, grant: &Arc<Grant<B>>, watched: bool, remote: bool) -> Plan {
+        if grant.overdue(&grant.state()) {
+            self.lose(grant, Loss::Expired);
+        }
         let mut maps = self.maps();
         let mut st = grant.state();
         st.holds = st.holds.saturating_sub(1);
@@ -372,7 +421,7 @@ impl Registry {
 
     /// Marks `grant` lost (once): detaches it and fires its lost signal. Returns true
     /// if this call marked it.
-    pub(crate) fn lose(&self, grant: &Arc<Grant>, loss: Loss) -> bool {
+    pub(crate) fn lose(&self, grant: &Arc<Grant<B>>, loss: Loss) -> bool {
         let mut maps = self.maps();
         let mut st = grant.state();
         if st.lost.is_some() {
@@ -397,7 +446,16 @@ impl Registry {
         self.maps().slots.len()
     }
 
-    fn remove_if_same(maps: &mut Maps, grant: &Arc<Grant>) {
+    /// Grants held now (one per name and scope, however many holds each has).
+    pub(crate) fn held(&self) -> usize {
+        let maps = self.maps();
+        maps.slots
+            .values()
+            .filter(|s| matches!(s, Slot::Held(_)))
+            .count()
+    }
+
+    fn remove_if_same(maps: &mut Maps<B>, grant: &Arc<Grant<B>>) {
         let slot_key = SlotKey {
             keys: grant.keys.clone(),
             scope: grant.scope,
@@ -410,14 +468,14 @@ impl Registry {
 
 /// An acquisition in flight. Dropped without [`fulfil`](Self::fulfil) (busy, error,
 /// cancelled), it unregisters and wakes the same scope's waiting acquisitions.
-pub(crate) struct Ticket<'a> {
-    registry: &'a Registry,
+pub(crate) struct Ticket<'a, B: Seam> {
+    registry: &'a Registry<B>,
     slot_key: Option<SlotKey>,
 }
 
-impl Ticket<'_> {
+impl<B: Seam> Ticket<'_, B> {
     /// The acquisition was granted: `grant` is what the scope holds now.
-    pub(crate) fn fulfil(mut self, grant: Arc<Grant>) {
+    pub(crate) fn fulfil(mut self, grant: Arc<Grant<B>>) {
         let Some(slot_key) = self.slot_key.take() else {
             return;
         };
@@ -429,7 +487,7 @@ impl Ticket<'_> {
     }
 }
 
-impl Drop for Ticket<'_> {
+impl<B: Seam> Drop for Ticket<'_, B> {
     fn drop(&mut self) {
         let Some(slot_key) = self.slot_key.take() else {
             return;
@@ -448,9 +506,16 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::backends::RedisBackend;
     use crate::client::store::key::lock_keys;
 
-    fn grant(reg: &Registry, scope: u64) -> Arc<Grant> {
+    type Registry = super::Registry<RedisBackend>;
+
+    fn grant(reg: &Registry, scope: u64) -> Arc<Grant<RedisBackend>> {
+        grant_until(reg, scope, Instant::now() + Duration::from_secs(30))
+    }
+
+    fn grant_until(reg: &Registry, scope: u64, until: Instant) -> Arc<Grant<RedisBackend>> {
         let keys = Arc::new(lock_keys("t", ":", "x").unwrap());
         let Enter::Acquire(ticket) = reg.enter(&keys, scope, false) else {
             panic!("expected a fresh acquisition");
@@ -461,7 +526,7 @@ mod tests {
             format!("c:{scope}:1"),
             Some(FencingToken::new(1, 1)),
             1,
-            Instant::now() + Duration::from_secs(30),
+            (until, None),
             StoreKind::Redis,
             true,
         ));
@@ -528,5 +593,42 @@ mod tests {
         ));
         // A new acquisition in the scope starts a fresh grant.
         assert!(matches!(reg.enter(&g.keys, 1, false), Enter::Acquire(_)));
+    }
+
+    #[test]
+    fn an_overdue_grant_is_lost_when_touched_even_if_nobody_noticed() {
+        let reg = Registry::default();
+        let g = grant_until(&reg, 1, Instant::now());
+        assert!(!g.is_lost(), "nobody noticed yet");
+        // Re-entering it would hand out a hold on a lease nobody can prove.
+        assert!(matches!(reg.enter(&g.keys, 1, false), Enter::Acquire(_)));
+        assert!(g.is_lost());
+        let h = grant_until(&reg, 2, Instant::now());
+        assert!(matches!(
+            reg.release(&h, false, true),
+            Plan::LastLost(Loss::Expired)
+        ));
+        assert!(h.is_lost());
+        // A kept grant has no local lease to run out.
+        let keys = Arc::new(lock_keys("t", ":", "kept").unwrap());
+        let Enter::Acquire(ticket) = reg.enter(&keys, 3, false) else {
+            panic!("expected a fresh acquisition");
+        };
+        let kept = Arc::new(Grant::new(
+            keys,
+            3,
+            "c:3:1".to_owned(),
+            None,
+            2,
+            (Instant::now(), Some(Duration::from_secs(30))),
+            StoreKind::Redis,
+            true,
+        ));
+        ticket.fulfil(kept.clone());
+        assert!(matches!(
+            reg.enter(&kept.keys, 3, false),
+            Enter::Reentered(_)
+        ));
+        assert_eq!(kept.valid_for(), Duration::from_secs(30));
     }
 }

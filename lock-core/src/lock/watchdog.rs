@@ -17,51 +17,51 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
-use super::backend::RedisBackend;
 use super::registry::{Grant, Loss, Registry};
+use super::seam::{Held, Seam};
 use crate::client::cleanup::{self, OnDrop};
-use crate::client::config::drift;
-use crate::client::store::scripts::GrantReply;
-use crate::error::LockError;
 use crate::metrics::{self, Renewal, StoreKind};
 
 /// At most this many locks per renewal call, so one script never blocks Redis for long.
 const MAX_BATCH: usize = 512;
 
-pub(crate) struct Watchdog {
-    shared: Arc<Shared>,
+pub(crate) struct Watchdog<B: Seam> {
+    shared: Arc<Shared<B>>,
 }
 
-struct Shared {
-    backend: RedisBackend,
+struct Shared<B: Seam> {
+    backend: Arc<B>,
     /// The `store` label of the connection's renewal calls.
     kind: StoreKind,
-    registry: Arc<Registry>,
+    registry: Arc<Registry<B>>,
     /// The lease renewals apply.
     lease: Duration,
     period: Duration,
     wake: Arc<Notify>,
-    queue: Mutex<Queue>,
+    queue: Mutex<Queue<B>>,
 }
 
-#[derive(Default)]
-struct Queue {
-    due: BTreeMap<(Instant, u64), Weak<Grant>>,
+/// When a grant is due, and its number (two grants may be due at one instant).
+type Due = (Instant, u64);
+
+struct Queue<B: Seam> {
+    due: BTreeMap<Due, Weak<Grant<B>>>,
     /// When the task plans to wake next (`None`: idle).
     planned: Option<Instant>,
     task: Option<JoinHandle<()>>,
 }
 
-impl Watchdog {
-    pub(crate) fn new(backend: RedisBackend, registry: Arc<Registry>) -> Self {
-        let config = backend.client().config();
+impl<B: Seam> Watchdog<B> {
+    pub(crate) fn new(backend: Arc<B>, registry: Arc<Registry<B>>) -> Self {
+        let config = backend.config();
         let (kind, lease, period) = (
-            backend.client().kind(),
+            backend.kind(),
             config.watchdog_lease,
             config.watchdog_period(),
         );
@@ -73,14 +73,18 @@ impl Watchdog {
                 lease,
                 period,
                 wake: Arc::new(Notify::new()),
-                queue: Mutex::new(Queue::default()),
+                queue: Mutex::new(Queue {
+                    due: BTreeMap::new(),
+                    planned: None,
+                    task: None,
+                }),
             }),
         }
     }
 
     /// (Re)places `grant` in the queue at its next due time, and makes sure the task
     /// runs and wakes for it.
-    pub(crate) fn schedule(&self, grant: &Arc<Grant>) {
+    pub(crate) fn schedule(&self, grant: &Arc<Grant<B>>) {
         self.shared.place(grant);
         let mut q = self.shared.queue();
         if q.task.as_ref().is_some_and(|t| !t.is_finished()) {
@@ -100,7 +104,7 @@ impl Watchdog {
     }
 
     /// Takes `grant` out of the queue (released).
-    pub(crate) fn unschedule(&self, grant: &Grant) {
+    pub(crate) fn unschedule(&self, grant: &Grant<B>) {
         let mut q = self.shared.queue();
         if let Some(at) = grant.state().queued.take() {
             q.due.remove(&(at, grant.seq));
@@ -112,15 +116,15 @@ impl Watchdog {
     }
 }
 
-impl Drop for Shared {
+impl<B: Seam> Drop for Shared<B> {
     fn drop(&mut self) {
         // The task can no longer upgrade its handle: wake it so it sees that and exits.
         self.wake.notify_one();
     }
 }
 
-impl Shared {
-    fn queue(&self) -> MutexGuard<'_, Queue> {
+impl<B: Seam> Shared<B> {
+    fn queue(&self) -> MutexGuard<'_, Queue<B>> {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -130,10 +134,10 @@ impl Shared {
         let now = Instant::now();
         let slack = self.period / 4;
         let mut q = self.queue();
-        let mut renew: Vec<Arc<Grant>> = Vec::new();
-        let mut reschedule: Vec<Arc<Grant>> = Vec::new();
+        let mut renew: Vec<Arc<Grant<B>>> = Vec::new();
+        let mut reschedule: Vec<Arc<Grant<B>>> = Vec::new();
         // Everything due now, plus renewals due soon (batched with these).
-        let candidates: Vec<((Instant, u64), Weak<Grant>)> = q
+        let candidates: Vec<(Due, Weak<Grant<B>>)> = q
             .due
             .range(..=(now + slack, u64::MAX))
             .map(|(k, v)| (*k, v.clone()))
@@ -154,7 +158,7 @@ impl Shared {
                 st.queued = None;
                 drop(st);
                 if self.registry.lose(&grant, Loss::Expired) {
-                    tracing::warn!(lock = %grant.keys.name, owner = %grant.owner(), "lock lost: its lease ran out before a renewal confirmed more");
+                    tracing::warn!(lock = %grant.keys.name, "lock lost: its lease ran out before a renewal confirmed more");
                 }
                 continue;
             }
@@ -196,7 +200,7 @@ impl Shared {
     }
 
     /// Queues `grant` at its next due time (the task is running: it calls this).
-    fn place(&self, grant: &Arc<Grant>) {
+    fn place(&self, grant: &Arc<Grant<B>>) {
         let mut q = self.queue();
         let mut st = grant.state();
         if let Some(old) = st.queued.take() {
@@ -220,8 +224,8 @@ impl Shared {
 
     /// Splits the due grants into script calls of at most [`MAX_BATCH`] keys, one group
     /// per hash slot on a Cluster (a script's keys must share a slot).
-    fn batches(&self, due: Vec<Arc<Grant>>) -> Vec<Vec<Arc<Grant>>> {
-        let mut by_group: BTreeMap<u16, Vec<Arc<Grant>>> = BTreeMap::new();
+    fn batches(&self, due: Vec<Arc<Grant<B>>>) -> Vec<Vec<Arc<Grant<B>>>> {
+        let mut by_group: BTreeMap<u16, Vec<Arc<Grant<B>>>> = BTreeMap::new();
         for grant in due {
             by_group
                 .entry(self.backend.group(&grant.keys.key))
@@ -240,9 +244,9 @@ impl Shared {
     }
 
     /// Renews one batch; the call is bounded by the longest lease left in it.
-    async fn renew(self: Arc<Self>, batch: Vec<Arc<Grant>>) {
+    async fn renew(self: Arc<Self>, batch: Vec<Arc<Grant<B>>>) {
         let sent = Instant::now();
-        // The script never shortens a lease, so the watchdog lease is safe to send
+        // The store never shortens a lease, so the watchdog lease is safe to send
         // whatever longer lease a grant's other holds were told.
         let lease = self.lease;
         let left = batch
@@ -251,35 +255,34 @@ impl Shared {
             .max()
             .unwrap_or_default();
         let unanswered = OnDrop::new(|| self.retry_soon(&batch));
-        let grants: Vec<_> = batch.iter().map(|g| (&*g.keys, g.value.as_str())).collect();
+        let grants: Vec<_> = batch.iter().map(|g| (&*g.keys, &g.record)).collect();
         let within = left.max(Duration::from_millis(1));
         let reply = self.backend.renew(&grants, lease, within).await;
         unanswered.disarm();
         metrics::renewal_call(self.kind, sent.elapsed());
         match reply {
-            Ok(codes) => {
+            Ok(answers) => {
                 tracing::trace!(locks = batch.len(), "watchdog renewed");
-                for (grant, code) in batch.iter().zip(codes) {
-                    let outcome = GrantReply::from_code("renew", code);
+                for (grant, outcome) in batch.iter().zip(answers) {
                     metrics::renewed(grant.store, renewal_outcome(&outcome), 1);
                     match outcome {
-                        Ok(GrantReply::Done) => {
+                        Ok(valid_until) => {
                             let mut st = grant.state();
                             st.renewing = false;
                             if st.lost.is_none() {
-                                st.valid_until = st.valid_until.max(sent + lease - drift(lease));
+                                st.valid_until = st.valid_until.max(valid_until);
                                 if st.next_renewal.is_some() {
                                     st.next_renewal = Some(sent + self.period);
                                 }
                             }
                         }
-                        Ok(GrantReply::NotOwner) => {
+                        Err(Loss::TakenOver) => {
                             grant.state().renewing = false;
                             if self.registry.lose(grant, Loss::TakenOver) {
                                 tracing::warn!(lock = %grant.keys.name, "lock lost: taken over by another owner");
                             }
                         }
-                        _ => {
+                        Err(Loss::Expired) => {
                             grant.state().renewing = false;
                             if self.registry.lose(grant, Loss::Expired) {
                                 tracing::warn!(lock = %grant.keys.name, "lock lost: it expired before renewal");
@@ -300,7 +303,7 @@ impl Shared {
     }
 
     /// A renewal of `batch` failed or never finished: try again soon.
-    fn retry_soon(&self, batch: &[Arc<Grant>]) {
+    fn retry_soon(&self, batch: &[Arc<Grant<B>>]) {
         let retry = Instant::now() + (self.period / 4).min(Duration::from_secs(1));
         for grant in batch {
             let mut st = grant.state();
@@ -314,7 +317,7 @@ impl Shared {
     }
 }
 
-async fn run(shared: Weak<Shared>, wake: Arc<Notify>) {
+async fn run<B: Seam>(shared: Weak<Shared<B>>, wake: Arc<Notify>) {
     loop {
         let Some(s) = shared.upgrade() else {
             return;
@@ -326,7 +329,7 @@ async fn run(shared: Weak<Shared>, wake: Arc<Notify>) {
             Some(at) => {
                 tokio::select! {
                     _ = wake.notified() => {}
-                    _ = tokio::time::sleep_until(at.into()) => {}
+                    _ = tokio::time::sleep_until(at) => {}
                 }
             }
             None => wake.notified().await,
@@ -334,12 +337,11 @@ async fn run(shared: Weak<Shared>, wake: Arc<Notify>) {
     }
 }
 
-/// The metrics label of a renew script's answer for one lock.
-fn renewal_outcome(reply: &Result<GrantReply, LockError>) -> Renewal {
+/// The metrics label of a renewal's answer for one lock.
+fn renewal_outcome(reply: &Held<Instant>) -> Renewal {
     match reply {
-        Ok(GrantReply::Done) => Renewal::Renewed,
-        Ok(GrantReply::Expired) => Renewal::Expired,
-        Ok(GrantReply::NotOwner) => Renewal::NotOwner,
-        Err(_) => Renewal::Error,
+        Ok(_) => Renewal::Renewed,
+        Err(Loss::Expired) => Renewal::Expired,
+        Err(Loss::TakenOver) => Renewal::NotOwner,
     }
 }

@@ -19,7 +19,7 @@ pub use guard::RedlockGuard;
 use crate::client::config::LockConfig;
 use crate::client::in_span;
 use crate::client::store::key::{self, LockKeys, LockName};
-use crate::client::wait::{Turn, wait_for_turn};
+use crate::client::wait::{Listen, Turn, wait_for_turn};
 use crate::error::LockError;
 use crate::facade::LockClient;
 use crate::lock::LockGuard;
@@ -245,27 +245,32 @@ impl Redlock {
             let i = answered.load(std::sync::atomic::Ordering::Relaxed);
             let node = self.inner.nodes.get(i)?;
             let channel = channels[i].get_or_init(|| requests[i].keys.channel());
-            Some((node.client().hub(), channel.as_str()))
+            Some(Listen::Hub(node.client().hub(), channel.as_str()))
         };
-        let turn = wait_for_turn(&self.inner.config.backoff, listen, deadline, |_| async {
-            let round = self.round(&requests).await;
-            match self.judge(round, lease, &name).await {
-                Ok(guard) => Ok(Turn::Done(guard)),
-                Err(failure) => {
-                    if let Some(i) = failure.answered {
-                        let _ = answered.compare_exchange(
-                            usize::MAX,
-                            i,
-                            std::sync::atomic::Ordering::Relaxed,
-                            std::sync::atomic::Ordering::Relaxed,
-                        );
+        let turn = wait_for_turn(
+            &self.inner.config.backoff,
+            listen,
+            deadline.into(),
+            |_| async {
+                let round = self.round(&requests).await;
+                match self.judge(round, lease, &name).await {
+                    Ok(guard) => Ok(Turn::Done(guard)),
+                    Err(failure) => {
+                        if let Some(i) = failure.answered {
+                            let _ = answered.compare_exchange(
+                                usize::MAX,
+                                i,
+                                std::sync::atomic::Ordering::Relaxed,
+                                std::sync::atomic::Ordering::Relaxed,
+                            );
+                        }
+                        let hint = failure.retry_after.unwrap_or(Duration::MAX);
+                        *last.lock().unwrap_or_else(|e| e.into_inner()) = Some(failure);
+                        Ok(Turn::Retry(hint))
                     }
-                    let hint = failure.retry_after.unwrap_or(Duration::MAX);
-                    *last.lock().unwrap_or_else(|e| e.into_inner()) = Some(failure);
-                    Ok(Turn::Retry(hint))
                 }
-            }
-        })
+            },
+        )
         .await?;
         match turn {
             Ok(guard) => {

@@ -13,7 +13,7 @@ use tokio::runtime::Handle;
 use crate::client::config::{MAX_LEASE, check_lease};
 use crate::client::store::key::LockName;
 use crate::client::store::scripts::SEMAPHORE_ACQUIRE;
-use crate::client::wait::{Turn, wait_for_turn};
+use crate::client::wait::{Listen, Turn, wait_for_turn};
 use crate::client::{Client, in_span};
 use crate::error::LockError;
 
@@ -276,13 +276,18 @@ impl Semaphore {
         let inner = &self.shared.client;
         let started = Instant::now();
         let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
-        let listen = || Some((inner.hub(), self.shared.channel.as_str()));
-        let turn = wait_for_turn(&inner.config().backoff, listen, deadline, |_| async {
-            Ok(match self.attempt(n, lease).await? {
-                Attempt::Granted(permits) => Turn::Done(permits),
-                Attempt::Busy(retry_after) => Turn::Retry(retry_after),
-            })
-        })
+        let listen = || Some(Listen::Hub(inner.hub(), self.shared.channel.as_str()));
+        let turn = wait_for_turn(
+            &inner.config().backoff,
+            listen,
+            deadline.into(),
+            |_| async {
+                Ok(match self.attempt(n, lease).await? {
+                    Attempt::Granted(permits) => Turn::Done(permits),
+                    Attempt::Busy(retry_after) => Turn::Retry(retry_after),
+                })
+            },
+        )
         .await?;
         match turn {
             Ok(permits) => {

@@ -13,8 +13,9 @@ use crate::lock::Released;
 use crate::owner::FencingToken;
 use crate::redlock::Redlock;
 use crate::redlock::RedlockGuard;
-use crate::stores::MemoryLocks;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "zookeeper"))]
 use crate::stores::StoreGuard;
+use crate::stores::memory::{MemoryGuard, MemoryLocks};
 use crate::traits::DistributedLock;
 use crate::traits::HeldLock;
 
@@ -83,7 +84,10 @@ pub enum AnyGuard {
     Redis(LockGuard),
     /// A Redlock lock.
     Redlock(RedlockGuard),
-    /// A lock of another store (memory, PostgreSQL, MySQL, ZooKeeper).
+    /// A lock in this process's memory.
+    Memory(MemoryGuard),
+    /// A lock of another store (PostgreSQL, MySQL, ZooKeeper).
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "zookeeper"))]
     Store(StoreGuard),
 }
 
@@ -186,7 +190,7 @@ impl AnyLocks {
         Ok(match self {
             Self::Redis(c) => AnyGuard::Redis(c.acquire(name, options).await?),
             Self::Redlock(r) => AnyGuard::Redlock(r.acquire(name, options).await?),
-            Self::Memory(m) => AnyGuard::Store(m.acquire(name, options).await?),
+            Self::Memory(m) => AnyGuard::Memory(m.acquire(name, options).await?),
             #[cfg(feature = "postgres")]
             Self::Postgres(p) => AnyGuard::Store(p.acquire(name, options).await?),
             #[cfg(feature = "mysql")]
@@ -263,6 +267,8 @@ macro_rules! each {
         match $guard {
             AnyGuard::Redis($g) => $body,
             AnyGuard::Redlock($g) => $body,
+            AnyGuard::Memory($g) => $body,
+            #[cfg(any(feature = "postgres", feature = "mysql", feature = "zookeeper"))]
             AnyGuard::Store($g) => $body,
         }
     };
@@ -285,7 +291,7 @@ impl HeldLock for AnyGuard {
         each!(self, g => HeldLock::fence(g).await)
     }
     fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let lost: crate::stores::session::BoxFuture<()> =
+        let lost: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> =
             each!(self, g => Box::pin(HeldLock::lost(g)));
         lost
     }

@@ -4,6 +4,7 @@
 
 pub(crate) mod any;
 pub(crate) mod memory;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "zookeeper"))]
 pub(crate) mod session;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) mod sql;
@@ -11,7 +12,8 @@ pub(crate) mod sql;
 pub(crate) mod zookeeper;
 
 pub use any::{AnyGuard, AnyLocks};
-pub use memory::MemoryLocks;
+pub use memory::{MemoryGuard, MemoryLocks};
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "zookeeper"))]
 pub use session::StoreGuard;
 #[cfg(feature = "mysql")]
 pub use sql::mysql::{FENCE_TABLE as MYSQL_FENCE_TABLE, MysqlLocks};

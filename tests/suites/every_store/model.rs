@@ -189,6 +189,7 @@ fn grant(handle: usize, g: &AnyGuard) -> Option<String> {
             .owner()
             .rsplit_once(':')
             .map(|(_, scope)| format!("{handle}/{scope}")),
+        AnyGuard::Memory(g) => g.fencing_token().map(|t| format!("{handle}/{}", t.get())),
         AnyGuard::Store(g) => g.fencing_token().map(|t| format!("{handle}/{}", t.get())),
         other => panic!("no model for {other:?}"),
     }
@@ -198,6 +199,7 @@ async fn reenter(g: &AnyGuard) -> Option<AnyGuard> {
     match g {
         AnyGuard::Redis(g) => g.reenter().await.ok().map(AnyGuard::Redis),
         AnyGuard::Redlock(g) => g.reenter().await.ok().map(AnyGuard::Redlock),
+        AnyGuard::Memory(g) => g.reenter().await.ok().map(AnyGuard::Memory),
         AnyGuard::Store(g) => g.reenter().ok().map(AnyGuard::Store),
         other => panic!("no model for {other:?}"),
     }

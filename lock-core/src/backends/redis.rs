@@ -1,6 +1,6 @@
 //! The lock protocol on one Redis deployment (a node or a Cluster): every Redis call
-//! the lock engine makes, and nothing of the engine's bookkeeping (holds, leases,
-//! renewal schedule, lost signals), which stays in `core`, `acquire`, `watchdog`.
+//! the lock engine makes, behind the engine's seam ([`Seam`]), and nothing of the
+//! engine's bookkeeping (holds, leases, renewal schedule, lost signals).
 //!
 //! A grant is a value (`<client id>:<scope>:<grant number>`) written to the lock's key
 //! with the lease as its expiry; every call on a grant compares that value first, so
@@ -9,22 +9,44 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Request;
+use tokio::time::Instant;
+
 use crate::client::Client;
 use crate::client::cleanup::{self, OnDrop};
+use crate::client::config::{LockConfig, drift};
 use crate::client::store::batch::{Entry, Turn as LaneTurn};
 use crate::client::store::key::{LockKeys, RELEASED, WAITERS};
 use crate::client::store::scripts::{
     ACQUIRE, AcquireReply, Code, FENCE, FenceReply, GrantReply, RELEASE, RENEW, codes,
 };
-use crate::client::wait::Hub;
+use crate::client::wait::Listen;
 use crate::error::LockError;
+use crate::lock::Request;
+use crate::lock::registry::Loss;
+use crate::lock::seam::{Backend, Held, Seam, Taken, Validity};
+use crate::metrics::StoreKind;
+use crate::owner::{FencingToken, LockScope, push_digits};
 
-/// The lock protocol over one client's connection. Cheap to clone.
+/// Locks on one Redis node or a Redis Cluster: the backend of
+/// [`LockClient`](crate::LockClient), whose guards are [`LockGuard`](crate::LockGuard)
+/// (`LockGuard<RedisBackend>`).
+///
+/// A grant is a value (`<client id>:<scope>:<grant number>`) written to the lock's key
+/// with the lease as its expiry; see the crate's `lua/` for the scripts.
 #[derive(Clone)]
-pub(crate) struct RedisBackend {
+pub struct RedisBackend {
     client: Client,
 }
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("client", &self.client.id())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Backend for RedisBackend {}
 
 impl RedisBackend {
     pub(crate) fn new(client: Client) -> Self {
@@ -35,14 +57,24 @@ impl RedisBackend {
         &self.client
     }
 
-    /// The hub a waiter for a lock listens on (for the lock's release channel).
-    pub(crate) fn hub(&self) -> &Hub {
-        self.client.hub()
+    /// A value for a new grant: unique per grant (this client's random id, the scope and
+    /// the engine's grant number), so a release or renewal can only touch its own grant.
+    fn grant_value(&self, scope: &LockScope, seq: u64) -> String {
+        let id = self.client.id_hex();
+        // `<owner>:<grant number>`: the owner id is recovered from it (`owner_of`).
+        let mut value = String::with_capacity(id.len() + 38);
+        scope.write_owner(id, &mut value);
+        value.push(':');
+        push_digits(&mut value, seq, 16);
+        value
     }
 
-    /// The renewal group of `key`: grants of one group renew in one call.
-    pub(crate) fn group(&self, key: &str) -> u16 {
-        self.client.conn().group(key)
+    /// Fencing token `token` of this client's grant number `seq`. Its holder id is
+    /// distinct for every grant of this client (an odd multiplier is a bijection) and
+    /// unrelated between clients (their ids are random).
+    fn token(&self, seq: u64, token: u64) -> FencingToken {
+        let holder = self.client.id().low64() ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        FencingToken::new(token, holder)
     }
 
     /// One attempt to take `req`'s lock with the grant `value`; `linger` (ms): how long
@@ -55,7 +87,7 @@ impl RedisBackend {
     /// and a lock the SET found busy (the script leaves the waiter marker and reads the
     /// holder's lease). Until the reply is in, the grant may exist: a cancelled or
     /// failed call is given back in the background (the value is this attempt's own).
-    pub(crate) async fn take(
+    async fn take_value(
         &self,
         req: &Request,
         value: &str,
@@ -124,11 +156,7 @@ impl RedisBackend {
     /// Deletes the grant `value` of `keys` if the lock still holds it
     /// (compare-and-delete; publishes if someone waits, and wakes this client's
     /// waiters). Used by releases and by the undo of an unfinished acquisition.
-    pub(crate) async fn give_back(
-        &self,
-        keys: &LockKeys,
-        value: &str,
-    ) -> Result<GrantReply, LockError> {
+    async fn give_back_value(&self, keys: &LockKeys, value: &str) -> Result<GrantReply, LockError> {
         let reply = self
             .client
             .conn()
@@ -152,19 +180,20 @@ impl RedisBackend {
     /// [`give_back`](Self::give_back) for background work, tried again after a failure
     /// ([`cleanup::patiently`]: it deletes only this grant's own value). After a failed
     /// try, `Expired` means that try may have deleted it: reported as done.
-    pub(crate) async fn give_back_patiently(
+    async fn give_back_patiently(
         &self,
         keys: &LockKeys,
         value: &str,
     ) -> Result<GrantReply, LockError> {
-        match cleanup::patiently("a background delete", || self.give_back(keys, value)).await {
+        match cleanup::patiently("a background delete", || self.give_back_value(keys, value)).await
+        {
             (Ok(GrantReply::Expired), true) => Ok(GrantReply::Done),
             (answer, _) => answer,
         }
     }
 
     /// Gives back the grant `value` of `keys` in the background.
-    pub(crate) fn give_back_in_background(&self, keys: &Arc<LockKeys>, value: &str) {
+    fn give_back_in_background(&self, keys: &Arc<LockKeys>, value: &str) {
         let (backend, keys, value) = (self.clone(), keys.clone(), value.to_owned());
         let name = keys.name.clone();
         cleanup::spawn("undoing an unfinished acquisition", name, async move {
@@ -173,11 +202,7 @@ impl RedisBackend {
     }
 
     /// The fencing token of the grant `value` of `keys`, taken now if it holds the lock.
-    pub(crate) async fn fence(
-        &self,
-        keys: &LockKeys,
-        value: &str,
-    ) -> Result<FenceReply, LockError> {
+    async fn fence_value(&self, keys: &LockKeys, value: &str) -> Result<FenceReply, LockError> {
         let conn = self.client.conn();
         let reply = conn
             .eval(&FENCE, conn.timeout(), |c| {
@@ -186,33 +211,125 @@ impl RedisBackend {
             .await?;
         FenceReply::decode(reply)
     }
+}
 
-    /// Lengthens the lease of the grant `value` of `keys` to `lease` from now (the
-    /// script never shortens a lease).
-    pub(crate) async fn extend(
-        &self,
-        keys: &LockKeys,
-        value: &str,
-        lease: Duration,
-    ) -> Result<GrantReply, LockError> {
-        let conn = self.client.conn();
-        let reply = conn
-            .eval(&RENEW, conn.timeout(), |c| {
-                c.arg(1)
-                    .arg(&keys.key)
-                    .arg(value)
-                    .arg(lease.as_millis() as u64);
-            })
-            .await?;
-        let code = codes("renew", reply, 1)?[0];
-        GrantReply::from_code("renew", code)
+/// A grant reply as the engine reads it.
+fn held(reply: GrantReply) -> Held {
+    match reply {
+        GrantReply::Done => Ok(()),
+        GrantReply::Expired => Err(Loss::Expired),
+        GrantReply::NotOwner => Err(Loss::TakenOver),
+    }
+}
+
+/// What a lease of `lease` sent at `sent` proves: the lease less the drift allowance.
+fn proven(sent: Instant, lease: Duration) -> Instant {
+    sent + lease - drift(lease)
+}
+
+impl Seam for RedisBackend {
+    type Grant = String;
+
+    fn kind(&self) -> StoreKind {
+        self.client.kind()
     }
 
-    /// Renews many grants (`(keys, value)` each, all of one [`group`](Self::group)) to
-    /// `lease` in one call bounded by `within`: one code per grant, in order.
-    pub(crate) async fn renew<'a>(
+    fn config(&self) -> &LockConfig {
+        self.client.config()
+    }
+
+    fn renews(&self) -> bool {
+        true
+    }
+
+    async fn take(&self, req: &Request, seq: u64, waits: bool) -> Result<Taken<String>, LockError> {
+        let linger = if waits {
+            // The waiter marker outlives the holder's lease by the longest sleep
+            // between two attempts, so a waiter is always marked while it waits.
+            let config = self.client.config();
+            (config.backoff.max + config.command_timeout).as_millis() as u64
+        } else {
+            0
+        };
+        let value = self.grant_value(&req.scope, seq);
+        let sent = Instant::now();
+        Ok(match self.take_value(req, &value, linger).await? {
+            AcquireReply::Granted { token } => Taken::Granted {
+                grant: value,
+                token: token.map(|t| self.token(seq, t)),
+                valid: Validity::Until(proven(sent, req.lease)),
+            },
+            AcquireReply::Busy { pttl_ms } => Taken::Busy {
+                retry_after: Duration::from_millis(pttl_ms),
+            },
+        })
+    }
+
+    async fn give_back(&self, keys: &LockKeys, grant: &String) -> Result<Held, LockError> {
+        self.give_back_value(keys, grant).await.map(held)
+    }
+
+    async fn extend(
         &self,
-        grants: &[(&'a LockKeys, &'a str)],
+        keys: &LockKeys,
+        grant: &String,
+        lease: Duration,
+    ) -> Result<Held<Instant>, LockError> {
+        let sent = Instant::now();
+        let one = [(keys, grant)];
+        let code = self
+            .renew_values(&one, lease, self.client.conn().timeout())
+            .await?[0];
+        Ok(held(GrantReply::from_code("renew", code)?).map(|()| proven(sent, lease)))
+    }
+
+    async fn renew(
+        &self,
+        grants: &[(&LockKeys, &String)],
+        lease: Duration,
+        within: Duration,
+    ) -> Result<Vec<Held<Instant>>, LockError> {
+        let sent = Instant::now();
+        let codes = self.renew_values(grants, lease, within).await?;
+        codes
+            .into_iter()
+            .map(|code| {
+                Ok(held(GrantReply::from_code("renew", code)?).map(|()| proven(sent, lease)))
+            })
+            .collect()
+    }
+
+    fn group(&self, key: &str) -> u16 {
+        self.client.conn().group(key)
+    }
+
+    async fn fence(
+        &self,
+        keys: &LockKeys,
+        grant: &String,
+        seq: u64,
+    ) -> Result<Held<FencingToken>, LockError> {
+        Ok(match self.fence_value(keys, grant).await? {
+            FenceReply::Token(t) => Ok(self.token(seq, t)),
+            FenceReply::Lost(reply) => Err(held(reply).err().unwrap_or(Loss::Expired)),
+        })
+    }
+
+    fn listen<'a>(&'a self, _keys: &LockKeys, channel: &'a str) -> Option<Listen<'a>> {
+        Some(Listen::Hub(self.client.hub(), channel))
+    }
+
+    fn channel(&self, keys: &LockKeys) -> String {
+        keys.channel()
+    }
+}
+
+impl RedisBackend {
+    /// Renews the grants `(keys, value)` (all of one [`group`](Seam::group)) to `lease`
+    /// in one call bounded by `within`: one code per grant, in order.
+    async fn renew_values(
+        &self,
+        grants: &[(&LockKeys, &String)],
         lease: Duration,
         within: Duration,
     ) -> Result<Vec<Code>, LockError> {
@@ -225,7 +342,7 @@ impl RedisBackend {
                     c.arg(&keys.key);
                 }
                 for (_, value) in grants {
-                    c.arg(*value);
+                    c.arg(value.as_str());
                 }
                 for _ in grants {
                     c.arg(lease.as_millis() as u64);

@@ -1,0 +1,146 @@
+//! The seam between the lock engine and a store: what each store alone knows (how to
+//! take a grant, give it back, renew it, fence it, and where a waiter listens), and
+//! nothing of the engine's bookkeeping (holds, reentrancy, leases by the local clock,
+//! the watchdog's schedule, lost signals, background work), which stays in `core`,
+//! `registry`, `acquire`, `watchdog` and the guard, written once for every store.
+//!
+//! A store implements [`Seam`] (crate-private: its methods speak the engine's own
+//! types) and the public marker [`Backend`], so users can name `LockGuard<B>` and
+//! bound code on `B: Backend` without seeing the seam. See `ARCHITECTURE.md` for what
+//! the seam is designed to grow into (shared holds, queues, election, etcd).
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Request;
+use super::registry::Loss;
+use crate::client::config::LockConfig;
+use crate::client::store::key::LockKeys;
+use crate::client::wait::Listen;
+use crate::error::LockError;
+use crate::metrics::StoreKind;
+use crate::owner::FencingToken;
+
+/// What a store said about one grant: `Ok` while it is still the grant's, else how it
+/// was lost. The outer `Result` of a seam call is whether the store answered at all.
+pub(crate) type Held<T = ()> = Result<T, Loss>;
+
+/// How long a fresh grant is known to last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Validity {
+    /// Until then, by the local clock (measured from before the request, less any
+    /// allowance the store needs for clocks that drift apart).
+    Until(Instant),
+    /// As long as it is held: the store keeps the grant itself (a session that is the
+    /// lease), and loses it only through the engine's lost signal.
+    Kept,
+}
+
+/// One attempt's answer.
+pub(crate) enum Taken<G> {
+    /// Granted: the store's record of the grant, its fencing token if it came with the
+    /// grant, and how long it lasts.
+    Granted {
+        grant: G,
+        token: Option<FencingToken>,
+        valid: Validity,
+    },
+    /// Someone else holds it; it changes within this long at the latest.
+    Busy { retry_after: Duration },
+}
+
+/// A lock store the engine can run on. Sealed: implemented by this crate's stores
+/// ([`RedisBackend`](crate::backends::RedisBackend) for one Redis node or a Cluster,
+/// [`MemoryBackend`](crate::backends::MemoryBackend) for this process), and named in
+/// types such as [`LockGuard<MemoryBackend>`](crate::LockGuard).
+#[allow(private_bounds)] // the seam is crate-private on purpose: this trait is sealed by it
+pub trait Backend: Seam {}
+
+/// What a store implements for the engine. Every call that touches a grant compares
+/// the grant's record first, so it can only touch its own grant.
+pub(crate) trait Seam: Send + Sync + Sized + 'static {
+    /// The store's record of one grant (a Redis value, a map entry's number).
+    type Grant: Clone + Send + Sync + 'static;
+
+    /// The `store` label of its metrics.
+    fn kind(&self) -> StoreKind;
+
+    /// The configuration in force.
+    fn config(&self) -> &LockConfig;
+
+    /// Whether the engine's watchdog renews watched grants and ends fixed leases on
+    /// this store (`false`: the store keeps a watched grant itself, and a fixed lease
+    /// ends by the local clock alone).
+    fn renews(&self) -> bool;
+
+    /// One attempt to take `req`'s lock as the engine's grant number `seq`; `waits`:
+    /// the caller will wait if it is busy. A grant whose outcome is unknown (cancelled
+    /// or failed mid-call) is the store's to give back.
+    fn take(
+        &self,
+        req: &Request,
+        seq: u64,
+        waits: bool,
+    ) -> impl Future<Output = Result<Taken<Self::Grant>, LockError>> + Send;
+
+    /// Gives a grant back: `Ok(Ok(()))` if it was still this grant's. Safe to repeat.
+    fn give_back(
+        &self,
+        keys: &LockKeys,
+        grant: &Self::Grant,
+    ) -> impl Future<Output = Result<Held, LockError>> + Send;
+
+    /// Gives a grant back at once, without I/O, where the store can (`None`: the
+    /// engine calls [`give_back`](Self::give_back) in the background).
+    fn give_back_now(&self, _keys: &LockKeys, _grant: &Self::Grant) -> Option<Held> {
+        None
+    }
+
+    /// Lets a grant run out on its own (no release, no renewal). The default does
+    /// nothing: the store's lease ends it.
+    fn let_expire(&self, _keys: &LockKeys, _grant: &Self::Grant) {}
+
+    /// Lengthens a grant's lease to `lease` from now, never shortening it; answers the
+    /// validity it proves.
+    fn extend(
+        &self,
+        keys: &LockKeys,
+        grant: &Self::Grant,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Held<Instant>, LockError>> + Send;
+
+    /// Renews many grants (all of one [`group`](Self::group)) to `lease` in one call
+    /// bounded by `within`: one answer per grant, in order, each with the validity it
+    /// proves. Only called where [`renews`](Self::renews).
+    fn renew(
+        &self,
+        grants: &[(&LockKeys, &Self::Grant)],
+        lease: Duration,
+        within: Duration,
+    ) -> impl Future<Output = Result<Vec<Held<Instant>>, LockError>> + Send;
+
+    /// The renewal group of `key`: grants of one group renew in one call.
+    fn group(&self, _key: &str) -> u16 {
+        0
+    }
+
+    /// The fencing token of a grant (number `seq`) that came without one, taken now if
+    /// it still holds the lock.
+    fn fence(
+        &self,
+        keys: &LockKeys,
+        grant: &Self::Grant,
+        seq: u64,
+    ) -> impl Future<Output = Result<Held<FencingToken>, LockError>> + Send;
+
+    /// Where a waiter for `keys` listens (`channel`: the lock's channel name, built by
+    /// the caller only when it first waits).
+    fn listen<'a>(&'a self, keys: &LockKeys, channel: &'a str) -> Option<Listen<'a>>;
+
+    /// The lock's channel name, where [`listen`](Self::listen) needs one.
+    fn channel(&self, _keys: &LockKeys) -> String {
+        String::new()
+    }
+}
