@@ -113,15 +113,13 @@ pub use owner::{ClientId, FencingToken, LockScope};
 pub use rate::{Decision, LimitRule, RateLimit, RateLimiter, RuleDecision, RuleLimiter};
 pub use redlock::{DEFAULT_NODE_TIMEOUT, Redlock, RedlockGuard};
 pub use semaphore::{MAX_PERMITS_PER_ACQUIRE, Permits, Semaphore, SemaphoreOptions};
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "zookeeper"))]
-pub use stores::StoreGuard;
-#[cfg(feature = "zookeeper")]
-pub use stores::ZkLocks;
-pub use stores::{AnyGuard, AnyLocks, MemoryGuard, MemoryLocks};
+pub use stores::{AnyGuard, AnyLocks, Locks, MemoryGuard, MemoryLocks};
 #[cfg(feature = "mysql")]
-pub use stores::{MYSQL_FENCE_TABLE, MysqlLocks};
+pub use stores::{MYSQL_FENCE_TABLE, MysqlGuard, MysqlLocks};
 #[cfg(feature = "postgres")]
-pub use stores::{POSTGRES_FENCE_SEQUENCE, PostgresLocks};
+pub use stores::{POSTGRES_FENCE_SEQUENCE, PostgresGuard, PostgresLocks};
+#[cfg(feature = "zookeeper")]
+pub use stores::{ZkGuard, ZkLocks};
 pub use traits::{DistributedLock, HeldLock};
 /// The ZooKeeper client crate the ZooKeeper store is built on (to hand in a session).
 #[cfg(feature = "zookeeper")]

@@ -10,6 +10,7 @@ use crate::error::LockError;
 use crate::lock::seam::Backend;
 use crate::lock::{LockGuard, LockOptions, Released};
 use crate::owner::FencingToken;
+use crate::stores::locks::Locks;
 
 /// A store of distributed locks.
 ///
@@ -83,69 +84,67 @@ pub trait HeldLock: Send + Sync + 'static {
     fn hold_until_expiry(self);
 }
 
-/// `DistributedLock` for stores whose inherent `acquire` has the trait's shape.
-macro_rules! distributed_lock {
-    ($($(#[$cfg:meta])* $store:ty => $guard:ty),* $(,)?) => {$(
-        $(#[$cfg])*
-        impl DistributedLock for $store {
-            type Guard = $guard;
+impl DistributedLock for crate::LockClient {
+    type Guard = LockGuard;
 
-            fn acquire<N: LockName + Send + Sync>(
-                &self,
-                name: N,
-                options: LockOptions,
-            ) -> impl Future<Output = Result<Self::Guard, LockError>> + Send {
-                <$store>::acquire(self, name, options)
-            }
-        }
-    )*};
+    fn acquire<N: LockName + Send + Sync>(
+        &self,
+        name: N,
+        options: LockOptions,
+    ) -> impl Future<Output = Result<Self::Guard, LockError>> + Send {
+        crate::LockClient::acquire(self, name, options)
+    }
 }
 
-distributed_lock! {
-    crate::LockClient => crate::LockGuard,
-    crate::Redlock => crate::RedlockGuard,
-    crate::MemoryLocks => crate::MemoryGuard,
-    #[cfg(feature = "postgres")]
-    crate::PostgresLocks => crate::StoreGuard,
-    #[cfg(feature = "mysql")]
-    crate::MysqlLocks => crate::StoreGuard,
-    #[cfg(feature = "zookeeper")]
-    crate::ZkLocks => crate::StoreGuard,
+impl<B: Backend> DistributedLock for Locks<B> {
+    type Guard = LockGuard<B>;
+
+    fn acquire<N: LockName + Send + Sync>(
+        &self,
+        name: N,
+        options: LockOptions,
+    ) -> impl Future<Output = Result<Self::Guard, LockError>> + Send {
+        Locks::acquire(self, name, options)
+    }
 }
 
-/// `HeldLock` for guards with the same inherent methods; `fence` says how the guard's
-/// own token fetch maps to the trait's.
-macro_rules! held_lock {
-    ($($(#[$cfg:meta])* $guard:ty => fence(|$g:ident| $fence:expr)),* $(,)?) => {$(
-        $(#[$cfg])*
-        impl HeldLock for $guard {
-            fn name(&self) -> &str {
-                <$guard>::name(self)
-            }
-            fn is_held(&self) -> bool {
-                <$guard>::is_held(self)
-            }
-            fn valid_for(&self) -> Duration {
-                <$guard>::valid_for(self)
-            }
-            fn token(&self) -> Option<FencingToken> {
-                <$guard>::fencing_token(self)
-            }
-            async fn fence(&self) -> Result<Option<FencingToken>, LockError> {
-                let $g = self;
-                $fence
-            }
-            fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-                <$guard>::lost(self)
-            }
-            fn release(self) -> impl Future<Output = Result<Released, LockError>> + Send {
-                <$guard>::release(self)
-            }
-            fn hold_until_expiry(self) {
-                <$guard>::hold_until_expiry(self)
-            }
-        }
-    )*};
+impl DistributedLock for crate::Redlock {
+    type Guard = crate::RedlockGuard;
+
+    fn acquire<N: LockName + Send + Sync>(
+        &self,
+        name: N,
+        options: LockOptions,
+    ) -> impl Future<Output = Result<Self::Guard, LockError>> + Send {
+        crate::Redlock::acquire(self, name, options)
+    }
+}
+
+impl HeldLock for crate::RedlockGuard {
+    fn name(&self) -> &str {
+        crate::RedlockGuard::name(self)
+    }
+    fn is_held(&self) -> bool {
+        crate::RedlockGuard::is_held(self)
+    }
+    fn valid_for(&self) -> Duration {
+        crate::RedlockGuard::valid_for(self)
+    }
+    fn token(&self) -> Option<FencingToken> {
+        crate::RedlockGuard::fencing_token(self)
+    }
+    async fn fence(&self) -> Result<Option<FencingToken>, LockError> {
+        crate::RedlockGuard::fence(self).await
+    }
+    fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        crate::RedlockGuard::lost(self)
+    }
+    fn release(self) -> impl Future<Output = Result<Released, LockError>> + Send {
+        crate::RedlockGuard::release(self)
+    }
+    fn hold_until_expiry(self) {
+        crate::RedlockGuard::hold_until_expiry(self)
+    }
 }
 
 impl<B: Backend> HeldLock for LockGuard<B> {
@@ -173,12 +172,6 @@ impl<B: Backend> HeldLock for LockGuard<B> {
     fn hold_until_expiry(self) {
         LockGuard::hold_until_expiry(self)
     }
-}
-
-held_lock! {
-    crate::RedlockGuard => fence(|g| g.fence().await),
-    #[cfg(any(feature = "postgres", feature = "mysql", feature = "zookeeper"))]
-    crate::StoreGuard => fence(|g| Ok(g.fencing_token())),
 }
 
 impl<T: DistributedLock + ?Sized> DistributedLock for &T {

@@ -143,7 +143,12 @@ impl Seam for MemoryBackend {
         false
     }
 
-    async fn take(&self, req: &Request, _seq: u64, _waits: bool) -> Result<Taken<u64>, LockError> {
+    async fn take(
+        &self,
+        req: &Request,
+        _seq: u64,
+        _wait: Duration,
+    ) -> Result<Taken<u64>, LockError> {
         // A watched grant is kept until given back, or ends at its max-hold.
         let lease = if req.watchdog {
             req.max_hold

@@ -242,8 +242,13 @@ impl Seam for RedisBackend {
         true
     }
 
-    async fn take(&self, req: &Request, seq: u64, waits: bool) -> Result<Taken<String>, LockError> {
-        let linger = if waits {
+    async fn take(
+        &self,
+        req: &Request,
+        seq: u64,
+        wait: Duration,
+    ) -> Result<Taken<String>, LockError> {
+        let linger = if !wait.is_zero() {
             // The waiter marker outlives the holder's lease by the longest sleep
             // between two attempts, so a waiter is always marked while it waits.
             let config = self.client.config();

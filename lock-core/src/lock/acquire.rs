@@ -7,13 +7,14 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
-use super::Request;
 use super::core::Core;
 use super::guard::LockGuard;
 use super::registry::{Enter, Grant};
 use super::seam::{Backend, Taken, Validity};
+use super::{LockOptions, Request, Resolved};
 use crate::client::cleanup::OnDrop;
 use crate::client::config::{MAX_LEASE, drift};
+use crate::client::store::key::LockName;
 use crate::client::wait::{Turn, wait_for_turn};
 use crate::error::LockError;
 use crate::metrics::{self, Acquired};
@@ -29,6 +30,25 @@ struct Granted<G> {
 }
 
 impl<B: Backend> Core<B> {
+    /// Takes the lock `name` with `options` resolved against the store's config (a
+    /// session store's grants are all watched, without a cap: it has no fixed lease).
+    pub(crate) async fn acquire_named<N: LockName>(
+        self: &Arc<Self>,
+        name: N,
+        options: LockOptions,
+    ) -> Result<LockGuard<B>, LockError> {
+        let config = self.config();
+        let resolved = Resolved::new(config, options)?;
+        let mut request = resolved.request(&config.namespace, &name)?;
+        drop(name);
+        if !self.backend.fixed_leases() {
+            request.watchdog = true;
+            request.max_hold = None;
+            request.lease = config.watchdog_lease();
+        }
+        self.acquire(&request, resolved.wait).await
+    }
+
     /// Takes the lock for `req`, waiting up to `wait`, and counts the outcome once (a
     /// part of a composite lock is counted by the composite instead).
     pub(crate) async fn acquire(
@@ -82,7 +102,6 @@ impl<B: Backend> Core<B> {
                 }
             }
         };
-        let waits = !wait.is_zero();
         // Built only if the lock is busy: an uncontended acquisition never listens.
         let channel = std::sync::OnceLock::new();
         let listen = || {
@@ -90,14 +109,14 @@ impl<B: Backend> Core<B> {
             self.backend.listen(&req.keys, channel)
         };
         let turn = wait_for_turn(&self.config().backoff, listen, deadline, |_| {
-            self.attempt(req, waits)
+            self.attempt(req, deadline)
         })
         .await?;
         match turn {
             Ok(g) => {
                 let valid = match g.valid {
-                    Validity::Until(until) => (until, None),
-                    Validity::Kept => (Instant::now(), Some(self.config().watchdog_lease())),
+                    Validity::Until(until) => (until, false),
+                    Validity::Kept => (Instant::now(), true),
                 };
                 let grant = Arc::new(Grant::new(
                     req.keys.clone(),
@@ -109,7 +128,7 @@ impl<B: Backend> Core<B> {
                     req.part_of.unwrap_or(self.backend.kind()),
                     req.part_of.is_none(),
                 ));
-                if req.watchdog && grant.kept.is_none() {
+                if req.watchdog && !grant.kept {
                     let mut st = grant.state();
                     st.watched = 1;
                     st.next_renewal = Some(Instant::now() + self.config().watchdog_period());
@@ -117,6 +136,9 @@ impl<B: Backend> Core<B> {
                 }
                 ticket.fulfil(grant.clone());
                 self.schedule(&grant);
+                if grant.kept {
+                    self.watch_store_loss(&grant);
+                }
                 tracing::debug!(lock = %req.keys.name, token = ?g.token, waited = ?started.elapsed(), "lock granted");
                 Ok(LockGuard::new(self.clone(), grant, req.watchdog))
             }
@@ -145,14 +167,16 @@ impl<B: Backend> Core<B> {
         }
     }
 
-    /// One acquisition attempt, as a fresh grant number.
+    /// One acquisition attempt, as a fresh grant number, waiting at most until
+    /// `deadline` where the store waits inside the server.
     async fn attempt(
         self: &Arc<Self>,
         req: &Request,
-        waits: bool,
+        deadline: Instant,
     ) -> Result<Turn<Granted<B::Grant>>, LockError> {
         let seq = self.next_seq();
-        match self.backend.take(req, seq, waits).await? {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        match self.backend.take(req, seq, wait).await? {
             Taken::Granted {
                 grant,
                 token,
@@ -196,7 +220,7 @@ impl<B: Backend> Core<B> {
         req: &Request,
     ) -> Result<LockGuard<B>, LockError> {
         let guard = LockGuard::new(self.clone(), grant.clone(), req.watchdog);
-        if grant.kept.is_some() {
+        if grant.kept {
             // The store keeps it while held: no lease to renew or lengthen.
         } else if req.watchdog {
             let mut st = grant.state();

@@ -45,9 +45,41 @@ impl<B: Seam> Core<B> {
 
     /// Puts `grant` under the watchdog, where the store needs one.
     pub(crate) fn schedule(&self, grant: &Arc<Grant<B>>) {
-        if self.backend.renews() && grant.kept.is_none() {
+        if self.backend.renews() && !grant.kept {
             self.watchdog.schedule(grant);
         }
+    }
+
+    /// Forwards the loss the store reports for a kept `grant` (a task that ends with
+    /// the grant, holding it only weakly).
+    pub(crate) fn watch_store_loss(&self, grant: &Arc<Grant<B>>) {
+        let Some(reported) = self.backend.store_loss(&grant.record) else {
+            return;
+        };
+        let (registry, weak) = (self.registry.clone(), Arc::downgrade(grant));
+        cleanup::spawn_task(async move {
+            if let Some(loss) = reported.await
+                && let Some(grant) = weak.upgrade()
+            {
+                registry.lose(&grant, loss);
+            }
+        });
+    }
+
+    /// How long `grant` is known to last from now (zero once lost).
+    pub(crate) fn valid_for(&self, grant: &Grant<B>) -> Duration {
+        if grant.kept {
+            if grant.state().lost.is_some() {
+                return Duration::ZERO;
+            }
+            return self.backend.kept_for(&grant.record);
+        }
+        let st = grant.state();
+        if st.lost.is_some() {
+            return Duration::ZERO;
+        }
+        st.valid_until
+            .saturating_duration_since(tokio::time::Instant::now())
     }
 
     /// Gives back the last hold of a live grant (`lost`: of a grant already lost, which

@@ -134,7 +134,7 @@ impl<B: Backend> LockGuard<B> {
         if *self.lost.borrow() {
             return Duration::ZERO;
         }
-        self.grant.valid_for()
+        self.core.valid_for(&self.grant)
     }
 
     /// Resolves when the lock is lost: a renewal or release found another grant or
@@ -158,7 +158,7 @@ impl<B: Backend> LockGuard<B> {
             // Also on this task's own clock: the lease's end is the loss, whenever the
             // watchdog (on its own runtime, or none for some stores) gets to it.
             loop {
-                if grant.kept.is_some() {
+                if grant.kept {
                     // The sender lives as long as the grant: no error while we wait.
                     let _ = rx.wait_for(|lost| *lost).await;
                     return;
@@ -229,7 +229,7 @@ impl<B: Backend> LockGuard<B> {
         if let Some(loss) = self.grant.state().lost {
             return Err(loss.error(&self.grant.keys.name));
         }
-        let lease = self.grant.valid_for();
+        let lease = self.core.valid_for(&self.grant);
         if lease.is_zero() {
             // Ran out unnoticed: a fresh grant would not be this one.
             return Err(crate::lock::registry::Loss::Expired.error(&self.grant.keys.name));

@@ -15,7 +15,6 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use tokio::sync::futures::OwnedNotified;
 use tokio::sync::{Notify, watch};
@@ -54,8 +53,8 @@ pub(crate) struct Grant<B: Seam> {
     pub(crate) scope: u64,
     /// The store's record of it (on Redis, the value: `<owner>:<grant number>`).
     pub(crate) record: B::Grant,
-    /// `Some(reported validity)`: the store keeps it while held (no local lease).
-    pub(crate) kept: Option<Duration>,
+    /// The store keeps it while held and reports its validity (no local lease).
+    pub(crate) kept: bool,
     /// The fencing token, once taken (with the grant, or on demand).
     pub(crate) token: std::sync::OnceLock<FencingToken>,
     /// Unique per grant in this client (the watchdog's queue key).
@@ -112,7 +111,7 @@ impl<B: Seam> Grant<B> {
         record: B::Grant,
         token: Option<FencingToken>,
         seq: u64,
-        valid: (Instant, Option<Duration>),
+        valid: (Instant, bool),
         store: StoreKind,
         counted: bool,
     ) -> Self {
@@ -145,17 +144,7 @@ impl<B: Seam> Grant<B> {
     /// Whether the lease this client can prove ran out, with nobody having noticed yet
     /// (the watchdog may be late, and some stores have none).
     pub(crate) fn overdue(&self, st: &GrantState) -> bool {
-        self.kept.is_none() && st.lost.is_none() && Instant::now() >= st.valid_until
-    }
-
-    /// How long the grant is known to last from now (zero once lost).
-    pub(crate) fn valid_for(&self) -> Duration {
-        let st = self.state();
-        match (st.lost, self.kept) {
-            (Some(_), _) => Duration::ZERO,
-            (None, Some(reported)) => reported,
-            (None, None) => st.valid_until.saturating_duration_since(Instant::now()),
-        }
+        !self.kept && st.lost.is_none() && Instant::now() >= st.valid_until
     }
 
     /// Counts the release of one hold that returned `result` (`last`: the grant's last
@@ -526,7 +515,7 @@ mod tests {
             format!("c:{scope}:1"),
             Some(FencingToken::new(1, 1)),
             1,
-            (until, None),
+            (until, false),
             StoreKind::Redis,
             true,
         ));
@@ -620,7 +609,7 @@ mod tests {
             "c:3:1".to_owned(),
             None,
             2,
-            (Instant::now(), Some(Duration::from_secs(30))),
+            (Instant::now(), true),
             StoreKind::Redis,
             true,
         ));
@@ -629,6 +618,6 @@ mod tests {
             reg.enter(&kept.keys, 3, false),
             Enter::Reentered(_)
         ));
-        assert_eq!(kept.valid_for(), Duration::from_secs(30));
+        assert!(!kept.is_lost());
     }
 }

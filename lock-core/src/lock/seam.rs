@@ -33,8 +33,8 @@ pub(crate) enum Validity {
     /// Until then, by the local clock (measured from before the request, less any
     /// allowance the store needs for clocks that drift apart).
     Until(Instant),
-    /// As long as it is held: the store keeps the grant itself (a session that is the
-    /// lease), and loses it only through the engine's lost signal.
+    /// As long as the store keeps it (a session that is the lease): the store reports
+    /// its validity ([`Seam::kept_for`]) and its loss ([`Seam::store_loss`]).
     Kept,
 }
 
@@ -75,14 +75,21 @@ pub(crate) trait Seam: Send + Sync + Sized + 'static {
     /// ends by the local clock alone).
     fn renews(&self) -> bool;
 
-    /// One attempt to take `req`'s lock as the engine's grant number `seq`; `waits`:
-    /// the caller will wait if it is busy. A grant whose outcome is unknown (cancelled
-    /// or failed mid-call) is the store's to give back.
+    /// Whether the store applies a fixed lease (`false`: a session store, whose grants
+    /// last as long as their session; every grant is then watched, without a cap).
+    fn fixed_leases(&self) -> bool {
+        true
+    }
+
+    /// One attempt to take `req`'s lock as the engine's grant number `seq`. `wait`: what
+    /// is left of the caller's wait budget (zero: it will not wait); a store that waits
+    /// inside the server may wait that long before it answers busy. A grant whose
+    /// outcome is unknown (cancelled or failed mid-call) is the store's to give back.
     fn take(
         &self,
         req: &Request,
         seq: u64,
-        waits: bool,
+        wait: Duration,
     ) -> impl Future<Output = Result<Taken<Self::Grant>, LockError>> + Send;
 
     /// Gives a grant back: `Ok(Ok(()))` if it was still this grant's. Safe to repeat.
@@ -101,6 +108,23 @@ pub(crate) trait Seam: Send + Sync + Sized + 'static {
     /// Lets a grant run out on its own (no release, no renewal). The default does
     /// nothing: the store's lease ends it.
     fn let_expire(&self, _keys: &LockKeys, _grant: &Self::Grant) {}
+
+    /// How long a kept grant ([`Validity::Kept`]) is known to last from now (zero:
+    /// lost). The default: the watchdog lease, for a store that keeps a grant until it
+    /// is given back.
+    fn kept_for(&self, _grant: &Self::Grant) -> Duration {
+        self.config().watchdog_lease()
+    }
+
+    /// Where the store reports the loss of a kept grant by itself (a session expired,
+    /// a node deleted): a future that resolves with the loss, or with `None` once the
+    /// grant is gone unlost. `None` here: the store never reports one.
+    fn store_loss(
+        &self,
+        _grant: &Self::Grant,
+    ) -> Option<impl Future<Output = Option<Loss>> + Send + 'static> {
+        None::<std::future::Pending<Option<Loss>>>
+    }
 
     /// Lengthens a grant's lease to `lease` from now, never shortening it; answers the
     /// validity it proves.
@@ -136,7 +160,8 @@ pub(crate) trait Seam: Send + Sync + Sized + 'static {
     ) -> impl Future<Output = Result<Held<FencingToken>, LockError>> + Send;
 
     /// Where a waiter for `keys` listens (`channel`: the lock's channel name, built by
-    /// the caller only when it first waits).
+    /// the caller only when it first waits); `None`: between attempts it sleeps its
+    /// backoff (a store that waits inside the server, in `take`).
     fn listen<'a>(&'a self, keys: &LockKeys, channel: &'a str) -> Option<Listen<'a>>;
 
     /// The lock's channel name, where [`listen`](Self::listen) needs one.

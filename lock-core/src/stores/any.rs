@@ -13,8 +13,6 @@ use crate::lock::Released;
 use crate::owner::FencingToken;
 use crate::redlock::Redlock;
 use crate::redlock::RedlockGuard;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "zookeeper"))]
-use crate::stores::StoreGuard;
 use crate::stores::memory::{MemoryGuard, MemoryLocks};
 use crate::traits::DistributedLock;
 use crate::traits::HeldLock;
@@ -86,9 +84,15 @@ pub enum AnyGuard {
     Redlock(RedlockGuard),
     /// A lock in this process's memory.
     Memory(MemoryGuard),
-    /// A lock of another store (PostgreSQL, MySQL, ZooKeeper).
-    #[cfg(any(feature = "postgres", feature = "mysql", feature = "zookeeper"))]
-    Store(StoreGuard),
+    /// A PostgreSQL lock.
+    #[cfg(feature = "postgres")]
+    Postgres(crate::PostgresGuard),
+    /// A MySQL or MariaDB lock.
+    #[cfg(feature = "mysql")]
+    Mysql(crate::MysqlGuard),
+    /// A ZooKeeper lock.
+    #[cfg(feature = "zookeeper")]
+    Zookeeper(crate::ZkGuard),
 }
 
 impl AnyLocks {
@@ -192,11 +196,11 @@ impl AnyLocks {
             Self::Redlock(r) => AnyGuard::Redlock(r.acquire(name, options).await?),
             Self::Memory(m) => AnyGuard::Memory(m.acquire(name, options).await?),
             #[cfg(feature = "postgres")]
-            Self::Postgres(p) => AnyGuard::Store(p.acquire(name, options).await?),
+            Self::Postgres(p) => AnyGuard::Postgres(p.acquire(name, options).await?),
             #[cfg(feature = "mysql")]
-            Self::Mysql(m) => AnyGuard::Store(m.acquire(name, options).await?),
+            Self::Mysql(m) => AnyGuard::Mysql(m.acquire(name, options).await?),
             #[cfg(feature = "zookeeper")]
-            Self::Zookeeper(z) => AnyGuard::Store(z.acquire(name, options).await?),
+            Self::Zookeeper(z) => AnyGuard::Zookeeper(z.acquire(name, options).await?),
         })
     }
 }
@@ -268,8 +272,12 @@ macro_rules! each {
             AnyGuard::Redis($g) => $body,
             AnyGuard::Redlock($g) => $body,
             AnyGuard::Memory($g) => $body,
-            #[cfg(any(feature = "postgres", feature = "mysql", feature = "zookeeper"))]
-            AnyGuard::Store($g) => $body,
+            #[cfg(feature = "postgres")]
+            AnyGuard::Postgres($g) => $body,
+            #[cfg(feature = "mysql")]
+            AnyGuard::Mysql($g) => $body,
+            #[cfg(feature = "zookeeper")]
+            AnyGuard::Zookeeper($g) => $body,
         }
     };
 }

@@ -1,23 +1,23 @@
-//! Lock stores other than Redis, behind the same [`DistributedLock`](crate::DistributedLock)
-//! trait and the same guard ([`StoreGuard`]): the in-memory store (always built), and
-//! the database and ZooKeeper stores behind their cargo features.
+//! The facades of the stores other than Redis, each the lock engine over its backend
+//! (one guard type, [`LockGuard<B>`](crate::LockGuard), and the same
+//! [`DistributedLock`](crate::DistributedLock) trait): the in-memory store (always
+//! built), and the database and ZooKeeper stores behind their cargo features; and
+//! [`AnyLocks`], which picks one from a URL.
 
 pub(crate) mod any;
+pub(crate) mod locks;
 pub(crate) mod memory;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "zookeeper"))]
-pub(crate) mod session;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) mod sql;
 #[cfg(feature = "zookeeper")]
 pub(crate) mod zookeeper;
 
 pub use any::{AnyGuard, AnyLocks};
+pub use locks::Locks;
 pub use memory::{MemoryGuard, MemoryLocks};
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "zookeeper"))]
-pub use session::StoreGuard;
 #[cfg(feature = "mysql")]
-pub use sql::mysql::{FENCE_TABLE as MYSQL_FENCE_TABLE, MysqlLocks};
+pub use sql::mysql::{FENCE_TABLE as MYSQL_FENCE_TABLE, MysqlGuard, MysqlLocks};
 #[cfg(feature = "postgres")]
-pub use sql::postgres::{FENCE_SEQUENCE as POSTGRES_FENCE_SEQUENCE, PostgresLocks};
+pub use sql::postgres::{FENCE_SEQUENCE as POSTGRES_FENCE_SEQUENCE, PostgresGuard, PostgresLocks};
 #[cfg(feature = "zookeeper")]
-pub use zookeeper::ZkLocks;
+pub use zookeeper::{ZkGuard, ZkLocks};

@@ -190,7 +190,9 @@ fn grant(handle: usize, g: &AnyGuard) -> Option<String> {
             .rsplit_once(':')
             .map(|(_, scope)| format!("{handle}/{scope}")),
         AnyGuard::Memory(g) => g.fencing_token().map(|t| format!("{handle}/{}", t.get())),
-        AnyGuard::Store(g) => g.fencing_token().map(|t| format!("{handle}/{}", t.get())),
+        AnyGuard::Postgres(g) => g.fencing_token().map(|t| format!("{handle}/{}", t.get())),
+        AnyGuard::Mysql(g) => g.fencing_token().map(|t| format!("{handle}/{}", t.get())),
+        AnyGuard::Zookeeper(g) => g.fencing_token().map(|t| format!("{handle}/{}", t.get())),
         other => panic!("no model for {other:?}"),
     }
 }
@@ -200,7 +202,9 @@ async fn reenter(g: &AnyGuard) -> Option<AnyGuard> {
         AnyGuard::Redis(g) => g.reenter().await.ok().map(AnyGuard::Redis),
         AnyGuard::Redlock(g) => g.reenter().await.ok().map(AnyGuard::Redlock),
         AnyGuard::Memory(g) => g.reenter().await.ok().map(AnyGuard::Memory),
-        AnyGuard::Store(g) => g.reenter().ok().map(AnyGuard::Store),
+        AnyGuard::Postgres(g) => g.reenter().await.ok().map(AnyGuard::Postgres),
+        AnyGuard::Mysql(g) => g.reenter().await.ok().map(AnyGuard::Mysql),
+        AnyGuard::Zookeeper(g) => g.reenter().await.ok().map(AnyGuard::Zookeeper),
         other => panic!("no model for {other:?}"),
     }
 }

@@ -121,3 +121,33 @@ where
         .unwrap();
     g.release().await.unwrap();
 }
+
+/// A session store applies no fixed lease and no max-hold: a grant asked for 50 ms
+/// (capped at 50 ms) is still held, and `b` refused, after `past` (longer than the
+/// store's watchdog lease, which a grant is first known to last); kept until the end
+/// with `hold_until_expiry`, it is given back (a session lock has no lease to run
+/// out), so a waiting `b` gets it.
+pub async fn session_locks_ignore_leases_and_give_back_on_expiry<L>(a: &L, b: &L, past: Duration)
+where
+    L: DistributedLock,
+{
+    use lock_core::Lease;
+    let short = LockOptions::new()
+        .lease(Lease::Fixed(Duration::from_millis(50)))
+        .max_hold(Duration::from_millis(50));
+    let g = a.acquire("lease", short).await.unwrap();
+    // Time passing past the lease is what is tested here.
+    tokio::time::sleep(past).await;
+    assert!(
+        g.is_held(),
+        "a session lock ended with a lease it does not have"
+    );
+    let err = b.try_lock_named("lease").await.map(drop).unwrap_err();
+    assert!(err.is_busy(), "{err}");
+    g.hold_until_expiry();
+    let again = b
+        .acquire("lease", LockOptions::new().wait(Duration::from_secs(5)))
+        .await
+        .expect("hold_until_expiry gives a session lock back");
+    assert_eq!(again.release().await.unwrap(), Released::Unlocked);
+}

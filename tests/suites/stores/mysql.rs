@@ -149,3 +149,11 @@ async fn a_short_name_spelling_a_long_names_hashed_form_is_another_lock() {
     other.release().await.unwrap();
     held.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_leases_do_not_apply_and_hold_until_expiry_gives_back() {
+    let server = MariaDbServer::start();
+    let (a, b) = (locks(&server).await, locks(&server).await);
+    let past = a.config().watchdog_lease() * 2;
+    checks::session_locks_ignore_leases_and_give_back_on_expiry(&a, &b, past).await;
+}

@@ -240,3 +240,11 @@ async fn a_release_cancelled_while_waiting_for_its_session_leaves_no_lock_held()
     }
     assert_eq!(holder(&other, key).await, None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_leases_do_not_apply_and_hold_until_expiry_gives_back() {
+    let server = PostgresServer::start();
+    let (a, b) = (locks(&server).await, locks(&server).await);
+    let past = a.config().watchdog_lease() * 2;
+    checks::session_locks_ignore_leases_and_give_back_on_expiry(&a, &b, past).await;
+}

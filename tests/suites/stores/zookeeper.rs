@@ -193,3 +193,11 @@ async fn a_lost_connection_suspends_then_loses_the_lock() {
     assert!(!g.is_held());
     server.resume();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_leases_do_not_apply_and_hold_until_expiry_gives_back() {
+    let server = ZooKeeperServer::start();
+    let (a, b) = (locks(&server).await, locks(&server).await);
+    let past = a.config().watchdog_lease() * 2;
+    checks::session_locks_ignore_leases_and_give_back_on_expiry(&a, &b, past).await;
+}

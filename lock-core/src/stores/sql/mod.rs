@@ -1,5 +1,6 @@
-//! What the database stores share: a lock held by one pooled session for the guard's
-//! life, a task that checks that session, and the rule that a session whose state is
+//! What the database stores share: the engine's backend for session locks
+//! ([`SqlBackend`]): a lock held by one pooled session for the grant's life, checked by
+//! the engine's watchdog every period, and the rule that a session whose state is
 //! unknown is closed, never pooled.
 
 #[cfg(feature = "mysql")]
@@ -14,13 +15,17 @@ use std::time::Duration;
 
 use sqlx::pool::{PoolConnection, PoolOptions};
 use sqlx::{Database, Pool};
-use tokio::sync::{Mutex, watch};
+use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-use super::session::{BoxFuture, Hold};
 use crate::client::config::LockConfig;
+use crate::client::store::key::LockKeys;
+use crate::client::wait::Listen;
 use crate::error::LockError;
-use crate::metrics::{self, Renewal, StoreKind};
+use crate::lock::Request;
+use crate::lock::registry::Loss;
+use crate::lock::seam::{Backend, Held, Seam, Taken, Validity};
+use crate::metrics::StoreKind;
 use crate::owner::FencingToken;
 
 /// A future borrowing a session.
@@ -140,133 +145,192 @@ impl<DB: Database> Drop for Closing<DB> {
     }
 }
 
-/// One session lock and the task checking its session every watchdog period: a
-/// failed or late check fires `lost()`; `valid_for` runs from the last good check
-/// plus the watchdog lease.
-pub(crate) struct SqlHold<D: Dialect> {
-    dialect: Arc<D>,
-    name: String,
+/// One session lock: the pooled connection whose session holds it, and its token.
+/// Dropped with the connection still in it (a grant nobody gave back), the
+/// connection is closed, which frees the lock in the server.
+pub(crate) struct Session<D: Dialect> {
+    dialect: D,
     token: u64,
     /// Closed, never pooled, if dropped here: a release cut short while it waits for
     /// the session must not hand a session that holds the lock back to the pool.
-    conn: Arc<Mutex<Option<Closing<D::Db>>>>,
-    /// Until when the session is known to hold the lock (`None` once lost).
-    alive: watch::Receiver<Option<Instant>>,
-    monitor: tokio::task::JoinHandle<()>,
+    conn: Mutex<Option<Closing<D::Db>>>,
 }
 
-impl<D: Dialect> SqlHold<D> {
-    pub(crate) fn start(
-        dialect: D,
-        config: &LockConfig,
-        name: String,
-        token: u64,
-        conn: PoolConnection<D::Db>,
-    ) -> Self {
-        let dialect = Arc::new(dialect);
-        let lease = config.watchdog_lease();
-        let period = config.watchdog_period();
-        let (tx, alive) = watch::channel(Some(Instant::now() + lease));
-        let conn = Arc::new(Mutex::new(Some(Closing::new(conn))));
-        let (checked, checker, lock) = (conn.clone(), dialect.clone(), name.clone());
-        let monitor = tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(period).await;
-                let sent = Instant::now();
-                let Some(until) = *tx.borrow() else { return };
-                let check = async {
-                    let mut conn = checked.lock().await;
-                    match conn.as_mut() {
-                        Some(c) => checker.check(c.get()).await,
-                        None => false,
-                    }
-                };
-                // A session check is this store's renewal: it extends what the guard
-                // may count on.
-                let checked = tokio::time::timeout_at(until, check).await;
-                metrics::renewal_call(D::KIND, sent.elapsed());
-                let renewal = match checked {
-                    Ok(true) => Renewal::Renewed,
-                    Ok(false) => Renewal::Expired,
-                    Err(_) => Renewal::Error,
-                };
-                metrics::renewed(D::KIND, renewal, 1);
-                if renewal == Renewal::Renewed {
-                    tx.send_replace(Some(sent + lease));
-                } else {
-                    tracing::warn!(lock = %lock, store = D::STORE, "lock lost: its session no longer holds it or stopped answering");
-                    tx.send_replace(None);
-                    metrics::lost(D::KIND);
-                    return;
-                }
-            }
-        });
-        Self {
-            dialect,
-            name,
-            token,
-            conn,
-            alive,
-            monitor,
+/// Gives the lock of `session` back: `Ok` if the session still held it. The
+/// connection goes back to the pool only when the unlock is confirmed.
+async fn unlock<D: Dialect>(session: &Session<D>) -> Held {
+    let mut slot = session.conn.lock().await;
+    let Some(mut c) = slot.take() else {
+        return Err(Loss::Expired);
+    };
+    match session.dialect.unlock(c.get()).await {
+        Ok(true) => {
+            drop(c.keep());
+            Ok(())
         }
+        // The session no longer held it, or is gone (closed now): the lock was lost.
+        Ok(false) | Err(_) => Err(Loss::Expired),
     }
 }
 
-impl<D: Dialect> Drop for SqlHold<D> {
-    fn drop(&mut self) {
-        self.monitor.abort();
-    }
-}
-
-impl<D: Dialect> Hold for SqlHold<D> {
-    fn valid_for(&self) -> Duration {
-        match *self.alive.borrow() {
-            Some(until) => until.saturating_duration_since(Instant::now()),
-            None => Duration::ZERO,
+/// Asks the session of `session` whether it still holds its lock, within `within`:
+/// a session check is this store's renewal, proving the lock until `sent + lease`.
+async fn check<D: Dialect>(
+    session: &Session<D>,
+    lease: Duration,
+    within: Duration,
+) -> Held<Instant> {
+    let sent = Instant::now();
+    let asked = async {
+        let mut conn = session.conn.lock().await;
+        match conn.as_mut() {
+            Some(c) => session.dialect.check(c.get()).await,
+            None => false,
         }
+    };
+    match tokio::time::timeout(within, asked).await {
+        Ok(true) => Ok(sent + lease),
+        // Not held, or no answer in time: a session store cannot tell those apart
+        // from a killed session, so the lock counts as lost.
+        _ => Err(Loss::Expired),
+    }
+}
+
+/// A lock taken in the server: its token and the connection whose session holds it.
+pub(crate) type Granted<D> = (u64, PoolConnection<<D as Dialect>::Db>);
+
+/// What one database adds to the shared session-lock protocol: where a lock lives,
+/// and how to take it once.
+pub(crate) trait SqlStore: Send + Sync + 'static {
+    /// The lock's target in the server (an advisory key, a `GET_LOCK` name), which
+    /// checks and unlocks it.
+    type Dialect: Dialect;
+
+    fn config(&self) -> &LockConfig;
+
+    /// The target of the lock named `name` (escaped) in the config's namespace.
+    fn target(&self, name: &str) -> Self::Dialect;
+
+    /// Takes `target` once, waiting in the server up to `wait`: its token and the
+    /// connection whose session holds it, or `None` if busy. Cancelled or failed, the
+    /// connection is closed, never pooled.
+    fn grant(
+        &self,
+        target: &Self::Dialect,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Option<Granted<Self::Dialect>>, LockError>> + Send;
+}
+
+/// Session locks on a database (PostgreSQL advisory locks, MySQL `GET_LOCK`): the
+/// backend of [`PostgresLocks`](crate::PostgresLocks) and
+/// [`MysqlLocks`](crate::MysqlLocks). A grant lives as long as its session: no fixed
+/// lease, and the watchdog checks every grant's session each period.
+pub struct SqlBackend<S> {
+    pub(crate) store: S,
+}
+
+impl<S> std::fmt::Debug for SqlBackend<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlBackend").finish_non_exhaustive()
+    }
+}
+
+#[allow(private_bounds)] // sealed: the stores of this crate
+impl<S: SqlStore> Backend for SqlBackend<S> {}
+
+impl<S: SqlStore> Seam for SqlBackend<S> {
+    type Grant = Arc<Session<S::Dialect>>;
+
+    fn kind(&self) -> StoreKind {
+        <S::Dialect as Dialect>::KIND
     }
 
-    fn token(&self) -> Option<FencingToken> {
-        Some(FencingToken::new(self.token, self.token))
+    fn config(&self) -> &LockConfig {
+        self.store.config()
     }
 
-    fn lost(&self) -> BoxFuture<()> {
-        let mut alive = self.alive.clone();
-        Box::pin(async move {
-            // A closed channel (the hold is gone) also ends the wait.
-            let _ = alive.wait_for(Option::is_none).await;
+    fn renews(&self) -> bool {
+        true
+    }
+
+    fn fixed_leases(&self) -> bool {
+        false
+    }
+
+    async fn take(
+        &self,
+        req: &Request,
+        _seq: u64,
+        wait: Duration,
+    ) -> Result<Taken<Self::Grant>, LockError> {
+        let config = self.store.config();
+        let dialect = self.store.target(&req.keys.name);
+        let store = <S::Dialect as Dialect>::STORE;
+        let granted = bounded(store, wait, config, self.store.grant(&dialect, wait)).await?;
+        let Some((token, conn)) = granted else {
+            // The server has no holder lease to tell: the first backoff step.
+            return Ok(Taken::Busy {
+                retry_after: config.backoff.initial,
+            });
+        };
+        Ok(Taken::Granted {
+            grant: Arc::new(Session {
+                dialect,
+                token,
+                conn: Mutex::new(Some(Closing::new(conn))),
+            }),
+            token: Some(FencingToken::new(token, token)),
+            valid: Validity::Until(Instant::now() + config.watchdog_lease()),
         })
     }
 
-    fn release(self: Box<Self>) -> BoxFuture<Result<(), LockError>> {
-        self.monitor.abort();
-        let (conn, dialect, name) = (self.conn.clone(), self.dialect.clone(), self.name.clone());
-        let lost = self.alive.borrow().is_none();
-        Box::pin(async move {
-            let mut slot = conn.lock().await;
-            // Closed rather than pooled unless the unlock is confirmed.
-            let Some(mut c) = slot.take() else {
-                return Err(LockError::Expired { key: name });
-            };
-            match dialect.unlock(c.get()).await {
-                Ok(true) => {
-                    drop(c.keep());
-                    if lost {
-                        Err(LockError::Expired { key: name })
-                    } else {
-                        Ok(())
-                    }
-                }
-                // The session no longer held it, or is gone: the lock was lost.
-                Ok(false) | Err(_) => Err(LockError::Expired { key: name }),
-            }
-        })
+    async fn give_back(&self, _keys: &LockKeys, grant: &Self::Grant) -> Result<Held, LockError> {
+        Ok(unlock(grant).await)
     }
 
-    fn release_in_background(self: Box<Self>) {
-        let name = self.name.clone();
-        crate::client::cleanup::spawn("releasing a database lock", name, async move {
-            self.release().await
+    fn let_expire(&self, keys: &LockKeys, grant: &Self::Grant) {
+        // A session lock has no lease to run out: it is given back.
+        let grant = grant.clone();
+        crate::client::cleanup::spawn("releasing a database lock", keys.name.clone(), async move {
+            let _ = unlock(&grant).await;
+            Ok(())
         });
+    }
+
+    async fn extend(
+        &self,
+        _keys: &LockKeys,
+        grant: &Self::Grant,
+        _lease: Duration,
+    ) -> Result<Held<Instant>, LockError> {
+        // A check proves the session's hold for one watchdog lease, whatever was asked.
+        let config = self.store.config();
+        Ok(check(grant, config.watchdog_lease(), config.command_timeout).await)
+    }
+
+    async fn renew(
+        &self,
+        grants: &[(&LockKeys, &Self::Grant)],
+        lease: Duration,
+        within: Duration,
+    ) -> Result<Vec<Held<Instant>>, LockError> {
+        let checks = grants
+            .iter()
+            .map(|(_, session)| check(session, lease, within));
+        Ok(futures_util::future::join_all(checks).await)
+    }
+
+    async fn fence(
+        &self,
+        _keys: &LockKeys,
+        grant: &Self::Grant,
+        _seq: u64,
+    ) -> Result<Held<FencingToken>, LockError> {
+        Ok(Ok(FencingToken::new(grant.token, grant.token)))
+    }
+
+    fn listen<'a>(&'a self, _keys: &LockKeys, _channel: &'a str) -> Option<Listen<'a>> {
+        // Waiters wait inside the server, in `take`.
+        None
     }
 }

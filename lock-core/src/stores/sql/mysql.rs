@@ -1,6 +1,5 @@
 //! [`MysqlLocks`]: `GET_LOCK` named locks on MySQL or MariaDB, through `sqlx`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
@@ -8,11 +7,18 @@ use sqlx::{MySql, MySqlPool};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use super::super::session::Stores;
-use super::{Closing, ConnFuture, Dialect, SqlHold, fnv1a64};
+use super::{Closing, ConnFuture, Dialect, SqlBackend, SqlStore, fnv1a64};
 use crate::client::config::LockConfig;
 use crate::client::store::key::{self, LockName};
 use crate::error::LockError;
+use crate::lock::LockGuard;
+use crate::stores::locks::Locks;
+
+/// The backend of [`MysqlLocks`]: `GET_LOCK` named locks.
+pub type MysqlBackend = SqlBackend<MysqlStore>;
+
+/// The guard of a [`MysqlLocks`] lock: the engine's guard on MySQL or MariaDB.
+pub type MysqlGuard = LockGuard<MysqlBackend>;
 
 const STORE: &str = "mysql";
 
@@ -42,7 +48,7 @@ pub(crate) const MAX_SERVER_NAME: usize = 64;
 /// - **Loss**: every [`LockConfig::watchdog_period`] the guard's session is asked
 ///   whether it still holds the lock (`IS_USED_LOCK(name) = CONNECTION_ID()`, bounded
 ///   by the time left); a killed connection (`KILL`, a restart, a broken network) fires
-///   [`StoreGuard::lost`], and [`StoreGuard::valid_for`] counts from the last check
+///   [`LockGuard::lost`], and [`LockGuard::valid_for`] counts from the last check
 ///   plus the watchdog lease.
 /// - **Fencing tokens** come from one counter row in [`FENCE_TABLE`]
 ///   (`UPDATE ... SET n = LAST_INSERT_ID(n + 1)`) taken right after the grant, so they
@@ -50,7 +56,8 @@ pub(crate) const MAX_SERVER_NAME: usize = 64;
 ///   created on first use (`CREATE TABLE IF NOT EXISTS`), which needs that right; every
 ///   grant in the database updates that one row.
 /// - **Leases** from [`Lease::Fixed`](crate::Lease::Fixed) are not applied: a session
-///   lock lasts until released or until the session ends. `hold_until_expiry` releases.
+///   lock lasts until released or until the session ends, and a max-hold does not
+///   apply either. `hold_until_expiry` releases.
 /// - A cancelled acquisition closes its connection instead of returning it to the pool,
 ///   so a lock granted after the cancellation dies with the session.
 /// - **Bounded**: an acquisition ends within its wait budget plus one
@@ -68,37 +75,30 @@ pub(crate) const MAX_SERVER_NAME: usize = 64;
 /// # Ok(()) }
 /// ```
 ///
-/// [`StoreGuard::lost`]: crate::StoreGuard::lost
-/// [`StoreGuard::valid_for`]: crate::StoreGuard::valid_for
-#[derive(Clone, Debug)]
-pub struct MysqlLocks {
-    inner: Arc<Inner>,
-}
+pub type MysqlLocks = Locks<MysqlBackend>;
 
+/// What MySQL adds to the session-lock protocol: the pool and the token counter.
 #[derive(Debug)]
-struct Inner {
+pub struct MysqlStore {
     pool: MySqlPool,
     config: LockConfig,
     counter: OnceCell<()>,
-    stores: Arc<Stores>,
 }
 
 fn store_error(e: sqlx::Error) -> LockError {
     super::store_error(STORE, e)
 }
 
-impl MysqlLocks {
+impl Locks<MysqlBackend> {
     /// Locks on the database of `pool` (your application's pool can be shared: each
     /// held lock keeps one of its connections).
     pub fn new(pool: MySqlPool, config: LockConfig) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                pool,
-                config,
-                counter: OnceCell::new(),
-                stores: Arc::new(Stores::new(crate::metrics::StoreKind::Mysql)),
-            }),
-        }
+        let store = MysqlStore {
+            pool,
+            config,
+            counter: OnceCell::new(),
+        };
+        Self::over(SqlBackend { store })
     }
 
     /// Connects a pool to `url` (`mysql://user:password@host:port/database`).
@@ -109,20 +109,17 @@ impl MysqlLocks {
 
     /// The pool locks are taken on.
     pub fn pool(&self) -> &MySqlPool {
-        &self.inner.pool
+        &self.backend().store.pool
     }
 
     /// The name `GET_LOCK` is given for the lock `name`.
     pub fn server_name<N: LockName>(&self, name: N) -> Result<String, LockError> {
-        let name = key::escaped_name(&self.inner.config.delimiter, &name)?;
-        Ok(server_name(&self.inner.config.namespace, &name))
+        let config = self.config();
+        let name = key::escaped_name(&config.delimiter, &name)?;
+        Ok(server_name(&config.namespace, &name))
     }
-
-    super::super::session::store_conveniences!(server_name);
 }
 
-/// `<namespace>:<name>` in its fold-proof form, or hashed when that is longer than the
-/// server's limit.
 fn server_name(namespace: &str, name: &str) -> String {
     let full = format!("{namespace}:{name}");
     let sent = fold_proof(&full);
@@ -162,7 +159,7 @@ fn fold_proof(text: &str) -> String {
     out
 }
 
-impl Inner {
+impl MysqlStore {
     async fn ensure_counter(&self, conn: &mut PoolConnection<MySql>) -> Result<(), LockError> {
         self.counter
             .get_or_try_init(|| async {
@@ -183,24 +180,28 @@ impl Inner {
             .await
             .map(|_| ())
     }
+}
 
-    async fn take(
-        self: Arc<Self>,
-        name: String,
-        sent: String,
-        wait: Duration,
-    ) -> Result<SqlHold<NamedLock>, LockError> {
-        let grant = self.clone().grant(name, sent, wait);
-        super::bounded(STORE, wait, &self.config, grant).await
+impl SqlStore for MysqlStore {
+    type Dialect = NamedLock;
+
+    fn config(&self) -> &LockConfig {
+        &self.config
+    }
+
+    fn target(&self, name: &str) -> NamedLock {
+        NamedLock {
+            name: server_name(&self.config.namespace, name),
+        }
     }
 
     async fn grant(
-        self: Arc<Self>,
-        name: String,
-        sent: String,
+        &self,
+        target: &NamedLock,
         wait: Duration,
-    ) -> Result<SqlHold<NamedLock>, LockError> {
+    ) -> Result<Option<(u64, PoolConnection<MySql>)>, LockError> {
         let started = Instant::now();
+        let sent = &target.name;
         // Until the answer is in, a cancellation or a failure must not give this session
         // back to the pool: it may hold the lock.
         let mut pending = Closing::new(self.pool.acquire().await.map_err(store_error)?);
@@ -209,7 +210,7 @@ impl Inner {
         let left = wait.saturating_sub(started.elapsed());
         // 1: granted, 0: timed out, NULL: an error (the server logs it).
         let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
-            .bind(&sent)
+            .bind(sent)
             .bind(left.as_secs_f64())
             .fetch_one(&mut **conn)
             .await
@@ -219,17 +220,7 @@ impl Inner {
             Some(_) => {
                 // It holds nothing: it may be pooled again.
                 drop(pending.keep());
-                return Err(if wait.is_zero() {
-                    LockError::Busy {
-                        key: name,
-                        retry_after: self.config.backoff.initial,
-                    }
-                } else {
-                    LockError::Timeout {
-                        key: name,
-                        waited: started.elapsed(),
-                    }
-                });
+                return Ok(None);
             }
             None => {
                 return Err(LockError::Store {
@@ -244,19 +235,12 @@ impl Inner {
         .execute(&mut **conn)
         .await
         .map_err(store_error)?;
-        let token = counted.last_insert_id();
-        Ok(SqlHold::start(
-            NamedLock { name: sent },
-            &self.config,
-            name,
-            token,
-            pending.keep(),
-        ))
+        Ok(Some((counted.last_insert_id(), pending.keep())))
     }
 }
 
 /// One `GET_LOCK` name.
-struct NamedLock {
+pub(crate) struct NamedLock {
     name: String,
 }
 

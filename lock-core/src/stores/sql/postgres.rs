@@ -1,6 +1,5 @@
 //! [`PostgresLocks`]: session-level advisory locks on PostgreSQL, through `sqlx`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
@@ -8,11 +7,18 @@ use sqlx::{PgPool, Postgres};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use super::super::session::Stores;
-use super::{Closing, ConnFuture, Dialect, SqlHold};
+use super::{Closing, ConnFuture, Dialect, SqlBackend, SqlStore};
 use crate::client::config::LockConfig;
 use crate::client::store::key::{self, LockName};
 use crate::error::LockError;
+use crate::lock::LockGuard;
+use crate::stores::locks::Locks;
+
+/// The backend of [`PostgresLocks`]: session advisory locks.
+pub type PostgresBackend = SqlBackend<PgStore>;
+
+/// The guard of a [`PostgresLocks`] lock: the engine's guard on PostgreSQL.
+pub type PostgresGuard = LockGuard<PostgresBackend>;
 
 const STORE: &str = "postgres";
 
@@ -33,7 +39,7 @@ pub const FENCE_SEQUENCE: &str = "lock_core_fence";
 /// - **Loss**: every [`LockConfig::watchdog_period`] the guard's session is asked
 ///   whether it still holds the lock (`pg_locks` rows of `pg_backend_pid()`, bounded by
 ///   the time left); a killed session (`pg_terminate_backend`, a restart, a broken
-///   network) fires [`StoreGuard::lost`], and [`StoreGuard::valid_for`] counts from the
+///   network) fires [`LockGuard::lost`], and [`LockGuard::valid_for`] counts from the
 ///   last check plus the watchdog lease.
 /// - **Session pooling is required**: an advisory lock belongs to the server session
 ///   (backend) that took it. Behind a pooler in transaction or statement mode
@@ -49,7 +55,8 @@ pub const FENCE_SEQUENCE: &str = "lock_core_fence";
 ///   statement as the lock, so they grow with every grant in the database. It is
 ///   created on first use (`CREATE SEQUENCE IF NOT EXISTS`), which needs that right.
 /// - **Leases** from [`Lease::Fixed`](crate::Lease::Fixed) are not applied: a session
-///   lock lasts until released or until the session ends. `hold_until_expiry` releases.
+///   lock lasts until released or until the session ends, and a max-hold does not
+///   apply either. `hold_until_expiry` releases.
 /// - A cancelled acquisition closes its connection instead of returning it to the pool,
 ///   so a lock granted after the cancellation dies with the session.
 ///
@@ -66,33 +73,26 @@ pub const FENCE_SEQUENCE: &str = "lock_core_fence";
 /// # Ok(()) }
 /// ```
 ///
-/// [`StoreGuard::lost`]: crate::StoreGuard::lost
-/// [`StoreGuard::valid_for`]: crate::StoreGuard::valid_for
-#[derive(Clone, Debug)]
-pub struct PostgresLocks {
-    inner: Arc<Inner>,
-}
+pub type PostgresLocks = Locks<PostgresBackend>;
 
+/// What PostgreSQL adds to the session-lock protocol: the pool and the token sequence.
 #[derive(Debug)]
-struct Inner {
+pub struct PgStore {
     pool: PgPool,
     config: LockConfig,
     sequence: OnceCell<()>,
-    stores: Arc<Stores>,
 }
 
-impl PostgresLocks {
+impl Locks<PostgresBackend> {
     /// Locks on the database of `pool` (your application's pool can be shared: each
     /// held lock keeps one of its connections).
     pub fn new(pool: PgPool, config: LockConfig) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                pool,
-                config,
-                sequence: OnceCell::new(),
-                stores: Arc::new(Stores::new(crate::metrics::StoreKind::Postgres)),
-            }),
-        }
+        let store = PgStore {
+            pool,
+            config,
+            sequence: OnceCell::new(),
+        };
+        Self::over(SqlBackend { store })
     }
 
     /// Connects a pool to `url` (`postgres://user:password@host:port/database`).
@@ -103,16 +103,15 @@ impl PostgresLocks {
 
     /// The pool locks are taken on.
     pub fn pool(&self) -> &PgPool {
-        &self.inner.pool
+        &self.backend().store.pool
     }
 
     /// The advisory lock key of `name` (as `pg_locks.classid << 32 | objid` shows it).
     pub fn advisory_key<N: LockName>(&self, name: N) -> Result<i64, LockError> {
-        let name = key::escaped_name(&self.inner.config.delimiter, &name)?;
-        Ok(advisory_key(&self.inner.config.namespace, &name))
+        let config = self.config();
+        let name = key::escaped_name(&config.delimiter, &name)?;
+        Ok(advisory_key(&config.namespace, &name))
     }
-
-    super::super::session::store_conveniences!(advisory_key);
 }
 
 /// FNV-1a 64 of `<namespace>:<name>`, as a signed advisory key.
@@ -129,7 +128,7 @@ fn store_error(e: sqlx::Error) -> LockError {
 /// `lock_not_available`: `lock_timeout` ran out.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 
-impl Inner {
+impl PgStore {
     async fn ensure_sequence(&self, conn: &mut PoolConnection<Postgres>) -> Result<(), LockError> {
         self.sequence
             .get_or_try_init(|| async {
@@ -148,24 +147,28 @@ impl Inner {
             .await
             .map(|_| ())
     }
+}
 
-    async fn take(
-        self: Arc<Self>,
-        name: String,
-        key: i64,
-        wait: Duration,
-    ) -> Result<SqlHold<Advisory>, LockError> {
-        let grant = self.clone().grant(name, key, wait);
-        super::bounded(STORE, wait, &self.config, grant).await
+impl SqlStore for PgStore {
+    type Dialect = Advisory;
+
+    fn config(&self) -> &LockConfig {
+        &self.config
+    }
+
+    fn target(&self, name: &str) -> Advisory {
+        Advisory {
+            key: advisory_key(&self.config.namespace, name),
+        }
     }
 
     async fn grant(
-        self: Arc<Self>,
-        name: String,
-        key: i64,
+        &self,
+        target: &Advisory,
         wait: Duration,
-    ) -> Result<SqlHold<Advisory>, LockError> {
+    ) -> Result<Option<(u64, PoolConnection<Postgres>)>, LockError> {
         let started = Instant::now();
+        let key = target.key;
         // Until the answer is in, a cancellation or a failure must not give this session
         // back to the pool: it may hold the lock.
         let mut pending = Closing::new(self.pool.acquire().await.map_err(store_error)?);
@@ -208,10 +211,7 @@ impl Inner {
                         // It holds nothing: it may be pooled again.
                         drop(pending.keep());
                     }
-                    return Err(LockError::Timeout {
-                        key: name,
-                        waited: started.elapsed(),
-                    });
+                    return Ok(None);
                 }
                 Err(e) => return Err(store_error(e)),
             }
@@ -219,24 +219,15 @@ impl Inner {
         let Some(token) = token else {
             // Refused at once: the session holds nothing and may be pooled again.
             drop(pending.keep());
-            return Err(LockError::Busy {
-                key: name,
-                retry_after: self.config.backoff.initial,
-            });
+            return Ok(None);
         };
         let token = u64::try_from(token).unwrap_or_default();
-        Ok(SqlHold::start(
-            Advisory { key },
-            &self.config,
-            name,
-            token,
-            pending.keep(),
-        ))
+        Ok(Some((token, pending.keep())))
     }
 }
 
 /// Session advisory locks on one 64-bit key.
-struct Advisory {
+pub(crate) struct Advisory {
     key: i64,
 }
 

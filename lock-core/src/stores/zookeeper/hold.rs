@@ -1,5 +1,7 @@
 //! One held contender node and the task watching its session and node.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -7,11 +9,13 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use super::{node, terminal, zk_error};
-use crate::client::cleanup::{self, OnDrop};
 use crate::error::LockError;
+use crate::lock::registry::Loss;
+use crate::lock::seam::Held;
 use crate::metrics::{self, StoreKind};
-use crate::owner::FencingToken;
-use crate::stores::session::{BoxFuture, Hold};
+
+/// A boxed `Send` future.
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// Where a held lock stands.
 #[derive(Clone, Copy, Debug)]
@@ -22,8 +26,9 @@ enum Standing {
     Lost,
 }
 
-/// One held contender node and the task watching its session and node.
-pub(super) struct ZkHold {
+/// One held contender node and the task watching its session and node (stopped when
+/// the node is deleted or this is dropped).
+pub(crate) struct ZkHold {
     client: zk::Client,
     name: String,
     path: String,
@@ -171,8 +176,10 @@ impl Drop for ZkHold {
     }
 }
 
-impl Hold for ZkHold {
-    fn valid_for(&self) -> Duration {
+impl ZkHold {
+    /// How long the grant is known to last from now: a third of the session timeout
+    /// while connected, what is left of it while suspended, zero once lost.
+    pub(super) fn valid_for(&self) -> Duration {
         match *self.standing.borrow() {
             Standing::Connected => self.grace,
             Standing::Suspended(t) => t.saturating_duration_since(Instant::now()),
@@ -180,55 +187,36 @@ impl Hold for ZkHold {
         }
     }
 
-    fn token(&self) -> Option<FencingToken> {
-        Some(FencingToken::new(self.token, self.token))
+    /// The node's creation zxid.
+    pub(super) fn token(&self) -> u64 {
+        self.token
     }
 
-    fn lost(&self) -> BoxFuture<()> {
+    /// Resolves when the grant is lost (`None`: no longer watched, deleted or dropped).
+    pub(super) fn lost(&self) -> impl Future<Output = Option<Loss>> + Send + 'static {
         let mut standing = self.standing.clone();
-        Box::pin(async move {
-            let _ = standing.wait_for(|s| matches!(s, Standing::Lost)).await;
-        })
+        async move {
+            let lost = standing.wait_for(|s| matches!(s, Standing::Lost)).await;
+            lost.ok().map(|_| Loss::Expired)
+        }
     }
 
-    fn release(self: Box<Self>) -> BoxFuture<Result<(), LockError>> {
+    /// Deletes the node (again after a lost connection, until the session is over):
+    /// `Ok` if it was still ours.
+    pub(super) async fn delete(&self) -> Result<Held, LockError> {
         self.monitor.abort();
         let lost = matches!(*self.standing.borrow(), Standing::Lost);
-        let (client, path, name) = (self.client.clone(), self.path.clone(), self.name.clone());
-        Box::pin(async move {
-            // A release cancelled mid-way still deletes the node, in the background.
-            let pending = OnDrop::new({
-                let (client, path, name) = (client.clone(), path.clone(), name.clone());
-                move || {
-                    cleanup::spawn("releasing a ZooKeeper lock", name, async move {
-                        node::delete(&client, &path)
-                            .await
-                            .map(drop)
-                            .map_err(zk_error)
-                    });
-                }
-            });
-            let deleted = node::delete(&client, &path).await;
-            pending.disarm();
-            match deleted {
-                Ok(true) if !lost => Ok(()),
-                // Gone before we deleted it, or with its session: lost first.
-                Ok(_) | Err(zk::Error::SessionExpired | zk::Error::ClientClosed) => {
-                    Err(LockError::Expired { key: name })
-                }
-                Err(e) if lost => {
-                    tracing::debug!(lock = %name, error = %e, "deleting a lost lock's node failed");
-                    Err(LockError::Expired { key: name })
-                }
-                Err(e) => Err(zk_error(e)),
+        match node::delete(&self.client, &self.path).await {
+            Ok(true) if !lost => Ok(Ok(())),
+            // Gone before we deleted it, or with its session: lost first.
+            Ok(_) | Err(zk::Error::SessionExpired | zk::Error::ClientClosed) => {
+                Ok(Err(Loss::Expired))
             }
-        })
-    }
-
-    fn release_in_background(self: Box<Self>) {
-        let name = self.name.clone();
-        cleanup::spawn("releasing a ZooKeeper lock", name, async move {
-            self.release().await
-        });
+            Err(e) if lost => {
+                tracing::debug!(lock = %self.name, error = %e, "deleting a lost lock's node failed");
+                Ok(Err(Loss::Expired))
+            }
+            Err(e) => Err(zk_error(e)),
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! [`ZkLocks`]: locks on ZooKeeper in the layout of Apache Curator's
 //! `InterProcessMutex`, through `zookeeper-client`.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,10 +13,19 @@ use zookeeper_client as zk;
 
 use self::hold::ZkHold;
 use self::node::Contender;
-use super::session::Stores;
 use crate::client::config::LockConfig;
-use crate::client::store::key::{self, LockName};
+use crate::client::store::key::{self, LockKeys, LockName};
+use crate::client::wait::Listen;
 use crate::error::LockError;
+use crate::lock::registry::Loss;
+use crate::lock::seam::{Backend, Held, Seam, Taken, Validity};
+use crate::lock::{LockGuard, Request};
+use crate::metrics::StoreKind;
+use crate::owner::FencingToken;
+use crate::stores::locks::Locks;
+
+/// The guard of a [`ZkLocks`] lock: the engine's guard on ZooKeeper.
+pub type ZkGuard = LockGuard<ZkBackend>;
 
 const STORE: &str = "zookeeper";
 /// Curator's lock node name: `_c_<uuid>-lock-<sequence>`.
@@ -34,11 +44,11 @@ const LOCK_NAME: &str = "-lock-";
 ///   and answers [`LockError::Busy`] (ZooKeeper has no lease to report: `retry_after` is
 ///   the config's first backoff step).
 /// - **Loss**, as Curator's states: the session expiring, or the lock node being
-///   deleted, fires [`StoreGuard::lost`] at once. A lost connection suspends the lock:
+///   deleted, fires [`LockGuard::lost`] at once. A lost connection suspends the lock:
 ///   it is still held for a third of the session timeout after the disconnection is
 ///   noticed (the server may expire the session as early as that), and lost then
 ///   unless the connection came back (a grant made as the connection drops starts
-///   suspended). [`StoreGuard::valid_for`] is that third while connected, and counts
+///   suspended). [`LockGuard::valid_for`] is that third while connected, and counts
 ///   down while suspended.
 /// - **Lost connections**, as Curator's protected mode: a request whose connection is
 ///   lost may still have been executed. After a create, the acquisition looks for its
@@ -53,7 +63,7 @@ const LOCK_NAME: &str = "-lock-";
 /// - **Fencing tokens** are the lock node's creation zxid: grants of one lock are in
 ///   creation order, and zxids only grow in the ensemble.
 /// - **Leases** from [`Lease::Fixed`](crate::Lease::Fixed) are not applied (the node
-///   lives with the session); `hold_until_expiry` releases.
+///   lives with the session), nor a max-hold; `hold_until_expiry` releases.
 /// - The lock's parent node is persistent and stays after release (as with Curator).
 ///
 /// ```no_run
@@ -66,20 +76,15 @@ const LOCK_NAME: &str = "-lock-";
 /// # Ok(()) }
 /// ```
 ///
-/// [`StoreGuard::lost`]: crate::StoreGuard::lost
-/// [`StoreGuard::valid_for`]: crate::StoreGuard::valid_for
-#[derive(Clone, Debug)]
-pub struct ZkLocks {
-    inner: Arc<Inner>,
-}
+pub type ZkLocks = Locks<ZkBackend>;
 
+/// The backend of [`ZkLocks`]: Curator-layout contender nodes on one session.
 #[derive(Debug)]
-struct Inner {
+pub struct ZkBackend {
     /// The session, replaced when it expires (if `cluster` is known).
     client: tokio::sync::Mutex<zk::Client>,
     cluster: Option<String>,
     config: LockConfig,
-    stores: Arc<Stores>,
 }
 
 pub(super) fn zk_error(e: zk::Error) -> LockError {
@@ -123,7 +128,7 @@ pub(super) fn terminal(state: zk::SessionState) -> bool {
     )
 }
 
-impl ZkLocks {
+impl Locks<ZkBackend> {
     /// Connects to `cluster` (`host:port[,host:port...][/chroot]`), with the config's
     /// watchdog lease as the session timeout. A chroot must exist already (create it
     /// once, as with any ZooKeeper client); the lock paths below it are created on use.
@@ -141,26 +146,22 @@ impl ZkLocks {
     }
 
     fn build(client: zk::Client, cluster: Option<String>, config: LockConfig) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                client: tokio::sync::Mutex::new(client),
-                cluster,
-                config,
-                stores: Arc::new(Stores::new(crate::metrics::StoreKind::Zookeeper)),
-            }),
-        }
+        let backend = ZkBackend {
+            client: tokio::sync::Mutex::new(client),
+            cluster,
+            config,
+        };
+        Self::over(backend)
     }
 
     /// The node under which contenders for `name` queue.
     pub fn lock_path<N: LockName>(&self, name: N) -> Result<String, LockError> {
-        let name = key::escaped_name(&self.inner.config.delimiter, &name)?;
-        Ok(lock_path(&self.inner.config.namespace, &name))
+        let config = self.config();
+        let name = key::escaped_name(&config.delimiter, &name)?;
+        Ok(lock_path(&config.namespace, &name))
     }
-
-    super::session::store_conveniences!(lock_path);
 }
 
-/// `/<namespace>/<name>`, one path segment each, escaped for ZooKeeper.
 fn lock_path(namespace: &str, name: &str) -> String {
     format!("/{}/{}", segment(namespace), segment(name))
 }
@@ -192,7 +193,7 @@ fn sequence(child: &str) -> &str {
     child.rsplit_once(LOCK_NAME).map_or(child, |(_, seq)| seq)
 }
 
-impl Inner {
+impl ZkBackend {
     /// The live session, replaced first if it expired.
     async fn client(&self) -> Result<zk::Client, LockError> {
         let mut client = self.client.lock().await;
@@ -204,15 +205,17 @@ impl Inner {
         Ok(client.clone())
     }
 
-    async fn take(
-        self: Arc<Self>,
-        name: String,
+    /// Queues for the lock `name` at `dir` and waits up to `wait` for its turn:
+    /// `None` if busy then.
+    async fn queue(
+        &self,
+        name: &str,
         dir: String,
         wait: Duration,
-    ) -> Result<ZkHold, LockError> {
+    ) -> Result<Option<ZkHold>, LockError> {
         let started = Instant::now();
         let client = self.client().await?;
-        let contender = Contender::new(client.clone(), dir.clone(), name.clone());
+        let contender = Contender::new(client.clone(), dir.clone(), name.to_owned());
         // Armed before the create: a cancelled or failed attempt may have made a node.
         let leave = contender.leave_on_drop(None);
         let (ours, stat) = contender.create().await.map_err(zk_error)?;
@@ -242,10 +245,7 @@ impl Inner {
                 break;
             }
             if wait.is_zero() {
-                return Err(LockError::Busy {
-                    key: name,
-                    retry_after: self.config.backoff.initial,
-                });
+                return Ok(None);
             }
             let before = format!("{dir}/{}", children[at - 1]);
             let watcher = match client.get_and_watch_data(&before).await {
@@ -259,10 +259,7 @@ impl Inner {
             match deadline {
                 Some(d) => {
                     if tokio::time::timeout_at(d, changed).await.is_err() {
-                        return Err(LockError::Timeout {
-                            key: name,
-                            waited: started.elapsed(),
-                        });
+                        return Ok(None);
                     }
                 }
                 None => {
@@ -272,7 +269,116 @@ impl Inner {
         }
         leave.disarm();
         let token = u64::try_from(stat.czxid).unwrap_or_default();
-        Ok(ZkHold::start(client, name, ours, token))
+        Ok(Some(ZkHold::start(client, name.to_owned(), ours, token)))
+    }
+}
+
+impl Backend for ZkBackend {}
+
+impl Seam for ZkBackend {
+    type Grant = Arc<ZkHold>;
+
+    fn kind(&self) -> StoreKind {
+        StoreKind::Zookeeper
+    }
+
+    fn config(&self) -> &LockConfig {
+        &self.config
+    }
+
+    fn renews(&self) -> bool {
+        false
+    }
+
+    fn fixed_leases(&self) -> bool {
+        false
+    }
+
+    async fn take(
+        &self,
+        req: &Request,
+        _seq: u64,
+        wait: Duration,
+    ) -> Result<Taken<Self::Grant>, LockError> {
+        let dir = lock_path(&self.config.namespace, &req.keys.name);
+        Ok(match self.queue(&req.keys.name, dir, wait).await? {
+            Some(hold) => Taken::Granted {
+                token: Some(FencingToken::new(hold.token(), hold.token())),
+                grant: Arc::new(hold),
+                valid: Validity::Kept,
+            },
+            // ZooKeeper has no lease to report: the first backoff step.
+            None => Taken::Busy {
+                retry_after: self.config.backoff.initial,
+            },
+        })
+    }
+
+    async fn give_back(&self, _keys: &LockKeys, grant: &Self::Grant) -> Result<Held, LockError> {
+        grant.delete().await
+    }
+
+    fn let_expire(&self, keys: &LockKeys, grant: &Self::Grant) {
+        // The node lives with the session, not a lease: it is deleted.
+        let grant = grant.clone();
+        crate::client::cleanup::spawn(
+            "releasing a ZooKeeper lock",
+            keys.name.clone(),
+            async move { grant.delete().await.map(drop) },
+        );
+    }
+
+    fn kept_for(&self, grant: &Self::Grant) -> Duration {
+        grant.valid_for()
+    }
+
+    fn store_loss(
+        &self,
+        grant: &Self::Grant,
+    ) -> Option<impl Future<Output = Option<Loss>> + Send + 'static> {
+        Some(grant.lost())
+    }
+
+    async fn extend(
+        &self,
+        _keys: &LockKeys,
+        grant: &Self::Grant,
+        _lease: Duration,
+    ) -> Result<Held<Instant>, LockError> {
+        Ok(still(grant))
+    }
+
+    async fn renew(
+        &self,
+        grants: &[(&LockKeys, &Self::Grant)],
+        _lease: Duration,
+        _within: Duration,
+    ) -> Result<Vec<Held<Instant>>, LockError> {
+        Ok(grants.iter().map(|(_, grant)| still(grant)).collect())
+    }
+
+    async fn fence(
+        &self,
+        _keys: &LockKeys,
+        grant: &Self::Grant,
+        _seq: u64,
+    ) -> Result<Held<FencingToken>, LockError> {
+        Ok(Ok(FencingToken::new(grant.token(), grant.token())))
+    }
+
+    fn listen<'a>(&'a self, _keys: &LockKeys, _channel: &'a str) -> Option<Listen<'a>> {
+        // Waiters watch their predecessor, in `take`.
+        None
+    }
+}
+
+/// What a kept node proves now: its validity, or its loss.
+fn still(grant: &ZkHold) -> Held<Instant> {
+    let left = grant.valid_for();
+    if left.is_zero() {
+        Err(Loss::Expired)
+    } else {
+        Ok(Instant::now() + left)
     }
 }
 
