@@ -19,7 +19,7 @@ use crate::client::wait::Listen;
 use crate::error::LockError;
 use crate::lock::Request;
 use crate::lock::registry::Loss;
-use crate::lock::seam::{Backend, Held, Seam, Taken, Validity};
+use crate::lock::seam::{Backend, Capabilities, Held, Seam, Taken, Validity};
 use crate::metrics::StoreKind;
 use crate::owner::FencingToken;
 
@@ -139,8 +139,8 @@ impl Seam for MemoryBackend {
         &self.config
     }
 
-    fn renews(&self) -> bool {
-        false
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::LOCAL_LEASES
     }
 
     async fn take(

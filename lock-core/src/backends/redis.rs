@@ -23,7 +23,7 @@ use crate::client::wait::Listen;
 use crate::error::LockError;
 use crate::lock::Request;
 use crate::lock::registry::Loss;
-use crate::lock::seam::{Backend, Held, Seam, Taken, Validity};
+use crate::lock::seam::{Backend, Capabilities, Held, Seam, Taken, Validity};
 use crate::metrics::StoreKind;
 use crate::owner::{FencingToken, LockScope, push_digits};
 
@@ -238,8 +238,8 @@ impl Seam for RedisBackend {
         self.client.config()
     }
 
-    fn renews(&self) -> bool {
-        true
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::RENEWED_LEASES
     }
 
     async fn take(

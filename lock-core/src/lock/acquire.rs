@@ -41,7 +41,7 @@ impl<B: Backend> Core<B> {
         let resolved = Resolved::new(config, options)?;
         let mut request = resolved.request(&config.namespace, &name)?;
         drop(name);
-        if !self.backend.fixed_leases() {
+        if !self.backend.capabilities().fixed_leases {
             request.watchdog = true;
             request.max_hold = None;
             request.lease = config.watchdog_lease();

@@ -45,7 +45,7 @@ impl<B: Seam> Core<B> {
 
     /// Puts `grant` under the watchdog, where the store needs one.
     pub(crate) fn schedule(&self, grant: &Arc<Grant<B>>) {
-        if self.backend.renews() && !grant.kept {
+        if self.backend.capabilities().renews && !grant.kept {
             self.watchdog.schedule(grant);
         }
     }

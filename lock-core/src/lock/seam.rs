@@ -51,6 +51,43 @@ pub(crate) enum Taken<G> {
     Busy { retry_after: Duration },
 }
 
+/// What a store can and cannot do, checked by the engine before it asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Capabilities {
+    /// The engine's watchdog renews (or checks) watched grants and ends fixed leases
+    /// (`false`: the store keeps a watched grant itself, and a fixed lease ends by the
+    /// local clock alone).
+    pub(crate) renews: bool,
+    /// A fixed lease and a max-hold apply (`false`: a session store, whose grants last
+    /// as long as their session; every grant is then watched, without a cap).
+    pub(crate) fixed_leases: bool,
+}
+
+impl Capabilities {
+    /// Leases in the store, renewed by the watchdog (Redis).
+    pub(crate) const RENEWED_LEASES: Self = Self {
+        renews: true,
+        fixed_leases: true,
+    };
+    /// Leases on the local clock; watched grants kept until given back (memory).
+    pub(crate) const LOCAL_LEASES: Self = Self {
+        renews: false,
+        fixed_leases: true,
+    };
+    /// A session per grant, checked by the watchdog (PostgreSQL, MySQL).
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    pub(crate) const CHECKED_SESSIONS: Self = Self {
+        renews: true,
+        fixed_leases: false,
+    };
+    /// A session that keeps its grants and reports their loss (ZooKeeper).
+    #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
+    pub(crate) const KEPT_SESSIONS: Self = Self {
+        renews: false,
+        fixed_leases: false,
+    };
+}
+
 /// A lock store the engine can run on. Sealed: implemented by this crate's stores
 /// ([`RedisBackend`](crate::backends::RedisBackend) for one Redis node or a Cluster,
 /// [`MemoryBackend`](crate::backends::MemoryBackend) for this process), and named in
@@ -70,16 +107,8 @@ pub(crate) trait Seam: Send + Sync + Sized + 'static {
     /// The configuration in force.
     fn config(&self) -> &LockConfig;
 
-    /// Whether the engine's watchdog renews watched grants and ends fixed leases on
-    /// this store (`false`: the store keeps a watched grant itself, and a fixed lease
-    /// ends by the local clock alone).
-    fn renews(&self) -> bool;
-
-    /// Whether the store applies a fixed lease (`false`: a session store, whose grants
-    /// last as long as their session; every grant is then watched, without a cap).
-    fn fixed_leases(&self) -> bool {
-        true
-    }
+    /// What the store can and cannot do.
+    fn capabilities(&self) -> Capabilities;
 
     /// One attempt to take `req`'s lock as the engine's grant number `seq`. `wait`: what
     /// is left of the caller's wait budget (zero: it will not wait); a store that waits

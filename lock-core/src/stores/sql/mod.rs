@@ -24,7 +24,7 @@ use crate::client::wait::Listen;
 use crate::error::LockError;
 use crate::lock::Request;
 use crate::lock::registry::Loss;
-use crate::lock::seam::{Backend, Held, Seam, Taken, Validity};
+use crate::lock::seam::{Backend, Capabilities, Held, Seam, Taken, Validity};
 use crate::metrics::StoreKind;
 use crate::owner::FencingToken;
 
@@ -249,12 +249,8 @@ impl<S: SqlStore> Seam for SqlBackend<S> {
         self.store.config()
     }
 
-    fn renews(&self) -> bool {
-        true
-    }
-
-    fn fixed_leases(&self) -> bool {
-        false
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::CHECKED_SESSIONS
     }
 
     async fn take(

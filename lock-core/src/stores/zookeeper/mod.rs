@@ -18,7 +18,7 @@ use crate::client::store::key::{self, LockKeys, LockName};
 use crate::client::wait::Listen;
 use crate::error::LockError;
 use crate::lock::registry::Loss;
-use crate::lock::seam::{Backend, Held, Seam, Taken, Validity};
+use crate::lock::seam::{Backend, Capabilities, Held, Seam, Taken, Validity};
 use crate::lock::{LockGuard, Request};
 use crate::metrics::StoreKind;
 use crate::owner::FencingToken;
@@ -286,12 +286,8 @@ impl Seam for ZkBackend {
         &self.config
     }
 
-    fn renews(&self) -> bool {
-        false
-    }
-
-    fn fixed_leases(&self) -> bool {
-        false
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::KEPT_SESSIONS
     }
 
     async fn take(
