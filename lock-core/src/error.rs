@@ -115,6 +115,15 @@ pub enum LockError {
         /// The lease asked for.
         lease: Duration,
     },
+    /// This grant has no fencing token to give (a [`Redlock`](crate::Redlock) takes
+    /// tokens from its first node, which did not grant this lock). Fencing with it is
+    /// impossible: take the lock again, or write without a token.
+    NoFencingToken {
+        /// The lock's name (escaped).
+        key: String,
+        /// Why there is none.
+        reason: &'static str,
+    },
 }
 
 impl LockError {
@@ -253,6 +262,9 @@ impl fmt::Display for LockError {
                     Some(cause) => write!(f, " (a failing node said: {cause})"),
                     None => Ok(()),
                 }
+            }
+            Self::NoFencingToken { key, reason } => {
+                write!(f, "no fencing token for this grant of `{key}`: {reason}")
             }
             Self::ValidityExhausted {
                 key,

@@ -11,7 +11,7 @@
 //! | `lock_hold_seconds` | histogram | `store`: from the grant to the release of its last hold |
 //! | `lock_releases_total` | counter | `store`, `result`: `unlocked`, `still_held`, `expired`, `not_owner`, `error` |
 //! | `lock_renewals_total` | counter | `store`, `result`: `renewed`, `expired`, `not_owner`, `error` |
-//! | `lock_renewal_seconds` | histogram | `store` (of the connection: a Redlock's node calls count as `redis`): one renewal call (a batch of locks, on Redis) |
+//! | `lock_renewal_seconds` | histogram | `store`: one renewal call (a batch of locks; on a Redlock, one call to each node at once) |
 //! | `lock_lost_total` | counter | `store` |
 //! | `rate_limit_decisions_total` | counter | `outcome`: `allowed`, `limited`, `failed_open`, `failed_closed` |
 //! | `idempotency_outcomes_total` | counter | `outcome`: `new`, `replayed`, `in_flight`, `mismatch`, `unavailable` |
@@ -24,16 +24,16 @@
 //!   acquisition); a future dropped before it returns is not counted. A re-entry of a
 //!   lock the scope already holds is `reentered`, not `granted`, and its release is
 //!   `still_held` unless it was the last hold.
-//! - A dropped guard's background release is counted with its result on Redis; the
-//!   other stores give it back without reporting, so it is not counted there.
-//! - A [`Redlock`](crate::Redlock) counts acquisitions, releases and hold times once
-//!   per Redlock call, under `redlock` (its node copies' own are not counted), but
-//!   renewals and losses per node copy (one lost copy is not yet a lost Redlock).
-//! - Renewals are the watchdog's (on Redis) and the session checks of the database
-//!   stores; [`LockGuard::extend`](crate::LockGuard::extend) is not counted.
+//! - A dropped guard's background release is counted with its result, on every store.
+//! - A [`Redlock`](crate::Redlock) counts everything once per Redlock grant, under
+//!   `redlock` (its node copies are not counted on their own; one lost copy is not
+//!   yet a lost Redlock).
+//! - Renewals are the watchdog's (on Redis and Redlock) and the session checks of the
+//!   database stores; [`LockGuard::extend`](crate::LockGuard::extend) is not counted.
 //! - Losses are counted once per grant, when the client learns of them (a renewal or
-//!   release that finds another grant or none, or the lease running out by the local
-//!   clock); the in-memory store's leases end silently and are not counted.
+//!   release that finds another grant or none, the lease running out by the watchdog's
+//!   clock, or a session store reporting it); a fixed lease of the in-memory store,
+//!   which has no watchdog, is counted when the grant is next released or re-entered.
 //! - Rate-limit decisions are those of [`RateLimiter::check`](crate::RateLimiter::check)
 //!   and [`RuleLimiter::try_access`](crate::RuleLimiter::try_access) (a peek decides
 //!   nothing); `failed_open` and `failed_closed` are recorded by `lock-tower`'s layer

@@ -108,45 +108,6 @@ impl<B: Backend> DistributedLock for Locks<B> {
     }
 }
 
-impl DistributedLock for crate::Redlock {
-    type Guard = crate::RedlockGuard;
-
-    fn acquire<N: LockName + Send + Sync>(
-        &self,
-        name: N,
-        options: LockOptions,
-    ) -> impl Future<Output = Result<Self::Guard, LockError>> + Send {
-        crate::Redlock::acquire(self, name, options)
-    }
-}
-
-impl HeldLock for crate::RedlockGuard {
-    fn name(&self) -> &str {
-        crate::RedlockGuard::name(self)
-    }
-    fn is_held(&self) -> bool {
-        crate::RedlockGuard::is_held(self)
-    }
-    fn valid_for(&self) -> Duration {
-        crate::RedlockGuard::valid_for(self)
-    }
-    fn token(&self) -> Option<FencingToken> {
-        crate::RedlockGuard::fencing_token(self)
-    }
-    async fn fence(&self) -> Result<Option<FencingToken>, LockError> {
-        crate::RedlockGuard::fence(self).await
-    }
-    fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        crate::RedlockGuard::lost(self)
-    }
-    fn release(self) -> impl Future<Output = Result<Released, LockError>> + Send {
-        crate::RedlockGuard::release(self)
-    }
-    fn hold_until_expiry(self) {
-        crate::RedlockGuard::hold_until_expiry(self)
-    }
-}
-
 impl<B: Backend> HeldLock for LockGuard<B> {
     fn name(&self) -> &str {
         LockGuard::name(self)
@@ -161,7 +122,12 @@ impl<B: Backend> HeldLock for LockGuard<B> {
         LockGuard::fencing_token(self)
     }
     async fn fence(&self) -> Result<Option<FencingToken>, LockError> {
-        LockGuard::fence(self).await.map(Some)
+        match LockGuard::fence(self).await {
+            Ok(token) => Ok(Some(token)),
+            // A grant with no token to give: the trait's `None`.
+            Err(LockError::NoFencingToken { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
     fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
         LockGuard::lost(self)

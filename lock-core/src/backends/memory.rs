@@ -161,7 +161,10 @@ impl Seam for MemoryBackend {
             && e.live(now)
         {
             let retry_after = e.until.map_or(self.config.watchdog_lease(), |u| u - now);
-            return Ok(Taken::Busy { retry_after });
+            return Ok(Taken::Busy {
+                retry_after,
+                failure: None,
+            });
         }
         let grant = self.tokens.fetch_add(1, Ordering::Relaxed) + 1;
         let until = lease.and_then(|l| now.checked_add(l));

@@ -9,6 +9,7 @@ pub(crate) mod memory;
 pub(crate) mod redis;
 
 pub use crate::lock::seam::Backend;
+pub use crate::redlock::RedlockBackend;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub use crate::stores::sql::SqlBackend;
 #[cfg(feature = "mysql")]

@@ -266,6 +266,7 @@ impl Seam for RedisBackend {
             },
             AcquireReply::Busy { pttl_ms } => Taken::Busy {
                 retry_after: Duration::from_millis(pttl_ms),
+                failure: None,
             },
         })
     }

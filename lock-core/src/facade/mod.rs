@@ -174,6 +174,11 @@ impl LockClient {
         }
     }
 
+    /// The lock protocol of this client (what a Redlock asks each node with).
+    pub(crate) fn backend(&self) -> &RedisBackend {
+        &self.inner.backend
+    }
+
     /// The connection, hub, id and configuration this client's capabilities share.
     pub(crate) fn client(&self) -> &Client {
         self.inner.backend.client()

@@ -49,8 +49,7 @@ impl<B: Backend> Core<B> {
         self.acquire(&request, resolved.wait).await
     }
 
-    /// Takes the lock for `req`, waiting up to `wait`, and counts the outcome once (a
-    /// part of a composite lock is counted by the composite instead).
+    /// Takes the lock for `req`, waiting up to `wait`, and counts the outcome once.
     pub(crate) async fn acquire(
         self: &Arc<Self>,
         req: &Request,
@@ -59,10 +58,8 @@ impl<B: Backend> Core<B> {
         let started = Instant::now();
         let mut reentered = false;
         let result = self.enter_or_take(req, wait, started, &mut reentered).await;
-        if req.part_of.is_none() {
-            let outcome = Acquired::of(&result, reentered);
-            metrics::acquired(self.backend.kind(), outcome, started.elapsed());
-        }
+        let outcome = Acquired::of(&result, reentered);
+        metrics::acquired(self.backend.kind(), outcome, started.elapsed());
         result
     }
 
@@ -108,8 +105,10 @@ impl<B: Backend> Core<B> {
             let channel = channel.get_or_init(|| self.backend.channel(&req.keys));
             self.backend.listen(&req.keys, channel)
         };
+        // Why the last attempt failed, if not for a holder: reported if the wait ends.
+        let failure = std::sync::Mutex::new(None);
         let turn = wait_for_turn(&self.config().backoff, listen, deadline, |_| {
-            self.attempt(req, deadline)
+            self.attempt(req, deadline, &failure)
         })
         .await?;
         match turn {
@@ -125,8 +124,7 @@ impl<B: Backend> Core<B> {
                     g.token,
                     g.seq,
                     valid,
-                    req.part_of.unwrap_or(self.backend.kind()),
-                    req.part_of.is_none(),
+                    self.backend.kind(),
                 ));
                 if req.watchdog && !grant.kept {
                     let mut st = grant.state();
@@ -142,7 +140,10 @@ impl<B: Backend> Core<B> {
                 tracing::debug!(lock = %req.keys.name, token = ?g.token, waited = ?started.elapsed(), "lock granted");
                 Ok(LockGuard::new(self.clone(), grant, req.watchdog))
             }
-            Err(retry_after) => Err(self.miss(req, wait, started, retry_after)),
+            Err(retry_after) => Err(failure
+                .into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .unwrap_or_else(|| self.miss(req, wait, started, retry_after))),
         }
     }
 
@@ -173,6 +174,7 @@ impl<B: Backend> Core<B> {
         self: &Arc<Self>,
         req: &Request,
         deadline: Instant,
+        failure: &std::sync::Mutex<Option<LockError>>,
     ) -> Result<Turn<Granted<B::Grant>>, LockError> {
         let seq = self.next_seq();
         let wait = deadline.saturating_duration_since(Instant::now());
@@ -200,7 +202,13 @@ impl<B: Backend> Core<B> {
                     valid,
                 }))
             }
-            Taken::Busy { retry_after } => Ok(Turn::Retry(retry_after)),
+            Taken::Busy {
+                retry_after,
+                failure: why,
+            } => {
+                *failure.lock().unwrap_or_else(|e| e.into_inner()) = why;
+                Ok(Turn::Retry(retry_after))
+            }
         }
     }
 

@@ -83,6 +83,11 @@ impl<B: Backend> LockGuard<B> {
         }
     }
 
+    /// The store's record of this grant.
+    pub(crate) fn record(&self) -> &B::Grant {
+        &self.grant.record
+    }
+
     /// The lock's name as stored (parts escaped and joined).
     pub fn name(&self) -> &str {
         &self.grant.keys.name
@@ -241,7 +246,6 @@ impl<B: Backend> LockGuard<B> {
             watchdog: self.watched,
             max_hold: None,
             fenced: false,
-            part_of: (!self.grant.counted).then_some(self.grant.store),
         };
         self.core.acquire(&request, Duration::ZERO).await
     }

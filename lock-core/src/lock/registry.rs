@@ -59,11 +59,8 @@ pub(crate) struct Grant<B: Seam> {
     pub(crate) token: std::sync::OnceLock<FencingToken>,
     /// Unique per grant in this client (the watchdog's queue key).
     pub(crate) seq: u64,
-    /// The `store` label of its metrics (the composite's for a part of one).
+    /// The `store` label of its metrics.
     pub(crate) store: StoreKind,
-    /// Whether this client counts its acquisition and releases (a composite lock
-    /// counts those of its parts itself).
-    pub(crate) counted: bool,
     /// When it was granted (for the hold time).
     pub(crate) granted: Instant,
     pub(crate) lost_tx: watch::Sender<bool>,
@@ -113,7 +110,6 @@ impl<B: Seam> Grant<B> {
         seq: u64,
         valid: (Instant, bool),
         store: StoreKind,
-        counted: bool,
     ) -> Self {
         let (valid_until, kept) = valid;
         Self {
@@ -124,7 +120,6 @@ impl<B: Seam> Grant<B> {
             token: token.map(std::sync::OnceLock::from).unwrap_or_default(),
             seq,
             store,
-            counted,
             granted: Instant::now(),
             lost_tx: watch::Sender::new(false),
             state: Mutex::new(GrantState {
@@ -148,15 +143,13 @@ impl<B: Seam> Grant<B> {
     }
 
     /// Counts the release of one hold that returned `result` (`last`: the grant's last
-    /// hold, so its hold time too), unless a composite lock counts it.
+    /// hold, so its hold time too).
     pub(crate) fn count_release(&self, result: &Result<crate::Released, LockError>, last: bool) {
-        if self.counted {
-            metrics::release(
-                self.store,
-                release_outcome(result),
-                last.then(|| self.granted.elapsed()),
-            );
-        }
+        metrics::release(
+            self.store,
+            release_outcome(result),
+            last.then(|| self.granted.elapsed()),
+        );
     }
 
     pub(crate) fn state(&self) -> MutexGuard<'_, GrantState> {
@@ -517,7 +510,6 @@ mod tests {
             1,
             (until, false),
             StoreKind::Redis,
-            true,
         ));
         ticket.fulfil(g.clone());
         g
@@ -611,7 +603,6 @@ mod tests {
             2,
             (Instant::now(), true),
             StoreKind::Redis,
-            true,
         ));
         ticket.fulfil(kept.clone());
         assert!(matches!(

@@ -9,7 +9,6 @@ use crate::client::config::Lease;
 use crate::client::config::{LockConfig, check_lease};
 use crate::client::store::key::{self, LockKeys, LockName};
 use crate::error::LockError;
-use crate::metrics::StoreKind;
 use crate::owner::LockScope;
 
 /// What the caller wants, resolved against the config.
@@ -22,10 +21,6 @@ pub(crate) struct Request {
     pub(crate) max_hold: Option<Duration>,
     /// Take the fencing token with the grant.
     pub(crate) fenced: bool,
-    /// Set when the grant is one part of a composite lock (one node's copy of a
-    /// Redlock): its metrics carry the composite's label, and the composite counts
-    /// acquisitions and releases itself.
-    pub(crate) part_of: Option<StoreKind>,
 }
 
 /// Options resolved once per call (the scope above all: every node of a Redlock must
@@ -85,7 +80,6 @@ impl<'c> Resolved<'c> {
             watchdog: self.watchdog,
             max_hold: self.max_hold,
             fenced: self.fenced,
-            part_of: None,
         })
     }
 }

@@ -47,8 +47,13 @@ pub(crate) enum Taken<G> {
         token: Option<FencingToken>,
         valid: Validity,
     },
-    /// Someone else holds it; it changes within this long at the latest.
-    Busy { retry_after: Duration },
+    /// Not granted: someone else holds it, and it changes within this long at the
+    /// latest. `failure`: why this attempt could not grant, if not for a holder (too
+    /// few nodes of a Redlock answered): reported if the wait ends on it.
+    Busy {
+        retry_after: Duration,
+        failure: Option<LockError>,
+    },
 }
 
 /// What a store can and cannot do, checked by the engine before it asks.

@@ -212,11 +212,7 @@ async fn reenter(g: &AnyGuard) -> Option<AnyGuard> {
 fn held_count(locks: &AnyLocks) -> usize {
     match locks {
         AnyLocks::Redis(c) => c.held_count(),
-        AnyLocks::Redlock(r) => r
-            .nodes()
-            .iter()
-            .map(lock_core::LockClient::held_count)
-            .sum(),
+        AnyLocks::Redlock(r) => r.held_count(),
         AnyLocks::Memory(m) => m.held_count(),
         AnyLocks::Postgres(p) => p.held_count(),
         AnyLocks::Mysql(m) => m.held_count(),

@@ -379,12 +379,19 @@ async fn reentrant_holds_and_release_results() {
     // Fencing: only the designated node's token, and only when it granted.
     let guard = redlock.try_lock("fenced").await.unwrap();
     assert_eq!(guard.fencing_token(), None, "taken on demand");
-    assert!(guard.fence().await.unwrap().is_some());
+    let token = guard.fence().await.unwrap();
+    assert_eq!(guard.fencing_token(), Some(token));
     assert!(guard.fencing_token().is_some());
     guard.release().await.unwrap();
     nodes[0].pause();
     let guard = redlock.try_lock("fenced").await.unwrap();
-    assert_eq!(guard.fence().await.unwrap(), None, "node 0 did not grant");
+    let err = guard.fence().await.expect_err("node 0 did not grant");
+    assert!(
+        matches!(err, lock_core::LockError::NoFencingToken { .. }),
+        "{err}"
+    );
+    // The trait's answer for a grant without a token.
+    assert_eq!(lock_core::HeldLock::fence(&guard).await.unwrap(), None);
     guard.release().await.unwrap();
     nodes[0].resume();
 }

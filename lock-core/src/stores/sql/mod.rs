@@ -267,6 +267,7 @@ impl<S: SqlStore> Seam for SqlBackend<S> {
             // The server has no holder lease to tell: the first backoff step.
             return Ok(Taken::Busy {
                 retry_after: config.backoff.initial,
+                failure: None,
             });
         };
         Ok(Taken::Granted {

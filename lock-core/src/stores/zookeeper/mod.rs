@@ -306,6 +306,7 @@ impl Seam for ZkBackend {
             // ZooKeeper has no lease to report: the first backoff step.
             None => Taken::Busy {
                 retry_after: self.config.backoff.initial,
+                failure: None,
             },
         })
     }
