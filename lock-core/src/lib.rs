@@ -73,7 +73,7 @@
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
-pub mod backends;
+mod backends;
 mod classify;
 mod client;
 mod error;
@@ -98,6 +98,8 @@ mod semaphore;
 mod stores;
 mod traits;
 
+pub use backends::memory::MemoryBackend;
+pub use backends::redis::RedisBackend;
 pub use classify::ErrorClass;
 pub use client::config::{Backoff, Lease, LockConfig, MAX_LEASE, MIN_LEASE};
 pub use client::store::scripts::SOURCES as SCRIPT_SOURCES;
@@ -108,18 +110,19 @@ pub use global::{global, install_global};
 pub use idempotency::{Begin, Claim, IdempotencyKeys, IdempotencyStore, OneTimeTokens};
 pub use ids::{IdGenerator, OrderId};
 pub use key::{KeyPart, LockKeys, LockName};
+pub use lock::seam::Backend;
 pub use lock::{LockGuard, LockOptions, Released};
 pub use owner::{ClientId, FencingToken, LockScope};
 pub use rate::{Decision, LimitRule, RateLimit, RateLimiter, RuleDecision, RuleLimiter};
-pub use redlock::{DEFAULT_NODE_TIMEOUT, Redlock, RedlockGuard};
+pub use redlock::{DEFAULT_NODE_TIMEOUT, Redlock, RedlockBackend, RedlockGuard};
 pub use semaphore::{MAX_PERMITS_PER_ACQUIRE, Permits, Semaphore, SemaphoreOptions};
 pub use stores::{AnyGuard, AnyLocks, Locks, MemoryGuard, MemoryLocks};
 #[cfg(feature = "mysql")]
-pub use stores::{MYSQL_FENCE_TABLE, MysqlGuard, MysqlLocks};
+pub use stores::{MYSQL_FENCE_TABLE, MysqlBackend, MysqlGuard, MysqlLocks};
 #[cfg(feature = "postgres")]
-pub use stores::{POSTGRES_FENCE_SEQUENCE, PostgresGuard, PostgresLocks};
+pub use stores::{POSTGRES_FENCE_SEQUENCE, PostgresBackend, PostgresGuard, PostgresLocks};
 #[cfg(feature = "zookeeper")]
-pub use stores::{ZkGuard, ZkLocks};
+pub use stores::{ZkBackend, ZkGuard, ZkLocks};
 pub use traits::{DistributedLock, HeldLock};
 /// The ZooKeeper client crate the ZooKeeper store is built on (to hand in a session).
 #[cfg(feature = "zookeeper")]

@@ -1,22 +1,10 @@
-//! The stores the lock engine runs on, each behind the engine's seam
-//! ([`Backend`]): one Redis node or a Redis Cluster ([`RedisBackend`]), this process's
-//! memory ([`MemoryBackend`]), and session locks on PostgreSQL and MySQL
-//! (`PostgresBackend`, `MysqlBackend`: one `SqlBackend` each, behind their features). Name them in types (`LockGuard<MemoryBackend>`)
-//! or bound generic code on `B: Backend`; their handles are the facades
-//! ([`LockClient`](crate::LockClient), [`MemoryLocks`](crate::MemoryLocks)).
+//! The Redis and in-memory backends of the lock engine: each implements the engine's
+//! seam ([`Seam`](crate::lock::seam::Seam)) with only what its store alone knows. The
+//! other backends sit with their stores (`stores/sql`, `stores/zookeeper`, `redlock/`);
+//! the crate root names them all for users (`LockGuard<MemoryBackend>`, ...).
 
 pub(crate) mod memory;
 pub(crate) mod redis;
 
-pub use crate::lock::seam::Backend;
-pub use crate::redlock::RedlockBackend;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-pub use crate::stores::sql::SqlBackend;
-#[cfg(feature = "mysql")]
-pub use crate::stores::sql::mysql::MysqlBackend;
-#[cfg(feature = "postgres")]
-pub use crate::stores::sql::postgres::PostgresBackend;
-#[cfg(feature = "zookeeper")]
-pub use crate::stores::zookeeper::ZkBackend;
-pub use memory::MemoryBackend;
-pub use redis::RedisBackend;
+pub(crate) use memory::MemoryBackend;
+pub(crate) use redis::RedisBackend;

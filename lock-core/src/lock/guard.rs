@@ -4,7 +4,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::Request;
@@ -57,7 +56,6 @@ pub struct LockGuard<B: Backend = RedisBackend> {
     grant: Arc<Grant<B>>,
     /// This hold asked for the watchdog lease.
     watched: bool,
-    lost: watch::Receiver<bool>,
     done: bool,
 }
 
@@ -73,12 +71,10 @@ impl<B: Backend> std::fmt::Debug for LockGuard<B> {
 
 impl<B: Backend> LockGuard<B> {
     pub(crate) fn new(core: Arc<Core<B>>, grant: Arc<Grant<B>>, watched: bool) -> Self {
-        let lost = grant.lost_tx.subscribe();
         Self {
             core,
             grant,
             watched,
-            lost,
             done: false,
         }
     }
@@ -128,7 +124,7 @@ impl<B: Backend> LockGuard<B> {
 
     /// True while the lease is known to be in force and the lock was not reported lost.
     pub fn is_held(&self) -> bool {
-        !*self.lost.borrow() && !self.valid_for().is_zero()
+        !self.valid_for().is_zero()
     }
 
     /// How long the lease is known to last from now (zero once lost): on Redis the
@@ -136,9 +132,6 @@ impl<B: Backend> LockGuard<B> {
     /// confirmed by the last grant, renewal or extension; on a store that keeps a
     /// grant while it is held, the watchdog lease.
     pub fn valid_for(&self) -> Duration {
-        if *self.lost.borrow() {
-            return Duration::ZERO;
-        }
         self.core.valid_for(&self.grant)
     }
 
@@ -157,24 +150,29 @@ impl<B: Backend> LockGuard<B> {
     /// # }
     /// ```
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut rx = self.lost.clone();
         let grant = self.grant.clone();
         async move {
             // Also on this task's own clock: the lease's end is the loss, whenever the
             // watchdog (on its own runtime, or none for some stores) gets to it.
             loop {
+                // Armed before the state is read, so a loss in between is not missed.
+                let lost = grant.lost_wake.notified();
+                tokio::pin!(lost);
+                lost.as_mut().enable();
+                let (gone, until) = {
+                    let st = grant.state();
+                    (st.lost.is_some(), st.valid_until)
+                };
+                if gone || (!grant.kept && Instant::now() >= until) {
+                    return;
+                }
                 if grant.kept {
-                    // The sender lives as long as the grant: no error while we wait.
-                    let _ = rx.wait_for(|lost| *lost).await;
-                    return;
-                }
-                let until = grant.state().valid_until;
-                if Instant::now() >= until {
-                    return;
-                }
-                tokio::select! {
-                    _ = rx.wait_for(|lost| *lost) => return,
-                    () = tokio::time::sleep_until(until) => {}
+                    lost.await;
+                } else {
+                    tokio::select! {
+                        () = lost => {}
+                        () = tokio::time::sleep_until(until) => {}
+                    }
                 }
             }
         }

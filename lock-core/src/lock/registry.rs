@@ -16,8 +16,8 @@ use std::hash::{Hash, Hasher};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use tokio::sync::Notify;
 use tokio::sync::futures::OwnedNotified;
-use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use super::seam::Seam;
@@ -63,7 +63,8 @@ pub(crate) struct Grant<B: Seam> {
     pub(crate) store: StoreKind,
     /// When it was granted (for the hold time).
     pub(crate) granted: Instant,
-    pub(crate) lost_tx: watch::Sender<bool>,
+    /// Woken when the grant is lost (its guards' `lost()` wait on it).
+    pub(crate) lost_wake: Notify,
     state: Mutex<GrantState>,
 }
 
@@ -121,7 +122,7 @@ impl<B: Seam> Grant<B> {
             seq,
             store,
             granted: Instant::now(),
-            lost_tx: watch::Sender::new(false),
+            lost_wake: Notify::new(),
             state: Mutex::new(GrantState {
                 holds: 1,
                 watched: 0,
@@ -161,7 +162,7 @@ impl<B: Seam> Grant<B> {
     /// True once the lost signal fired.
     #[cfg(test)]
     pub(crate) fn is_lost(&self) -> bool {
-        *self.lost_tx.borrow()
+        self.state().lost.is_some()
     }
 }
 
@@ -418,7 +419,7 @@ impl<B: Seam> Registry<B> {
             Self::remove_if_same(&mut maps, grant);
         }
         drop(maps);
-        grant.lost_tx.send_replace(true);
+        grant.lost_wake.notify_waiters();
         metrics::lost(grant.store);
         true
     }

@@ -94,8 +94,8 @@ impl Capabilities {
 }
 
 /// A lock store the engine can run on. Sealed: implemented by this crate's stores
-/// ([`RedisBackend`](crate::backends::RedisBackend) for one Redis node or a Cluster,
-/// [`MemoryBackend`](crate::backends::MemoryBackend) for this process), and named in
+/// ([`RedisBackend`](crate::RedisBackend) for one Redis node or a Cluster,
+/// [`MemoryBackend`](crate::MemoryBackend) for this process), and named in
 /// types such as [`LockGuard<MemoryBackend>`](crate::LockGuard).
 #[allow(private_bounds)] // the seam is crate-private on purpose: this trait is sealed by it
 pub trait Backend: Seam {}

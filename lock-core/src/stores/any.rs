@@ -1,6 +1,7 @@
 //! [`AnyLocks`]: a lock store chosen at run time from a URL.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use crate::client::config::LockConfig;
@@ -10,6 +11,7 @@ use crate::facade::LockClient;
 use crate::lock::LockGuard;
 use crate::lock::LockOptions;
 use crate::lock::Released;
+use crate::lock::seam::Backend;
 use crate::owner::FencingToken;
 use crate::redlock::Redlock;
 use crate::redlock::RedlockGuard;
@@ -231,27 +233,43 @@ fn node_urls(rest: &str, tls: bool) -> Vec<String> {
     urls
 }
 
-macro_rules! from_store {
-    ($($(#[$cfg:meta])* $store:ty => $variant:ident),* $(,)?) => {$(
-        $(#[$cfg])*
-        impl From<$store> for AnyLocks {
-            fn from(store: $store) -> Self {
-                Self::$variant(store)
-            }
-        }
-    )*};
+impl From<LockClient> for AnyLocks {
+    fn from(store: LockClient) -> Self {
+        Self::Redis(store)
+    }
 }
 
-from_store! {
-    LockClient => Redis,
-    Redlock => Redlock,
-    MemoryLocks => Memory,
-    #[cfg(feature = "postgres")]
-    crate::PostgresLocks => Postgres,
-    #[cfg(feature = "mysql")]
-    crate::MysqlLocks => Mysql,
-    #[cfg(feature = "zookeeper")]
-    crate::ZkLocks => Zookeeper,
+impl From<Redlock> for AnyLocks {
+    fn from(store: Redlock) -> Self {
+        Self::Redlock(store)
+    }
+}
+
+impl From<MemoryLocks> for AnyLocks {
+    fn from(store: MemoryLocks) -> Self {
+        Self::Memory(store)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<crate::PostgresLocks> for AnyLocks {
+    fn from(store: crate::PostgresLocks) -> Self {
+        Self::Postgres(store)
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl From<crate::MysqlLocks> for AnyLocks {
+    fn from(store: crate::MysqlLocks) -> Self {
+        Self::Mysql(store)
+    }
+}
+
+#[cfg(feature = "zookeeper")]
+impl From<crate::ZkLocks> for AnyLocks {
+    fn from(store: crate::ZkLocks) -> Self {
+        Self::Zookeeper(store)
+    }
 }
 
 impl DistributedLock for AnyLocks {
@@ -266,48 +284,103 @@ impl DistributedLock for AnyLocks {
     }
 }
 
-macro_rules! each {
-    ($guard:expr, $g:ident => $body:expr) => {
-        match $guard {
-            AnyGuard::Redis($g) => $body,
-            AnyGuard::Redlock($g) => $body,
-            AnyGuard::Memory($g) => $body,
+/// A boxed `Send` future.
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The engine's guard of any store, behind one object-safe face: every variant of
+/// [`AnyGuard`] is a `LockGuard<B>`.
+trait Erased: Send + Sync {
+    fn name(&self) -> &str;
+    fn is_held(&self) -> bool;
+    fn valid_for(&self) -> Duration;
+    fn token(&self) -> Option<FencingToken>;
+    fn fence(&self) -> BoxFuture<'_, Result<Option<FencingToken>, LockError>>;
+    fn lost(&self) -> BoxFuture<'static, ()>;
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<Released, LockError>>;
+    fn hold_until_expiry(self: Box<Self>);
+}
+
+impl<B: Backend> Erased for LockGuard<B> {
+    fn name(&self) -> &str {
+        HeldLock::name(self)
+    }
+    fn is_held(&self) -> bool {
+        HeldLock::is_held(self)
+    }
+    fn valid_for(&self) -> Duration {
+        HeldLock::valid_for(self)
+    }
+    fn token(&self) -> Option<FencingToken> {
+        HeldLock::token(self)
+    }
+    fn fence(&self) -> BoxFuture<'_, Result<Option<FencingToken>, LockError>> {
+        Box::pin(HeldLock::fence(self))
+    }
+    fn lost(&self) -> BoxFuture<'static, ()> {
+        Box::pin(HeldLock::lost(self))
+    }
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<Released, LockError>> {
+        Box::pin(HeldLock::release(*self))
+    }
+    fn hold_until_expiry(self: Box<Self>) {
+        HeldLock::hold_until_expiry(*self);
+    }
+}
+
+impl AnyGuard {
+    fn erased(&self) -> &dyn Erased {
+        match self {
+            Self::Redis(g) => g,
+            Self::Redlock(g) => g,
+            Self::Memory(g) => g,
             #[cfg(feature = "postgres")]
-            AnyGuard::Postgres($g) => $body,
+            Self::Postgres(g) => g,
             #[cfg(feature = "mysql")]
-            AnyGuard::Mysql($g) => $body,
+            Self::Mysql(g) => g,
             #[cfg(feature = "zookeeper")]
-            AnyGuard::Zookeeper($g) => $body,
+            Self::Zookeeper(g) => g,
         }
-    };
+    }
+
+    fn into_erased(self) -> Box<dyn Erased> {
+        match self {
+            Self::Redis(g) => Box::new(g),
+            Self::Redlock(g) => Box::new(g),
+            Self::Memory(g) => Box::new(g),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(g) => Box::new(g),
+            #[cfg(feature = "mysql")]
+            Self::Mysql(g) => Box::new(g),
+            #[cfg(feature = "zookeeper")]
+            Self::Zookeeper(g) => Box::new(g),
+        }
+    }
 }
 
 impl HeldLock for AnyGuard {
     fn name(&self) -> &str {
-        each!(self, g => HeldLock::name(g))
+        self.erased().name()
     }
     fn is_held(&self) -> bool {
-        each!(self, g => HeldLock::is_held(g))
+        self.erased().is_held()
     }
     fn valid_for(&self) -> Duration {
-        each!(self, g => HeldLock::valid_for(g))
+        self.erased().valid_for()
     }
     fn token(&self) -> Option<FencingToken> {
-        each!(self, g => HeldLock::token(g))
+        self.erased().token()
     }
-    async fn fence(&self) -> Result<Option<FencingToken>, LockError> {
-        each!(self, g => HeldLock::fence(g).await)
+    fn fence(&self) -> impl Future<Output = Result<Option<FencingToken>, LockError>> + Send {
+        self.erased().fence()
     }
     fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let lost: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> =
-            each!(self, g => Box::pin(HeldLock::lost(g)));
-        lost
+        self.erased().lost()
     }
-    async fn release(self) -> Result<Released, LockError> {
-        each!(self, g => HeldLock::release(g).await)
+    fn release(self) -> impl Future<Output = Result<Released, LockError>> + Send {
+        self.into_erased().release()
     }
     fn hold_until_expiry(self) {
-        each!(self, g => HeldLock::hold_until_expiry(g))
+        self.into_erased().hold_until_expiry();
     }
 }
 

@@ -16,8 +16,10 @@ pub use any::{AnyGuard, AnyLocks};
 pub use locks::Locks;
 pub use memory::{MemoryGuard, MemoryLocks};
 #[cfg(feature = "mysql")]
-pub use sql::mysql::{FENCE_TABLE as MYSQL_FENCE_TABLE, MysqlGuard, MysqlLocks};
+pub use sql::mysql::{FENCE_TABLE as MYSQL_FENCE_TABLE, MysqlBackend, MysqlGuard, MysqlLocks};
 #[cfg(feature = "postgres")]
-pub use sql::postgres::{FENCE_SEQUENCE as POSTGRES_FENCE_SEQUENCE, PostgresGuard, PostgresLocks};
+pub use sql::postgres::{
+    FENCE_SEQUENCE as POSTGRES_FENCE_SEQUENCE, PostgresBackend, PostgresGuard, PostgresLocks,
+};
 #[cfg(feature = "zookeeper")]
-pub use zookeeper::{ZkGuard, ZkLocks};
+pub use zookeeper::{ZkBackend, ZkGuard, ZkLocks};
