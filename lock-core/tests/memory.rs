@@ -295,3 +295,21 @@ async fn model_no_two_grants_believe_they_hold_one_name() {
     assert_eq!(locks.held_count(), 0);
     assert_eq!(locks.entries(), 0, "every grant given back");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_watchdog_hold_left_to_expire_ends_after_the_watchdog_lease() {
+    let lease = Duration::from_secs(30);
+    let locks = MemoryLocks::with_config(LockConfig::new().with_watchdog_lease(lease));
+    let g = locks.lock("x").await.unwrap();
+    let start = Instant::now();
+    g.hold_until_expiry();
+    // Kept until its lease ends, not released, not forever.
+    assert!(locks.try_lock("x").await.unwrap_err().is_busy());
+    let waiter = locks
+        .acquire("x", LockOptions::new().wait(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert_eq!(start.elapsed(), lease);
+    waiter.release().await.unwrap();
+    assert_eq!(locks.entries(), 0);
+}
