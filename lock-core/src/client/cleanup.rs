@@ -134,20 +134,6 @@ where
     }
 }
 
-/// [`spawn_task`] for work whose answer the caller awaits, or not: the task runs to
-/// its end either way; `None` if it never finished (its runtime went away).
-pub(crate) fn spawn_handle<T, Fut>(task: Fut) -> impl Future<Output = Option<T>> + Send + 'static
-where
-    T: Send + 'static,
-    Fut: Future<Output = T> + Send + 'static,
-{
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    spawn_task(async move {
-        let _ = tx.send(task.await);
-    });
-    async move { rx.await.ok() }
-}
-
 fn to_background<Fut>(task: Pin<Box<Fut>>)
 where
     Fut: Future<Output = ()> + Send + 'static,

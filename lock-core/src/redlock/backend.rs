@@ -123,60 +123,82 @@ impl RedlockBackend {
         }
     }
 
-    /// Gives back `copies` (node, keys, value) at once, each in its own task that runs
-    /// to its end; answers as soon as `verdict` is certain, or after the node timeout.
+    /// Gives back `copies` (node, keys, value) at once; answers as soon as the
+    /// release's verdict is certain, or after the node timeout. What has not answered
+    /// by then (or when this is dropped) goes on in the background: a release is never
+    /// cut short.
     async fn give_back_copies(
         &self,
         copies: Vec<(usize, Arc<LockKeys>, String)>,
     ) -> (ReleaseTally, Option<String>, Vec<(usize, Held)>) {
         let timeout = self.node_timeout;
+        let deadline = Instant::now() + timeout;
         let count = copies.len();
-        let mut answers: FuturesUnordered<_> = copies
-            .into_iter()
-            .map(|(i, keys, value)| {
-                let node = self.nodes[i].clone();
-                let task = crate::client::cleanup::spawn_handle(async move {
-                    node.give_back(&keys, &value).await
-                });
-                async move { (i, tokio::time::timeout(timeout, task).await) }
-            })
-            .collect();
+        let mut answers = Stragglers(
+            copies
+                .into_iter()
+                .map(|(i, keys, value)| {
+                    let node = self.nodes[i].clone();
+                    let answer: GiveBack =
+                        Box::pin(async move { (i, node.give_back(&keys, &value).await) });
+                    answer
+                })
+                .collect(),
+        );
         let mut tally = ReleaseTally::default();
         let mut cause = None;
         let mut held = Vec::new();
         let nodes = self.nodes.len();
         while tally.verdict(nodes, count).is_none() {
-            let Some((i, answer)) = answers.next().await else {
-                break;
+            let (i, answer) = match tokio::time::timeout_at(deadline, answers.0.next()).await {
+                Ok(Some(answer)) => answer,
+                Ok(None) => break,
+                Err(_) => {
+                    let late = answers.0.len();
+                    tally.failed += late;
+                    cause.get_or_insert_with(|| {
+                        format!("{late} copies: no answer within {timeout:?}")
+                    });
+                    break;
+                }
             };
             match answer {
-                Ok(Some(Ok(Ok(())))) => {
+                Ok(Ok(())) => {
                     tally.unlocked += 1;
                     held.push((i, Ok(())));
                 }
-                Ok(Some(Ok(Err(Loss::TakenOver)))) => {
+                Ok(Err(Loss::TakenOver)) => {
                     tally.taken += 1;
                     held.push((i, Err(Loss::TakenOver)));
                 }
-                Ok(Some(Ok(Err(Loss::Expired)))) => {
+                Ok(Err(Loss::Expired)) => {
                     tally.expired += 1;
                     held.push((i, Err(Loss::Expired)));
                 }
-                Ok(Some(Err(e))) => {
+                Err(e) => {
                     tally.failed += 1;
                     cause.get_or_insert_with(|| format!("copy {i}: {e}"));
-                }
-                Ok(None) => {
-                    tally.failed += 1;
-                    cause.get_or_insert_with(|| format!("copy {i}: its release task ended"));
-                }
-                Err(_) => {
-                    tally.failed += 1;
-                    cause.get_or_insert_with(|| format!("copy {i}: no answer within {timeout:?}"));
                 }
             }
         }
         (tally, cause, held)
+    }
+}
+
+/// One node's give-back in flight.
+type GiveBack =
+    std::pin::Pin<Box<dyn std::future::Future<Output = (usize, Result<Held, LockError>)> + Send>>;
+
+/// The give-backs of a release still in flight: dropped, they finish in a task of
+/// their own.
+struct Stragglers(FuturesUnordered<GiveBack>);
+
+impl Drop for Stragglers {
+    fn drop(&mut self) {
+        let mut left = std::mem::take(&mut self.0);
+        if !left.is_empty() {
+            crate::client::cleanup::spawn_task(async move { while left.next().await.is_some() {} });
+        }
     }
 }
 
