@@ -4,7 +4,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::Semaphore;
-use crate::client::config::check_lease;
+use crate::client::config::{check_lease, drift};
 use crate::client::store::scripts::{SEMAPHORE_EXTEND, SEMAPHORE_RELEASE};
 use crate::error::LockError;
 
@@ -19,8 +19,9 @@ use crate::error::LockError;
 /// - Dropped without `release` (early return, `?`, panic, a cancelled future), they are
 ///   released in the background (on the dropping task's runtime, or the process's
 ///   background runtime when there is none). Dropping never blocks. If Redis cannot be reached then, the lease frees them.
-/// - [`valid_for`](Self::valid_for) is this process's estimate of the remaining lease,
-///   measured from before the grant, so it never overstates it by more than clock drift.
+/// - [`valid_for`](Self::valid_for) is this process's estimate of the remaining lease:
+///   measured from before the grant, less the drift allowance of locks (1% + 2 ms), as
+///   Redis counts the lease from its own clock in whole milliseconds.
 #[must_use = "dropping Permits releases them at once"]
 pub struct Permits {
     semaphore: Semaphore,
@@ -105,7 +106,7 @@ impl Permits {
         let extended = count(reply, self.ids.len(), "semaphore_extend.lua")?;
         let mut valid_until = lock(&self.valid_until);
         if extended > 0 {
-            *valid_until = start + lease;
+            *valid_until = start + lease - drift(lease);
         } else {
             *valid_until = Instant::now().min(*valid_until);
         }
