@@ -101,15 +101,11 @@ impl MemoryBackend {
     fn remove(&self, key: &str, grant: u64) -> Held {
         let now = Instant::now();
         let mut table = self.table();
-        let outcome = match table.locks.get(key) {
-            Some(e) if e.grant == grant => {
-                let live = e.live(now);
-                table.locks.remove(key);
-                if live { Ok(()) } else { Err(Loss::Expired) }
-            }
-            Some(e) if e.live(now) => Err(Loss::TakenOver),
-            _ => Err(Loss::Expired),
-        };
+        let outcome = table.own(key, grant, now).map(drop);
+        // Ours, live or not: gone now.
+        if table.locks.get(key).is_some_and(|e| e.grant == grant) {
+            table.locks.remove(key);
+        }
         drop(table);
         self.released.notify_waiters();
         outcome

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use crate::client::Client;
 use crate::client::cleanup::{self, OnDrop};
-use crate::client::config::{LockConfig, drift};
+use crate::client::config::{LockConfig, proven};
 use crate::client::store::batch::{Entry, Turn as LaneTurn};
 use crate::client::store::key::{LockKeys, RELEASED, WAITERS};
 use crate::client::store::scripts::{
@@ -23,7 +23,7 @@ use crate::client::wait::Listen;
 use crate::error::LockError;
 use crate::lock::Request;
 use crate::lock::registry::Loss;
-use crate::lock::seam::{Backend, Capabilities, Held, Seam, Taken, Validity};
+use crate::lock::seam::{Backend, Capabilities, Held, Seam, Taken, Validity, give_back_patiently};
 use crate::metrics::StoreKind;
 use crate::owner::{FencingToken, LockScope, push_digits};
 
@@ -177,27 +177,14 @@ impl RedisBackend {
         Ok(r)
     }
 
-    /// [`give_back`](Self::give_back) for background work, tried again after a failure
-    /// ([`cleanup::patiently`]: it deletes only this grant's own value). After a failed
-    /// try, `Expired` means that try may have deleted it: reported as done.
-    async fn give_back_patiently(
-        &self,
-        keys: &LockKeys,
-        value: &str,
-    ) -> Result<GrantReply, LockError> {
-        match cleanup::patiently("a background delete", || self.give_back_value(keys, value)).await
-        {
-            (Ok(GrantReply::Expired), true) => Ok(GrantReply::Done),
-            (answer, _) => answer,
-        }
-    }
-
     /// Gives back the grant `value` of `keys` in the background.
     fn give_back_in_background(&self, keys: &Arc<LockKeys>, value: &str) {
         let (backend, keys, value) = (self.clone(), keys.clone(), value.to_owned());
         let name = keys.name.clone();
         cleanup::spawn("undoing an unfinished acquisition", name, async move {
-            backend.give_back_patiently(&keys, &value).await.map(|_| ())
+            give_back_patiently(&backend, &keys, &value)
+                .await
+                .map(|_| ())
         });
     }
 
@@ -220,11 +207,6 @@ fn held(reply: GrantReply) -> Held {
         GrantReply::Expired => Err(Loss::Expired),
         GrantReply::NotOwner => Err(Loss::TakenOver),
     }
-}
-
-/// What a lease of `lease` sent at `sent` proves: the lease less the drift allowance.
-fn proven(sent: Instant, lease: Duration) -> Instant {
-    sent + lease - drift(lease)
 }
 
 impl Seam for RedisBackend {

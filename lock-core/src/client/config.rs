@@ -252,6 +252,12 @@ pub(crate) fn drift(lease: Duration) -> Duration {
     lease / 100 + Duration::from_millis(2)
 }
 
+/// Until when a lease of `lease` asked for at `sent` (taken before the request left) is
+/// known to last: the lease less the drift allowance. Works on any clock's instants.
+pub(crate) fn proven<I: std::ops::Add<Duration, Output = I>>(sent: I, lease: Duration) -> I {
+    sent + lease.saturating_sub(drift(lease))
+}
+
 pub(crate) fn check_lease(what: &str, lease: Duration) -> Result<(), LockError> {
     if lease < MIN_LEASE || lease > MAX_LEASE {
         return Err(LockError::InvalidConfig(format!(

@@ -15,7 +15,6 @@ use crate::client::config::LockConfig;
 use crate::client::store::key::{LockKeys, LockName};
 use crate::client::{Client, in_span};
 use crate::error::LockError;
-use crate::lock::Resolved;
 use crate::lock::core::Core;
 use crate::lock::{LockGuard, LockOptions};
 use crate::owner::ClientId;
@@ -236,10 +235,7 @@ impl LockClient {
         name: N,
         options: LockOptions,
     ) -> Result<LockGuard, LockError> {
-        let c = self.inner.config();
-        let resolved = Resolved::new(c, options)?;
-        let request = resolved.request(&c.namespace, &name)?;
-        let wait = resolved.wait;
+        let (request, wait) = self.inner.request(&name, options)?;
         let span = tracing::debug_span!("lock.acquire", lock = %request.keys.name, ?wait);
         in_span(span, self.inner.acquire(&request, wait)).await
     }

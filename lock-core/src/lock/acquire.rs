@@ -13,7 +13,7 @@ use super::registry::{Enter, Grant};
 use super::seam::{Backend, Taken, Validity};
 use super::{LockOptions, Request, Resolved};
 use crate::client::cleanup::OnDrop;
-use crate::client::config::{MAX_LEASE, drift};
+use crate::client::config::{MAX_LEASE, proven};
 use crate::client::store::key::LockName;
 use crate::client::wait::{Turn, wait_for_turn};
 use crate::error::LockError;
@@ -37,16 +37,27 @@ impl<B: Backend> Core<B> {
         name: N,
         options: LockOptions,
     ) -> Result<LockGuard<B>, LockError> {
+        let (request, wait) = self.request(&name, options)?;
+        drop(name);
+        self.acquire(&request, wait).await
+    }
+
+    /// The request for the lock `name` with `options` resolved against the store's
+    /// config, and its wait budget.
+    pub(crate) fn request<N: LockName>(
+        &self,
+        name: &N,
+        options: LockOptions,
+    ) -> Result<(Request, Duration), LockError> {
         let config = self.config();
         let resolved = Resolved::new(config, options)?;
-        let mut request = resolved.request(&config.namespace, &name)?;
-        drop(name);
+        let mut request = resolved.request(&config.namespace, name)?;
         if !self.backend.capabilities().fixed_leases {
             request.watchdog = true;
             request.max_hold = None;
             request.lease = config.watchdog_lease();
         }
-        self.acquire(&request, resolved.wait).await
+        Ok((request, resolved.wait))
     }
 
     /// Takes the lock for `req`, waiting up to `wait`, and counts the outcome once.
@@ -124,7 +135,6 @@ impl<B: Backend> Core<B> {
                     g.token,
                     g.seq,
                     valid,
-                    self.backend.kind(),
                 ));
                 if req.watchdog && !grant.kept {
                     let mut st = grant.state();
@@ -240,7 +250,7 @@ impl<B: Backend> Core<B> {
             drop(st);
             self.schedule(&grant);
         } else {
-            let needed = Instant::now() + req.lease - drift(req.lease);
+            let needed = proven(Instant::now(), req.lease);
             let short = grant.state().valid_until < needed;
             if short {
                 // Dropping the guard on failure gives the hold back.

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::registry::{Grant, Loss, Registry};
-use super::seam::{Held, Seam};
+use super::seam::{Held, Seam, give_back_patiently};
 use super::watchdog::Watchdog;
 use crate::client::cleanup;
 use crate::client::config::LockConfig;
@@ -23,7 +23,7 @@ pub(crate) struct Core<B: Seam> {
 
 impl<B: Seam> Core<B> {
     pub(crate) fn new(backend: B) -> Self {
-        let registry = Arc::new(Registry::default());
+        let registry = Arc::new(Registry::new(backend.kind()));
         let backend = Arc::new(backend);
         Self {
             watchdog: Watchdog::new(backend.clone(), registry.clone()),
@@ -68,18 +68,15 @@ impl<B: Seam> Core<B> {
 
     /// How long `grant` is known to last from now (zero once lost).
     pub(crate) fn valid_for(&self, grant: &Grant<B>) -> Duration {
-        if grant.kept {
-            if grant.state().lost.is_some() {
-                return Duration::ZERO;
-            }
-            return self.backend.kept_for(&grant.record);
-        }
         let st = grant.state();
         if st.lost.is_some() {
-            return Duration::ZERO;
+            Duration::ZERO
+        } else if grant.kept {
+            drop(st);
+            self.backend.kept_for(&grant.record)
+        } else {
+            (st.valid_until).saturating_duration_since(tokio::time::Instant::now())
         }
-        st.valid_until
-            .saturating_duration_since(tokio::time::Instant::now())
     }
 
     /// Gives back the last hold of a live grant (`lost`: of a grant already lost, which
@@ -95,7 +92,7 @@ impl<B: Seam> Core<B> {
         self.watchdog.unschedule(grant);
         let background = cleanup::OnDrop::new(|| self.release_in_background(grant, lost));
         let reply = if patiently {
-            self.give_back_patiently(grant).await
+            give_back_patiently(&*self.backend, &grant.keys, &grant.record).await
         } else {
             self.backend.give_back(&grant.keys, &grant.record).await
         };
@@ -124,19 +121,8 @@ impl<B: Seam> Core<B> {
             (Ok(Err(Loss::Expired)), None) => Err(self.lose(grant, Loss::Expired)),
             (Ok(Err(Loss::TakenOver)), _) => Err(self.lose(grant, Loss::TakenOver)),
         };
-        grant.count_release(&result, true);
+        grant.count_release(self.backend.kind(), &result, true);
         result
-    }
-
-    /// The store's `give_back` for background work, tried again after a failure
-    /// ([`cleanup::patiently`]: it gives back only this grant). After a failed try,
-    /// `Expired` means that try may have given it back: reported as done.
-    async fn give_back_patiently(&self, grant: &Grant<B>) -> Result<Held, LockError> {
-        let call = || self.backend.give_back(&grant.keys, &grant.record);
-        match cleanup::patiently("a background release", call).await {
-            (Ok(Err(Loss::Expired)), true) => Ok(Ok(())),
-            (answer, _) => answer,
-        }
     }
 
     /// [`release_last`](Self::release_last) without waiting (a dropped guard): at once

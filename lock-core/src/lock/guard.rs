@@ -195,7 +195,8 @@ impl<B: Backend> LockGuard<B> {
 
     /// A hold given back without a store call (others remain): counted, and returned.
     fn released_locally(&self, result: Result<Released, LockError>) -> Result<Released, LockError> {
-        self.grant.count_release(&result, false);
+        let kind = self.core.backend.kind();
+        self.grant.count_release(kind, &result, false);
         result
     }
 

@@ -59,8 +59,6 @@ pub(crate) struct Grant<B: Seam> {
     pub(crate) token: std::sync::OnceLock<FencingToken>,
     /// Unique per grant in this client (the watchdog's queue key).
     pub(crate) seq: u64,
-    /// The `store` label of its metrics.
-    pub(crate) store: StoreKind,
     /// When it was granted (for the hold time).
     pub(crate) granted: Instant,
     /// Woken when the grant is lost (its guards' `lost()` wait on it).
@@ -102,7 +100,6 @@ impl<B: Seam> std::fmt::Debug for Grant<B> {
 }
 
 impl<B: Seam> Grant<B> {
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         keys: Arc<LockKeys>,
         scope: u64,
@@ -110,7 +107,6 @@ impl<B: Seam> Grant<B> {
         token: Option<FencingToken>,
         seq: u64,
         valid: (Instant, bool),
-        store: StoreKind,
     ) -> Self {
         let (valid_until, kept) = valid;
         Self {
@@ -120,7 +116,6 @@ impl<B: Seam> Grant<B> {
             kept,
             token: token.map(std::sync::OnceLock::from).unwrap_or_default(),
             seq,
-            store,
             granted: Instant::now(),
             lost_wake: Notify::new(),
             state: Mutex::new(GrantState {
@@ -145,9 +140,14 @@ impl<B: Seam> Grant<B> {
 
     /// Counts the release of one hold that returned `result` (`last`: the grant's last
     /// hold, so its hold time too).
-    pub(crate) fn count_release(&self, result: &Result<crate::Released, LockError>, last: bool) {
+    pub(crate) fn count_release(
+        &self,
+        store: StoreKind,
+        result: &Result<crate::Released, LockError>,
+        last: bool,
+    ) {
         metrics::release(
-            self.store,
+            store,
             release_outcome(result),
             last.then(|| self.granted.elapsed()),
         );
@@ -262,15 +262,18 @@ struct Maps<B: Seam> {
 /// Every grant and in-flight acquisition of one client.
 pub(crate) struct Registry<B: Seam> {
     maps: Mutex<Maps<B>>,
+    /// The `store` label of its metrics.
+    kind: StoreKind,
 }
 
-impl<B: Seam> Default for Registry<B> {
-    fn default() -> Self {
+impl<B: Seam> Registry<B> {
+    pub(crate) fn new(kind: StoreKind) -> Self {
         Self {
             maps: Mutex::new(Maps {
                 slots: Map::default(),
                 releasing: Map::default(),
             }),
+            kind,
         }
     }
 }
@@ -420,7 +423,7 @@ impl<B: Seam> Registry<B> {
         }
         drop(maps);
         grant.lost_wake.notify_waiters();
-        metrics::lost(grant.store);
+        metrics::lost(self.kind);
         true
     }
 
@@ -510,7 +513,6 @@ mod tests {
             Some(FencingToken::new(1, 1)),
             1,
             (until, false),
-            StoreKind::Redis,
         ));
         ticket.fulfil(g.clone());
         g
@@ -518,7 +520,7 @@ mod tests {
 
     #[test]
     fn reentry_counts_locally_and_the_last_hold_releases() {
-        let reg = Registry::default();
+        let reg = Registry::new(StoreKind::Redis);
         let g = grant(&reg, 1);
         let Enter::Reentered(same) = reg.enter(&g.keys, 1, false) else {
             panic!("same scope must re-enter");
@@ -542,7 +544,7 @@ mod tests {
 
     #[test]
     fn a_concurrent_acquisition_of_the_same_scope_waits() {
-        let reg = Registry::default();
+        let reg = Registry::new(StoreKind::Redis);
         let keys = Arc::new(lock_keys("t", ":", "y").unwrap());
         let first = reg.enter(&keys, 7, false);
         assert!(matches!(first, Enter::Acquire(_)));
@@ -559,7 +561,7 @@ mod tests {
 
     #[test]
     fn a_lost_grant_is_detached_and_reports_its_loss() {
-        let reg = Registry::default();
+        let reg = Registry::new(StoreKind::Redis);
         let g = grant(&reg, 1);
         assert!(matches!(reg.enter(&g.keys, 1, false), Enter::Reentered(_)));
         assert!(reg.lose(&g, Loss::TakenOver));
@@ -579,7 +581,7 @@ mod tests {
 
     #[test]
     fn an_overdue_grant_is_lost_when_touched_even_if_nobody_noticed() {
-        let reg = Registry::default();
+        let reg = Registry::new(StoreKind::Redis);
         let g = grant_until(&reg, 1, Instant::now());
         assert!(!g.is_lost(), "nobody noticed yet");
         // Re-entering it would hand out a hold on a lease nobody can prove.
@@ -603,7 +605,6 @@ mod tests {
             None,
             2,
             (Instant::now(), true),
-            StoreKind::Redis,
         ));
         ticket.fulfil(kept.clone());
         assert!(matches!(

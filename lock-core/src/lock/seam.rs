@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use super::Request;
 use super::registry::Loss;
+use crate::client::cleanup;
 use crate::client::config::LockConfig;
 use crate::client::store::key::LockKeys;
 use crate::client::wait::Listen;
@@ -91,6 +92,21 @@ impl Capabilities {
         renews: false,
         fixed_leases: false,
     };
+}
+
+/// `backend`'s give-back of `grant` for background work, tried again after a failure
+/// ([`cleanup::patiently`]: it gives back only this grant). After a failed try,
+/// `Expired` means that try may have given it back: reported as given back.
+pub(crate) async fn give_back_patiently<B: Seam>(
+    backend: &B,
+    keys: &LockKeys,
+    grant: &B::Grant,
+) -> Result<Held, LockError> {
+    let call = || backend.give_back(keys, grant);
+    match cleanup::patiently("a background release", call).await {
+        (Ok(Err(Loss::Expired)), true) => Ok(Ok(())),
+        (answer, _) => answer,
+    }
 }
 
 /// A lock store the engine can run on. Sealed: implemented by this crate's stores

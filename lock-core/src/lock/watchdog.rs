@@ -264,7 +264,7 @@ impl<B: Seam> Shared<B> {
             Ok(answers) => {
                 tracing::trace!(locks = batch.len(), "watchdog renewed");
                 for (grant, outcome) in batch.iter().zip(answers) {
-                    metrics::renewed(grant.store, renewal_outcome(&outcome), 1);
+                    metrics::renewed(self.kind, renewal_outcome(&outcome), 1);
                     match outcome {
                         Ok(valid_until) => {
                             let mut st = grant.state();
@@ -294,9 +294,7 @@ impl<B: Seam> Shared<B> {
             }
             Err(e) => {
                 tracing::warn!(locks = batch.len(), error = %e, "watchdog renewal failed; retrying");
-                for grant in &batch {
-                    metrics::renewed(grant.store, Renewal::Error, 1);
-                }
+                metrics::renewed(self.kind, Renewal::Error, batch.len() as u64);
                 self.retry_soon(&batch);
             }
         }

@@ -14,8 +14,8 @@ use tokio::time::Instant;
 
 use super::quorum::{self, Acquired, ReleaseTally, ReleaseVerdict, each_within};
 use crate::backends::RedisBackend;
-use crate::client::config::{LockConfig, drift};
-use crate::client::store::key::LockKeys;
+use crate::client::config::{LockConfig, drift, proven};
+use crate::client::store::key::{self, LockKeys};
 use crate::client::wait::Listen;
 use crate::error::LockError;
 use crate::facade::LockClient;
@@ -117,10 +117,7 @@ impl RedlockBackend {
     /// The keys of the lock `name` (escaped) on node `i` (each node has its namespace).
     fn node_keys(&self, i: usize, name: &str) -> LockKeys {
         let namespace = &self.nodes[i].client().config().namespace;
-        LockKeys {
-            key: format!("{namespace}:{{{name}}}"),
-            name: name.to_owned(),
-        }
+        key::escaped_lock_keys(namespace, name.to_owned())
     }
 
     /// Gives back `copies` (node, keys, value) at once; answers as soon as the
@@ -274,7 +271,7 @@ impl Seam for RedlockBackend {
         let lease = req.lease;
         let verdict = quorum::acquire_verdict(nodes, granted, busy, lease, elapsed);
         if let Acquired::Granted { .. } = verdict {
-            let until = started + lease - drift(lease);
+            let until = proven(started, lease);
             let token = copies
                 .first()
                 .and_then(|c| c.as_ref())
@@ -389,7 +386,7 @@ impl Seam for RedlockBackend {
             }
         }
         if quorum::extended(self.nodes.len(), ok, lease, started.elapsed()) {
-            return Ok(Ok(started + lease - drift(lease)));
+            return Ok(Ok(proven(started, lease)));
         }
         Err(LockError::NoQuorum {
             key: keys.name.clone(),
@@ -457,7 +454,7 @@ impl Seam for RedlockBackend {
         Ok((0..grants.len())
             .map(|g| {
                 if ok[g] >= q && sent.elapsed() + drift(lease) < lease {
-                    Ok(sent + lease - drift(lease))
+                    Ok(proven(sent, lease))
                 } else if lost[g].0 + missing(g) > n - q {
                     Err(if lost[g].1 {
                         Loss::TakenOver

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
 
-use crate::client::config::{MAX_LEASE, check_lease, drift};
+use crate::client::config::{MAX_LEASE, check_lease, proven};
 use crate::client::store::key::LockName;
 use crate::client::store::scripts::SEMAPHORE_ACQUIRE;
 use crate::client::wait::{Listen, Turn, wait_for_turn};
@@ -338,7 +338,7 @@ impl Semaphore {
                 Ok(Attempt::Granted(Permits::new(
                     self.clone(),
                     ids,
-                    start + lease - drift(lease),
+                    proven(start, lease),
                 )))
             }
             [0, retry_ms, _free] => {

@@ -4,7 +4,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::Semaphore;
-use crate::client::config::{check_lease, drift};
+use crate::client::config::{check_lease, proven};
 use crate::client::store::scripts::{SEMAPHORE_EXTEND, SEMAPHORE_RELEASE};
 use crate::error::LockError;
 
@@ -106,7 +106,7 @@ impl Permits {
         let extended = count(reply, self.ids.len(), "semaphore_extend.lua")?;
         let mut valid_until = lock(&self.valid_until);
         if extended > 0 {
-            *valid_until = start + lease - drift(lease);
+            *valid_until = proven(start, lease);
         } else {
             *valid_until = Instant::now().min(*valid_until);
         }

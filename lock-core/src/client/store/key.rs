@@ -338,13 +338,17 @@ pub fn lock_keys<N: LockName + ?Sized>(
     delimiter: &str,
     name: &N,
 ) -> Result<LockKeys, LockError> {
-    let name = escaped_name(delimiter, name)?;
+    Ok(escaped_lock_keys(namespace, escaped_name(delimiter, name)?))
+}
+
+/// The keys of the lock whose name is `name`, already escaped, under `namespace`.
+pub(crate) fn escaped_lock_keys(namespace: &str, name: String) -> LockKeys {
     let mut key = String::with_capacity(namespace.len() + name.len() + 3);
     key.push_str(namespace);
     key.push_str(":{");
     key.push_str(&name);
     key.push('}');
-    Ok(LockKeys { key, name })
+    LockKeys { key, name }
 }
 
 /// The fencing counter of hash slot `slot` under `namespace`.

@@ -196,8 +196,9 @@ async fn check<D: Dialect>(
     }
 }
 
-/// A lock taken in the server: its token and the connection whose session holds it.
-pub(crate) type Granted<D> = (u64, PoolConnection<<D as Dialect>::Db>);
+/// A lock taken in the server: its token and the connection whose session holds it
+/// (closed, never pooled, if dropped before it is given back).
+pub(crate) type Granted<D> = (u64, Closing<<D as Dialect>::Db>);
 
 /// What one database adds to the shared session-lock protocol: where a lock lives,
 /// and how to take it once.
@@ -274,7 +275,7 @@ impl<S: SqlStore> Seam for SqlBackend<S> {
             grant: Arc::new(Session {
                 dialect,
                 token,
-                conn: Mutex::new(Some(Closing::new(conn))),
+                conn: Mutex::new(Some(conn)),
             }),
             token: Some(FencingToken::new(token, token)),
             valid: Validity::Until(Instant::now() + config.watchdog_lease()),

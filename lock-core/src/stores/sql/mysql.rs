@@ -7,7 +7,7 @@ use sqlx::{MySql, MySqlPool};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use super::{Closing, ConnFuture, Dialect, SqlBackend, SqlStore, fnv1a64};
+use super::{Closing, ConnFuture, Dialect, Granted, SqlBackend, SqlStore, fnv1a64};
 use crate::client::config::LockConfig;
 use crate::client::store::key::{self, LockName};
 use crate::error::LockError;
@@ -199,7 +199,7 @@ impl SqlStore for MysqlStore {
         &self,
         target: &NamedLock,
         wait: Duration,
-    ) -> Result<Option<(u64, PoolConnection<MySql>)>, LockError> {
+    ) -> Result<Option<Granted<NamedLock>>, LockError> {
         let started = Instant::now();
         let sent = &target.name;
         // Until the answer is in, a cancellation or a failure must not give this session
@@ -235,7 +235,7 @@ impl SqlStore for MysqlStore {
         .execute(&mut **conn)
         .await
         .map_err(store_error)?;
-        Ok(Some((counted.last_insert_id(), pending.keep())))
+        Ok(Some((counted.last_insert_id(), pending)))
     }
 }
 

@@ -7,7 +7,7 @@ use sqlx::{PgPool, Postgres};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use super::{Closing, ConnFuture, Dialect, SqlBackend, SqlStore};
+use super::{Closing, ConnFuture, Dialect, Granted, SqlBackend, SqlStore};
 use crate::client::config::LockConfig;
 use crate::client::store::key::{self, LockName};
 use crate::error::LockError;
@@ -166,7 +166,7 @@ impl SqlStore for PgStore {
         &self,
         target: &Advisory,
         wait: Duration,
-    ) -> Result<Option<(u64, PoolConnection<Postgres>)>, LockError> {
+    ) -> Result<Option<Granted<Advisory>>, LockError> {
         let started = Instant::now();
         let key = target.key;
         // Until the answer is in, a cancellation or a failure must not give this session
@@ -222,7 +222,7 @@ impl SqlStore for PgStore {
             return Ok(None);
         };
         let token = u64::try_from(token).unwrap_or_default();
-        Ok(Some((token, pending.keep())))
+        Ok(Some((token, pending)))
     }
 }
 
