@@ -9,12 +9,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use redis::Value;
 use tokio::time::Instant;
 
 use crate::client::Client;
 use crate::client::cleanup::{self, OnDrop};
 use crate::client::config::{LockConfig, proven};
-use crate::client::store::batch::{Entry, Turn as LaneTurn};
+use crate::client::store::batch::{Command, Entry, Turn as LaneTurn};
 use crate::client::store::key::{LockKeys, RELEASED, WAITERS};
 use crate::client::store::scripts::{
     ACQUIRE, AcquireReply, Code, FENCE, FenceReply, GrantReply, RELEASE, RENEW, codes,
@@ -80,13 +81,13 @@ impl RedisBackend {
     /// One attempt to take `req`'s lock with the grant `value`; `linger` (ms): how long
     /// a waiter's marker outlives the holder's lease (0: the caller does not wait).
     ///
-    /// Unfenced, a plain `SET NX PX` first, sent at once whatever else is in flight
-    /// (concurrent commands share the connection's pipeline; inside a script the same
-    /// SET costs Redis several times more). Only what needs the script goes through the
-    /// acquire lane (alone, or an entry of the next batched call): a fenced request,
-    /// and a lock the SET found busy (the script leaves the waiter marker and reads the
-    /// holder's lease). Until the reply is in, the grant may exist: a cancelled or
-    /// failed call is given back in the background (the value is this attempt's own).
+    /// Unfenced, a plain `SET NX PX` first (inside a script the same SET costs Redis
+    /// several times more), alone or in the next pipeline of plain commands. Only what
+    /// needs the script goes through the acquire lane (alone, or an entry of the next
+    /// batched call): a fenced request, and a lock the SET found busy (the script leaves
+    /// the waiter marker and reads the holder's lease). Until the reply is in, the grant
+    /// may exist: a cancelled or failed call is given back in the background (the value
+    /// is this attempt's own).
     async fn take_value(
         &self,
         req: &Request,
@@ -95,18 +96,10 @@ impl RedisBackend {
     ) -> Result<AcquireReply, LockError> {
         let keys = &req.keys;
         let undo = || OnDrop::new(|| self.give_back_in_background(keys, value));
-        if !req.fenced {
-            let undo = undo();
-            let granted = self.plain_set(req, value).await?;
-            undo.disarm();
-            if granted {
-                return Ok(AcquireReply::Granted { token: None });
-            }
+        if !req.fenced && self.plain_set(req, value).await? {
+            return Ok(AcquireReply::Granted { token: None });
         }
         let entry = || {
-            // Queued: a grant its caller will not take (gone), or an unknown outcome (an
-            // error), is given back once the reply is in.
-            let (backend, k, v) = (self.clone(), keys.clone(), value.to_owned());
             Entry::new()
                 .key(&keys.key)
                 .key(&keys.fence())
@@ -115,15 +108,10 @@ impl RedisBackend {
                 .arg(req.lease.as_millis() as u64)
                 .arg(linger)
                 .arg(u8::from(req.fenced))
-                .cleanup(move |reply| {
-                    let Some(reply) = reply else {
-                        return; // never sent
-                    };
-                    let granted = reply.and_then(AcquireReply::decode);
-                    if !matches!(granted, Ok(AcquireReply::Busy { .. })) {
-                        backend.give_back_in_background(&k, &v);
-                    }
-                })
+                .cleanup(self.undo_unless(keys, value, |r| {
+                    let reply = r.as_ref().map(|v| AcquireReply::decode(v.clone()));
+                    matches!(reply, Ok(Ok(AcquireReply::Busy { .. })))
+                }))
         };
         let (reply, undo) = match self.client.conn().turn(&ACQUIRE, &keys.key, entry) {
             LaneTurn::Alone(alone, entry) => {
@@ -142,15 +130,59 @@ impl RedisBackend {
 
     /// `SET key value NX PX lease`, what the raw recipe costs: whether it granted.
     async fn plain_set(&self, req: &Request, value: &str) -> Result<bool, LockError> {
-        let mut set = redis::Cmd::with_capacity(6, req.keys.key.len() + value.len() + 24);
-        set.arg("SET")
-            .arg(&req.keys.key)
-            .arg(value)
-            .arg("NX")
-            .arg("PX")
-            .arg(req.lease.as_millis() as u64);
-        let reply: Option<String> = self.client.conn().query("acquire", &set).await?;
-        Ok(reply.is_some())
+        let set = || {
+            let mut set = redis::Cmd::with_capacity(6, req.keys.key.len() + value.len() + 24);
+            set.arg("SET")
+                .arg(&req.keys.key)
+                .arg(value)
+                .arg("NX")
+                .arg("PX")
+                .arg(req.lease.as_millis() as u64);
+            set
+        };
+        let conn = self.client.conn();
+        let queued = || Command::new(set()).cleanup(self.undo_unless(&req.keys, value, not_set));
+        let reply = match conn.turn_command("acquire", &req.keys.key, queued) {
+            LaneTurn::Alone(alone, _) => {
+                let undo = OnDrop::new(|| self.give_back_in_background(&req.keys, value));
+                let reply = conn.query::<Value>("acquire", &set()).await;
+                drop(alone);
+                // Answered: the caller takes it from here (a refusal set nothing).
+                if reply.is_ok() || not_set(&reply) {
+                    undo.disarm();
+                }
+                reply?
+            }
+            // An error, or a reply this future is gone for, is the cleanup's to undo.
+            LaneTurn::Queued(pending) => pending.await?,
+        };
+        match reply {
+            Value::Nil => Ok(false),
+            Value::Okay => Ok(true),
+            other => Err(LockError::UnexpectedReply(format!(
+                "acquire: SET NX answered {other:?}"
+            ))),
+        }
+    }
+
+    /// The cleanup of a queued call that may take the grant `value`: once the outcome
+    /// is known and its caller will not act on it, the grant is given back unless the
+    /// reply proves it was not taken (`not_taken`).
+    fn undo_unless(
+        &self,
+        keys: &Arc<LockKeys>,
+        value: &str,
+        not_taken: impl FnOnce(&Result<Value, LockError>) -> bool + Send + Sync + 'static,
+    ) -> impl FnOnce(Option<Result<Value, LockError>>) + Send + Sync + 'static {
+        let (backend, k, v) = (self.clone(), keys.clone(), value.to_owned());
+        move |reply| {
+            let Some(reply) = reply else {
+                return; // never sent
+            };
+            if !not_taken(&reply) {
+                backend.give_back_in_background(&k, &v);
+            }
+        }
     }
 
     /// Deletes the grant `value` of `keys` if the lock still holds it
@@ -197,6 +229,16 @@ impl RedisBackend {
             })
             .await?;
         FenceReply::decode(reply)
+    }
+}
+
+/// Whether a `SET NX` reply proves the key was not set: the key existed (nil), or
+/// the server refused the command (an error reply: it did not run).
+fn not_set(reply: &Result<Value, LockError>) -> bool {
+    match reply {
+        Ok(v) => *v == Value::Nil,
+        Err(LockError::Redis(e)) => matches!(e.kind(), redis::ErrorKind::Server(_)),
+        Err(_) => false,
     }
 }
 

@@ -167,18 +167,18 @@ impl LockConfig {
         self
     }
 
-    /// Coalesce concurrent calls into one script call per batch. Default on.
+    /// Coalesce concurrent calls into one redis-rs call per batch. Default on.
     ///
     /// Lock releases, GCRA decisions, idempotency claims and completions, and the
     /// acquisitions that need the acquire script (fenced ones, and a lock found busy)
     /// that arrive while an earlier call of the same kind (on the same hash slot) is in
     /// flight on this client's connection are sent together, as one script call over all
-    /// their keys, once that call is back. A lone call goes at once as before: nothing
-    /// waits for a timer, so an idle client sees no added latency, and a busy one sends
-    /// far fewer script calls (Redis spends most of a small script call on per-command
-    /// overhead). Each caller still gets its own reply or error. A free lock is always
-    /// taken with a plain `SET NX PX`, never queued: inside a script the same `SET`
-    /// costs Redis more than the native command pipelined beside the others.
+    /// their keys, once that call is back. The plain `SET NX PX` that takes a free lock
+    /// queues the same way on a lane of plain commands, and queued ones go as one
+    /// pipeline (Redis still runs each native `SET`; the client pays one call for
+    /// many). A lone call goes at once as before: nothing waits for a timer, so an idle
+    /// client sees no added latency, and a busy one spends far less per call, on both
+    /// sides. Each caller still gets its own reply or error.
     ///
     /// Turn it off to compare, or where every call must be its own command (a proxy
     /// that inspects scripts, commandstats kept per call). A queued call may wait for

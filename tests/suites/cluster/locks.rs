@@ -4,6 +4,7 @@
 //! reported through `lost()`.
 
 use std::collections::BTreeSet;
+use std::future::Future;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -227,4 +228,74 @@ async fn a_lock_lost_in_a_failover_fires_lost() {
     let err = guard.release().await.unwrap_err();
     assert!(err.is_not_owner(), "{err}");
     taken.release().await.unwrap();
+}
+
+/// Plain acquisitions on one slot that queue behind one in flight go to the slot's
+/// master as one pipeline: each caller gets its own grant or busy reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquisitions_on_one_slot_share_a_pipeline_each_with_its_own_reply() {
+    let cluster = RedisCluster::start(3, 0);
+    let c = client(&cluster, config()).await;
+    let other = client(&cluster, config()).await;
+    // Five names whose keys share one slot.
+    let slot_of = |i: u32| lock_tests::key_slot(c.keys(("p", i)).unwrap().key);
+    let slot = slot_of(0);
+    let names: Vec<(&str, u32)> = (0..)
+        .filter(|&i| slot_of(i) == slot)
+        .take(5)
+        .map(|i| ("p", i))
+        .collect();
+    let held = other.try_lock(names[1]).await.unwrap();
+    // The client learns the slot map.
+    c.try_lock(("warm", 0))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    let masters = cluster.masters();
+    for &m in &masters {
+        cluster.pause(m);
+    }
+    // The first is polled once (its SET sent, the lane taken), then goes on in a task.
+    let mut first = Box::pin({
+        let c = c.clone();
+        let name = names[0];
+        async move { c.try_lock(name).await }
+    });
+    let polled = std::future::poll_fn(|cx| std::task::Poll::Ready(first.as_mut().poll(cx))).await;
+    assert!(polled.is_pending(), "the masters are paused");
+    let first = tokio::spawn(first);
+    let queued: Vec<_> = names[1..]
+        .iter()
+        .map(|&name| {
+            let c = c.clone();
+            tokio::spawn(async move { c.try_lock(name).await })
+        })
+        .collect();
+    eventually(Duration::from_secs(5), "the others to queue", || async {
+        c.queued_calls() == names.len() - 1
+    })
+    .await;
+    for &m in &masters {
+        cluster.resume(m);
+    }
+    let mut out = vec![first.await.unwrap()];
+    for q in queued {
+        out.push(q.await.unwrap());
+    }
+    assert!(
+        matches!(out[1], Err(lock_core::LockError::Busy { .. })),
+        "{:?}",
+        out[1]
+    );
+    for (i, r) in out.into_iter().enumerate() {
+        if i != 1 {
+            let g = r.unwrap_or_else(|e| panic!("{:?}: {e}", names[i]));
+            assert!(g.is_held());
+            g.release().await.unwrap();
+        }
+    }
+    held.release().await.unwrap();
 }

@@ -252,7 +252,7 @@ async fn one_batch_carries_mixed_outcomes_to_their_own_callers() {
 
     // Acquisitions through the script (fenced ones, and a busy lock): granted with a
     // fencing token, busy; a name refused before it reaches Redis; and a plain one
-    // beside them, which goes at once as a SET and never queues.
+    // beside them, a SET on a lane of its own (plain commands), alone there.
     assert!(matches!(
         c.try_lock(("bad", "")).await,
         Err(LockError::InvalidKey(_))
@@ -362,7 +362,7 @@ async fn a_batch_that_times_out_fails_every_entry_and_leaves_no_lock() {
     warm_up(&c).await;
     server.pause();
     // Eight through the script (fenced): one alone, seven queued behind it; and four
-    // plain SETs sent at once beside them.
+    // plain SETs beside them: one alone, three queued for the next pipeline.
     let calls: Vec<_> = (0..12)
         .map(|i| {
             let c = c.clone();
@@ -374,7 +374,7 @@ async fn a_batch_that_times_out_fails_every_entry_and_leaves_no_lock() {
         })
         .collect();
     eventually(Duration::from_secs(5), "the calls to queue", || async {
-        c.queued_calls() == 7
+        c.queued_calls() == 10
     })
     .await;
     let mut out = Vec::new();

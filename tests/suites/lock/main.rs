@@ -1,5 +1,6 @@
 //! The lock of `LockClient` on one redis-server: reentrancy, waiting, the watchdog,
-//! lost locks, cancellation, fencing, restarts, runtimes, batching and input checks.
+//! lost locks, cancellation, fencing, restarts, runtimes, batching, pipelining and input
+//! checks.
 //! Every test starts its own server, so the modules run side by side.
 
 #[path = "../common/mod.rs"]
@@ -10,6 +11,7 @@ mod batching;
 mod cancellation;
 mod fencing;
 mod lost;
+mod pipelining;
 mod reentrancy;
 mod restart;
 mod runtimes;

@@ -1,8 +1,10 @@
-//! Coalescing of concurrent script calls: calls of one script (on one hash slot) that
-//! arrive while an earlier call of theirs is in flight go to Redis together, as one call
-//! of the same script over all their keys.
+//! Coalescing of concurrent calls: what arrives on a lane while an earlier call of that
+//! lane is in flight goes to Redis together, in one redis-rs call. A lane is one
+//! script on one key group (its queued entries become one call of the script over all
+//! their keys) or the plain commands of one key group (queued commands become one
+//! pipeline: N `SET NX PX` in one write, one reply per command).
 //!
-//! How a batch forms, per lane (a script and a key group):
+//! How a batch forms, per lane:
 //! - An idle lane: the call goes at once, on the caller's own future ([`Turn::Alone`]);
 //!   no timer, no task, no added latency. The lane is busy until that call ends.
 //! - A busy lane: the call is queued ([`Turn::Queued`]). When the call in flight ends
@@ -15,8 +17,10 @@
 //!
 //! Per entry, nothing changes: the scripts loop over their entries (the same keys and
 //! arguments per entry, one file each, laid out in their headers) and answer one reply
-//! per entry, `{'error', message}` for an entry that failed (`redis.pcall`), so each
-//! caller gets its own.
+//! per entry, `{'error', message}` for an entry that failed (`redis.pcall`); a pipeline
+//! answers one reply per command, an error reply for a command that failed. So each
+//! caller gets its own reply or error, and a task's calls keep their order (it awaits
+//! each before the next).
 //! A call that fails as a whole (Redis down, a timeout) fails every entry with that
 //! error. An entry whose caller went away before its batch was sent is left out.
 //! Whatever a queued entry leaves to undo is its own cleanup's to undo, run once the
@@ -34,16 +38,52 @@ use std::time::Duration;
 use redis::{FromRedisValue, Value};
 use tokio::sync::oneshot;
 
-pub(crate) use super::entry::Entry;
+use super::entry::Cleanup;
+pub(crate) use super::entry::{Command, Entry};
 use super::scripts::Lua;
 use super::{Conn, decode};
 use crate::error::LockError;
 
-/// The most entries one script call carries.
+/// The most entries one call carries.
 pub(crate) const MAX_BATCH: usize = 128;
 
+/// What a lane sends.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// Calls of one script: a batch is one call of it over every entry.
+    Script(&'static Lua),
+    /// Plain commands: a batch is one pipeline.
+    Commands,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Script(script) => script.op(),
+            // No script is named so.
+            Self::Commands => "commands",
+        }
+    }
+}
+
+/// A queued call.
+enum Item {
+    Script(Entry),
+    Command(Command),
+}
+
+impl Item {
+    fn into_cleanup(self) -> Option<Cleanup> {
+        match self {
+            Self::Script(e) => e.cleanup,
+            Self::Command(c) => c.cleanup,
+        }
+    }
+}
+
 struct Queued {
-    entry: Entry,
+    item: Item,
+    op: &'static str,
     reply: oneshot::Sender<Result<Value, LockError>>,
 }
 
@@ -87,13 +127,13 @@ pub(crate) enum Turn<F> {
 /// The lane is this caller's while this lives; dropping it hands what queued meanwhile
 /// to a driver task.
 pub(crate) struct Alone {
-    lane: Option<(Conn, &'static Lua, u16)>,
+    lane: Option<(Conn, Kind, u16)>,
 }
 
 impl Drop for Alone {
     fn drop(&mut self) {
-        if let Some((conn, script, group)) = self.lane.take() {
-            hand_over(conn, script, group);
+        if let Some((conn, kind, group)) = self.lane.take() {
+            hand_over(conn, kind, group);
         }
     }
 }
@@ -139,33 +179,59 @@ impl Conn {
         key: &str,
         entry: F,
     ) -> Turn<F> {
+        self.take_turn(Kind::Script(script), script.op(), key, entry, |f| {
+            Item::Script(f())
+        })
+    }
+
+    /// A place for the plain command `op` on `key`'s group: alone (send now), or queued
+    /// with the command `command` builds (built only then), to go in the next pipeline.
+    /// With batching off, always alone.
+    pub(crate) fn turn_command<F: FnOnce() -> Command>(
+        &self,
+        op: &'static str,
+        key: &str,
+        command: F,
+    ) -> Turn<F> {
+        self.take_turn(Kind::Commands, op, key, command, |f| Item::Command(f()))
+    }
+
+    fn take_turn<F>(
+        &self,
+        kind: Kind,
+        op: &'static str,
+        key: &str,
+        build: F,
+        item: impl FnOnce(F) -> Item,
+    ) -> Turn<F> {
         let Some(lanes) = &self.lanes else {
-            return Turn::Alone(Alone { lane: None }, entry);
+            return Turn::Alone(Alone { lane: None }, build);
         };
         let group = self.group(key);
         let mut busy = lanes.lock();
-        match busy.get_mut(&(script.op(), group)) {
+        match busy.get_mut(&(kind.name(), group)) {
             Some(queue) => {
                 let (tx, rx) = oneshot::channel();
                 queue.push(Queued {
-                    entry: entry(),
+                    item: item(build),
+                    op,
                     reply: tx,
                 });
                 // One batch ahead of this one, then this one.
                 let limit = self.timeout * 2;
                 Turn::Queued(Pending {
                     rx,
-                    op: script.op(),
+                    op,
                     limit,
                     sleep: Box::pin(tokio::time::sleep(limit)),
                 })
             }
             None => {
-                busy.insert((script.op(), group), Vec::new());
+                busy.insert((kind.name(), group), Vec::new());
                 let alone = Alone {
-                    lane: Some((self.clone(), script, group)),
+                    lane: Some((self.clone(), kind, group)),
                 };
-                Turn::Alone(alone, entry)
+                Turn::Alone(alone, build)
             }
         }
     }
@@ -222,6 +288,32 @@ async fn send_batch(
     }
 }
 
+/// Sends the commands of `batch` as one pipeline; the reply of each, in order.
+async fn send_pipeline(
+    conn: &Conn,
+    batch: &mut [Queued],
+) -> Result<Vec<Result<Value, LockError>>, LockError> {
+    let mut pipe = redis::Pipeline::with_capacity(batch.len());
+    for q in batch.iter_mut() {
+        if let Item::Command(c) = &mut q.item {
+            // Moved, not copied: the entry keeps only what its delivery needs.
+            pipe.add_command(std::mem::replace(&mut c.cmd, redis::Cmd::new()));
+        }
+    }
+    let replies = conn.pipeline(&pipe).await?;
+    if replies.len() != batch.len() {
+        return Err(LockError::UnexpectedReply(format!(
+            "a pipeline of {} commands got {} replies",
+            batch.len(),
+            replies.len()
+        )));
+    }
+    Ok(replies
+        .into_iter()
+        .map(|r| r.map_err(LockError::Redis))
+        .collect())
+}
+
 /// One entry's reply: `{'error', message}` becomes the entry's error. (A nested error
 /// reply would fail the whole reply in redis-rs, and so every entry of the batch.)
 pub(crate) fn entry_reply(v: Value) -> Result<Value, LockError> {
@@ -239,36 +331,35 @@ pub(crate) fn entry_reply(v: Value) -> Result<Value, LockError> {
     Ok(v)
 }
 
-/// The error a failed batch gives each of its entries: the one it would have had alone.
-fn each(e: &LockError) -> LockError {
+/// The error a failed batch gives its entry `op`: the one it would have had alone.
+fn each(e: &LockError, op: &'static str) -> LockError {
     match e {
-        LockError::RedisTimeout { op, after } => LockError::RedisTimeout { op, after: *after },
+        LockError::RedisTimeout { after, .. } => LockError::RedisTimeout { op, after: *after },
         LockError::Redis(r) => LockError::Redis(r.clone()),
         other => LockError::UnexpectedReply(other.to_string()),
     }
 }
 
 /// The lane's own call ended: hand what queued to a driver task, or mark it idle.
-fn hand_over(conn: Conn, script: &'static Lua, group: u16) {
+fn hand_over(conn: Conn, kind: Kind, group: u16) {
     let Some(lanes) = conn.lanes.clone() else {
         return;
     };
+    let lane = (kind.name(), group);
     let mut busy = lanes.lock();
-    let waiting = busy
-        .get(&(script.op(), group))
-        .is_some_and(|q| !q.is_empty());
+    let waiting = busy.get(&lane).is_some_and(|q| !q.is_empty());
     if !waiting {
-        busy.remove(&(script.op(), group));
+        busy.remove(&lane);
         return;
     }
     drop(busy);
     let driving = Driving {
         lanes,
-        lane: (script.op(), group),
+        lane,
         in_flight: Vec::new(),
         emptied: false,
     };
-    crate::client::cleanup::spawn_task(drive(conn, driving, script));
+    crate::client::cleanup::spawn_task(drive(conn, driving, kind));
 }
 
 /// A lane's driver: while it lives the lane is busy. Dropped before it emptied the lane
@@ -303,7 +394,7 @@ impl Drop for Driving {
             return;
         }
         for q in self.in_flight.drain(..) {
-            let op = self.lane.0;
+            let op = q.op;
             deliver(
                 q,
                 Err(LockError::UnexpectedReply(format!(
@@ -313,7 +404,7 @@ impl Drop for Driving {
         }
         let queued = self.lanes.lock().remove(&self.lane);
         for q in queued.into_iter().flatten() {
-            if let Some(cleanup) = q.entry.cleanup {
+            if let Some(cleanup) = q.item.into_cleanup() {
                 cleanup(None);
             }
         }
@@ -321,13 +412,13 @@ impl Drop for Driving {
 }
 
 /// Sends what queued on a lane, a batch at a time, until nothing is left.
-async fn drive(conn: Conn, mut driving: Driving, script: &'static Lua) {
+async fn drive(conn: Conn, mut driving: Driving, kind: Kind) {
     while let Some(batch) = driving.next_batch() {
         // Callers gone before sending: left out.
         let (gone, batch): (Vec<Queued>, Vec<Queued>) =
             batch.into_iter().partition(|q| q.reply.is_closed());
         for q in gone {
-            if let Some(cleanup) = q.entry.cleanup {
+            if let Some(cleanup) = q.item.into_cleanup() {
                 cleanup(None);
             }
         }
@@ -335,19 +426,33 @@ async fn drive(conn: Conn, mut driving: Driving, script: &'static Lua) {
             continue;
         }
         driving.in_flight = batch;
-        let entries: Vec<&Entry> = driving.in_flight.iter().map(|q| &q.entry).collect();
-        let replies = send_batch(&conn, script, &entries).await;
-        drop(entries);
+        let replies = match kind {
+            Kind::Script(script) => {
+                let entries: Vec<&Entry> = driving
+                    .in_flight
+                    .iter()
+                    .filter_map(|q| match &q.item {
+                        Item::Script(e) => Some(e),
+                        Item::Command(_) => None,
+                    })
+                    .collect();
+                send_batch(&conn, script, &entries)
+                    .await
+                    .map(|items| items.into_iter().map(entry_reply).collect::<Vec<_>>())
+            }
+            Kind::Commands => send_pipeline(&conn, &mut driving.in_flight).await,
+        };
         let batch = std::mem::take(&mut driving.in_flight);
         match replies {
             Ok(items) => {
                 for (q, v) in batch.into_iter().zip(items) {
-                    deliver(q, entry_reply(v));
+                    deliver(q, v);
                 }
             }
             Err(e) => {
                 for q in batch {
-                    deliver(q, Err(each(&e)));
+                    let e = each(&e, q.op);
+                    deliver(q, Err(e));
                 }
             }
         }
@@ -357,18 +462,19 @@ async fn drive(conn: Conn, mut driving: Driving, script: &'static Lua) {
 /// Hands an entry its reply; what its caller will not act on goes to its cleanup.
 fn deliver(q: Queued, reply: Result<Value, LockError>) {
     let Queued {
-        entry,
+        item,
+        op,
         reply: caller,
     } = q;
     let left = match reply {
         Err(e) => {
-            let copy = each(&e);
+            let copy = each(&e, op);
             let _ = caller.send(Err(e));
             Some(Err(copy))
         }
         Ok(v) => caller.send(Ok(v)).err(),
     };
-    if let (Some(left), Some(cleanup)) = (left, entry.cleanup) {
+    if let (Some(left), Some(cleanup)) = (left, item.into_cleanup()) {
         cleanup(Some(left));
     }
 }

@@ -7,13 +7,13 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::SingleNodeRoutingInfo;
-use redis::{Cmd, ErrorKind, RedisError, RedisResult, ScriptInvocation, Value};
+use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisResult, ScriptInvocation, Value};
 
 use super::key::cluster_slot;
-use super::{Reply, Store};
+use super::{Replies, Reply, Store};
 
 /// A redis-rs connection as a [`Store`].
 pub(crate) struct RedisStore<C> {
@@ -32,6 +32,14 @@ impl Store for RedisStore<ConnectionManager> {
         Box::pin(async move { cmd.query_async(&mut c).await })
     }
 
+    fn pipeline<'a>(&'a self, pipe: &'a Pipeline) -> Replies<'a> {
+        let mut c = self.conn.clone();
+        Box::pin(async move {
+            let replies = c.req_packed_commands(pipe, 0, pipe.len()).await?;
+            Ok(replies.into_iter().map(own_reply).collect())
+        })
+    }
+
     fn invoke<'a>(&'a self, invocation: &'a ScriptInvocation<'a>) -> Reply<'a> {
         let mut c = self.conn.clone();
         Box::pin(async move { invocation.invoke_async(&mut c).await })
@@ -39,6 +47,14 @@ impl Store for RedisStore<ConnectionManager> {
 
     fn group(&self, _key: &str) -> u16 {
         0
+    }
+}
+
+/// A pipelined command's reply: an error reply is that command's error.
+fn own_reply(v: Value) -> RedisResult<Value> {
+    match v {
+        Value::ServerError(e) => Err(e.into()),
+        v => Ok(v),
     }
 }
 
@@ -72,10 +88,10 @@ fn never_ran(e: &RedisError) -> bool {
 /// its own retries (it would also resend after a lost reply: a `SET NX` would then find
 /// its own value, a release report `Expired`, a rate-limit check count twice), so the
 /// redirections and refusals it would have followed are followed here.
-async fn resend_refused<F, Fut>(mut call: F) -> RedisResult<Value>
+async fn resend_refused<F, Fut, T>(mut call: F) -> RedisResult<T>
 where
     F: FnMut(Option<(String, u16)>) -> Fut,
-    Fut: std::future::Future<Output = RedisResult<Value>>,
+    Fut: std::future::Future<Output = RedisResult<T>>,
 {
     let mut ask = None;
     let mut resend = 0;
@@ -120,6 +136,27 @@ impl Store for RedisStore<ClusterConnection> {
                 }
             }
         }))
+    }
+
+    fn pipeline<'a>(&'a self, pipe: &'a Pipeline) -> Replies<'a> {
+        // Every command is on one slot, so the pipeline goes to one node. The node
+        // answers each command for itself: one it refused (the slot moved or is
+        // moving) is sent again alone, following the redirection; the others ran once.
+        Box::pin(async move {
+            let replies = resend_refused(|_ask| {
+                let mut c = self.conn.clone();
+                async move { c.req_packed_commands(pipe, 0, pipe.len()).await }
+            })
+            .await?;
+            let mut out = Vec::with_capacity(replies.len());
+            for (cmd, reply) in pipe.cmd_iter().zip(replies) {
+                out.push(match own_reply(reply) {
+                    Err(e) if never_ran(&e) => self.query(cmd).await,
+                    other => other,
+                });
+            }
+            Ok(out)
+        })
     }
 
     fn invoke<'a>(&'a self, invocation: &'a ScriptInvocation<'a>) -> Reply<'a> {

@@ -1,6 +1,8 @@
-//! One entry of a batched script call, packed flat: an entry's keys in one buffer and
-//! its arguments in another, so building one costs four allocations however many keys
-//! and arguments it has, and a key made of a lock key and a suffix costs none.
+//! What waits in a batch lane: one entry of a batched script call ([`Entry`]), packed
+//! flat (an entry's keys in one buffer and its arguments in another, so building one
+//! costs four allocations however many keys and arguments it has, and a key made of a
+//! lock key and a suffix costs none), or one plain command of a pipelined call
+//! ([`Command`]).
 
 use std::io;
 
@@ -82,6 +84,27 @@ impl Entry {
                 cmd.arg(a);
             });
         }
+    }
+}
+
+/// One plain command of a pipelined call: its own reply, or its own error.
+pub(crate) struct Command {
+    pub(super) cmd: redis::Cmd,
+    pub(super) cleanup: Option<Cleanup>,
+}
+
+impl Command {
+    pub(crate) fn new(cmd: redis::Cmd) -> Self {
+        Self { cmd, cleanup: None }
+    }
+
+    /// What to undo for this command when queued: as [`Entry::cleanup`].
+    pub(crate) fn cleanup(
+        mut self,
+        f: impl FnOnce(Option<Result<Value, LockError>>) + Send + Sync + 'static,
+    ) -> Self {
+        self.cleanup = Some(Box::new(f));
+        self
     }
 }
 

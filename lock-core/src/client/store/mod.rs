@@ -1,7 +1,7 @@
 //! The seam to a Redis deployment: the one place that talks to Redis.
 //!
 //! [`Store`] is what the rest of the crate needs from a deployment: run a script, run a
-//! plain command, and say which keys may share one script call (one hash slot on a
+//! plain command, run a pipeline of plain commands, and say which keys may share one script call (one hash slot on a
 //! Cluster, anything on one node). [`RedisStore`] implements it for one node (a
 //! reconnecting `ConnectionManager`) and for a Redis Cluster (redis-rs
 //! `cluster-async`). [`Conn`] wraps a store with
@@ -20,19 +20,28 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{Cmd, FromRedisValue, ScriptInvocation, Value};
+use redis::{Cmd, FromRedisValue, Pipeline, RedisResult, ScriptInvocation, Value};
 
 use crate::error::LockError;
 
 pub(crate) use deployment::RedisStore;
 
 /// A boxed reply future (the seam is object-safe).
-pub(crate) type Reply<'a> = Pin<Box<dyn Future<Output = redis::RedisResult<Value>> + Send + 'a>>;
+pub(crate) type Reply<'a> = Pin<Box<dyn Future<Output = RedisResult<Value>> + Send + 'a>>;
+
+/// A boxed pipeline reply: one reply or error per command, in order.
+pub(crate) type Replies<'a> =
+    Pin<Box<dyn Future<Output = RedisResult<Vec<RedisResult<Value>>>> + Send + 'a>>;
 
 /// A Redis deployment.
 pub(crate) trait Store: Send + Sync + 'static {
     /// Runs one command (a script call is an `EVALSHA`/`EVAL` command).
     fn query<'a>(&'a self, cmd: &'a Cmd) -> Reply<'a>;
+    /// Runs the commands of `pipe` (not a transaction; every key in one [`group`]) in
+    /// one write: each command's own reply or error, or an error of the whole call.
+    ///
+    /// [`group`]: Store::group
+    fn pipeline<'a>(&'a self, pipe: &'a Pipeline) -> Replies<'a>;
     /// Runs a script invocation (EVALSHA, loading the script on NOSCRIPT).
     fn invoke<'a>(&'a self, invocation: &'a ScriptInvocation<'a>) -> Reply<'a>;
     /// Which keys may go into one multi-key script call: the key's hash slot on a
@@ -88,6 +97,14 @@ impl Conn {
         decode(op, value)
     }
 
+    /// Runs the commands of `pipe` within the time limit: each command's reply or error.
+    pub(crate) async fn pipeline(
+        &self,
+        pipe: &Pipeline,
+    ) -> Result<Vec<RedisResult<Value>>, LockError> {
+        limit("pipeline", self.timeout, self.store.pipeline(pipe)).await
+    }
+
     /// Runs `script` with the keys and arguments `fill` appends (`numkeys` first), as
     /// `EVALSHA`, and as `EVAL` of the source if the server lost the script (restart,
     /// `SCRIPT FLUSH`); within `within` (at most the configured time limit).
@@ -131,11 +148,11 @@ impl Conn {
     }
 }
 
-async fn limit(
+async fn limit<T>(
     op: &'static str,
     after: Duration,
-    call: impl Future<Output = redis::RedisResult<Value>>,
-) -> Result<Value, LockError> {
+    call: impl Future<Output = RedisResult<T>>,
+) -> Result<T, LockError> {
     match tokio::time::timeout(after, call).await {
         Ok(reply) => Ok(reply?),
         Err(_) => Err(LockError::RedisTimeout { op, after }),

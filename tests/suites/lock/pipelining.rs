@@ -1,0 +1,236 @@
+//! Pipelining: plain `SET NX PX` acquisitions that queue behind one in flight go to
+//! Redis as one pipeline, each caller with its own reply or error; a caller that goes
+//! away before the pipeline is sent sends nothing, one that goes away after leaves no
+//! lock behind.
+
+use crate::common;
+
+use std::task::Poll;
+use std::time::Duration;
+
+use common::{client, eventually, exists};
+use lock_core::{LockClient, LockConfig, LockError};
+use lock_tests::{Monitor, RedisServer};
+
+/// `SET` commands clients sent on each of `keys` (not those scripts ran) among what
+/// `monitor` saw up to now.
+async fn sets_of(server: &RedisServer, monitor: &mut Monitor, keys: &[String]) -> Vec<usize> {
+    let mut c = server.connection().await;
+    let _: String = redis::cmd("ECHO")
+        .arg("end")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let lines = monitor
+        .wait_for("\"ECHO\" \"end\"", Duration::from_secs(10))
+        .await
+        .expect("the marker comes through");
+    keys.iter()
+        .map(|k| {
+            let set = format!("\"SET\" \"{k}\"");
+            lines
+                .iter()
+                .filter(|l| l.contains(&set) && !l.contains(" lua] "))
+                .count()
+        })
+        .collect()
+}
+
+type Attempt = tokio::task::JoinHandle<Result<lock_core::LockGuard, LockError>>;
+
+/// Starts `attempt` and polls it once: on a paused server that sends its command and
+/// leaves it in flight. Then it goes on in a task of its own.
+async fn in_flight<F>(attempt: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let mut attempt = Box::pin(attempt);
+    let polled = std::future::poll_fn(|cx| Poll::Ready(attempt.as_mut().poll(cx))).await;
+    assert!(polled.is_pending(), "the server is paused");
+    tokio::spawn(attempt)
+}
+
+/// `c.try_lock(first)` in flight on a paused server, then `c.try_lock(name)` for each
+/// of `names`, queued behind it.
+async fn queue_behind_one(
+    c: &LockClient,
+    first: &'static str,
+    names: &[&'static str],
+) -> (Attempt, Vec<Attempt>) {
+    let first = {
+        let c = c.clone();
+        in_flight(async move { c.try_lock(first).await }).await
+    };
+    let queued: Vec<_> = names
+        .iter()
+        .map(|&name| {
+            let c = c.clone();
+            tokio::spawn(async move { c.try_lock(name).await })
+        })
+        .collect();
+    // (If the first had not taken the lane, one of these would go alone instead.)
+    eventually(Duration::from_secs(5), "the others to queue", || async {
+        c.queued_calls() == names.len()
+    })
+    .await;
+    (first, queued)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_pipeline_carries_each_callers_own_reply_and_error() {
+    let server = RedisServer::start();
+    // A user that may touch only keys with `ok` in their name (and the fencing
+    // counters, which a busy lock's script call names): a SET on any other key is
+    // refused (NOPERM) for that command alone.
+    let mut raw = server.connection().await;
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "limited",
+            "on",
+            ">pw",
+            "~*ok*",
+            "~*:fence:*",
+            "&*",
+            "+@all",
+        ])
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let url = format!("redis://limited:pw@127.0.0.1:{}/", server.port());
+    let c = LockClient::open_with_config(url.as_str(), LockConfig::new())
+        .await
+        .unwrap();
+    let other = client(&server, LockConfig::new()).await;
+    let held = other.try_lock("held-ok").await.unwrap();
+    c.try_lock("warm-ok")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    let mut monitor = server.monitor().await;
+    server.pause();
+    let names = ["ok-1", "held-ok", "forbidden", "ok-2", "ok-3"];
+    let (first, queued) = queue_behind_one(&c, "first-ok", &names).await;
+    server.resume();
+    let first = first.await.unwrap().unwrap();
+    let mut out = Vec::new();
+    for q in queued {
+        out.push(q.await.unwrap());
+    }
+    assert!(out[0].is_ok(), "{out:?}");
+    assert!(
+        matches!(out[1], Err(LockError::Busy { .. })),
+        "{:?}",
+        out[1]
+    );
+    assert!(
+        matches!(&out[2], Err(LockError::Redis(e)) if e.code() == Some("NOPERM")),
+        "the refused entry gets its own error: {:?}",
+        out[2]
+    );
+    assert!(out[3].is_ok() && out[4].is_ok());
+    // Each SET ran once, and the grants are the callers' own.
+    let keys: Vec<String> = names.iter().map(|n| c.keys(*n).unwrap().key).collect();
+    assert_eq!(
+        sets_of(&server, &mut monitor, &keys).await,
+        [1, 1, 0, 1, 1],
+        "the refused SET never ran"
+    );
+    assert_eq!(c.held_count(), 4);
+    for (i, g) in [(0, &out[0]), (3, &out[3]), (4, &out[4])] {
+        let g = g.as_ref().unwrap();
+        assert!(g.is_held());
+        assert!(common::get(&server, &keys[i]).await.is_some());
+    }
+    for g in out.into_iter().flatten() {
+        g.release().await.unwrap();
+    }
+    first.release().await.unwrap();
+    assert!(held.is_held());
+    assert!(!exists(&server, &keys[2]).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_acquisition_dropped_before_sending_sends_nothing() {
+    let server = RedisServer::start();
+    let c = client(&server, LockConfig::new()).await;
+    c.try_lock("warm").await.unwrap().release().await.unwrap();
+    let mut monitor = server.monitor().await;
+    server.pause();
+    let names = ["gone-1", "gone-2", "stays"];
+    let (first, mut queued) = queue_behind_one(&c, "first", &names).await;
+    let stays = queued.pop().unwrap();
+    for q in &queued {
+        q.abort();
+    }
+    for q in queued {
+        assert!(q.await.unwrap_err().is_cancelled());
+    }
+    server.resume();
+    first.await.unwrap().unwrap().release().await.unwrap();
+    stays.await.unwrap().unwrap().release().await.unwrap();
+    let keys: Vec<String> = names.iter().map(|n| c.keys(*n).unwrap().key).collect();
+    assert_eq!(sets_of(&server, &mut monitor, &keys).await, [0, 0, 1]);
+    assert_eq!(c.held_count(), 0);
+    assert_eq!(c.queued_calls(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_acquisition_dropped_after_sending_leaves_no_lock() {
+    let server = RedisServer::start();
+    let timeout = Duration::from_millis(500);
+    let c = client(&server, LockConfig::new().with_command_timeout(timeout)).await;
+    c.try_lock("warm").await.unwrap().release().await.unwrap();
+    let mut monitor = server.monitor().await;
+    server.pause();
+    // The first times out after 500 ms, and the pipeline of the others goes then; they
+    // give up at 800 ms, with their SETs sent and the server still paused.
+    let first = {
+        let c = c.clone();
+        in_flight(async move { c.try_lock("first").await }).await
+    };
+    let names = ["late-1", "late-2", "late-3"];
+    let late: Vec<_> = names
+        .iter()
+        .map(|&name| {
+            let c = c.clone();
+            let give_up = Duration::from_millis(800);
+            tokio::spawn(async move { tokio::time::timeout(give_up, c.try_lock(name)).await })
+        })
+        .collect();
+    eventually(Duration::from_secs(5), "the others to queue", || async {
+        c.queued_calls() == names.len()
+    })
+    .await;
+    for l in late {
+        assert!(l.await.unwrap().is_err(), "gave up before any reply");
+    }
+    // The connection's own response timeout or ours, whichever fires first.
+    let first = first.await.unwrap();
+    assert!(
+        matches!(
+            first,
+            Err(LockError::RedisTimeout { .. } | LockError::Redis(_))
+        ),
+        "{first:?}"
+    );
+    // The server now grants what was sent: each grant is given back.
+    server.resume();
+    let keys: Vec<String> = names.iter().map(|n| c.keys(*n).unwrap().key).collect();
+    for key in &keys {
+        eventually(Duration::from_secs(5), "no lock left behind", || async {
+            !exists(&server, key).await
+        })
+        .await;
+    }
+    assert_eq!(
+        sets_of(&server, &mut monitor, &keys).await,
+        [1, 1, 1],
+        "the pipeline was sent before its callers went away"
+    );
+    assert_eq!(c.held_count(), 0);
+}
