@@ -6,7 +6,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use lock_core::{LockClient, LockConfig};
-use lock_tests::RedisServer;
+use lock_tests::{Monitor, RedisServer};
 
 /// A client on `server` with `config`.
 pub async fn client(server: &RedisServer, config: LockConfig) -> LockClient {
@@ -41,6 +41,21 @@ where
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+}
+
+/// The lines `monitor` saw up to now: it waits for a marker command sent after
+/// everything before it (the `ECHO "end"` line, last).
+pub async fn seen_until_now(server: &RedisServer, monitor: &mut Monitor) -> Vec<String> {
+    let mut c = server.connection().await;
+    let _: String = redis::cmd("ECHO")
+        .arg("end")
+        .query_async(&mut c)
+        .await
+        .expect("ECHO");
+    monitor
+        .wait_for("\"ECHO\" \"end\"", Duration::from_secs(10))
+        .await
+        .expect("the marker comes through")
 }
 
 /// Whether a Redis key exists.

@@ -18,16 +18,7 @@ const ROUNDS: usize = 40;
 /// Commands the clients sent (not those scripts ran) from what `monitor` saw up to
 /// now, by name.
 async fn sent_since(server: &RedisServer, monitor: &mut Monitor) -> BTreeMap<String, u64> {
-    let mut c = server.connection().await;
-    let _: String = redis::cmd("ECHO")
-        .arg("end")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    let lines = monitor
-        .wait_for("\"ECHO\" \"end\"", Duration::from_secs(10))
-        .await
-        .expect("the marker comes through");
+    let lines = common::seen_until_now(server, monitor).await;
     let mut by_name = BTreeMap::new();
     for l in &lines {
         if l.contains(" lua] ") || l.contains("\"ECHO\" \"end\"") {

@@ -15,16 +15,7 @@ use lock_tests::{Monitor, RedisServer};
 /// `SET` commands clients sent on each of `keys` (not those scripts ran) among what
 /// `monitor` saw up to now.
 async fn sets_of(server: &RedisServer, monitor: &mut Monitor, keys: &[String]) -> Vec<usize> {
-    let mut c = server.connection().await;
-    let _: String = redis::cmd("ECHO")
-        .arg("end")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    let lines = monitor
-        .wait_for("\"ECHO\" \"end\"", Duration::from_secs(10))
-        .await
-        .expect("the marker comes through");
+    let lines = common::seen_until_now(server, monitor).await;
     keys.iter()
         .map(|k| {
             let set = format!("\"SET\" \"{k}\"");
