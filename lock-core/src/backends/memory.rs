@@ -135,9 +135,7 @@ impl Seam for MemoryBackend {
         &self.config
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::LOCAL_LEASES
-    }
+    const CAPABILITIES: Capabilities = Capabilities::LOCAL_LEASES;
 
     async fn take(
         &self,
@@ -198,29 +196,6 @@ impl Seam for MemoryBackend {
         lease: Duration,
     ) -> Result<Held<Instant>, LockError> {
         Ok(self.lengthen(&keys.key, *grant, lease))
-    }
-
-    async fn renew(
-        &self,
-        grants: &[(&LockKeys, &u64)],
-        lease: Duration,
-        _within: Duration,
-    ) -> Result<Vec<Held<Instant>>, LockError> {
-        Ok(grants
-            .iter()
-            .map(|(keys, grant)| self.lengthen(&keys.key, **grant, lease))
-            .collect())
-    }
-
-    async fn fence(
-        &self,
-        keys: &LockKeys,
-        grant: &u64,
-        _seq: u64,
-    ) -> Result<Held<FencingToken>, LockError> {
-        let mut table = self.table();
-        let own = table.own(&keys.key, *grant, Instant::now());
-        Ok(own.map(|_| FencingToken::new(*grant, *grant)))
     }
 
     fn listen<'a>(&'a self, _keys: &LockKeys, _channel: &'a str) -> Option<Listen<'a>> {

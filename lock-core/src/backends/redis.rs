@@ -262,9 +262,7 @@ impl Seam for RedisBackend {
         self.client.config()
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::RENEWED_LEASES
-    }
+    const CAPABILITIES: Capabilities = Capabilities::RENEWED_LEASES;
 
     async fn take(
         &self,

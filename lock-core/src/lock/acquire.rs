@@ -52,7 +52,7 @@ impl<B: Backend> Core<B> {
         let config = self.config();
         let resolved = Resolved::new(config, options)?;
         let mut request = resolved.request(&config.namespace, name)?;
-        if !self.backend.capabilities().fixed_leases {
+        if !B::CAPABILITIES.fixed_leases {
             request.watchdog = true;
             request.max_hold = None;
             request.lease = config.watchdog_lease();

@@ -45,7 +45,7 @@ impl<B: Seam> Core<B> {
 
     /// Puts `grant` under the watchdog, where the store needs one.
     pub(crate) fn schedule(&self, grant: &Arc<Grant<B>>) {
-        if self.backend.capabilities().renews && !grant.kept {
+        if B::CAPABILITIES.renews && !grant.kept {
             self.watchdog.schedule(grant);
         }
     }
@@ -141,6 +141,28 @@ impl<B: Seam> Core<B> {
         cleanup::spawn("background release", grant.keys.name.clone(), async move {
             core.release_last(&grant, lost, true).await.map(|_| ())
         });
+    }
+
+    /// Lets `grant` (its last hold given up) run out on its own: no release, no
+    /// renewal. A store's lease then ends it; a session store has no lease to run out,
+    /// so its grant is given back in the background.
+    pub(crate) fn let_expire(&self, grant: &Arc<Grant<B>>) {
+        self.watchdog.unschedule(grant);
+        if B::CAPABILITIES.fixed_leases {
+            self.backend.let_expire(&grant.keys, &grant.record);
+            return;
+        }
+        let (backend, grant) = (self.backend.clone(), grant.clone());
+        cleanup::spawn(
+            "giving back a session lock",
+            grant.keys.name.clone(),
+            async move {
+                backend
+                    .give_back(&grant.keys, &grant.record)
+                    .await
+                    .map(drop)
+            },
+        );
     }
 
     /// Takes the fencing token of `grant` now (it was granted without one), unless it

@@ -211,9 +211,7 @@ impl<B: Backend> LockGuard<B> {
         if let Plan::Last | Plan::LastLost(_) =
             self.core.registry.release(&self.grant, self.watched, false)
         {
-            self.core.watchdog.unschedule(&self.grant);
-            let (keys, record) = (&self.grant.keys, &self.grant.record);
-            self.core.backend.let_expire(keys, record);
+            self.core.let_expire(&self.grant);
         }
     }
 

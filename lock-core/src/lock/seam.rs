@@ -129,7 +129,7 @@ pub(crate) trait Seam: Send + Sync + Sized + 'static {
     fn config(&self) -> &LockConfig;
 
     /// What the store can and cannot do.
-    fn capabilities(&self) -> Capabilities;
+    const CAPABILITIES: Capabilities;
 
     /// One attempt to take `req`'s lock as the engine's grant number `seq`. `wait`: what
     /// is left of the caller's wait budget (zero: it will not wait); a store that waits
@@ -156,7 +156,9 @@ pub(crate) trait Seam: Send + Sync + Sized + 'static {
     }
 
     /// Lets a grant run out on its own (no release, no renewal). The default does
-    /// nothing: the store's lease ends it.
+    /// nothing: the store's lease ends it. Asked only of stores with
+    /// [`fixed_leases`](Capabilities::fixed_leases): a session has no lease to run out,
+    /// so the engine gives a session store's grant back instead.
     fn let_expire(&self, _keys: &LockKeys, _grant: &Self::Grant) {}
 
     /// How long a kept grant ([`Validity::Kept`]) is known to last from now (zero:
@@ -187,13 +189,24 @@ pub(crate) trait Seam: Send + Sync + Sized + 'static {
 
     /// Renews many grants (all of one [`group`](Self::group)) to `lease` in one call
     /// bounded by `within`: one answer per grant, in order, each with the validity it
-    /// proves. Only called where [`renews`](Self::renews).
+    /// proves. Only asked where [`renews`](Capabilities::renews); the default extends
+    /// each grant, all at once.
     fn renew(
         &self,
         grants: &[(&LockKeys, &Self::Grant)],
         lease: Duration,
-        within: Duration,
-    ) -> impl Future<Output = Result<Vec<Held<Instant>>, LockError>> + Send;
+        _within: Duration,
+    ) -> impl Future<Output = Result<Vec<Held<Instant>>, LockError>> + Send {
+        let extends = grants
+            .iter()
+            .map(move |(keys, grant)| self.extend(keys, grant, lease));
+        async move {
+            futures_util::future::join_all(extends)
+                .await
+                .into_iter()
+                .collect()
+        }
+    }
 
     /// The renewal group of `key`: grants of one group renew in one call.
     fn group(&self, _key: &str) -> u16 {
@@ -201,13 +214,19 @@ pub(crate) trait Seam: Send + Sync + Sized + 'static {
     }
 
     /// The fencing token of a grant (number `seq`) that came without one, taken now if
-    /// it still holds the lock.
+    /// it still holds the lock. The default is for a store that gives every grant its
+    /// token when it grants it, so the engine never asks.
     fn fence(
         &self,
         keys: &LockKeys,
-        grant: &Self::Grant,
-        seq: u64,
-    ) -> impl Future<Output = Result<Held<FencingToken>, LockError>> + Send;
+        _grant: &Self::Grant,
+        _seq: u64,
+    ) -> impl Future<Output = Result<Held<FencingToken>, LockError>> + Send {
+        std::future::ready(Err(LockError::NoFencingToken {
+            key: keys.name.clone(),
+            reason: "this store gives a grant its token when it grants it",
+        }))
+    }
 
     /// Where a waiter for `keys` listens (`channel`: the lock's channel name, built by
     /// the caller only when it first waits); `None`: between attempts it sleeps its

@@ -210,9 +210,7 @@ impl Seam for RedlockBackend {
         &self.config
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::RENEWED_LEASES
-    }
+    const CAPABILITIES: Capabilities = Capabilities::RENEWED_LEASES;
 
     async fn take(
         &self,

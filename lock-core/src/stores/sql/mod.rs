@@ -145,12 +145,12 @@ impl<DB: Database> Drop for Closing<DB> {
     }
 }
 
-/// One session lock: the pooled connection whose session holds it, and its token.
+/// One session lock: the pooled connection whose session holds it (its token goes to
+/// the engine with the grant).
 /// Dropped with the connection still in it (a grant nobody gave back), the
 /// connection is closed, which frees the lock in the server.
 pub(crate) struct Session<D: Dialect> {
     dialect: D,
-    token: u64,
     /// Closed, never pooled, if dropped here: a release cut short while it waits for
     /// the session must not hand a session that holds the lock back to the pool.
     conn: Mutex<Option<Closing<D::Db>>>,
@@ -250,9 +250,7 @@ impl<S: SqlStore> Seam for SqlBackend<S> {
         self.store.config()
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::CHECKED_SESSIONS
-    }
+    const CAPABILITIES: Capabilities = Capabilities::CHECKED_SESSIONS;
 
     async fn take(
         &self,
@@ -274,7 +272,6 @@ impl<S: SqlStore> Seam for SqlBackend<S> {
         Ok(Taken::Granted {
             grant: Arc::new(Session {
                 dialect,
-                token,
                 conn: Mutex::new(Some(conn)),
             }),
             token: Some(FencingToken::new(token, token)),
@@ -284,15 +281,6 @@ impl<S: SqlStore> Seam for SqlBackend<S> {
 
     async fn give_back(&self, _keys: &LockKeys, grant: &Self::Grant) -> Result<Held, LockError> {
         Ok(unlock(grant).await)
-    }
-
-    fn let_expire(&self, keys: &LockKeys, grant: &Self::Grant) {
-        // A session lock has no lease to run out: it is given back.
-        let grant = grant.clone();
-        crate::client::cleanup::spawn("releasing a database lock", keys.name.clone(), async move {
-            let _ = unlock(&grant).await;
-            Ok(())
-        });
     }
 
     async fn extend(
@@ -316,15 +304,6 @@ impl<S: SqlStore> Seam for SqlBackend<S> {
             .iter()
             .map(|(_, session)| check(session, lease, within));
         Ok(futures_util::future::join_all(checks).await)
-    }
-
-    async fn fence(
-        &self,
-        _keys: &LockKeys,
-        grant: &Self::Grant,
-        _seq: u64,
-    ) -> Result<Held<FencingToken>, LockError> {
-        Ok(Ok(FencingToken::new(grant.token, grant.token)))
     }
 
     fn listen<'a>(&'a self, _keys: &LockKeys, _channel: &'a str) -> Option<Listen<'a>> {

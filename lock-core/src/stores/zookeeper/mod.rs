@@ -286,9 +286,7 @@ impl Seam for ZkBackend {
         &self.config
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::KEPT_SESSIONS
-    }
+    const CAPABILITIES: Capabilities = Capabilities::KEPT_SESSIONS;
 
     async fn take(
         &self,
@@ -315,16 +313,6 @@ impl Seam for ZkBackend {
         grant.delete().await
     }
 
-    fn let_expire(&self, keys: &LockKeys, grant: &Self::Grant) {
-        // The node lives with the session, not a lease: it is deleted.
-        let grant = grant.clone();
-        crate::client::cleanup::spawn(
-            "releasing a ZooKeeper lock",
-            keys.name.clone(),
-            async move { grant.delete().await.map(drop) },
-        );
-    }
-
     fn kept_for(&self, grant: &Self::Grant) -> Duration {
         grant.valid_for()
     }
@@ -343,24 +331,6 @@ impl Seam for ZkBackend {
         _lease: Duration,
     ) -> Result<Held<Instant>, LockError> {
         Ok(still(grant))
-    }
-
-    async fn renew(
-        &self,
-        grants: &[(&LockKeys, &Self::Grant)],
-        _lease: Duration,
-        _within: Duration,
-    ) -> Result<Vec<Held<Instant>>, LockError> {
-        Ok(grants.iter().map(|(_, grant)| still(grant)).collect())
-    }
-
-    async fn fence(
-        &self,
-        _keys: &LockKeys,
-        grant: &Self::Grant,
-        _seq: u64,
-    ) -> Result<Held<FencingToken>, LockError> {
-        Ok(Ok(FencingToken::new(grant.token(), grant.token())))
     }
 
     fn listen<'a>(&'a self, _keys: &LockKeys, _channel: &'a str) -> Option<Listen<'a>> {
