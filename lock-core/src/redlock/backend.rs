@@ -121,13 +121,13 @@ impl RedlockBackend {
     }
 
     /// Gives back `copies` (node, keys, value) at once; answers as soon as the
-    /// release's verdict is certain, or after the node timeout. What has not answered
-    /// by then (or when this is dropped) goes on in the background: a release is never
-    /// cut short.
+    /// release's verdict is certain, or after the node timeout, with the tally, the
+    /// first failure, and the nodes that answered. What has not answered by then (or
+    /// when this is dropped) goes on in the background: a release is never cut short.
     async fn give_back_copies(
         &self,
         copies: Vec<(usize, Arc<LockKeys>, String)>,
-    ) -> (ReleaseTally, Option<String>, Vec<(usize, Held)>) {
+    ) -> (ReleaseTally, Option<String>, Vec<usize>) {
         let timeout = self.node_timeout;
         let deadline = Instant::now() + timeout;
         let count = copies.len();
@@ -144,7 +144,7 @@ impl RedlockBackend {
         );
         let mut tally = ReleaseTally::default();
         let mut cause = None;
-        let mut held = Vec::new();
+        let mut answered = Vec::new();
         let nodes = self.nodes.len();
         while tally.verdict(nodes, count).is_none() {
             let (i, answer) = match tokio::time::timeout_at(deadline, answers.0.next()).await {
@@ -160,17 +160,13 @@ impl RedlockBackend {
                 }
             };
             match answer {
-                Ok(Ok(())) => {
-                    tally.unlocked += 1;
-                    held.push((i, Ok(())));
-                }
-                Ok(Err(Loss::TakenOver)) => {
-                    tally.taken += 1;
-                    held.push((i, Err(Loss::TakenOver)));
-                }
-                Ok(Err(Loss::Expired)) => {
-                    tally.expired += 1;
-                    held.push((i, Err(Loss::Expired)));
+                Ok(h) => {
+                    *match h {
+                        Ok(()) => &mut tally.unlocked,
+                        Err(Loss::TakenOver) => &mut tally.taken,
+                        Err(Loss::Expired) => &mut tally.expired,
+                    } += 1;
+                    answered.push(i);
                 }
                 Err(e) => {
                     tally.failed += 1;
@@ -178,7 +174,7 @@ impl RedlockBackend {
                 }
             }
         }
-        (tally, cause, held)
+        (tally, cause, answered)
     }
 }
 
@@ -328,11 +324,12 @@ impl Seam for RedlockBackend {
             .enumerate()
             .filter_map(|(i, c)| c.as_ref().map(|c| (i, c.keys.clone(), c.value.clone())))
             .collect();
-        let (tally, cause, answers) = self.give_back_copies(copies).await;
-        for (i, _) in answers {
+        let count = copies.len();
+        let (tally, cause, answered) = self.give_back_copies(copies).await;
+        for i in answered {
             grant.answered(i, None);
         }
-        match tally.verdict(self.nodes.len(), grant.nodes.iter().flatten().count()) {
+        match tally.verdict(self.nodes.len(), count) {
             Some(ReleaseVerdict::Unlocked | ReleaseVerdict::StillHeld { .. }) => Ok(Ok(())),
             Some(ReleaseVerdict::NotOwner) => Ok(Err(Loss::TakenOver)),
             Some(ReleaseVerdict::Expired) => Ok(Err(Loss::Expired)),
