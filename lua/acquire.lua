@@ -13,7 +13,8 @@
 --             milliseconds; 0 when the caller does not wait (no marker)
 -- ARGV[4i]    1 to take the grant's fencing token with it, 0 not to
 --
--- Returns an array with one reply per entry (the reply convention of every lock script):
+-- Returns an array with one reply per entry, or for a batch of one that reply alone (the
+-- reply convention of every batched script):
 --   {1, token}   granted; token is the grant's fencing token, 0 when not asked for
 --   {0, pttl}    busy: another grant holds the lock for pttl more milliseconds
 --   {'error', message}  this entry failed (a key of another type, a bad argument); the
@@ -46,4 +47,6 @@ for i = 1, #KEYS / 3 do
     out[i] = {0, pttl}
   end
 end
+-- A batch of one answers its entry's reply alone (one array level less to parse).
+if #out == 1 then return out[1] end
 return out

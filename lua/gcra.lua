@@ -10,7 +10,7 @@
 -- ARGV[3i-1]  burst: how many requests may arrive at once (>= 1)
 -- ARGV[3i]    cost of this request (>= 1), or 0 to peek without consuming
 --
--- Returns an array with one reply per entry:
+-- Returns an array with one reply per entry, or for a batch of one that reply alone:
 --   {allowed, remaining, retry_after_us, reset_after_us}
 --     allowed          1 if the request (of cost 1 when peeking) fits (and, with cost > 0,
 --                      was counted), else 0
@@ -55,4 +55,6 @@ for i = 1, #KEYS do
     end
   end
 end
+-- A batch of one answers its entry's reply alone (one array level less to parse).
+if #out == 1 then return out[1] end
 return out

@@ -9,7 +9,7 @@
 -- ARGV[2i-1]  the claim's in-flight value, "F<fingerprint> <owner>"
 -- ARGV[2i]    the in-flight lease in milliseconds
 --
--- Returns an array with one reply per entry:
+-- Returns an array with one reply per entry, or for a batch of one that reply alone:
 --   {}         claimed: the key was free and now holds ARGV[2i-1]
 --   {value}    not claimed: what the record holds (in flight or completed)
 --   {'error', message}  this entry failed (its key holds another type); the others stand
@@ -24,4 +24,6 @@ for i = 1, #KEYS do
     out[i] = {}
   end
 end
+-- A batch of one answers its entry's reply alone (one array level less to parse).
+if #out == 1 then return out[1] end
 return out

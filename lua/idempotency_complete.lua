@@ -13,7 +13,7 @@
 -- ARGV[4i-1]  retention in milliseconds
 -- ARGV[4i]    payload published on KEYS[2i] (the completing client's id)
 --
--- Returns an array with one reply per entry:
+-- Returns an array with one reply per entry, or for a batch of one that reply alone:
 --   1    stored, and waiters were told
 --   0    expired: the record no longer exists (the in-flight lease ran out)
 --   -1   not owner: the key was claimed again by someone else, or already completed
@@ -34,4 +34,6 @@ for i = 1, #KEYS / 2 do
     out[i] = 1
   end
 end
+-- A batch of one answers its entry's reply alone (one array level less to parse).
+if #out == 1 then return out[1] end
 return out

@@ -10,10 +10,11 @@
 -- ARGV[2i-1]  the grant's value
 -- ARGV[2i]    payload published on KEYS[3i] (the releasing client's id)
 --
--- Returns an array with one reply per entry (the reply convention of every lock script):
---   {1}    released: the lock was deleted; if someone waited, a message was published
---   {-1}   expired: the lock no longer exists
---   {-2}   not owner: another grant holds the lock now
+-- Returns an array with one reply per entry, or for a batch of one that reply alone (the
+-- reply convention of every batched script):
+--   1    released: the lock was deleted; if someone waited, a message was published
+--   -1   expired: the lock no longer exists
+--   -2   not owner: another grant holds the lock now
 --   {'error', message}  this entry failed (the lock's key holds another type); the others stand
 local out = {}
 for i = 1, #KEYS / 3 do
@@ -26,11 +27,13 @@ for i = 1, #KEYS / 3 do
     if redis.call('DEL', lock, waiters) == 2 then
       redis.call('PUBLISH', channel, ARGV[2 * i])
     end
-    out[i] = {1}
+    out[i] = 1
   elseif value then
-    out[i] = {-2}
+    out[i] = -2
   else
-    out[i] = {-1}
+    out[i] = -1
   end
 end
+-- A batch of one answers its entry's reply alone (one array level less to parse).
+if #out == 1 then return out[1] end
 return out

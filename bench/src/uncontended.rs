@@ -134,7 +134,7 @@ fn raw(conn: ConnectionManager) -> Result<Cycle, BoxError> {
         async move {
             let key = format!("lock:{{bench:raw:{t}}}");
             let value = format!("0123456789abcdef0123456789abcdef:{t}:{n}");
-            let granted: Vec<Vec<i64>> = acquire
+            let granted: Vec<i64> = acquire
                 .key(&key)
                 .key("lock:fence:{0}")
                 .key(format!("{key}:waiters"))
@@ -144,11 +144,10 @@ fn raw(conn: ConnectionManager) -> Result<Cycle, BoxError> {
                 .arg(0)
                 .invoke_async(&mut conn)
                 .await?;
-            let granted: Vec<i64> = granted.into_iter().next().unwrap_or_default();
             if granted.first() != Some(&1) {
                 return Err("raw scripts: lock was taken".into());
             }
-            let _: Vec<Vec<i64>> = release
+            let _: i64 = release
                 .key(&key)
                 .key(format!("{key}:waiters"))
                 .key(format!("{key}:released"))

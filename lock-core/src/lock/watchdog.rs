@@ -54,6 +54,8 @@ struct Queue<B: Seam> {
     due: BTreeMap<Due, Weak<Grant<B>>>,
     /// When the task plans to wake next (`None`: idle).
     planned: Option<Instant>,
+    /// The latest due time ever placed.
+    latest: Option<Instant>,
     task: Option<JoinHandle<()>>,
 }
 
@@ -76,6 +78,7 @@ impl<B: Seam> Watchdog<B> {
                 queue: Mutex::new(Queue {
                     due: BTreeMap::new(),
                     planned: None,
+                    latest: None,
                     task: None,
                 }),
             }),
@@ -194,7 +197,14 @@ impl<B: Seam> Shared<B> {
             }
         }
         let mut q = self.queue();
-        let next = q.due.first_key_value().map(|((at, _), _)| *at);
+        // With nothing queued, the task still looks again when the latest grant placed
+        // would have been due: a grant placed after it with no shorter lease is due
+        // later, so it needs no wake-up (a client taking and releasing one lock after
+        // another would otherwise wake this task every time).
+        let next = match q.due.first_key_value() {
+            Some(((at, _), _)) => Some(*at),
+            None => q.latest.filter(|&at| at > now),
+        };
         q.planned = next;
         next
     }
@@ -216,6 +226,7 @@ impl<B: Seam> Shared<B> {
         st.queued = Some(due);
         drop(st);
         q.due.insert((due, grant.seq), Arc::downgrade(grant));
+        q.latest = q.latest.max(Some(due));
         if q.planned.is_none_or(|p| due < p) {
             q.planned = Some(due);
             self.wake.notify_one();

@@ -213,6 +213,59 @@ async fn a_lone_task_sends_one_command_per_operation() {
     assert_eq!(total(&sent), 400, "{sent:?}");
 }
 
+/// A call alone is a batch of one, answered with its entry's reply alone: each outcome
+/// still reaches its caller as it would in a batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_call_gets_each_outcome_of_its_entry() {
+    let server = RedisServer::start();
+    let c = client(&server, LockConfig::new()).await;
+    let fenced = || LockOptions::new().wait(Duration::ZERO).fenced();
+    let mut raw = server.connection().await;
+    let make_hash = |key: String| {
+        redis::pipe()
+            .cmd("DEL")
+            .arg(&key)
+            .cmd("HSET")
+            .arg(&key)
+            .arg("f")
+            .arg("v")
+            .clone()
+    };
+
+    // Acquisitions through the script: granted with a token, busy.
+    let held = c.acquire("a", fenced()).await.unwrap();
+    assert!(held.fencing_token().is_some());
+    let other = client(&server, LockConfig::new()).await;
+    assert!(matches!(
+        other.acquire("a", fenced()).await,
+        Err(LockError::Busy { .. })
+    ));
+
+    // Releases: released, expired, a key that now holds another type.
+    assert!(matches!(held.release().await, Ok(Released::Unlocked)));
+    let short = LockOptions::new().lease(Lease::Fixed(Duration::from_millis(50)));
+    let gone = c.acquire("gone", short).await.unwrap();
+    eventually(Duration::from_secs(2), "the lease to end", || async {
+        !common::exists(&server, &c.keys("gone").unwrap().key).await
+    })
+    .await;
+    assert!(matches!(
+        gone.release().await,
+        Err(LockError::Expired { .. })
+    ));
+    let odd = c.try_lock("odd").await.unwrap();
+    let _: () = make_hash(c.keys("odd").unwrap().key)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let e = odd.release().await.unwrap_err();
+    assert!(
+        matches!(&e, LockError::Redis(r) if r.to_string().contains("WRONGTYPE")),
+        "{e:?}"
+    );
+    assert_eq!(c.queued_calls(), 0, "every call went alone");
+}
+
 /// Freezes the server, starts `n` calls, waits until all but the first queued behind
 /// it, and lets the server go: the queued ones go as one batch.
 async fn in_one_batch<T: Send + 'static>(

@@ -81,6 +81,31 @@ async fn release_after_expiry_reports_expired() {
     assert!(e.is_expired(), "{e}");
 }
 
+/// The lease clock looks again no later than the end of the longest lease it was given,
+/// even with nothing held; a shorter lease taken after long ones were released must
+/// still be watched from its own end, not from theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_lease_after_long_ones_were_released_is_lost_on_time() {
+    let server = RedisServer::start();
+    let a = client(&server, LockConfig::new()).await;
+    for _ in 0..3 {
+        let long = a.acquire("long", fixed(60_000)).await.unwrap();
+        long.release().await.unwrap();
+    }
+    let short = a.acquire("short", fixed(300)).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(3), short.lost())
+        .await
+        .expect("lost() fires once the short lease has run out");
+    assert!(!short.is_held());
+    // lost() also watches the lease on its own; the client's count is the lease clock's.
+    eventually(
+        Duration::from_secs(3),
+        "the lease clock to end the hold, not a minute later",
+        || async { a.held_count() == 0 },
+    )
+    .await;
+}
+
 /// The watchdog's renewal is refused (the lock was taken over, as after a failover
 /// that lost the key): lost() fires, extend and release say not-owner.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

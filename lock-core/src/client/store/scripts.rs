@@ -102,8 +102,11 @@ fn int(v: &Value) -> Option<i64> {
     }
 }
 
-/// `{code, value}` or `{code}`: the code and the value (0 when absent).
+/// `{code, value}`, `{code}` or a bare code: the code and the value (0 when absent).
 pub(crate) fn code_value(op: &str, reply: Value) -> Result<(Code, i64), LockError> {
+    if let Value::Int(c) = reply {
+        return Ok((Code::from_i64(op, c)?, 0));
+    }
     if let Value::Array(items) = &reply {
         match items.as_slice() {
             [c] => {
@@ -364,7 +367,13 @@ mod tests {
             GrantReply::NotOwner
         );
         assert!(GrantReply::decode("release", arr(&[0])).is_err());
-        assert!(GrantReply::decode("release", Value::Int(1)).is_err());
+        // A bare code is the code (release.lua answers so).
+        assert_eq!(
+            GrantReply::decode("release", Value::Int(-1)).unwrap(),
+            GrantReply::Expired
+        );
+        assert!(GrantReply::decode("release", Value::Int(0)).is_err());
+        assert!(GrantReply::decode("release", Value::Nil).is_err());
         assert_eq!(
             codes("renew", arr(&[1, -1, -2]), 3).unwrap(),
             [Code::Done, Code::Expired, Code::NotOwner]

@@ -47,14 +47,14 @@ pub(super) fn hand_over(conn: Conn, kind: Kind, group: u16) {
     let Some(lanes) = conn.lanes.clone() else {
         return;
     };
-    let lane = (kind.name(), group);
-    let mut busy = lanes.lock();
-    let waiting = busy.get(&lane).is_some_and(|q| !q.is_empty());
-    if !waiting {
-        busy.remove(&lane);
+    let lane = (kind.id(), group);
+    let mut all = lanes.lock();
+    let l = all.entry(lane).or_default();
+    if l.queue.is_empty() {
+        l.busy = false;
         return;
     }
-    drop(busy);
+    drop(all);
     let driving = Driving {
         lanes,
         lane,
@@ -79,14 +79,15 @@ impl Driving {
     /// What queued next, up to [`MAX_BATCH`] entries; `None` once nothing is left, the
     /// lane freed.
     fn next_batch(&mut self) -> Option<Vec<Queued>> {
-        let mut busy = self.lanes.lock();
-        let Some(queue) = busy.get_mut(&self.lane).filter(|q| !q.is_empty()) else {
-            busy.remove(&self.lane);
+        let mut all = self.lanes.lock();
+        let lane = all.entry(self.lane).or_default();
+        if lane.queue.is_empty() {
+            lane.busy = false;
             self.emptied = true;
             return None;
-        };
-        let n = queue.len().min(MAX_BATCH);
-        Some(queue.drain(..n).collect())
+        }
+        let n = lane.queue.len().min(MAX_BATCH);
+        Some(lane.queue.drain(..n).collect())
     }
 }
 
@@ -104,8 +105,13 @@ impl Drop for Driving {
                 ))),
             );
         }
-        let queued = self.lanes.lock().remove(&self.lane);
-        for q in queued.into_iter().flatten() {
+        let queued = {
+            let mut all = self.lanes.lock();
+            let lane = all.entry(self.lane).or_default();
+            lane.busy = false;
+            std::mem::take(&mut lane.queue)
+        };
+        for q in queued {
             if let Some(cleanup) = q.item.into_cleanup() {
                 cleanup(None);
             }

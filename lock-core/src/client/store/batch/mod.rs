@@ -17,7 +17,8 @@
 //!
 //! Per entry, nothing changes: the scripts loop over their entries (the same keys and
 //! arguments per entry, one file each, laid out in their headers) and answer one reply
-//! per entry, `{'error', message}` for an entry that failed (`redis.pcall`); a pipeline
+//! per entry (a batch of one: that reply alone, one array level less for redis-rs to
+//! parse), `{'error', message}` for an entry that failed (`redis.pcall`); a pipeline
 //! answers one reply per command, an error reply for a command that failed. So each
 //! caller gets its own reply or error, and a task's calls keep their order (it awaits
 //! each before the next).
@@ -61,11 +62,11 @@ enum Kind {
 }
 
 impl Kind {
-    fn name(self) -> &'static str {
+    /// Tells the lanes of one group apart: a script's address (each is a static), or 0.
+    fn id(self) -> usize {
         match self {
-            Self::Script(script) => script.op(),
-            // No script is named so.
-            Self::Commands => "commands",
+            Self::Script(script) => std::ptr::from_ref(script) as usize,
+            Self::Commands => 0,
         }
     }
 }
@@ -91,22 +92,30 @@ struct Queued {
     reply: oneshot::Sender<Result<Value, LockError>>,
 }
 
-type LaneId = (&'static str, u16);
+type LaneId = (usize, u16);
 
-/// Every lane of one connection: a lane exists while a call of it is in flight, with
-/// what queued behind that call.
+/// One lane: whether a call of it is in flight, and what queued behind that call.
+#[derive(Default)]
+struct Lane {
+    busy: bool,
+    queue: Vec<Queued>,
+}
+
+type LaneMap = HashMap<LaneId, Lane, foldhash::fast::RandomState>;
+
+/// Every lane of one connection. A lane stays once used (idle, its queue empty), so a
+/// call finds it without an insert and a removal each time: there are at most a few
+/// kinds of call per hash slot.
 #[derive(Default)]
 pub(crate) struct Lanes {
-    busy: Mutex<HashMap<LaneId, Vec<Queued>, foldhash::fast::RandomState>>,
+    lanes: Mutex<LaneMap>,
 }
 
 impl Lanes {
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<LaneId, Vec<Queued>, foldhash::fast::RandomState>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LaneMap> {
         // A panic while holding the lock cannot leave the map half-changed (only
-        // single inserts, removes and takes happen under it).
-        self.busy.lock().unwrap_or_else(|p| p.into_inner())
+        // single flag changes, pushes and takes happen under it).
+        self.lanes.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -115,7 +124,7 @@ impl Conn {
     pub(crate) fn queued_calls(&self) -> usize {
         self.lanes
             .as_ref()
-            .map_or(0, |l| l.lock().values().map(Vec::len).sum())
+            .map_or(0, |l| l.lock().values().map(|l| l.queue.len()).sum())
     }
 }
 
@@ -212,32 +221,29 @@ impl Conn {
             return Turn::Alone(Alone { lane: None }, build);
         };
         let group = self.group(key);
-        let mut busy = lanes.lock();
-        match busy.get_mut(&(kind.name(), group)) {
-            Some(queue) => {
-                let (tx, rx) = oneshot::channel();
-                queue.push(Queued {
-                    item: item(build),
-                    op,
-                    reply: tx,
-                });
-                // One batch ahead of this one, then this one.
-                let limit = self.timeout * 2;
-                Turn::Queued(Pending {
-                    rx,
-                    op,
-                    limit,
-                    sleep: Box::pin(tokio::time::sleep(limit)),
-                })
-            }
-            None => {
-                busy.insert((kind.name(), group), Vec::new());
-                let alone = Alone {
-                    lane: Some((self.clone(), kind, group)),
-                };
-                Turn::Alone(alone, build)
-            }
+        let mut all = lanes.lock();
+        let lane = all.entry((kind.id(), group)).or_default();
+        if !lane.busy {
+            lane.busy = true;
+            let alone = Alone {
+                lane: Some((self.clone(), kind, group)),
+            };
+            return Turn::Alone(alone, build);
         }
+        let (tx, rx) = oneshot::channel();
+        lane.queue.push(Queued {
+            item: item(build),
+            op,
+            reply: tx,
+        });
+        // One batch ahead of this one, then this one.
+        let limit = self.timeout * 2;
+        Turn::Queued(Pending {
+            rx,
+            op,
+            limit,
+            sleep: Box::pin(tokio::time::sleep(limit)),
+        })
     }
 
     /// One entry's call of a batched script: alone as a batch of one, or queued. The
@@ -283,6 +289,8 @@ async fn send_batch(
         })
         .await?;
     match reply {
+        // A batch of one answers its entry's reply alone.
+        one if entries.len() == 1 => Ok(vec![one]),
         Value::Array(items) if items.len() == entries.len() => Ok(items),
         other => Err(LockError::UnexpectedReply(format!(
             "{}.lua returned {other:?} for {} entries",
