@@ -127,18 +127,23 @@ impl LockScope {
     pub(crate) fn write_owner(&self, client: &str, out: &mut String) {
         out.push_str(client);
         out.push(':');
-        push_digits(out, self.id, 10);
+        push_decimal(out, self.id);
     }
 }
 
-/// Appends `n` in `radix` (10 or 16, lowercase) to `out`, without `fmt`'s machinery.
-pub(crate) fn push_digits(out: &mut String, mut n: u64, radix: u64) {
-    let mut buf = [0u8; 20];
+/// Appends `n` in decimal to `out`, without `fmt`'s machinery.
+pub(crate) fn push_decimal(out: &mut String, n: u64) {
+    out.push_str(itoa::Buffer::new().format(n));
+}
+
+/// Appends `n` in lowercase hexadecimal to `out`, without `fmt`'s machinery.
+pub(crate) fn push_hex(out: &mut String, mut n: u64) {
+    let mut buf = [0u8; 16];
     let mut at = buf.len();
     loop {
         at -= 1;
-        buf[at] = b"0123456789abcdef"[(n % radix) as usize];
-        n /= radix;
+        buf[at] = b"0123456789abcdef"[(n & 15) as usize];
+        n >>= 4;
         if n == 0 {
             break;
         }
@@ -223,8 +228,8 @@ mod tests {
             .chain((0..2000).map(|_| rng.u64(..) >> rng.u32(0..64)))
         {
             let (mut d, mut x) = (String::new(), String::new());
-            push_digits(&mut d, n, 10);
-            push_digits(&mut x, n, 16);
+            push_decimal(&mut d, n);
+            push_hex(&mut x, n);
             assert_eq!(d, n.to_string());
             assert_eq!(x, format!("{n:x}"));
         }

@@ -26,7 +26,7 @@ use crate::lock::Request;
 use crate::lock::registry::Loss;
 use crate::lock::seam::{Backend, Capabilities, Held, Seam, Taken, Validity, give_back_patiently};
 use crate::metrics::StoreKind;
-use crate::owner::{FencingToken, LockScope, push_digits};
+use crate::owner::{FencingToken, LockScope, push_hex};
 
 /// Locks on one Redis node or a Redis Cluster: the backend of
 /// [`LockClient`](crate::LockClient), whose guards are [`LockGuard`](crate::LockGuard)
@@ -66,7 +66,7 @@ impl RedisBackend {
         let mut value = String::with_capacity(id.len() + 38);
         scope.write_owner(id, &mut value);
         value.push(':');
-        push_digits(&mut value, seq, 16);
+        push_hex(&mut value, seq);
         value
     }
 
@@ -99,9 +99,8 @@ impl RedisBackend {
         if !req.fenced && self.plain_set(req, value).await? {
             return Ok(AcquireReply::Granted { token: None });
         }
-        let entry = || {
-            Entry::new()
-                .key(&keys.key)
+        let entry = |e: Entry| {
+            e.key(&keys.key)
                 .key(&keys.fence())
                 .key_suffixed(&keys.key, WAITERS)
                 .arg(value)
@@ -116,7 +115,7 @@ impl RedisBackend {
         let (reply, undo) = match self.client.conn().turn(&ACQUIRE, &keys.key, entry) {
             LaneTurn::Alone(alone, entry) => {
                 let undo = undo();
-                let reply = self.client.conn().send_one(&ACQUIRE, &entry()).await;
+                let reply = self.client.conn().send_one(&ACQUIRE, entry).await;
                 drop(alone);
                 (reply?, undo)
             }
@@ -192,9 +191,8 @@ impl RedisBackend {
         let reply = self
             .client
             .conn()
-            .call(&RELEASE, &keys.key, || {
-                Entry::new()
-                    .key(&keys.key)
+            .call(&RELEASE, &keys.key, |e| {
+                e.key(&keys.key)
                     .key_suffixed(&keys.key, WAITERS)
                     .key_suffixed(&keys.key, RELEASED)
                     .arg(value)

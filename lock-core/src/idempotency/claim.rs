@@ -126,13 +126,12 @@ impl Claim {
         done.extend_from_slice(fingerprint.as_bytes());
         done.push(b' ');
         done.extend_from_slice(record);
-        let entry = || {
+        let entry = |e: Entry| {
             // Queued, the entry answers for the claim (this future dropped, or an error):
             // the claim is abandoned once its completion's fate is known (owner-checked,
             // so a completion that went through stays).
             let shared = self.shared.clone();
-            Entry::new()
-                .key(&s.keys.record)
+            e.key(&s.keys.record)
                 .key(&s.keys.channel)
                 .arg(&s.in_flight)
                 .arg(&done[..])
@@ -147,7 +146,7 @@ impl Claim {
         let conn = inner.conn();
         let reply = match conn.turn(&IDEMPOTENCY_COMPLETE, &s.keys.record, entry) {
             Turn::Alone(alone, entry) => {
-                let reply = conn.send_one(&IDEMPOTENCY_COMPLETE, &entry()).await;
+                let reply = conn.send_one(&IDEMPOTENCY_COMPLETE, entry).await;
                 drop(alone);
                 // On a Redis error the claim's drop abandons it (owner-checked, so a
                 // completion that did go through is left alone).

@@ -251,12 +251,11 @@ impl IdempotencyStore {
         // Until the reply says otherwise the key may be claimed: dropped (error,
         // timeout, cancelled future), the claim abandons itself.
         let mut claim = Claim::new(self.client.clone(), keys.clone(), in_flight.clone(), lease);
-        let entry = || {
+        let entry = |e: Entry| {
             // Queued, the entry answers for the claim (this future dropped, or an
             // error): a key it claimed (or may have) is abandoned once the reply is in.
             let abandon = claim.abandon_later();
-            Entry::new()
-                .key(&keys.record)
+            e.key(&keys.record)
                 .arg(&in_flight)
                 .arg(lease_ms)
                 .cleanup(move |reply| match reply.map(|r| r.and_then(begin_reply)) {

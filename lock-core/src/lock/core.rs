@@ -108,7 +108,7 @@ impl<B: Seam> Core<B> {
         reply: Result<Held, LockError>,
     ) -> Result<Released, LockError> {
         if lost.is_none() {
-            self.registry.released(&grant.keys.key);
+            self.registry.released(&grant.keys);
         }
         let name = &grant.keys.name;
         let result = match (reply, lost) {

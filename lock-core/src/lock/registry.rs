@@ -12,6 +12,7 @@
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::hash::{Hash, Hasher};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -304,46 +305,54 @@ impl<B: Seam> Registry<B> {
     /// registers an acquisition. `watched`: the new hold wants the watchdog lease.
     pub(crate) fn enter(&self, keys: &Arc<LockKeys>, scope: u64, watched: bool) -> Enter<'_, B> {
         let mut maps = self.maps();
+        let Maps { slots, releasing } = &mut *maps;
         let slot_key = SlotKey {
             keys: keys.clone(),
             scope,
         };
-        let mut overdue = None;
-        match maps.slots.get_mut(&slot_key) {
-            Some(Slot::Held(grant)) => {
-                let mut st = grant.state();
-                if grant.overdue(&st) {
-                    overdue = Some(grant.clone());
-                } else if !st.ended {
-                    st.holds += 1;
-                    if watched {
-                        st.watched += 1;
+        // One lookup: the slot found, or the place a new one goes.
+        let place = match slots.entry(slot_key) {
+            Entry::Occupied(mut e) => match e.get_mut() {
+                Slot::Held(grant) => {
+                    let mut st = grant.state();
+                    if grant.overdue(&st) {
+                        // Its lease ran out unnoticed: lost, and the scope takes a
+                        // fresh grant.
+                        let grant = grant.clone();
+                        drop(st);
+                        drop(maps);
+                        self.lose(&grant, Loss::Expired);
+                        return self.enter(keys, scope, watched);
+                    }
+                    if !st.ended {
+                        st.holds += 1;
+                        if watched {
+                            st.watched += 1;
+                        }
+                        drop(st);
+                        return Enter::Reentered(grant.clone());
                     }
                     drop(st);
-                    return Enter::Reentered(grant.clone());
+                    // Ended but not yet removed: replaced by this acquisition.
+                    Entry::Occupied(e)
                 }
-            }
-            Some(Slot::Acquiring(notify)) => {
-                return Enter::Wait {
-                    ready: armed(notify),
-                    own_release: false,
-                };
-            }
-            None => {}
-        }
-        if let Some(grant) = overdue {
-            // Its lease ran out unnoticed: lost, and the scope takes a fresh grant.
-            drop(maps);
-            self.lose(&grant, Loss::Expired);
-            return self.enter(keys, scope, watched);
-        }
-        if let Some((_, notify)) = maps.releasing.get_mut(keys.key.as_str()) {
+                Slot::Acquiring(notify) => {
+                    return Enter::Wait {
+                        ready: armed(notify),
+                        own_release: false,
+                    };
+                }
+            },
+            vacant => vacant,
+        };
+        if let Some((_, notify)) = releasing.get_mut(keys.key.as_str()) {
+            // (An entry left unused changes nothing.)
             return Enter::Wait {
                 ready: armed(notify),
                 own_release: true,
             };
         }
-        maps.slots.insert(slot_key, Slot::Acquiring(None));
+        place.insert_entry(Slot::Acquiring(None));
         Enter::Acquire(Ticket {
             registry: self,
             slot_key: Some(SlotKey {
@@ -393,12 +402,12 @@ impl<B: Seam> Registry<B> {
     }
 
     /// A release started by [`release`](Self::release) with `remote` is over.
-    pub(crate) fn released(&self, key: &str) {
+    pub(crate) fn released(&self, keys: &Arc<LockKeys>) {
         let mut maps = self.maps();
-        if let Some(entry) = maps.releasing.get_mut(key) {
-            entry.0 -= 1;
-            if entry.0 == 0
-                && let Some((_, Some(notify))) = maps.releasing.remove(key)
+        if let Entry::Occupied(mut e) = maps.releasing.entry(ByKey(keys.clone())) {
+            e.get_mut().0 -= 1;
+            if e.get().0 == 0
+                && let (_, (_, Some(notify))) = e.remove_entry()
             {
                 notify.notify_waiters();
             }
@@ -446,8 +455,10 @@ impl<B: Seam> Registry<B> {
             keys: grant.keys.clone(),
             scope: grant.scope,
         };
-        if matches!(maps.slots.get(&slot_key), Some(Slot::Held(g)) if Arc::ptr_eq(g, grant)) {
-            maps.slots.remove(&slot_key);
+        if let Entry::Occupied(e) = maps.slots.entry(slot_key)
+            && matches!(e.get(), Slot::Held(g) if Arc::ptr_eq(g, grant))
+        {
+            e.remove();
         }
     }
 }
@@ -537,7 +548,7 @@ mod tests {
                 ..
             }
         ));
-        reg.released(&g.keys.key);
+        reg.released(&g.keys);
         assert!(matches!(reg.enter(&g.keys, 1, false), Enter::Acquire(_)));
         assert_eq!(reg.len(), 0, "dropped tickets unregister");
     }

@@ -8,7 +8,6 @@ use std::time::Duration;
 pub use rule::{LimitRule, RuleDecision, RuleLimiter};
 
 use crate::client::Client;
-use crate::client::store::batch::Entry;
 use crate::client::store::key::LockName;
 use crate::client::store::scripts::GCRA;
 use crate::error::LockError;
@@ -194,9 +193,8 @@ impl RateLimiter {
         let k = self.client.prefixed_key(&self.name, key, "gcra")?;
         let conn = self.client.conn();
         let reply: Vec<i64> = conn
-            .call(&GCRA, &k, || {
-                Entry::new()
-                    .key(&k)
+            .call(&GCRA, &k, |e| {
+                e.key(&k)
                     .arg(self.limit.emission_interval().as_micros() as u64)
                     .arg(self.limit.burst)
                     .arg(cost)

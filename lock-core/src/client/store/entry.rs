@@ -2,48 +2,97 @@
 //! flat (an entry's keys in one buffer and its arguments in another, so building one
 //! costs four allocations however many keys and arguments it has, and a key made of a
 //! lock key and a suffix costs none), or one plain command of a pipelined call
-//! ([`Command`]).
+//! ([`Command`]). An entry sent alone is written straight into its command instead.
 
-use std::io;
+use std::io::{self, Write};
 
 use redis::{RedisWrite, ToRedisArgs, Value};
 
+use super::scripts::Lua;
 use crate::error::LockError;
 
 /// A queued entry's cleanup (see [`Entry::cleanup`]).
 pub(super) type Cleanup = Box<dyn FnOnce(Option<Result<Value, LockError>>) + Send + Sync>;
 
 /// One entry of a batched script call: its keys and arguments in the script's per-entry
-/// layout.
+/// layout. Callers build it from the empty entry they are handed (keys first, then
+/// arguments): queued, it is packed for a later batch; alone, it is its command.
 pub(crate) struct Entry {
-    keys: Packed,
-    args: Packed,
+    form: Form,
     pub(super) cleanup: Option<Cleanup>,
 }
 
+enum Form {
+    Packed {
+        keys: Packed,
+        args: Packed,
+    },
+    /// `EVALSHA <sha> <numkeys>` and what was added since.
+    Direct(redis::Cmd),
+}
+
 impl Entry {
-    pub(crate) fn new() -> Self {
+    /// An entry to queue.
+    pub(super) fn packed() -> Self {
         Self {
-            keys: Packed::with_capacity(3, 128),
-            args: Packed::with_capacity(4, 96),
+            form: Form::Packed {
+                keys: Packed::with_capacity(3, 128),
+                args: Packed::with_capacity(4, 96),
+            },
             cleanup: None,
         }
     }
 
+    /// An entry that is a call of `script` alone, with one entry's keys.
+    pub(super) fn direct(script: &Lua) -> Self {
+        let mut cmd = redis::Cmd::with_capacity(12, 256);
+        cmd.arg("EVALSHA")
+            .arg(script.sha())
+            .arg(script.entry_keys());
+        Self {
+            form: Form::Direct(cmd),
+            cleanup: None,
+        }
+    }
+
+    /// The command of an entry made [`direct`](Self::direct).
+    pub(super) fn into_command(self) -> Option<redis::Cmd> {
+        match self.form {
+            Form::Direct(cmd) => Some(cmd),
+            Form::Packed { .. } => None,
+        }
+    }
+
     pub(crate) fn key(mut self, key: &str) -> Self {
-        self.keys.write_arg(key.as_bytes());
+        match &mut self.form {
+            Form::Packed { keys, .. } => keys.write_arg(key.as_bytes()),
+            Form::Direct(cmd) => cmd.write_arg(key.as_bytes()),
+        }
         self
     }
 
     /// The key `key` followed by `suffix` (a lock's waiter marker, say), built in place.
     pub(crate) fn key_suffixed(mut self, key: &str, suffix: &str) -> Self {
-        self.keys.data.extend_from_slice(key.as_bytes());
-        self.keys.write_arg(suffix.as_bytes());
+        match &mut self.form {
+            Form::Packed { keys, .. } => {
+                keys.data.extend_from_slice(key.as_bytes());
+                keys.write_arg(suffix.as_bytes());
+            }
+            Form::Direct(cmd) => {
+                let mut w = cmd.writer_for_next_arg();
+                // Writing into memory cannot fail.
+                let _ = w.write_all(key.as_bytes());
+                let _ = w.write_all(suffix.as_bytes());
+            }
+        }
         self
     }
 
     pub(crate) fn arg(mut self, arg: impl ToRedisArgs) -> Self {
-        arg.write_redis_args(&mut self.args);
+        match &mut self.form {
+            Form::Packed { args, .. } => arg.write_redis_args(args),
+            Form::Direct(cmd) => arg.write_redis_args(cmd),
+        }
         self
     }
 
@@ -55,32 +104,46 @@ impl Entry {
         mut self,
         f: impl FnOnce(Option<Result<Value, LockError>>) + Send + Sync + 'static,
     ) -> Self {
-        self.cleanup = Some(Box::new(f));
+        // Sent alone, the caller sees every outcome itself: nothing is left to undo.
+        if matches!(self.form, Form::Packed { .. }) {
+            self.cleanup = Some(Box::new(f));
+        }
         self
+    }
+
+    fn parts(&self) -> Option<(&Packed, &Packed)> {
+        match &self.form {
+            Form::Packed { keys, args } => Some((keys, args)),
+            Form::Direct(_) => None,
+        }
     }
 
     /// Arguments and bytes the call of `entries` takes after the script's name or sha
     /// (`numkeys`, keys, arguments), to size its command once.
     pub(super) fn size(entries: &[&Entry]) -> (usize, usize) {
-        entries.iter().fold((1, 20), |(n, bytes), e| {
-            (
-                n + e.keys.ends.len() + e.args.ends.len(),
-                bytes + e.keys.data.len() + e.args.data.len(),
-            )
-        })
+        entries
+            .iter()
+            .filter_map(|e| e.parts())
+            .fold((1, 20), |(n, bytes), (keys, args)| {
+                (
+                    n + keys.ends.len() + args.ends.len(),
+                    bytes + keys.data.len() + args.data.len(),
+                )
+            })
     }
 
-    /// The keys and arguments of `entries`, in order: every entry's keys, then every
-    /// entry's arguments (`numkeys` first).
+    /// The keys and arguments of the packed `entries`, in order: every entry's keys,
+    /// then every entry's arguments (`numkeys` first).
     pub(super) fn fill(entries: &[&Entry], cmd: &mut redis::Cmd) {
-        cmd.arg(entries.iter().map(|e| e.keys.ends.len()).sum::<usize>());
-        for e in entries {
-            e.keys.each(|k| {
+        let parts = || entries.iter().filter_map(|e| e.parts());
+        cmd.arg(parts().map(|(keys, _)| keys.ends.len()).sum::<usize>());
+        for (keys, _) in parts() {
+            keys.each(|k| {
                 cmd.arg(k);
             });
         }
-        for e in entries {
-            e.args.each(|a| {
+        for (_, args) in parts() {
+            args.each(|a| {
                 cmd.arg(a);
             });
         }
@@ -174,7 +237,7 @@ mod tests {
 
     #[test]
     fn an_entry_keeps_each_key_and_argument_whole_and_in_order() {
-        let e = Entry::new()
+        let e = Entry::packed()
             .key("lock:{a}")
             .key_suffixed("lock:{a}", ":waiters")
             .key("")
@@ -182,12 +245,13 @@ mod tests {
             .arg(42_u64)
             .arg(&b"\x00bytes"[..])
             .arg(Vec::<u8>::new());
+        let (keys, args) = e.parts().unwrap();
         assert_eq!(
-            parts(&e.keys),
+            parts(keys),
             [&b"lock:{a}"[..], b"lock:{a}:waiters", b""].map(<[u8]>::to_vec)
         );
         assert_eq!(
-            parts(&e.args),
+            parts(args),
             [&b"v"[..], b"42", b"\x00bytes", b""].map(<[u8]>::to_vec)
         );
         let mut cmd = redis::cmd("EVALSHA");

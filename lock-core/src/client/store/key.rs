@@ -107,13 +107,32 @@ macro_rules! display_key_part {
         }
     )*};
 }
+/// Unsigned integers without `fmt`'s machinery (a lock per user or order id is the
+/// common name).
+macro_rules! unsigned_key_part {
+    ($($t:ty),*) => {$(
+        impl KeyPart for $t {
+            fn write_part(&self, out: &mut String) {
+                crate::owner::push_decimal(out, u64::from(*self));
+            }
+        }
+    )*};
+}
+unsigned_key_part!(u8, u16, u32, u64);
+
+impl KeyPart for usize {
+    fn write_part(&self, out: &mut String) {
+        match u64::try_from(*self) {
+            Ok(n) => crate::owner::push_decimal(out, n),
+            Err(_) => {
+                let _ = write!(out, "{self}");
+            }
+        }
+    }
+}
+
 display_key_part!(
-    u8,
-    u16,
-    u32,
-    u64,
     u128,
-    usize,
     i8,
     i16,
     i32,
@@ -242,13 +261,17 @@ impl NameWriter<'_> {
     /// Whether the part in `scratch` has a character to escape; a byte test when the
     /// delimiter is ASCII (a multi-byte character's bytes are never ASCII).
     fn needs_escaping(&self) -> bool {
-        if !self.delimiter.is_ascii() {
-            return true;
+        let bytes = self.scratch.bytes();
+        match self.delimiter.as_bytes() {
+            // The usual one-character delimiter: one comparison more per byte.
+            &[d] if d.is_ascii() => bytes
+                .into_iter()
+                .any(|b| matches!(b, b'%' | b'{' | b'}') || b == d),
+            d if self.delimiter.is_ascii() => bytes
+                .into_iter()
+                .any(|b| matches!(b, b'%' | b'{' | b'}') || d.contains(&b)),
+            _ => true,
         }
-        let d = self.delimiter.as_bytes();
-        self.scratch
-            .bytes()
-            .any(|b| matches!(b, b'%' | b'{' | b'}') || d.contains(&b))
     }
 }
 

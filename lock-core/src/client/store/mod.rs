@@ -126,20 +126,36 @@ impl Conn {
         size: (usize, usize),
         fill: impl Fn(&mut Cmd),
     ) -> Result<Value, LockError> {
+        let mut cmd = Cmd::with_capacity(size.0 + 2, size.1 + 56);
+        cmd.arg("EVALSHA").arg(script.sha());
+        fill(&mut cmd);
+        self.eval_command(script, within, cmd).await
+    }
+
+    /// Runs `evalsha` (`EVALSHA <sha of script> ...`), and as `EVAL` of the source
+    /// with the same arguments if the server lost the script; within `within` (at most
+    /// the configured time limit).
+    pub(crate) async fn eval_command(
+        &self,
+        script: &scripts::Lua,
+        within: Duration,
+        evalsha: Cmd,
+    ) -> Result<Value, LockError> {
         let within = within.min(self.timeout);
         let call = async {
-            let mut cmd = Cmd::with_capacity(size.0 + 2, size.1 + 56);
-            cmd.arg("EVALSHA").arg(script.sha());
-            fill(&mut cmd);
-            match self.store.query(&cmd).await {
+            match self.store.query(&evalsha).await {
                 Err(e)
                     if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                 {
-                    let mut cmd =
-                        Cmd::with_capacity(size.0 + 2, size.1 + script.source().len() + 16);
-                    cmd.arg("EVAL").arg(script.source());
-                    fill(&mut cmd);
-                    self.store.query(&cmd).await
+                    let mut eval =
+                        Cmd::with_capacity(evalsha.args_iter().len(), script.source().len() + 256);
+                    eval.arg("EVAL").arg(script.source());
+                    for arg in evalsha.args_iter().skip(2) {
+                        if let redis::Arg::Simple(bytes) = arg {
+                            eval.arg(bytes);
+                        }
+                    }
+                    self.store.query(&eval).await
                 }
                 other => other,
             }

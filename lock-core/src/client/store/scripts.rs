@@ -26,16 +26,29 @@ use crate::error::LockError;
 pub(crate) struct Lua {
     op: &'static str,
     source: &'static str,
+    /// Keys per entry of a batched script (0 for the others).
+    entry_keys: usize,
     sha: std::sync::OnceLock<String>,
 }
 
 impl Lua {
     const fn new(op: &'static str, source: &'static str) -> Self {
+        Self::batched(op, source, 0)
+    }
+
+    /// A batched script whose entries have `entry_keys` keys each (its header's
+    /// layout): a call alone writes its command directly, `numkeys` first.
+    const fn batched(op: &'static str, source: &'static str, entry_keys: usize) -> Self {
         Self {
             op,
             source,
+            entry_keys,
             sha: std::sync::OnceLock::new(),
         }
+    }
+
+    pub(crate) fn entry_keys(&self) -> usize {
+        self.entry_keys
     }
 
     pub(crate) fn op(&self) -> &'static str {
@@ -53,9 +66,11 @@ impl Lua {
 }
 
 /// Take a lock with a fresh grant. See `lua/acquire.lua`.
-pub(crate) static ACQUIRE: Lua = Lua::new("acquire", include_str!("../../../lua/acquire.lua"));
+pub(crate) static ACQUIRE: Lua =
+    Lua::batched("acquire", include_str!("../../../lua/acquire.lua"), 3);
 /// Give back one grant. See `lua/release.lua`.
-pub(crate) static RELEASE: Lua = Lua::new("release", include_str!("../../../lua/release.lua"));
+pub(crate) static RELEASE: Lua =
+    Lua::batched("release", include_str!("../../../lua/release.lua"), 3);
 /// The token of a grant taken without one. See `lua/fence.lua`.
 pub(crate) static FENCE: Lua = Lua::new("fence", include_str!("../../../lua/fence.lua"));
 /// Renew one or many leases. See `lua/renew.lua`.
@@ -241,7 +256,7 @@ impl FenceReply {
 }
 
 /// GCRA rate-limit decisions. See `lua/gcra.lua`.
-pub(crate) static GCRA: Lua = Lua::new("gcra", include_str!("../../../lua/gcra.lua"));
+pub(crate) static GCRA: Lua = Lua::batched("gcra", include_str!("../../../lua/gcra.lua"), 1);
 /// The fixed-window rule with a lockout. See `lua/limit_rule.lua`.
 pub(crate) static LIMIT_RULE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/limit_rule.lua")));
@@ -263,14 +278,16 @@ pub(crate) static RESERVE_IDS: LazyLock<Script> =
 
 /// Claim idempotency keys (batches; alone it is a plain command). See
 /// `lua/idempotency_begin.lua`.
-pub(crate) static IDEMPOTENCY_BEGIN: Lua = Lua::new(
+pub(crate) static IDEMPOTENCY_BEGIN: Lua = Lua::batched(
     "idempotency_begin",
     include_str!("../../../lua/idempotency_begin.lua"),
+    1,
 );
 /// Store the responses of claimed keys. See `lua/idempotency_complete.lua`.
-pub(crate) static IDEMPOTENCY_COMPLETE: Lua = Lua::new(
+pub(crate) static IDEMPOTENCY_COMPLETE: Lua = Lua::batched(
     "idempotency_complete",
     include_str!("../../../lua/idempotency_complete.lua"),
+    2,
 );
 /// Free a claimed key. See `lua/idempotency_abandon.lua`.
 pub(crate) static IDEMPOTENCY_ABANDON: LazyLock<Script> =

@@ -184,16 +184,17 @@ impl Future for Pending {
 }
 
 impl Conn {
-    /// A place for a call of `script` on `key`'s group: alone (send now), or queued
-    /// with the entry `entry` builds (built only then). With batching off, always alone.
-    pub(crate) fn turn<F: FnOnce() -> Entry>(
+    /// A place for a call of `script` on `key`'s group: alone (send now, with
+    /// [`send_one`](Self::send_one)), or queued with the entry `entry` builds from an
+    /// empty one (built only then). With batching off, always alone.
+    pub(crate) fn turn<F: FnOnce(Entry) -> Entry>(
         &self,
         script: &'static Lua,
         key: &str,
         entry: F,
     ) -> Turn<F> {
         self.take_turn(Kind::Script(script), script.op(), key, entry, |f| {
-            Item::Script(f())
+            Item::Script(f(Entry::packed()))
         })
     }
 
@@ -252,12 +253,12 @@ impl Conn {
         &self,
         script: &'static Lua,
         key: &str,
-        entry: impl FnOnce() -> Entry,
+        entry: impl FnOnce(Entry) -> Entry,
     ) -> Result<T, LockError> {
         let reply = match self.turn(script, key, entry) {
             Turn::Queued(pending) => pending.await,
             Turn::Alone(alone, entry) => {
-                let reply = self.send_one(script, &entry()).await;
+                let reply = self.send_one(script, entry).await;
                 // The lane is handed over whether the call succeeded or not.
                 drop(alone);
                 reply
@@ -266,14 +267,19 @@ impl Conn {
         decode(script.op(), reply?)
     }
 
-    /// Sends `entry` as a batch of one; its reply (an error entry is an error).
+    /// Sends the entry `entry` builds as a call of `script` alone, its command written
+    /// directly; its reply (an error entry is an error).
     pub(crate) async fn send_one(
         &self,
         script: &'static Lua,
-        entry: &Entry,
+        entry: impl FnOnce(Entry) -> Entry,
     ) -> Result<Value, LockError> {
-        let reply = send_batch(self, script, &[entry]).await?.pop();
-        entry_reply(reply.unwrap_or(Value::Nil))
+        let entry = entry(Entry::direct(script));
+        let reply = match entry.into_command() {
+            Some(cmd) => self.eval_command(script, self.timeout(), cmd).await?,
+            None => Value::Nil,
+        };
+        entry_reply(reply)
     }
 }
 
