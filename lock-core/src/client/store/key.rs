@@ -420,10 +420,11 @@ pub(crate) fn escaped_name<N: LockName + ?Sized>(
     delimiter: &str,
     name: &N,
 ) -> Result<String, LockError> {
+    // Sized for common names, so neither grows while the parts are written.
     let mut w = NameWriter {
         delimiter,
-        out: String::new(),
-        scratch: String::new(),
+        out: String::with_capacity(48),
+        scratch: String::with_capacity(32),
         parts: 0,
         empty_part: None,
     };
