@@ -350,6 +350,29 @@ pub const SOURCES: &[(&str, &str)] = &[
 mod tests {
     use super::*;
 
+    /// A batched script's declared keys per entry is what its loop steps by: a call
+    /// alone writes that count as `numkeys` before its keys.
+    #[test]
+    fn batched_scripts_declare_the_keys_of_one_entry() {
+        for script in [
+            &ACQUIRE,
+            &RELEASE,
+            &GCRA,
+            &IDEMPOTENCY_BEGIN,
+            &IDEMPOTENCY_COMPLETE,
+        ] {
+            let per_entry = match script.entry_keys() {
+                1 => "for i = 1, #KEYS do".to_string(),
+                n => format!("for i = 1, #KEYS / {n} do"),
+            };
+            assert!(
+                script.source().contains(&per_entry),
+                "{}.lua does not loop with `{per_entry}`",
+                script.op()
+            );
+        }
+    }
+
     #[test]
     fn replies_decode_by_one_convention() {
         let arr = |v: &[i64]| Value::Array(v.iter().map(|i| Value::Int(*i)).collect());

@@ -275,11 +275,14 @@ impl Conn {
         entry: impl FnOnce(Entry) -> Entry,
     ) -> Result<Value, LockError> {
         let entry = entry(Entry::direct(script));
-        let reply = match entry.into_command() {
-            Some(cmd) => self.eval_command(script, self.timeout(), cmd).await?,
-            None => Value::Nil,
+        let Some(cmd) = entry.into_command() else {
+            // The builder returned another entry than the one it was given.
+            return Err(LockError::UnexpectedReply(format!(
+                "{}: a call alone was built as a queued entry",
+                script.op()
+            )));
         };
-        entry_reply(reply)
+        entry_reply(self.eval_command(script, self.timeout(), cmd).await?)
     }
 }
 
