@@ -330,7 +330,7 @@ impl Seam for RedlockBackend {
             grant.answered(i, None);
         }
         match tally.verdict(self.nodes.len(), count) {
-            Some(ReleaseVerdict::Unlocked | ReleaseVerdict::StillHeld { .. }) => Ok(Ok(())),
+            Some(ReleaseVerdict::Unlocked) => Ok(Ok(())),
             Some(ReleaseVerdict::NotOwner) => Ok(Err(Loss::TakenOver)),
             Some(ReleaseVerdict::Expired) => Ok(Err(Loss::Expired)),
             Some(ReleaseVerdict::NoQuorum) | None => Err(LockError::NoQuorum {

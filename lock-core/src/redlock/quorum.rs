@@ -79,8 +79,6 @@ pub(crate) fn extended(nodes: usize, ok: usize, lease: Duration, elapsed: Durati
 pub(crate) struct ReleaseTally {
     /// Copies deleted.
     pub(crate) unlocked: usize,
-    /// Copies still held by other holds of the same owner, with their holds left.
-    pub(crate) still_held: Vec<u32>,
     /// Copies already gone.
     pub(crate) expired: usize,
     /// Copies another owner holds now.
@@ -94,8 +92,6 @@ pub(crate) struct ReleaseTally {
 pub(crate) enum ReleaseVerdict {
     /// A quorum of copies was deleted (the lock is free).
     Unlocked,
-    /// A quorum of copies is still held by other holds of this owner.
-    StillHeld { holds_left: u32 },
     /// A quorum answered, some copies were already taken by another owner.
     NotOwner,
     /// A quorum answered, some copies had expired (none taken).
@@ -106,18 +102,13 @@ pub(crate) enum ReleaseVerdict {
 
 impl ReleaseTally {
     fn answered(&self) -> usize {
-        self.unlocked + self.still_held.len() + self.expired + self.taken + self.failed
+        self.unlocked + self.expired + self.taken + self.failed
     }
 
     /// The verdict once it is certain, given `copies` released on `nodes` nodes: as
-    /// soon as a quorum agrees on unlocked or still held, else once every copy answered.
+    /// soon as a quorum was unlocked, else once every copy answered.
     pub(crate) fn verdict(&self, nodes: usize, copies: usize) -> Option<ReleaseVerdict> {
         let q = quorum(nodes);
-        let still = self.still_held.len();
-        if still >= q {
-            let holds_left = self.still_held.iter().copied().min().unwrap_or(1);
-            return Some(ReleaseVerdict::StillHeld { holds_left });
-        }
         if self.unlocked >= q {
             return Some(ReleaseVerdict::Unlocked);
         }
@@ -125,9 +116,7 @@ impl ReleaseTally {
             return None;
         }
         let gone = self.expired + self.taken;
-        Some(if self.unlocked + still >= q {
-            ReleaseVerdict::Unlocked
-        } else if gone > 0 && self.unlocked + still + gone >= q {
+        Some(if gone > 0 && self.unlocked + gone >= q {
             if self.taken > 0 {
                 ReleaseVerdict::NotOwner
             } else {
@@ -234,34 +223,26 @@ mod tests {
     #[test]
     fn release_verdicts() {
         use ReleaseVerdict::*;
-        let tally = |u, s: &[u32], e, t, f| ReleaseTally {
+        let tally = |u, e, t, f| ReleaseTally {
             unlocked: u,
-            still_held: s.to_vec(),
             expired: e,
             taken: t,
             failed: f,
         };
         // (tally, nodes, copies, verdict)
         let table = [
-            (tally(3, &[], 0, 0, 0), 5, 5, Some(Unlocked)),
-            (tally(2, &[], 0, 0, 0), 5, 5, None),
-            (tally(2, &[], 0, 0, 1), 5, 3, Some(NoQuorum)),
-            (
-                tally(0, &[2, 1, 3], 0, 0, 0),
-                5,
-                5,
-                Some(StillHeld { holds_left: 1 }),
-            ),
-            (tally(2, &[1], 0, 0, 2), 5, 5, Some(Unlocked)),
-            (tally(1, &[], 2, 0, 2), 5, 5, Some(Expired)),
-            (tally(1, &[], 1, 1, 2), 5, 5, Some(NotOwner)),
-            (tally(0, &[], 0, 3, 2), 5, 5, Some(NotOwner)),
-            (tally(1, &[], 1, 0, 3), 5, 5, Some(NoQuorum)),
-            (tally(0, &[], 0, 0, 5), 5, 5, Some(NoQuorum)),
-            (tally(1, &[], 0, 0, 0), 1, 1, Some(Unlocked)),
-            (tally(0, &[], 0, 1, 0), 1, 1, Some(NotOwner)),
-            (tally(1, &[], 1, 0, 0), 3, 3, None),
-            (tally(1, &[], 1, 0, 1), 3, 3, Some(Expired)),
+            (tally(3, 0, 0, 0), 5, 5, Some(Unlocked)),
+            (tally(2, 0, 0, 0), 5, 5, None),
+            (tally(2, 0, 0, 1), 5, 3, Some(NoQuorum)),
+            (tally(1, 2, 0, 2), 5, 5, Some(Expired)),
+            (tally(1, 1, 1, 2), 5, 5, Some(NotOwner)),
+            (tally(0, 0, 3, 2), 5, 5, Some(NotOwner)),
+            (tally(1, 1, 0, 3), 5, 5, Some(NoQuorum)),
+            (tally(0, 0, 0, 5), 5, 5, Some(NoQuorum)),
+            (tally(1, 0, 0, 0), 1, 1, Some(Unlocked)),
+            (tally(0, 0, 1, 0), 1, 1, Some(NotOwner)),
+            (tally(1, 1, 0, 0), 3, 3, None),
+            (tally(1, 1, 0, 1), 3, 3, Some(Expired)),
         ];
         for (i, (t, nodes, copies, want)) in table.into_iter().enumerate() {
             assert_eq!(t.verdict(nodes, copies), want, "row {i}: {t:?}");
