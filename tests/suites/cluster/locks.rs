@@ -4,11 +4,10 @@
 //! reported through `lost()`.
 
 use std::collections::BTreeSet;
-use std::future::Future;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::eventually;
+use crate::common::{self, eventually};
 use lock_core::{LockClient, LockConfig, LockOptions};
 use lock_tests::{FailoverMode, RedisCluster};
 use redis::AsyncCommands;
@@ -258,26 +257,8 @@ async fn acquisitions_on_one_slot_share_a_pipeline_each_with_its_own_reply() {
     for &m in &masters {
         cluster.pause(m);
     }
-    // The first is polled once (its SET sent, the lane taken), then goes on in a task.
-    let mut first = Box::pin({
-        let c = c.clone();
-        let name = names[0];
-        async move { c.try_lock(name).await }
-    });
-    let polled = std::future::poll_fn(|cx| std::task::Poll::Ready(first.as_mut().poll(cx))).await;
-    assert!(polled.is_pending(), "the masters are paused");
-    let first = tokio::spawn(first);
-    let queued: Vec<_> = names[1..]
-        .iter()
-        .map(|&name| {
-            let c = c.clone();
-            tokio::spawn(async move { c.try_lock(name).await })
-        })
-        .collect();
-    eventually(Duration::from_secs(5), "the others to queue", || async {
-        c.queued_calls() == names.len() - 1
-    })
-    .await;
+    // The first in flight (its SET sent, the lane taken), the others queued behind it.
+    let (first, queued) = common::queue_behind_one(&c, names[0], &names[1..]).await;
     for &m in &masters {
         cluster.resume(m);
     }

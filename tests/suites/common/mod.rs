@@ -141,3 +141,44 @@ pub async fn assert_really_held(
         "another client got {stolen:?}"
     );
 }
+
+/// An acquisition going on in a task of its own.
+pub type Attempt = tokio::task::JoinHandle<Result<lock_core::LockGuard, lock_core::LockError>>;
+
+/// Starts `attempt` and polls it once: on a paused server that sends its command and
+/// leaves it in flight. Then it goes on in a task of its own.
+pub async fn in_flight<F>(attempt: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let mut attempt = Box::pin(attempt);
+    let polled = std::future::poll_fn(|cx| std::task::Poll::Ready(attempt.as_mut().poll(cx))).await;
+    assert!(polled.is_pending(), "the server is paused");
+    tokio::spawn(attempt)
+}
+
+/// `c.try_lock(first)` in flight on a paused server, then `c.try_lock(name)` for each
+/// of `names`, queued behind it.
+pub async fn queue_behind_one<N>(c: &LockClient, first: N, names: &[N]) -> (Attempt, Vec<Attempt>)
+where
+    N: lock_core::LockName + Clone + Send + 'static,
+{
+    let first = {
+        let c = c.clone();
+        in_flight(async move { c.try_lock(first).await }).await
+    };
+    let queued: Vec<_> = names
+        .iter()
+        .map(|name| {
+            let (c, name) = (c.clone(), name.clone());
+            tokio::spawn(async move { c.try_lock(name).await })
+        })
+        .collect();
+    // (If the first had not taken the lane, one of these would go alone instead.)
+    eventually(Duration::from_secs(5), "the others to queue", || async {
+        c.queued_calls() == names.len()
+    })
+    .await;
+    (first, queued)
+}

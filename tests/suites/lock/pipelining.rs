@@ -5,10 +5,9 @@
 
 use crate::common;
 
-use std::task::Poll;
 use std::time::Duration;
 
-use common::{client, eventually, exists};
+use common::{client, eventually, exists, in_flight, queue_behind_one};
 use lock_core::{LockClient, LockConfig, LockError};
 use lock_tests::{Monitor, RedisServer};
 
@@ -25,47 +24,6 @@ async fn sets_of(server: &RedisServer, monitor: &mut Monitor, keys: &[String]) -
                 .count()
         })
         .collect()
-}
-
-type Attempt = tokio::task::JoinHandle<Result<lock_core::LockGuard, LockError>>;
-
-/// Starts `attempt` and polls it once: on a paused server that sends its command and
-/// leaves it in flight. Then it goes on in a task of its own.
-async fn in_flight<F>(attempt: F) -> tokio::task::JoinHandle<F::Output>
-where
-    F: std::future::Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    let mut attempt = Box::pin(attempt);
-    let polled = std::future::poll_fn(|cx| Poll::Ready(attempt.as_mut().poll(cx))).await;
-    assert!(polled.is_pending(), "the server is paused");
-    tokio::spawn(attempt)
-}
-
-/// `c.try_lock(first)` in flight on a paused server, then `c.try_lock(name)` for each
-/// of `names`, queued behind it.
-async fn queue_behind_one(
-    c: &LockClient,
-    first: &'static str,
-    names: &[&'static str],
-) -> (Attempt, Vec<Attempt>) {
-    let first = {
-        let c = c.clone();
-        in_flight(async move { c.try_lock(first).await }).await
-    };
-    let queued: Vec<_> = names
-        .iter()
-        .map(|&name| {
-            let c = c.clone();
-            tokio::spawn(async move { c.try_lock(name).await })
-        })
-        .collect();
-    // (If the first had not taken the lane, one of these would go alone instead.)
-    eventually(Duration::from_secs(5), "the others to queue", || async {
-        c.queued_calls() == names.len()
-    })
-    .await;
-    (first, queued)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
