@@ -107,10 +107,12 @@ impl RedisBackend {
                 .arg(req.lease.as_millis() as u64)
                 .arg(linger)
                 .arg(u8::from(req.fenced))
-                .cleanup(self.undo_unless(keys, value, |r| {
-                    let reply = r.as_ref().map(|v| AcquireReply::decode(v.clone()));
-                    matches!(reply, Ok(Ok(AcquireReply::Busy { .. })))
-                }))
+                .cleanup(|| {
+                    self.undo_unless(keys, value, |r| {
+                        let reply = r.as_ref().map(|v| AcquireReply::decode(v.clone()));
+                        matches!(reply, Ok(Ok(AcquireReply::Busy { .. })))
+                    })
+                })
         };
         let (reply, undo) = match self.client.conn().turn(&ACQUIRE, &keys.key, entry) {
             LaneTurn::Alone(alone, entry) => {

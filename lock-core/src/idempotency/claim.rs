@@ -130,16 +130,18 @@ impl Claim {
             // Queued, the entry answers for the claim (this future dropped, or an error):
             // the claim is abandoned once its completion's fate is known (owner-checked,
             // so a completion that went through stays).
-            let shared = self.shared.clone();
             e.key(&s.keys.record)
                 .key(&s.keys.channel)
                 .arg(&s.in_flight)
                 .arg(&done[..])
                 .arg(retention.as_millis() as u64)
                 .arg(inner.id_hex())
-                .cleanup(move |reply| {
-                    if !matches!(reply, Some(Ok(_))) {
-                        abandon_in_background(shared);
+                .cleanup(|| {
+                    let shared = self.shared.clone();
+                    move |reply| {
+                        if !matches!(reply, Some(Ok(_))) {
+                            abandon_in_background(shared);
+                        }
                     }
                 })
         };

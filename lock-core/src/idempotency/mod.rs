@@ -254,13 +254,15 @@ impl IdempotencyStore {
         let entry = |e: Entry| {
             // Queued, the entry answers for the claim (this future dropped, or an
             // error): a key it claimed (or may have) is abandoned once the reply is in.
-            let abandon = claim.abandon_later();
             e.key(&keys.record)
                 .arg(&in_flight)
                 .arg(lease_ms)
-                .cleanup(move |reply| match reply.map(|r| r.and_then(begin_reply)) {
-                    Some(Ok(Some(_))) | None => {}
-                    Some(_) => abandon(),
+                .cleanup(|| {
+                    let abandon = claim.abandon_later();
+                    move |reply| match reply.map(|r| r.and_then(begin_reply)) {
+                        Some(Ok(Some(_))) | None => {}
+                        Some(_) => abandon(),
+                    }
                 })
         };
         let found = match inner.conn().turn(&IDEMPOTENCY_BEGIN, &keys.record, entry) {

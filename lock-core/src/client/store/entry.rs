@@ -96,17 +96,17 @@ impl Entry {
         self
     }
 
-    /// What to undo for this entry when queued, run once its outcome is known and its
-    /// caller will not act on it: with its error (the caller gets a copy), with its
-    /// reply if the caller went away after it was sent, or with `None` if the caller
-    /// went away before (nothing was sent).
-    pub(crate) fn cleanup(
-        mut self,
-        f: impl FnOnce(Option<Result<Value, LockError>>) + Send + Sync + 'static,
-    ) -> Self {
+    /// What to undo for this entry when queued, made by `make` (only then), run once
+    /// its outcome is known and its caller will not act on it: with its error (the
+    /// caller gets a copy), with its reply if the caller went away after it was sent,
+    /// or with `None` if the caller went away before (nothing was sent).
+    pub(crate) fn cleanup<F>(mut self, make: impl FnOnce() -> F) -> Self
+    where
+        F: FnOnce(Option<Result<Value, LockError>>) + Send + Sync + 'static,
+    {
         // Sent alone, the caller sees every outcome itself: nothing is left to undo.
         if matches!(self.form, Form::Packed { .. }) {
-            self.cleanup = Some(Box::new(f));
+            self.cleanup = Some(Box::new(make()));
         }
         self
     }
