@@ -22,7 +22,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use self::config::LockConfig;
 use self::store::key::{self, LockKeys, LockName, NameWriter};
-use self::store::{Conn, RedisStore, Store, version};
+use self::store::{Conn, Node, RedisStore, Store, version};
 use self::wait::Hub;
 use crate::error::LockError;
 use crate::metrics::StoreKind;
@@ -83,13 +83,15 @@ impl Client {
     ) -> Result<Self, LockError> {
         config.validate()?;
         let t = config.command_timeout;
+        let settings = manager_config(t, 2);
         let mut manager = connect_within(
             t,
-            ConnectionManager::new_with_config(client.clone(), manager_config(t, 2)),
+            ConnectionManager::new_with_config(client.clone(), settings.clone()),
         )
         .await?;
         version::require_supported(&mut manager, t).await?;
-        Self::over_connection(manager, Some(client), config)
+        let node = Node::new(manager, Some((client.clone(), settings)));
+        Self::over_node(node, Some(client), config)
     }
 
     /// Connects on first use, with no reconnect retries inside a call (see
@@ -100,11 +102,10 @@ impl Client {
     ) -> Result<Self, LockError> {
         config.validate()?;
         let client = redis::Client::open(url)?;
-        let manager = ConnectionManager::new_lazy_with_config(
-            client.clone(),
-            manager_config(config.command_timeout, 0),
-        )?;
-        Self::over_connection(manager, Some(client), config)
+        let settings = manager_config(config.command_timeout, 0);
+        let manager = ConnectionManager::new_lazy_with_config(client.clone(), settings.clone())?;
+        let node = Node::new(manager, Some((client.clone(), settings)));
+        Self::over_node(node, Some(client), config)
     }
 
     /// Builds on the user's own [`ConnectionManager`] (no version check).
@@ -113,13 +114,15 @@ impl Client {
         pubsub: Option<redis::Client>,
         config: LockConfig,
     ) -> Result<Self, LockError> {
-        let store = RedisStore::new(manager);
-        Self::new(
-            store,
-            pubsub.into_iter().collect(),
-            config,
-            StoreKind::Redis,
-        )
+        Self::over_node(Node::new(manager, None), pubsub, config)
+    }
+
+    fn over_node(
+        node: Node,
+        pubsub: Option<redis::Client>,
+        config: LockConfig,
+    ) -> Result<Self, LockError> {
+        Self::new(node, pubsub.into_iter().collect(), config, StoreKind::Redis)
     }
 
     /// Connects to a Redis Cluster through any of its seed `nodes`, refusing masters

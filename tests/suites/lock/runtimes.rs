@@ -196,12 +196,11 @@ fn a_client_outlives_the_runtime_that_first_used_it() {
     drop(rt1);
     let rt2 = tokio::runtime::Runtime::new().unwrap();
     rt2.block_on(async {
-        // The redis-rs connection's own driver task ended with rt1: the first call on
-        // it may fail, and the connection manager reconnects on this runtime.
+        // The redis-rs connection's own task ended with rt1: the first call connects
+        // again, on this runtime.
         for client in [&c, &other] {
-            if let Err(e) = client.try_lock("reconnect").await {
-                assert!(e.is_redis(), "{e}");
-            }
+            let g = client.try_lock("reconnect").await.unwrap();
+            g.release().await.unwrap();
         }
         let g = c.lock("renewed").await.unwrap();
         // Three leases: only renewals keep it.
@@ -227,4 +226,97 @@ fn a_client_outlives_the_runtime_that_first_used_it() {
         theirs.release().await.unwrap();
         waiter.await.unwrap().unwrap().release().await.unwrap();
     });
+}
+
+/// The runtime a client used ended while its connection was reconnecting (the server
+/// had gone, and the reconnect was waiting to try again): that reconnect holds the
+/// ended runtime's timer, and neither the background release of a guard dropped
+/// afterwards nor the client's next calls on another runtime may wait on it.
+#[test]
+fn a_runtime_that_ended_mid_reconnect_leaves_the_client_usable() {
+    // Written to disk at once, so the lock outlives the restart.
+    let mut server =
+        RedisServer::start_with_args(&["--appendonly", "yes", "--appendfsync", "always"]);
+    let rt1 = runtime();
+    let client = rt1.block_on(LockClient::open(server.url())).unwrap();
+    let long = LockOptions::new()
+        .wait(Duration::ZERO)
+        .lease(Lease::Fixed(Duration::from_secs(60)));
+    let guard = rt1.block_on(client.acquire("held", long)).unwrap();
+    let key = guard.keys().key.clone();
+
+    server.kill();
+    rt1.block_on(async {
+        // The first call finds the connection gone and starts a reconnect, refused at
+        // once and then waiting (at least 100 ms) to try again; the second call waits
+        // on that reconnect.
+        let dropped = client.try_lock("other").await;
+        assert!(dropped.is_err(), "a call on a dead server succeeded");
+        let stalled = tokio::time::timeout(ms(50), client.try_lock("other")).await;
+        assert!(
+            stalled.is_err(),
+            "the reconnect was not waiting: {stalled:?}"
+        );
+    });
+    drop(rt1);
+    server.restart();
+
+    std::thread::spawn(move || drop(guard)).join().unwrap();
+    let rt2 = runtime();
+    let gone = within(&rt2, Duration::from_secs(10), || async {
+        !exists(&server, &key).await
+    });
+    assert!(
+        gone,
+        "{key} is still held: the background release never ran"
+    );
+    let last = &RefCell::new(String::new());
+    let served = within(&rt2, Duration::from_secs(10), || async {
+        match client.try_lock("after").await {
+            Ok(g) => g.release().await.is_ok(),
+            Err(e) => {
+                *last.borrow_mut() = e.to_string();
+                false
+            }
+        }
+    });
+    assert!(served, "the client did not recover: {}", last.borrow());
+}
+
+/// A reconnect started by a call on a short-lived runtime that then ended, while the
+/// runtime the client was made on lives on: the next call on that runtime fails (the
+/// reconnect it would wait on is dead) but does not panic, and the one after works.
+#[test]
+fn a_reconnect_left_by_another_ended_runtime_costs_one_failed_call() {
+    let mut server = RedisServer::start();
+    let main = tokio::runtime::Runtime::new().unwrap();
+    let client = main.block_on(LockClient::open(server.url())).unwrap();
+
+    server.kill();
+    let short = runtime();
+    short.block_on(async {
+        assert!(client.try_lock("a").await.is_err());
+        let stalled = tokio::time::timeout(ms(50), client.try_lock("a")).await;
+        assert!(
+            stalled.is_err(),
+            "the reconnect was not waiting: {stalled:?}"
+        );
+    });
+    drop(short);
+    server.restart();
+
+    // redis-rs panics inside the dead reconnect (its panic message is printed); the
+    // call answers an error instead, and the client connects again.
+    let last = &RefCell::new(String::new());
+    let served = within(&main, Duration::from_secs(10), || async {
+        match client.try_lock("after").await {
+            Ok(g) => g.release().await.is_ok(),
+            Err(e) => {
+                assert!(e.is_redis(), "{e}");
+                *last.borrow_mut() = e.to_string();
+                false
+            }
+        }
+    });
+    assert!(served, "the client did not recover: {}", last.borrow());
 }

@@ -1,13 +1,13 @@
 //! The two deployments behind [`Store`]: one node (or a proxy in front of one), on a
-//! reconnecting multiplexed `ConnectionManager`, and a Redis Cluster, on the redis-rs
-//! cluster connection (commands go to the node that owns their keys' slot). They differ
+//! reconnecting multiplexed `ConnectionManager` ([`Node`](super::node::Node)), and a
+//! Redis Cluster, on the redis-rs cluster connection (commands go to the node that owns their keys' slot). They differ
 //! in how keys group into one script call, and in what is sent again: nothing on one
 //! node; on a Cluster, a call the cluster refused without running it (MOVED/ASK
 //! redirections, failovers in progress), never one whose reply was lost.
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisResult, ScriptInvocation, Value};
@@ -26,32 +26,8 @@ impl<C> RedisStore<C> {
     }
 }
 
-impl Store for RedisStore<ConnectionManager> {
-    fn query<'a>(&'a self, cmd: &'a Cmd) -> Reply<'a> {
-        let mut c = self.conn.clone();
-        Box::pin(async move { cmd.query_async(&mut c).await })
-    }
-
-    fn pipeline<'a>(&'a self, pipe: &'a Pipeline) -> Replies<'a> {
-        let mut c = self.conn.clone();
-        Box::pin(async move {
-            let replies = c.req_packed_commands(pipe, 0, pipe.len()).await?;
-            Ok(replies.into_iter().map(own_reply).collect())
-        })
-    }
-
-    fn invoke<'a>(&'a self, invocation: &'a ScriptInvocation<'a>) -> Reply<'a> {
-        let mut c = self.conn.clone();
-        Box::pin(async move { invocation.invoke_async(&mut c).await })
-    }
-
-    fn group(&self, _key: &str) -> u16 {
-        0
-    }
-}
-
 /// A pipelined command's reply: an error reply is that command's error.
-fn own_reply(v: Value) -> RedisResult<Value> {
+pub(super) fn own_reply(v: Value) -> RedisResult<Value> {
     match v {
         Value::ServerError(e) => Err(e.into()),
         v => Ok(v),
