@@ -22,7 +22,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use self::config::LockConfig;
 use self::store::key::{self, LockKeys, LockName, NameWriter};
-use self::store::{Conn, Node, RedisStore, Store, version};
+use self::store::{Conn, Make, RedisStore, Store, version};
 use self::wait::Hub;
 use crate::error::LockError;
 use crate::metrics::StoreKind;
@@ -90,7 +90,7 @@ impl Client {
         )
         .await?;
         version::require_supported(&mut manager, t).await?;
-        let node = Node::new(manager, Some((client.clone(), settings)));
+        let node = RedisStore::new(manager, Some(remake_manager(&client, settings)));
         Self::over_node(node, Some(client), config)
     }
 
@@ -104,7 +104,7 @@ impl Client {
         let client = redis::Client::open(url)?;
         let settings = manager_config(config.command_timeout, 0);
         let manager = ConnectionManager::new_lazy_with_config(client.clone(), settings.clone())?;
-        let node = Node::new(manager, Some((client.clone(), settings)));
+        let node = RedisStore::new(manager, Some(remake_manager(&client, settings)));
         Self::over_node(node, Some(client), config)
     }
 
@@ -114,11 +114,11 @@ impl Client {
         pubsub: Option<redis::Client>,
         config: LockConfig,
     ) -> Result<Self, LockError> {
-        Self::over_node(Node::new(manager, None), pubsub, config)
+        Self::over_node(RedisStore::new(manager, None), pubsub, config)
     }
 
     fn over_node(
-        node: Node,
+        node: RedisStore<ConnectionManager>,
         pubsub: Option<redis::Client>,
         config: LockConfig,
     ) -> Result<Self, LockError> {
@@ -156,7 +156,16 @@ impl Client {
             .into_iter()
             .map(redis::Client::open)
             .collect::<Result<Vec<_>, _>>()?;
-        Self::over_cluster_connection(conn, pubsub, config)
+        let remake: Make<_> = Box::new(move || {
+            let cluster = cluster.clone();
+            Box::pin(async move { cluster.get_async_connection().await })
+        });
+        Self::new(
+            RedisStore::new(conn, Some(remake)),
+            pubsub,
+            config,
+            StoreKind::RedisCluster,
+        )
     }
 
     /// Builds on the user's own cluster connection (no version check).
@@ -166,7 +175,7 @@ impl Client {
         config: LockConfig,
     ) -> Result<Self, LockError> {
         Self::new(
-            RedisStore::new(conn),
+            RedisStore::new(conn, None),
             pubsub,
             config,
             StoreKind::RedisCluster,
@@ -281,6 +290,18 @@ async fn connect_within<C>(
 /// (`Conn`), and a second timer per call would cost as much as the first. (A timed-out
 /// reply never made redis-rs reconnect either; the connect, handshake included, is
 /// bounded by the connection timeout.)
+/// Makes a new connection manager like the first (lazily: it connects on first use).
+fn remake_manager(
+    client: &redis::Client,
+    settings: ConnectionManagerConfig,
+) -> Make<ConnectionManager> {
+    let client = client.clone();
+    Box::new(move || {
+        let made = ConnectionManager::new_lazy_with_config(client.clone(), settings.clone());
+        Box::pin(std::future::ready(made))
+    })
+}
+
 fn manager_config(t: Duration, retries: usize) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
         .set_connection_timeout(Some(t))

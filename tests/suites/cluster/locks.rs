@@ -280,3 +280,19 @@ async fn acquisitions_on_one_slot_share_a_pipeline_each_with_its_own_reply() {
     }
     held.release().await.unwrap();
 }
+
+/// A Cluster client made on a runtime that has ended keeps working on another: the
+/// redis-rs cluster connection's task ended with that runtime.
+#[test]
+fn a_client_outlives_the_runtime_it_was_made_on() {
+    let cluster = RedisCluster::start(3, 0);
+    let rt1 = common::runtime();
+    let c = rt1.block_on(client(&cluster, config()));
+    rt1.block_on(async { c.try_lock("before").await.unwrap().release().await.unwrap() });
+    drop(rt1);
+    let rt2 = common::runtime();
+    rt2.block_on(async {
+        let g = c.try_lock("after").await.unwrap();
+        g.release().await.unwrap();
+    });
+}

@@ -1,33 +1,65 @@
 //! The two deployments behind [`Store`]: one node (or a proxy in front of one), on a
-//! reconnecting multiplexed `ConnectionManager` ([`Node`](super::node::Node)), and a
-//! Redis Cluster, on the redis-rs cluster connection (commands go to the node that owns their keys' slot). They differ
+//! reconnecting multiplexed `ConnectionManager`, and a Redis Cluster, on the redis-rs
+//! cluster connection; each made again when its runtime ends ([`Homed`]) (commands go to the node that owns their keys' slot). They differ
 //! in how keys group into one script call, and in what is sent again: nothing on one
 //! node; on a Cluster, a call the cluster refused without running it (MOVED/ASK
 //! redirections, failovers in progress), never one whose reply was lost.
 
 use std::time::Duration;
 
-use redis::aio::ConnectionLike;
+use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisResult, ScriptInvocation, Value};
 
+use super::homed::{Homed, Make};
 use super::key::cluster_slot;
 use super::{Replies, Reply, Store};
 
 /// A redis-rs connection as a [`Store`].
 pub(crate) struct RedisStore<C> {
-    conn: C,
+    conn: Homed<C>,
 }
 
-impl<C> RedisStore<C> {
-    pub(crate) fn new(conn: C) -> Self {
-        Self { conn }
+impl<C: Clone + Send + Sync + 'static> RedisStore<C> {
+    /// A store on `conn`; `make`, when known, makes a new connection like it (see
+    /// [`Homed`]).
+    pub(crate) fn new(conn: C, make: Option<Make<C>>) -> Self {
+        Self {
+            conn: Homed::new(conn, make),
+        }
+    }
+}
+
+impl Store for RedisStore<ConnectionManager> {
+    fn query<'a>(&'a self, cmd: &'a Cmd) -> Reply<'a> {
+        Box::pin(
+            self.conn
+                .call(move |mut c| async move { cmd.query_async(&mut c).await }),
+        )
+    }
+
+    fn pipeline<'a>(&'a self, pipe: &'a Pipeline) -> Replies<'a> {
+        Box::pin(self.conn.call(move |mut c| async move {
+            let replies = c.req_packed_commands(pipe, 0, pipe.len()).await?;
+            Ok(replies.into_iter().map(own_reply).collect())
+        }))
+    }
+
+    fn invoke<'a>(&'a self, invocation: &'a ScriptInvocation<'a>) -> Reply<'a> {
+        Box::pin(
+            self.conn
+                .call(move |mut c| async move { invocation.invoke_async(&mut c).await }),
+        )
+    }
+
+    fn group(&self, _key: &str) -> u16 {
+        0
     }
 }
 
 /// A pipelined command's reply: an error reply is that command's error.
-pub(super) fn own_reply(v: Value) -> RedisResult<Value> {
+fn own_reply(v: Value) -> RedisResult<Value> {
     match v {
         Value::ServerError(e) => Err(e.into()),
         v => Ok(v),
@@ -96,8 +128,7 @@ where
 impl Store for RedisStore<ClusterConnection> {
     fn query<'a>(&'a self, cmd: &'a Cmd) -> Reply<'a> {
         Box::pin(resend_refused(move |ask| {
-            let mut c = self.conn.clone();
-            async move {
+            self.conn.call(move |mut c| async move {
                 match ask {
                     None => cmd.query_async(&mut c).await,
                     Some((host, port)) => {
@@ -110,7 +141,7 @@ impl Store for RedisStore<ClusterConnection> {
                         })
                     }
                 }
-            }
+            })
         }))
     }
 
@@ -120,8 +151,9 @@ impl Store for RedisStore<ClusterConnection> {
         // moving) is sent again alone, following the redirection; the others ran once.
         Box::pin(async move {
             let replies = resend_refused(|_ask| {
-                let mut c = self.conn.clone();
-                async move { c.req_packed_commands(pipe, 0, pipe.len()).await }
+                self.conn.call(move |mut c| async move {
+                    c.req_packed_commands(pipe, 0, pipe.len()).await
+                })
             })
             .await?;
             let mut out = Vec::with_capacity(replies.len());
@@ -139,8 +171,8 @@ impl Store for RedisStore<ClusterConnection> {
         // A script call cannot be redirected by hand (redis-rs keeps its EVAL form to
         // itself): during a slot migration it is sent again until the slot has moved.
         Box::pin(resend_refused(move |_ask| {
-            let mut c = self.conn.clone();
-            async move { invocation.invoke_async(&mut c).await }
+            self.conn
+                .call(move |mut c| async move { invocation.invoke_async(&mut c).await })
         }))
     }
 

@@ -2,17 +2,17 @@
 //!
 //! [`Store`] is what the rest of the crate needs from a deployment: run a script, run a
 //! plain command, run a pipeline of plain commands, and say which keys may share one script call (one hash slot on a
-//! Cluster, anything on one node). [`Node`] implements it for one node (a
-//! reconnecting `ConnectionManager`, made again when its runtime ends) and
-//! [`RedisStore`] for a Redis Cluster (redis-rs `cluster-async`). [`Conn`] wraps a store with
+//! Cluster, anything on one node). [`RedisStore`] implements it for one node (a
+//! reconnecting `ConnectionManager`) and for a Redis Cluster (redis-rs
+//! `cluster-async`), each made again when the runtime it was made on ends. [`Conn`] wraps a store with
 //! the per-call time limit and typed replies; the watchdog's batching, the waiting loop
 //! and the Redlock fan-out are written once against it.
 
 pub(crate) mod batch;
 mod deployment;
 mod entry;
+mod homed;
 pub mod key;
-mod node;
 pub(crate) mod scripts;
 pub(crate) mod version;
 
@@ -26,7 +26,7 @@ use redis::{Cmd, FromRedisValue, Pipeline, RedisResult, ScriptInvocation, Value}
 use crate::error::LockError;
 
 pub(crate) use deployment::RedisStore;
-pub(crate) use node::Node;
+pub(crate) use homed::Make;
 
 /// A boxed reply future (the seam is object-safe).
 pub(crate) type Reply<'a> = Pin<Box<dyn Future<Output = RedisResult<Value>> + Send + 'a>>;

@@ -1,0 +1,132 @@
+//! A redis-rs connection made again when the runtime it was made on ends.
+//!
+//! redis-rs runs a connection's task on the runtime it was made on (a Cluster
+//! connection's for good: once that runtime ends, every call fails), and a
+//! `ConnectionManager`'s reconnects on the runtime of the call that starts them, where
+//! a reconnect in progress holds that runtime's timers. Polled after that runtime
+//! ended, the reconnect panics (tokio refuses a timer of an ended runtime), and the
+//! manager's shared reconnect stays poisoned: every later call would panic too. A
+//! client outlives runtimes (a guard dropped as a `#[tokio::test]` ends is released on
+//! the background runtime; a global client serves many tests), so:
+//! - [`Homed`] watches the runtime its connection was made on, and when it ends, the
+//!   next call makes a new connection, on the caller's runtime;
+//! - a call that panics anyway (a reconnect started on another runtime that has since
+//!   ended) fails with a connection error, and the connection is made again.
+//!
+//! A connection handed in by the user cannot be made again: its calls fail instead.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use arc_swap::ArcSwap;
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use redis::RedisResult;
+use tokio::runtime::Handle;
+use tokio::sync::{Mutex, oneshot};
+
+/// Makes a new connection like the first.
+pub(crate) type Make<C> = Box<dyn Fn() -> BoxFuture<'static, RedisResult<C>> + Send + Sync>;
+
+/// A connection, made again when its runtime ends.
+pub(crate) struct Homed<C> {
+    home: ArcSwap<Home<C>>,
+    /// `None` for a connection handed in by the user.
+    make: Option<Make<C>>,
+    /// Held while a new connection is made, so the calls that find the old one ended
+    /// make one, not one each.
+    making: Mutex<()>,
+}
+
+/// A connection and the watch on the runtime it was made on.
+struct Home<C> {
+    conn: C,
+    /// Set when that runtime has ended, or when a call on the connection panicked.
+    ended: Arc<AtomicBool>,
+    /// Dropped with this home, it ends the watching task.
+    _watch: Option<oneshot::Sender<()>>,
+}
+
+impl<C> Home<C> {
+    /// `conn`, watched on the current runtime (if any).
+    fn watched(conn: C) -> Self {
+        let ended = Arc::new(AtomicBool::new(false));
+        let watch = Handle::try_current().ok().map(|rt| {
+            let (stop, stopped) = oneshot::channel::<()>();
+            let flag = SetOnDrop(ended.clone());
+            // A runtime that ends drops its tasks, and with this one the flag.
+            drop(rt.spawn(async move {
+                let _flag = flag;
+                let _ = stopped.await;
+            }));
+            stop
+        });
+        Self {
+            conn,
+            ended,
+            _watch: watch,
+        }
+    }
+}
+
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+impl<C: Clone + Send + Sync + 'static> Homed<C> {
+    /// `conn`, made on the current runtime; `make`, when known, makes its successors.
+    pub(crate) fn new(conn: C, make: Option<Make<C>>) -> Self {
+        Self {
+            home: ArcSwap::from_pointee(Home::watched(conn)),
+            make,
+            making: Mutex::new(()),
+        }
+    }
+
+    /// The connection in place, or a new one if its runtime ended.
+    async fn current(&self) -> RedisResult<C> {
+        let Some(make) = self.ended().and(self.make.as_ref()) else {
+            return Ok(self.home.load().conn.clone());
+        };
+        let _making = self.making.lock().await;
+        if self.ended().is_none() {
+            return Ok(self.home.load().conn.clone());
+        }
+        let conn = make().await?;
+        self.home.store(Arc::new(Home::watched(conn.clone())));
+        tracing::debug!("lock-core: the connection's runtime ended; connected again");
+        Ok(conn)
+    }
+
+    /// `Some` when the connection in place is ended.
+    fn ended(&self) -> Option<()> {
+        self.home.load().ended.load(Ordering::Acquire).then_some(())
+    }
+
+    /// Runs `call` on the connection; a panic inside it is the error of this call, and
+    /// the connection is made again for the next.
+    pub(crate) async fn call<T, Fut>(&self, call: impl FnOnce(C) -> Fut) -> RedisResult<T>
+    where
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let conn = self.current().await?;
+        match AssertUnwindSafe(call(conn)).catch_unwind().await {
+            Ok(reply) => reply,
+            Err(_) => {
+                self.home.load().ended.store(true, Ordering::Release);
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionAborted,
+                    "the connection's reconnect failed inside redis-rs (its runtime ended); \
+                     the next call connects again",
+                )
+                .into())
+            }
+        }
+    }
+}
