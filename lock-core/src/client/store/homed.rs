@@ -17,10 +17,9 @@
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 
-use arc_swap::ArcSwap;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use redis::RedisResult;
@@ -32,7 +31,8 @@ pub(crate) type Make<C> = Box<dyn Fn() -> BoxFuture<'static, RedisResult<C>> + S
 
 /// A connection, made again when its runtime ends.
 pub(crate) struct Homed<C> {
-    home: ArcSwap<Home<C>>,
+    /// Read on every call, written only to replace an ended connection.
+    home: RwLock<Home<C>>,
     /// `None` for a connection handed in by the user.
     make: Option<Make<C>>,
     /// Held while a new connection is made, so the calls that find the old one ended
@@ -83,30 +83,38 @@ impl<C: Clone + Send + Sync + 'static> Homed<C> {
     /// `conn`, made on the current runtime; `make`, when known, makes its successors.
     pub(crate) fn new(conn: C, make: Option<Make<C>>) -> Self {
         Self {
-            home: ArcSwap::from_pointee(Home::watched(conn)),
+            home: RwLock::new(Home::watched(conn)),
             make,
             making: Mutex::new(()),
         }
     }
 
-    /// The connection in place, or a new one if its runtime ended.
-    async fn current(&self) -> RedisResult<C> {
-        let Some(make) = self.ended().and(self.make.as_ref()) else {
-            return Ok(self.home.load().conn.clone());
-        };
-        let _making = self.making.lock().await;
-        if self.ended().is_none() {
-            return Ok(self.home.load().conn.clone());
+    /// The connection in place, unless its runtime ended and a new one can be made.
+    fn in_place(&self) -> Option<C> {
+        let home = self.home.read().unwrap_or_else(PoisonError::into_inner);
+        if home.ended.load(Ordering::Acquire) && self.make.is_some() {
+            return None;
         }
+        Some(home.conn.clone())
+    }
+
+    /// Makes a new connection in place of the ended one (once for all the calls that
+    /// found it ended).
+    async fn remake(&self) -> RedisResult<C> {
+        let _making = self.making.lock().await;
+        let (Some(make), None) = (&self.make, self.in_place()) else {
+            let home = self.home.read().unwrap_or_else(PoisonError::into_inner);
+            return Ok(home.conn.clone());
+        };
         let conn = make().await?;
-        self.home.store(Arc::new(Home::watched(conn.clone())));
+        *self.home.write().unwrap_or_else(PoisonError::into_inner) = Home::watched(conn.clone());
         tracing::debug!("lock-core: the connection's runtime ended; connected again");
         Ok(conn)
     }
 
-    /// `Some` when the connection in place is ended.
-    fn ended(&self) -> Option<()> {
-        self.home.load().ended.load(Ordering::Acquire).then_some(())
+    fn set_ended(&self) {
+        let home = self.home.read().unwrap_or_else(PoisonError::into_inner);
+        home.ended.store(true, Ordering::Release);
     }
 
     /// Runs `call` on the connection; a panic inside it is the error of this call, and
@@ -115,11 +123,14 @@ impl<C: Clone + Send + Sync + 'static> Homed<C> {
     where
         Fut: Future<Output = RedisResult<T>>,
     {
-        let conn = self.current().await?;
+        let conn = match self.in_place() {
+            Some(conn) => conn,
+            None => Box::pin(self.remake()).await?,
+        };
         match AssertUnwindSafe(call(conn)).catch_unwind().await {
             Ok(reply) => reply,
             Err(_) => {
-                self.home.load().ended.store(true, Ordering::Release);
+                self.set_ended();
                 Err(std::io::Error::new(
                     std::io::ErrorKind::ConnectionAborted,
                     "the connection's reconnect failed inside redis-rs (its runtime ended); \
