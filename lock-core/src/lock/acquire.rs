@@ -70,7 +70,7 @@ impl<B: Backend> Core<B> {
         let mut reentered = false;
         let result = self.enter_or_take(req, wait, started, &mut reentered).await;
         let outcome = Acquired::of(&result, reentered);
-        metrics::acquired(self.backend.kind(), outcome, started.elapsed());
+        metrics::acquired(self.backend.kind(), outcome, started);
         result
     }
 

@@ -60,8 +60,8 @@ pub(crate) struct Grant<B: Seam> {
     pub(crate) token: std::sync::OnceLock<FencingToken>,
     /// Unique per grant in this client (the watchdog's queue key).
     pub(crate) seq: u64,
-    /// When it was granted (for the hold time).
-    pub(crate) granted: Instant,
+    /// When it was granted, for the hold time (`None` when metrics are not recorded).
+    pub(crate) granted: Option<Instant>,
     /// Woken when the grant is lost (its guards' `lost()` wait on it).
     pub(crate) lost_wake: Notify,
     state: Mutex<GrantState>,
@@ -117,7 +117,7 @@ impl<B: Seam> Grant<B> {
             kept,
             token: token.map(std::sync::OnceLock::from).unwrap_or_default(),
             seq,
-            granted: Instant::now(),
+            granted: metrics::granted_now(),
             lost_wake: Notify::new(),
             state: Mutex::new(GrantState {
                 holds: 1,
@@ -150,7 +150,7 @@ impl<B: Seam> Grant<B> {
         metrics::release(
             store,
             release_outcome(result),
-            last.then(|| self.granted.elapsed()),
+            self.granted.filter(|_| last),
         );
     }
 
