@@ -296,3 +296,46 @@ fn a_client_outlives_the_runtime_it_was_made_on() {
         g.release().await.unwrap();
     });
 }
+
+/// Many calls find the Cluster connection's runtime ended at once: they make one new
+/// connection between them (not one each), and every call is answered.
+#[test]
+fn calls_that_find_the_runtime_ended_together_make_one_connection() {
+    let cluster = RedisCluster::start(3, 0);
+    let rt1 = common::runtime();
+    let c = rt1.block_on(client(&cluster, config()));
+    drop(rt1);
+    let rt2 = tokio::runtime::Runtime::new().unwrap();
+    rt2.block_on(async {
+        let mut admin = cluster.node(0).connection().await;
+        let before = connections_received(&mut admin).await;
+        let calls: Vec<_> = (0..64)
+            .map(|i| {
+                let c = c.clone();
+                tokio::spawn(async move { c.try_lock(("together", i)).await?.release().await })
+            })
+            .collect();
+        for call in calls {
+            call.await.unwrap().unwrap();
+        }
+        // A Cluster connection connects to every master once.
+        let made = connections_received(&mut admin).await - before;
+        assert_eq!(
+            made, 1,
+            "connections made to one master after the runtime ended"
+        );
+    });
+}
+
+/// `total_connections_received` of a node's `INFO stats`.
+async fn connections_received(admin: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(admin)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_connections_received:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("INFO stats has total_connections_received")
+}
