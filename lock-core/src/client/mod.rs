@@ -101,6 +101,14 @@ impl Client {
         config: LockConfig,
     ) -> Result<Self, LockError> {
         config.validate()?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            // redis-rs starts the connection's task here, and would panic.
+            return Err(LockError::InvalidConfig(
+                "a lazily connecting client (open_lazy, Redlock::open) is made inside a \
+                 tokio runtime: call it from async code or within Runtime::enter"
+                    .into(),
+            ));
+        }
         let client = redis::Client::open(url)?;
         let settings = manager_config(config.command_timeout, 0);
         let manager = ConnectionManager::new_lazy_with_config(client.clone(), settings.clone())?;

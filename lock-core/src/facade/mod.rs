@@ -86,7 +86,8 @@ impl LockClient {
     /// Connecting later, it cannot refuse a Redis older than 7.0 up front: on such a
     /// server the first script call fails.
     /// [`Redlock::open`](crate::Redlock::open) uses it, so that a Redlock starts with a
-    /// minority of its nodes down and does not wait on them. Needs a tokio runtime.
+    /// minority of its nodes down and does not wait on them. Called outside a tokio runtime it
+    /// answers [`LockError::InvalidConfig`] (the connection's task needs one).
     pub fn open_lazy<T: IntoConnectionInfo>(url: T, config: LockConfig) -> Result<Self, LockError> {
         Ok(Self::over(Client::connect_lazy(url, config)?))
     }

@@ -100,7 +100,8 @@ impl Locks<RedlockBackend> {
     }
 
     /// Opens one [`LockClient`] per URL with `config` (lazily: a node that is down now
-    /// is tried again on every call) and builds the Redlock over them.
+    /// is tried again on every call) and builds the Redlock over them; like
+    /// [`LockClient::open_lazy`], inside a tokio runtime.
     pub fn open<I>(urls: I, config: LockConfig) -> Result<Self, LockError>
     where
         I: IntoIterator,

@@ -320,3 +320,16 @@ fn a_reconnect_left_by_another_ended_runtime_costs_one_failed_call() {
     });
     assert!(served, "the client did not recover: {}", last.borrow());
 }
+
+/// The constructors that connect later still need a runtime for the connection's task:
+/// outside one they answer an error that says so (redis-rs would panic).
+#[test]
+fn lazy_constructors_outside_a_runtime_answer_an_error() {
+    let server = RedisServer::start();
+    let lazy = LockClient::open_lazy(server.url(), LockConfig::new());
+    let e = lazy.err().expect("open_lazy outside a runtime");
+    assert!(e.to_string().contains("tokio runtime"), "{e}");
+    let redlock = lock_core::Redlock::open([server.url()], LockConfig::new());
+    let e = redlock.err().expect("Redlock::open outside a runtime");
+    assert!(e.to_string().contains("tokio runtime"), "{e}");
+}
