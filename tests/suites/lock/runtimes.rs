@@ -326,10 +326,12 @@ fn a_reconnect_left_by_another_ended_runtime_costs_one_failed_call() {
 #[test]
 fn lazy_constructors_outside_a_runtime_answer_an_error() {
     let server = RedisServer::start();
-    let lazy = LockClient::open_lazy(server.url(), LockConfig::new());
-    let e = lazy.err().expect("open_lazy outside a runtime");
+    let Err(e) = LockClient::open_lazy(server.url(), LockConfig::new()) else {
+        panic!("open_lazy outside a runtime made a client");
+    };
     assert!(e.to_string().contains("tokio runtime"), "{e}");
-    let redlock = lock_core::Redlock::open([server.url()], LockConfig::new());
-    let e = redlock.err().expect("Redlock::open outside a runtime");
+    let Err(e) = lock_core::Redlock::open([server.url()], LockConfig::new()) else {
+        panic!("Redlock::open outside a runtime made a Redlock");
+    };
     assert!(e.to_string().contains("tokio runtime"), "{e}");
 }
