@@ -1,7 +1,8 @@
 //! Order ids across OS processes (the `id-worker` binary) on a real redis-server: 2
 //! processes x 200 000 ids, per id and in segment mode, all unique and each process's
 //! strictly increasing; a process killed mid-run (SIGKILL) and started again repeats
-//! nothing; the day's 32-bit sequence running out is an error, never a duplicate.
+//! nothing; the day's 32-bit sequence running out is an error, never a duplicate; a
+//! block reservation cut off by its runtime ending is made again.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -9,12 +10,12 @@ mod common;
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lock_core::LockConfig;
 use lock_core::OrderId;
 use lock_core::ids::{IdConfig, IdGenerator, IdMode};
-use lock_tests::RedisServer;
+use lock_tests::{RedisServer, TcpProxy};
 use redis::AsyncCommands;
 
 const PER_PROCESS: u64 = 200_000;
@@ -334,4 +335,46 @@ async fn a_used_up_day_is_an_error_never_a_duplicate() {
             break;
         }
     }
+}
+
+/// A block reservation in flight when its runtime ended (the server had not answered):
+/// the generator is not left waiting for it on the next runtime.
+#[test]
+fn a_reservation_cut_off_by_its_runtime_ending_is_made_again() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let rt1 = common::runtime();
+    let client = rt1
+        .block_on(lock_core::LockClient::open_with_config(
+            proxy.url().as_str(),
+            LockConfig::new().with_command_timeout(Duration::from_secs(5)),
+        ))
+        .unwrap();
+    let ids = IdGenerator::new(
+        &client,
+        "cut-off",
+        IdConfig::new().with_mode(IdMode::segment()),
+    )
+    .unwrap();
+    proxy.cut();
+    // The first id starts the reservation of a block, which hangs on the cut connection.
+    let first = rt1
+        .block_on(async { tokio::time::timeout(Duration::from_millis(200), ids.next_id()).await });
+    assert!(first.is_err(), "an id without a block: {first:?}");
+    drop(rt1);
+    proxy.heal();
+
+    let rt2 = common::runtime();
+    let next = rt2.block_on(async {
+        let mut last = None;
+        for _ in 0..3 {
+            match tokio::time::timeout(Duration::from_secs(10), ids.next_id()).await {
+                Ok(Ok(id)) => return Ok(id),
+                Ok(Err(e)) => last = Some(e.to_string()),
+                Err(_) => return Err("next_id waited 10 s for a reservation that died".to_owned()),
+            }
+        }
+        Err(format!("next_id kept failing: {last:?}"))
+    });
+    next.unwrap();
 }
