@@ -134,6 +134,19 @@ where
     }
 }
 
+/// Runs `task` on the process's background runtime, for work that must outlive the
+/// runtime of the call that started it (watching a grant for as long as it is held);
+/// on the caller's runtime only if the background one could not start.
+pub(crate) fn spawn_lasting<Fut>(task: Fut) -> tokio::task::JoinHandle<()>
+where
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    match background() {
+        Some(rt) => rt.spawn(task),
+        None => tokio::spawn(task),
+    }
+}
+
 fn to_background<Fut>(task: Pin<Box<Fut>>)
 where
     Fut: Future<Output = ()> + Send + 'static,

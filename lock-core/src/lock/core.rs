@@ -57,7 +57,8 @@ impl<B: Seam> Core<B> {
             return;
         };
         let (registry, weak) = (self.registry.clone(), Arc::downgrade(grant));
-        cleanup::spawn_task(async move {
+        // As long as the grant is held, which may be longer than its runtime lives.
+        cleanup::spawn_lasting(async move {
             if let Some(loss) = reported.await
                 && let Some(grant) = weak.upgrade()
             {

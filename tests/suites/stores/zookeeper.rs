@@ -201,3 +201,37 @@ async fn fixed_leases_do_not_apply_and_hold_until_expiry_gives_back() {
     let past = a.config().watchdog_lease() * 2;
     checks::session_locks_ignore_leases_and_give_back_on_expiry(&a, &b, past).await;
 }
+
+/// A lock taken on a runtime that then ended is still kept: the session lives on the
+/// process's background runtime, not on the caller's. Held on another runtime, the
+/// guard still holds, is still watched (a deleted node fires `lost()`), and the name is
+/// still excluded from others until then.
+#[test]
+fn a_lock_outlives_the_runtime_that_took_it() {
+    let server = ZooKeeperServer::start();
+    let rt1 = crate::common::runtime();
+    let zk = rt1.block_on(locks(&server));
+    let g = rt1.block_on(zk.lock("job")).unwrap();
+    let dir = zk.lock_path("job").unwrap();
+    drop(rt1);
+    let rt2 = crate::common::runtime();
+    rt2.block_on(async {
+        let other = locks(&server).await;
+        // Two session timeouts: a session nobody kept alive would have expired.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(
+            g.is_held(),
+            "the guard gave up a lock its session still holds"
+        );
+        let Err(err) = other.try_lock("job").await else {
+            panic!("another session took a name that is still held");
+        };
+        assert!(err.is_busy(), "{err}");
+        let admin = raw(&server).await;
+        let node = admin.list_children(&dir).await.unwrap().remove(0);
+        admin.delete(&format!("{dir}/{node}"), None).await.unwrap();
+        let fired = tokio::time::timeout(Duration::from_secs(5), g.lost()).await;
+        assert!(fired.is_ok(), "lost() did not fire on the node's deletion");
+        assert!(!g.is_held(), "the guard still claims the lock");
+    });
+}

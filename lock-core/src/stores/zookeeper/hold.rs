@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use super::{node, terminal, zk_error};
+use crate::client::cleanup;
 use crate::error::LockError;
 use crate::lock::registry::Loss;
 use crate::lock::seam::Held;
@@ -49,7 +50,9 @@ impl ZkHold {
             lost(&name, "its ZooKeeper session ended");
         }
         let (tx, standing) = watch::channel(now);
-        let monitor = tokio::spawn(monitor(
+        // On the background runtime: the grant may be held long after the runtime
+        // that took it ended.
+        let monitor = cleanup::spawn_lasting(monitor(
             client.clone(),
             states,
             path.clone(),

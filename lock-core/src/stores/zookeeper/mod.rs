@@ -13,6 +13,7 @@ use zookeeper_client as zk;
 
 use self::hold::ZkHold;
 use self::node::Contender;
+use crate::client::cleanup;
 use crate::client::config::LockConfig;
 use crate::client::store::key::{self, LockKeys, LockName};
 use crate::client::wait::Listen;
@@ -94,12 +95,24 @@ pub(super) fn zk_error(e: zk::Error) -> LockError {
     }
 }
 
+/// Connects a client whose session task runs on the process's background runtime, so
+/// the session (and every node it keeps) outlives the runtime of the caller.
 async fn open(cluster: &str, config: &LockConfig) -> Result<zk::Client, LockError> {
-    zk::Client::connector()
-        .session_timeout(config.watchdog_lease())
-        .connect(cluster)
-        .await
-        .map_err(zk_error)
+    let (cluster, timeout) = (cluster.to_owned(), config.watchdog_lease());
+    let connect = async move {
+        zk::Client::connector()
+            .session_timeout(timeout)
+            .connect(&cluster)
+            .await
+    };
+    let connected = match cleanup::background() {
+        Some(rt) => rt.spawn(connect).await.map_err(|e| LockError::Store {
+            store: STORE,
+            message: format!("connecting was cut off: {e}"),
+        })?,
+        None => connect.await,
+    };
+    connected.map_err(zk_error)
 }
 
 /// Fails when the client's chroot does not exist (every lock below it would fail with
