@@ -228,6 +228,26 @@ fn a_client_outlives_the_runtime_that_first_used_it() {
     });
 }
 
+/// Kills `server` and leaves `client`'s reconnect in progress on `rt`: the first call
+/// finds the connection gone and starts a reconnect, refused at once and then waiting
+/// (at least 100 ms) to try again; the second call waits on that reconnect.
+fn leave_a_reconnect_waiting(
+    server: &mut RedisServer,
+    rt: &tokio::runtime::Runtime,
+    client: &LockClient,
+) {
+    server.kill();
+    rt.block_on(async {
+        let dropped = client.try_lock("other").await;
+        assert!(dropped.is_err(), "a call on a dead server succeeded");
+        let stalled = tokio::time::timeout(ms(50), client.try_lock("other")).await;
+        assert!(
+            stalled.is_err(),
+            "the reconnect was not waiting: {stalled:?}"
+        );
+    });
+}
+
 /// The runtime a client used ended while its connection was reconnecting (the server
 /// had gone, and the reconnect was waiting to try again): that reconnect holds the
 /// ended runtime's timer, and neither the background release of a guard dropped
@@ -245,19 +265,7 @@ fn a_runtime_that_ended_mid_reconnect_leaves_the_client_usable() {
     let guard = rt1.block_on(client.acquire("held", long)).unwrap();
     let key = guard.keys().key.clone();
 
-    server.kill();
-    rt1.block_on(async {
-        // The first call finds the connection gone and starts a reconnect, refused at
-        // once and then waiting (at least 100 ms) to try again; the second call waits
-        // on that reconnect.
-        let dropped = client.try_lock("other").await;
-        assert!(dropped.is_err(), "a call on a dead server succeeded");
-        let stalled = tokio::time::timeout(ms(50), client.try_lock("other")).await;
-        assert!(
-            stalled.is_err(),
-            "the reconnect was not waiting: {stalled:?}"
-        );
-    });
+    leave_a_reconnect_waiting(&mut server, &rt1, &client);
     drop(rt1);
     server.restart();
 
@@ -292,16 +300,8 @@ fn a_reconnect_left_by_another_ended_runtime_costs_one_failed_call() {
     let main = tokio::runtime::Runtime::new().unwrap();
     let client = main.block_on(LockClient::open(server.url())).unwrap();
 
-    server.kill();
     let short = runtime();
-    short.block_on(async {
-        assert!(client.try_lock("a").await.is_err());
-        let stalled = tokio::time::timeout(ms(50), client.try_lock("a")).await;
-        assert!(
-            stalled.is_err(),
-            "the reconnect was not waiting: {stalled:?}"
-        );
-    });
+    leave_a_reconnect_waiting(&mut server, &short, &client);
     drop(short);
     server.restart();
 
