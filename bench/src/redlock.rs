@@ -10,7 +10,8 @@
 //! (single-node p50 over our Redlock's; target at least 0.67, i.e. a p50 at most 1.5x,
 //! thanks to the parallel fan-out), `redlock_p50_as_rate_vs_rslock` (rslock's p50 over
 //! ours), `redlock_vs_rslock_16_tasks` (cycles per second; target at least 1.0), plus
-//! `redlock_vs_single_16_tasks`.
+//! `redlock_vs_single_16_tasks` and `redlock_vs_redlock_unbatched_16_tasks` (the same
+//! Redlock with batching off on its nodes).
 
 use std::time::{Duration, Instant};
 
@@ -26,16 +27,22 @@ use crate::measure::{
 
 const NODES: usize = 5;
 const TASKS: usize = 16;
-/// Implementations: single node, our Redlock, rslock.
+/// Implementations: single node, our Redlock, rslock, our Redlock without batching.
 const SINGLE: usize = 0;
 const REDLOCK: usize = 1;
 const RSLOCK: usize = 2;
-const NAMES: [&str; 3] = ["single_node", "redlock", "rslock"];
+const UNBATCHED: usize = 3;
+const NAMES: [&str; 4] = ["single_node", "redlock", "rslock", "redlock_unbatched"];
 
-/// Measurements this benchmark makes (for the time estimate): 3 latency + 3 throughput.
-pub const MEASUREMENTS: usize = 6;
+/// Measurements this benchmark makes (for the time estimate): 4 latency + 4 throughput.
+pub const MEASUREMENTS: usize = 8;
 
-fn impls(single: LockClient, redlock: Redlock, rslock: rslock::LockManager) -> [Cycle; 3] {
+fn impls(
+    single: LockClient,
+    redlock: Redlock,
+    rslock: rslock::LockManager,
+    unbatched: Redlock,
+) -> [Cycle; 4] {
     let fixed = LockOptions::new()
         .lease(Lease::Fixed(Duration::from_secs(10)))
         .wait(Duration::ZERO);
@@ -50,16 +57,21 @@ fn impls(single: LockClient, redlock: Redlock, rslock: rslock::LockManager) -> [
             }
         })
     };
-    let ours = cycle(move |t, _| {
-        let (redlock, fixed) = (redlock.clone(), fixed.clone());
-        async move {
-            let g = redlock.acquire(("bench", "redlock", t), fixed).await?;
-            g.release().await?;
-            Ok(())
-        }
-    });
+    let over = |redlock: Redlock, name: &'static str| {
+        let fixed = fixed.clone();
+        cycle(move |t, _| {
+            let (redlock, fixed) = (redlock.clone(), fixed.clone());
+            async move {
+                let g = redlock.acquire(("bench", name, t), fixed).await?;
+                g.release().await?;
+                Ok(())
+            }
+        })
+    };
+    let ours = over(redlock, "redlock");
+    let unbatched = over(unbatched, "redlock_unbatched");
     let peer = rslock_cycle(rslock);
-    [single, ours, peer]
+    [single, ours, peer, unbatched]
 }
 
 /// One task, cycles timed one by one for `warm + measure`; returns (p50, p99) in µs.
@@ -97,9 +109,10 @@ pub async fn run(_url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure
     println!("bench redlock: {NODES} masters at {}", urls.join(" "));
     let config = LockConfig::new();
     let single = LockClient::open_with_config(urls[0].as_str(), config.clone()).await?;
-    let redlock = Redlock::open(urls.iter().map(String::as_str), config)?;
+    let redlock = Redlock::open(urls.iter().map(String::as_str), config.clone())?;
+    let unbatched = Redlock::open(urls.iter().map(String::as_str), config.with_batching(false))?;
     let rslock = rslock::LockManager::new(urls.clone());
-    let cycles = impls(single, redlock, rslock);
+    let cycles = impls(single, redlock, rslock, unbatched);
 
     // Latency, interleaved rounds, one task.
     let mut lat: Vec<Vec<(f64, f64)>> = vec![Vec::new(); cycles.len()];
@@ -157,8 +170,14 @@ pub async fn run(_url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure
         latency("redlock_p50_as_rate_vs_rslock", RSLOCK),
         throughput(format!("redlock_vs_rslock_{TASKS}_tasks"), RSLOCK).target(1.0),
     ];
-    let printed = throughput(format!("redlock_vs_single_{TASKS}_tasks"), SINGLE);
-    for f in table.iter().chain([&printed]) {
+    let printed = [
+        throughput(format!("redlock_vs_single_{TASKS}_tasks"), SINGLE),
+        throughput(
+            format!("redlock_vs_redlock_unbatched_{TASKS}_tasks"),
+            UNBATCHED,
+        ),
+    ];
+    for f in table.iter().chain(&printed) {
         println!("{}", f.ratio_line());
     }
     Ok(table.to_vec())
