@@ -133,8 +133,8 @@ impl<C: Clone + Send + Sync + 'static> Homed<C> {
                 self.set_ended();
                 Err(std::io::Error::new(
                     std::io::ErrorKind::ConnectionAborted,
-                    "the connection's reconnect failed inside redis-rs (its runtime ended); \
-                     the next call connects again",
+                    "the connection's reconnect failed inside redis-rs (the runtime it ran on \
+                     ended); a connection lock-core opened is made again for the next call",
                 )
                 .into())
             }
