@@ -292,12 +292,6 @@ async fn connect_within<C>(
     }
 }
 
-/// Reconnection settings of the single-node connection, bounded by the command timeout;
-/// `retries`: reconnection attempts inside one call after the first fails. No response
-/// timeout: every call already runs under the store's own limit of the same length
-/// (`Conn`), and a second timer per call would cost as much as the first. (A timed-out
-/// reply never made redis-rs reconnect either; the connect, handshake included, is
-/// bounded by the connection timeout.)
 /// Makes a new connection manager like the first (lazily: it connects on first use).
 fn remake_manager(
     client: &redis::Client,
@@ -310,6 +304,12 @@ fn remake_manager(
     })
 }
 
+/// Reconnection settings of the single-node connection, bounded by the command timeout;
+/// `retries`: reconnection attempts inside one call after the first fails. No response
+/// timeout: every call already runs under the store's own limit of the same length
+/// (`Conn`), and a second timer per call would cost as much as the first. (A timed-out
+/// reply never made redis-rs reconnect either; the connect, handshake included, is
+/// bounded by the connection timeout.)
 fn manager_config(t: Duration, retries: usize) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
         .set_connection_timeout(Some(t))

@@ -1,6 +1,7 @@
 //! The two deployments behind [`Store`]: one node (or a proxy in front of one), on a
 //! reconnecting multiplexed `ConnectionManager`, and a Redis Cluster, on the redis-rs
-//! cluster connection; each made again when its runtime ends ([`Homed`]) (commands go to the node that owns their keys' slot). They differ
+//! cluster connection (commands go to the node that owns their keys' slot); each
+//! connection is made again when its runtime ends ([`Homed`]). They differ
 //! in how keys group into one script call, and in what is sent again: nothing on one
 //! node; on a Cluster, a call the cluster refused without running it (MOVED/ASK
 //! redirections, failovers in progress), never one whose reply was lost.
