@@ -1,7 +1,8 @@
 //! Faults of the database stores on real servers the harness starts: a guard dropped
-//! after its runtime ended, on a thread with none, and acquisitions while the server
-//! is unreachable (a cut proxy), which must end within their wait budget plus one
-//! command timeout whatever the pool does.
+//! after its runtime ended, on a thread with none; a guard held on after its runtime
+//! ended (reported lost, the database still excluding others); and acquisitions while
+//! the server is unreachable (a cut proxy), which must end within their wait budget
+//! plus one command timeout whatever the pool does.
 
 use crate::common;
 
@@ -127,4 +128,71 @@ async fn a_mysql_acquisition_through_any_locks_ends_within_its_budget_when_unrea
     let url = format!("mariadb://root@127.0.0.1:{}/locks", proxy.port());
     let locks = AnyLocks::open(&url, config()).await.unwrap();
     unreachable_ends_within_budget(&locks, &proxy).await;
+}
+
+/// Takes a lock on a runtime that then ends and holds the guard on. Its session's
+/// connection belonged to that runtime, so the watchdog can no longer check it: the
+/// guard reports the lock lost, while the database keeps it (the connection is still
+/// open) and no other client takes it, until the guard is dropped.
+fn held_after_its_runtime_ended<L, F, Fut>(open: F)
+where
+    L: DistributedLock,
+    L::Guard: Send + 'static,
+    F: Fn() -> Fut,
+    Fut: Future<Output = L>,
+{
+    let first = runtime();
+    let guard = first.block_on(async { open().await.lock_named("held-on").await.unwrap() });
+    drop(first);
+    let rt = runtime();
+    rt.block_on(async {
+        let fired = tokio::time::timeout(Duration::from_secs(3), guard.lost()).await;
+        assert!(
+            fired.is_ok(),
+            "a session nobody can check was not reported lost"
+        );
+        assert!(!guard.is_held());
+        let other = open().await;
+        let until = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < until {
+            let taken = other.try_lock_named("held-on").await;
+            assert!(
+                taken.is_err(),
+                "another client took a lock the database still holds"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    std::thread::spawn(move || drop(guard)).join().unwrap();
+    rt.block_on(async {
+        let other = open().await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match other.try_lock_named("held-on").await {
+                Ok(g) => break g.release().await.unwrap(),
+                Err(e) if Instant::now() > deadline => panic!("the lock stayed held: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    });
+}
+
+#[test]
+fn a_postgres_guard_held_after_its_runtime_ended_is_lost_and_still_excludes() {
+    let server = PostgresServer::start();
+    held_after_its_runtime_ended(|| async {
+        PostgresLocks::connect(&server.url(), config())
+            .await
+            .unwrap()
+    });
+}
+
+#[test]
+fn a_mysql_guard_held_after_its_runtime_ended_is_lost_and_still_excludes() {
+    let server = MariaDbServer::start();
+    held_after_its_runtime_ended(|| async {
+        lock_core::MysqlLocks::connect(&server.url(), config())
+            .await
+            .unwrap()
+    });
 }
