@@ -135,11 +135,13 @@ where
 }
 
 /// Runs `task` on the process's background runtime, for work that must outlive the
-/// runtime of the call that started it (watching a grant for as long as it is held);
-/// on the caller's runtime only if the background one could not start.
-pub(crate) fn spawn_lasting<Fut>(task: Fut) -> tokio::task::JoinHandle<()>
+/// runtime of the call that started it (a ZooKeeper session, watching a grant for as
+/// long as it is held, reserving a block of ids); on the caller's runtime only if the
+/// background one could not start.
+pub(crate) fn spawn_lasting<T, Fut>(task: Fut) -> tokio::task::JoinHandle<T>
 where
-    Fut: Future<Output = ()> + Send + 'static,
+    T: Send + 'static,
+    Fut: Future<Output = T> + Send + 'static,
 {
     match background() {
         Some(rt) => rt.spawn(task),

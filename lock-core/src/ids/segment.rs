@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::sync::futures::Notified;
 
 use super::{ClockStep, Gen, OrderId, clock_step, compose, day_key, exhausted, system_now};
-use crate::client::cleanup::{self, OnDrop};
+use crate::client::cleanup;
 use crate::client::store::scripts::RESERVE_IDS;
 use crate::error::LockError;
 
@@ -267,32 +267,19 @@ fn step(
     }
 }
 
-/// Reserves a block in a task of its own, so a cancelled caller cannot strand it; a
-/// task dropped unfinished (its runtime ended mid-call) answers its reservation with an
-/// error, so the next caller reserves again instead of waiting for it forever.
+/// Reserves a block in a task of its own, so a cancelled caller cannot strand it: on
+/// the background runtime, so neither can a caller's runtime that ends mid-call (its
+/// callers would otherwise wait for this reservation forever).
 fn spawn_refill(g: &Arc<Gen>, r: Refill) {
     let g = g.clone();
-    cleanup::spawn_task(async move {
-        let unfinished = OnDrop::new(|| {
-            let e = LockError::IdsUnavailable(format!(
-                "{}: the reservation of a block ended unanswered (its runtime shut down)",
-                g.name
-            ));
-            answer(&g, r, Err(e));
-        });
+    drop(cleanup::spawn_lasting(async move {
         let result = reserve(&g, r).await;
-        unfinished.disarm();
         if let Err(e) = &result {
             tracing::debug!(ids = %g.name, error = %e, "reserving a block of ids failed");
         }
-        answer(&g, r, result);
-    });
-}
-
-/// Installs the answer to reservation `r` and wakes its waiters.
-fn answer(g: &Gen, r: Refill, result: Result<(u64, u64), LockError>) {
-    g.state().segments.install(r.ticket, r.day, result);
-    g.refilled.notify_waiters();
+        g.state().segments.install(r.ticket, r.day, result);
+        g.refilled.notify_waiters();
+    }));
 }
 
 async fn reserve(g: &Gen, r: Refill) -> Result<(u64, u64), LockError> {

@@ -2,7 +2,7 @@
 //! processes x 200 000 ids, per id and in segment mode, all unique and each process's
 //! strictly increasing; a process killed mid-run (SIGKILL) and started again repeats
 //! nothing; the day's 32-bit sequence running out is an error, never a duplicate; a
-//! block reservation cut off by its runtime ending is made again.
+//! block reservation started on a runtime that then ended still serves the next one.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -340,7 +340,7 @@ async fn a_used_up_day_is_an_error_never_a_duplicate() {
 /// A block reservation in flight when its runtime ended (the server had not answered):
 /// the generator is not left waiting for it on the next runtime.
 #[test]
-fn a_reservation_cut_off_by_its_runtime_ending_is_made_again() {
+fn a_reservation_whose_runtime_ended_still_serves_the_next_runtime() {
     let server = RedisServer::start();
     let proxy = TcpProxy::start(server.port());
     let rt1 = common::runtime();

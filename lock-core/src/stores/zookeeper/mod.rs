@@ -105,13 +105,12 @@ async fn open(cluster: &str, config: &LockConfig) -> Result<zk::Client, LockErro
             .connect(&cluster)
             .await
     };
-    let connected = match cleanup::background() {
-        Some(rt) => rt.spawn(connect).await.map_err(|e| LockError::Store {
+    let connected = cleanup::spawn_lasting(connect)
+        .await
+        .map_err(|e| LockError::Store {
             store: STORE,
             message: format!("connecting was cut off: {e}"),
-        })?,
-        None => connect.await,
-    };
+        })?;
     connected.map_err(zk_error)
 }
 
