@@ -90,8 +90,7 @@ impl Client {
         )
         .await?;
         version::require_supported(&mut manager, t).await?;
-        let node = RedisStore::new(manager, Some(remake_manager(&client, settings)));
-        Self::over_node(node, Some(client), config)
+        Self::on_node(client, manager, settings, config)
     }
 
     /// Connects on first use, with no reconnect retries inside a call (see
@@ -112,8 +111,25 @@ impl Client {
         let client = redis::Client::open(url)?;
         let settings = manager_config(config.command_timeout, 0);
         let manager = ConnectionManager::new_lazy_with_config(client.clone(), settings.clone())?;
-        let node = RedisStore::new(manager, Some(remake_manager(&client, settings)));
-        Self::over_node(node, Some(client), config)
+        Self::on_node(client, manager, settings, config)
+    }
+
+    /// A client on `manager`, opened on `client` with `settings`: a new manager like it
+    /// (connecting lazily) replaces it when its runtime ends, and `client` also opens the
+    /// pub/sub connection.
+    fn on_node(
+        client: redis::Client,
+        manager: ConnectionManager,
+        settings: ConnectionManagerConfig,
+        config: LockConfig,
+    ) -> Result<Self, LockError> {
+        let opener = client.clone();
+        let remake: Make<_> = Box::new(move || {
+            let made = ConnectionManager::new_lazy_with_config(opener.clone(), settings.clone());
+            Box::pin(std::future::ready(made))
+        });
+        let store = RedisStore::new(manager, Some(remake));
+        Self::new(store, vec![client], config, StoreKind::Redis)
     }
 
     /// Builds on the user's own [`ConnectionManager`] (no version check).
@@ -122,15 +138,13 @@ impl Client {
         pubsub: Option<redis::Client>,
         config: LockConfig,
     ) -> Result<Self, LockError> {
-        Self::over_node(RedisStore::new(manager, None), pubsub, config)
-    }
-
-    fn over_node(
-        node: RedisStore<ConnectionManager>,
-        pubsub: Option<redis::Client>,
-        config: LockConfig,
-    ) -> Result<Self, LockError> {
-        Self::new(node, pubsub.into_iter().collect(), config, StoreKind::Redis)
+        let store = RedisStore::new(manager, None);
+        Self::new(
+            store,
+            pubsub.into_iter().collect(),
+            config,
+            StoreKind::Redis,
+        )
     }
 
     /// Connects to a Redis Cluster through any of its seed `nodes`, refusing masters
@@ -290,18 +304,6 @@ async fn connect_within<C>(
             after: t,
         }),
     }
-}
-
-/// Makes a new connection manager like the first (lazily: it connects on first use).
-fn remake_manager(
-    client: &redis::Client,
-    settings: ConnectionManagerConfig,
-) -> Make<ConnectionManager> {
-    let client = client.clone();
-    Box::new(move || {
-        let made = ConnectionManager::new_lazy_with_config(client.clone(), settings.clone());
-        Box::pin(std::future::ready(made))
-    })
 }
 
 /// Reconnection settings of the single-node connection, bounded by the command timeout;

@@ -89,22 +89,24 @@ impl<C: Clone + Send + Sync + 'static> Homed<C> {
         }
     }
 
-    /// The connection in place, unless its runtime ended and a new one can be made.
-    fn in_place(&self) -> Option<C> {
+    /// The connection in place, or, when its runtime ended and a new one can be made,
+    /// what makes it.
+    fn in_place(&self) -> Result<C, &Make<C>> {
         let home = self.home.read().unwrap_or_else(PoisonError::into_inner);
-        if home.ended.load(Ordering::Acquire) && self.make.is_some() {
-            return None;
+        match &self.make {
+            Some(make) if home.ended.load(Ordering::Acquire) => Err(make),
+            _ => Ok(home.conn.clone()),
         }
-        Some(home.conn.clone())
     }
 
-    /// Makes a new connection in place of the ended one (once for all the calls that
-    /// found it ended).
+    /// Makes a new connection in place of the ended one with `make` (once for all the
+    /// calls that found it ended).
     async fn remake(&self) -> RedisResult<C> {
         let _making = self.making.lock().await;
-        let (Some(make), None) = (&self.make, self.in_place()) else {
-            let home = self.home.read().unwrap_or_else(PoisonError::into_inner);
-            return Ok(home.conn.clone());
+        let make = match self.in_place() {
+            // Another call made it while this one waited.
+            Ok(conn) => return Ok(conn),
+            Err(make) => make,
         };
         let conn = make().await?;
         *self.home.write().unwrap_or_else(PoisonError::into_inner) = Home::watched(conn.clone());
@@ -124,8 +126,8 @@ impl<C: Clone + Send + Sync + 'static> Homed<C> {
         Fut: Future<Output = RedisResult<T>>,
     {
         let conn = match self.in_place() {
-            Some(conn) => conn,
-            None => Box::pin(self.remake()).await?,
+            Ok(conn) => conn,
+            Err(_) => Box::pin(self.remake()).await?,
         };
         match AssertUnwindSafe(call(conn)).catch_unwind().await {
             Ok(reply) => reply,

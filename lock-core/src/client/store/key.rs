@@ -108,28 +108,17 @@ macro_rules! display_key_part {
     )*};
 }
 /// Unsigned integers without `fmt`'s machinery (a lock per user or order id is the
-/// common name).
+/// common name). `as u64` is lossless: no target Rust supports has a wider `usize`.
 macro_rules! unsigned_key_part {
     ($($t:ty),*) => {$(
         impl KeyPart for $t {
             fn write_part(&self, out: &mut String) {
-                crate::owner::push_decimal(out, u64::from(*self));
+                crate::owner::push_decimal(out, *self as u64);
             }
         }
     )*};
 }
-unsigned_key_part!(u8, u16, u32, u64);
-
-impl KeyPart for usize {
-    fn write_part(&self, out: &mut String) {
-        match u64::try_from(*self) {
-            Ok(n) => crate::owner::push_decimal(out, n),
-            Err(_) => {
-                let _ = write!(out, "{self}");
-            }
-        }
-    }
-}
+unsigned_key_part!(u8, u16, u32, u64, usize);
 
 display_key_part!(
     u128,
