@@ -6,7 +6,6 @@
 
 use crate::common;
 
-use std::cell::RefCell;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -45,40 +44,48 @@ where
         "dropping the guard outside a runtime panicked"
     );
 
-    let last = RefCell::new(String::new());
-    let freed = runtime().block_on(async {
-        let other = open().await;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            match other.try_lock_named("dropped").await {
-                Ok(g) => return g.release().await.is_ok(),
-                Err(e) => *last.borrow_mut() = e.to_string(),
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+    let freed = runtime().block_on(async { taken_within_10s(&open().await, "dropped").await });
+    if let Err(last) = freed {
+        panic!("the lock stayed held: {last}");
+    }
+}
+
+/// Whether `other` takes (and gives back) `name` within 10 s; the last error if not.
+async fn taken_within_10s<L: DistributedLock>(other: &L, name: &str) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        match other.try_lock_named(name).await {
+            Ok(g) => return g.release().await.map(drop).map_err(|e| e.to_string()),
+            Err(e) => last = e.to_string(),
         }
-        false
-    });
-    assert!(freed, "the lock stayed held: {}", last.borrow());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(last)
+}
+
+async fn postgres(server: &PostgresServer) -> PostgresLocks {
+    PostgresLocks::connect(&server.url(), config())
+        .await
+        .unwrap()
+}
+
+async fn mysql(server: &MariaDbServer) -> lock_core::MysqlLocks {
+    lock_core::MysqlLocks::connect(&server.url(), config())
+        .await
+        .unwrap()
 }
 
 #[test]
 fn a_postgres_guard_dropped_with_no_runtime_frees_the_lock() {
     let server = PostgresServer::start();
-    dropped_without_a_runtime(|| async {
-        PostgresLocks::connect(&server.url(), config())
-            .await
-            .unwrap()
-    });
+    dropped_without_a_runtime(|| postgres(&server));
 }
 
 #[test]
 fn a_mysql_guard_dropped_with_no_runtime_frees_the_lock() {
     let server = MariaDbServer::start();
-    dropped_without_a_runtime(|| async {
-        lock_core::MysqlLocks::connect(&server.url(), config())
-            .await
-            .unwrap()
-    });
+    dropped_without_a_runtime(|| mysql(&server));
 }
 
 /// With the proxy to the server cut, a wait of 1 s and a try each end in an
@@ -164,35 +171,20 @@ where
         }
     });
     std::thread::spawn(move || drop(guard)).join().unwrap();
-    rt.block_on(async {
-        let other = open().await;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match other.try_lock_named("held-on").await {
-                Ok(g) => break g.release().await.unwrap(),
-                Err(e) if Instant::now() > deadline => panic!("the lock stayed held: {e}"),
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        }
-    });
+    let freed = rt.block_on(async { taken_within_10s(&open().await, "held-on").await });
+    if let Err(last) = freed {
+        panic!("the lock stayed held: {last}");
+    }
 }
 
 #[test]
 fn a_postgres_guard_held_after_its_runtime_ended_is_lost_and_still_excludes() {
     let server = PostgresServer::start();
-    held_after_its_runtime_ended(|| async {
-        PostgresLocks::connect(&server.url(), config())
-            .await
-            .unwrap()
-    });
+    held_after_its_runtime_ended(|| postgres(&server));
 }
 
 #[test]
 fn a_mysql_guard_held_after_its_runtime_ended_is_lost_and_still_excludes() {
     let server = MariaDbServer::start();
-    held_after_its_runtime_ended(|| async {
-        lock_core::MysqlLocks::connect(&server.url(), config())
-            .await
-            .unwrap()
-    });
+    held_after_its_runtime_ended(|| mysql(&server));
 }
