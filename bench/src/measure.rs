@@ -7,6 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lock_core::{DistributedLock, HeldLock, Lease, LockOptions};
 use redis::aio::ConnectionManager;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -25,6 +26,26 @@ where
     Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
 {
     Arc::new(move |t, n| Box::pin(f(t, n)))
+}
+
+/// lock-core's acquire (a fixed 10 s lease, no wait) and release of one name per task,
+/// `("bench", kind, task)`, on `locks` (a client, a Redlock, any store).
+pub fn fixed_lease_cycle<L>(locks: L, kind: &'static str) -> Cycle
+where
+    L: DistributedLock + Clone + Send + Sync + 'static,
+    L::Guard: Send,
+{
+    let fixed = LockOptions::new()
+        .lease(Lease::Fixed(Duration::from_secs(10)))
+        .wait(Duration::ZERO);
+    cycle(move |t, _| {
+        let (locks, fixed) = (locks.clone(), fixed.clone());
+        async move {
+            let g = locks.acquire(("bench", kind, t), fixed).await?;
+            g.release().await?;
+            Ok(())
+        }
+    })
 }
 
 /// The `rslock` crate's lock and unlock of one name per task, on `rslock`'s servers

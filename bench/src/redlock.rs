@@ -15,14 +15,14 @@
 
 use std::time::{Duration, Instant};
 
-use lock_core::{Lease, LockClient, LockConfig, LockOptions, Redlock};
+use lock_core::{LockClient, LockConfig, Redlock};
 use lock_tests::RedisMasters;
 use redis::aio::ConnectionManager;
 
 use crate::figure::Figure;
 use crate::measure::{
-    BoxError, Cycle, Timing, cycle, measure_rounds, median, median_rates, rates, round_order,
-    rounds_list, rslock_cycle,
+    BoxError, Cycle, Timing, fixed_lease_cycle, measure_rounds, median, median_rates, rates,
+    round_order, rounds_list, rslock_cycle,
 };
 
 const NODES: usize = 5;
@@ -43,35 +43,12 @@ fn impls(
     rslock: rslock::LockManager,
     unbatched: Redlock,
 ) -> [Cycle; 4] {
-    let fixed = LockOptions::new()
-        .lease(Lease::Fixed(Duration::from_secs(10)))
-        .wait(Duration::ZERO);
-    let single = {
-        let fixed = fixed.clone();
-        cycle(move |t, _| {
-            let (client, fixed) = (single.clone(), fixed.clone());
-            async move {
-                let g = client.acquire(("bench", "single", t), fixed).await?;
-                g.release().await?;
-                Ok(())
-            }
-        })
-    };
-    let over = |redlock: Redlock, name: &'static str| {
-        let fixed = fixed.clone();
-        cycle(move |t, _| {
-            let (redlock, fixed) = (redlock.clone(), fixed.clone());
-            async move {
-                let g = redlock.acquire(("bench", name, t), fixed).await?;
-                g.release().await?;
-                Ok(())
-            }
-        })
-    };
-    let ours = over(redlock, "redlock");
-    let unbatched = over(unbatched, "redlock_unbatched");
-    let peer = rslock_cycle(rslock);
-    [single, ours, peer, unbatched]
+    [
+        fixed_lease_cycle(single, "single"),
+        fixed_lease_cycle(redlock, "redlock"),
+        rslock_cycle(rslock),
+        fixed_lease_cycle(unbatched, "redlock_unbatched"),
+    ]
 }
 
 /// One task, cycles timed one by one for `warm + measure`; returns (p50, p99) in µs.

@@ -2,15 +2,14 @@
 //! acquire and one release with nobody waiting.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use lock_core::{Lease, LockClient, LockOptions};
+use lock_core::LockClient;
 use redis::aio::ConnectionManager;
 
 use crate::figure::Figure;
 use crate::measure::{
-    BoxError, Cycle, Timing, cycle, measure_rounds, median, median_rates, rates, rounds_list,
-    rslock_cycle,
+    BoxError, Cycle, Timing, cycle, fixed_lease_cycle, measure_rounds, median, median_rates, rates,
+    rounds_list, rslock_cycle,
 };
 
 /// Concurrencies measured: tasks running cycles at the same time.
@@ -67,9 +66,6 @@ fn lua_source(name: &str) -> Result<&'static str, BoxError> {
 /// Implementation `i` of [`IMPLS`], with a client of its own; `conn` is the
 /// multiplexed connection the raw ones share.
 async fn build(i: usize, url: &str, conn: &ConnectionManager) -> Result<Cycle, BoxError> {
-    let fixed = LockOptions::new()
-        .lease(Lease::Fixed(Duration::from_secs(10)))
-        .wait(Duration::ZERO);
     Ok(match i {
         FLOOR => floor(conn.clone()),
         RAW => raw(conn.clone())?,
@@ -77,14 +73,7 @@ async fn build(i: usize, url: &str, conn: &ConnectionManager) -> Result<Cycle, B
             let config = lock_core::LockConfig::new().with_batching(i == OURS);
             let client = LockClient::open_with_config(url, config).await?;
             let kind = if i == OURS { "ours" } else { "unbatched" };
-            cycle(move |t, _| {
-                let (client, fixed) = (client.clone(), fixed.clone());
-                async move {
-                    let g = client.acquire(("bench", kind, t), fixed).await?;
-                    g.release().await?;
-                    Ok(())
-                }
-            })
+            fixed_lease_cycle(client, kind)
         }
         WATCHDOG => {
             let client = LockClient::open(url).await?;
