@@ -35,9 +35,7 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = L>,
 {
-    let first = runtime();
-    let guard = first.block_on(async { open().await.lock_named("dropped").await.unwrap() });
-    drop(first);
+    let guard = taken_on_a_runtime_that_ends(&open, "dropped");
     let dropped = std::thread::spawn(move || drop(guard)).join();
     assert!(
         dropped.is_ok(),
@@ -48,6 +46,16 @@ where
     if let Err(last) = freed {
         panic!("the lock stayed held: {last}");
     }
+}
+
+/// A guard of `name` from a client `open` makes on a runtime that has ended since.
+fn taken_on_a_runtime_that_ends<L, F, Fut>(open: &F, name: &str) -> L::Guard
+where
+    L: DistributedLock,
+    F: Fn() -> Fut,
+    Fut: Future<Output = L>,
+{
+    runtime().block_on(async { open().await.lock_named(name).await.unwrap() })
 }
 
 /// Whether `other` takes (and gives back) `name` within 10 s; the last error if not.
@@ -148,9 +156,7 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = L>,
 {
-    let first = runtime();
-    let guard = first.block_on(async { open().await.lock_named("held-on").await.unwrap() });
-    drop(first);
+    let guard = taken_on_a_runtime_that_ends(&open, "held-on");
     let rt = runtime();
     rt.block_on(async {
         let fired = tokio::time::timeout(Duration::from_secs(3), guard.lost()).await;
