@@ -104,6 +104,10 @@ pub use classify::ErrorClass;
 pub use client::config::{Backoff, Lease, LockConfig, MAX_LEASE, MIN_LEASE};
 pub use client::store::scripts::SOURCES as SCRIPT_SOURCES;
 pub use error::LockError;
+/// The etcd client crate the etcd store is built on (to hand in a client, and for the
+/// operations of [`EtcdLocks::write_fenced`]).
+#[cfg(feature = "etcd")]
+pub use etcd_client;
 pub use facade::LockClient;
 pub use fencing::FencedWrite;
 pub use global::{global, install_global};
@@ -117,6 +121,8 @@ pub use rate::{Decision, LimitRule, RateLimit, RateLimiter, RuleDecision, RuleLi
 pub use redlock::{DEFAULT_NODE_TIMEOUT, Redlock, RedlockBackend, RedlockGuard};
 pub use semaphore::{MAX_PERMITS_PER_ACQUIRE, Permits, Semaphore, SemaphoreOptions};
 pub use stores::{AnyGuard, AnyLocks, Locks, MemoryGuard, MemoryLocks};
+#[cfg(feature = "etcd")]
+pub use stores::{EtcdBackend, EtcdGuard, EtcdLocks};
 #[cfg(feature = "mysql")]
 pub use stores::{MYSQL_FENCE_TABLE, MysqlBackend, MysqlGuard, MysqlLocks};
 #[cfg(feature = "postgres")]

@@ -124,12 +124,14 @@ pub(crate) enum StoreKind {
     Mysql,
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Postgres,
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    Etcd,
 }
 
 impl StoreKind {
     /// Every kind, in declaration order (`kind as usize` indexes it).
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-    const ALL: [Self; 7] = [
+    const ALL: [Self; 8] = [
         Self::Redis,
         Self::RedisCluster,
         Self::Redlock,
@@ -137,6 +139,7 @@ impl StoreKind {
         Self::Zookeeper,
         Self::Mysql,
         Self::Postgres,
+        Self::Etcd,
     ];
 
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
@@ -149,6 +152,7 @@ impl StoreKind {
             Self::Zookeeper => "zookeeper",
             Self::Mysql => "mysql",
             Self::Postgres => "postgres",
+            Self::Etcd => "etcd",
         }
     }
 }

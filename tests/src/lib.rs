@@ -60,6 +60,7 @@
 //! ```
 
 mod cluster;
+mod etcd;
 mod mariadb;
 mod masters;
 mod monitor;
@@ -74,6 +75,7 @@ mod zookeeper;
 pub use cluster::{
     CLUSTER_NODE_TIMEOUT, CLUSTER_SLOTS, ClusterNode, FailoverMode, RedisCluster, Role, key_slot,
 };
+pub use etcd::EtcdCluster;
 pub use mariadb::MariaDbServer;
 pub use masters::RedisMasters;
 pub use monitor::Monitor;

@@ -80,8 +80,12 @@ impl Capabilities {
         renews: false,
         fixed_leases: true,
     };
-    /// A session per grant, checked by the watchdog (PostgreSQL, MySQL).
-    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    /// A session per grant, checked by the watchdog (PostgreSQL, MySQL), or a session
+    /// lease the watchdog keeps alive (etcd).
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "mysql", feature = "etcd")),
+        allow(dead_code)
+    )]
     pub(crate) const CHECKED_SESSIONS: Self = Self {
         renews: true,
         fixed_leases: false,

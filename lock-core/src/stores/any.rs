@@ -30,6 +30,7 @@ use crate::traits::HeldLock;
 /// | `postgres://user@host/db`, `postgresql://...` | `PostgresLocks` (cargo feature `postgres`) |
 /// | `mysql://user:pw@host/db`, `mariadb://...` | `MysqlLocks` (cargo feature `mysql`) |
 /// | `zk://host:port[,host:port]/chroot`, `zookeeper://...` | `ZkLocks` (cargo feature `zookeeper`) |
+/// | `etcd://host:port[,host:port]/prefix` | `EtcdLocks` (cargo feature `etcd`) |
 ///
 /// In a URL of several hosts, credentials written before the first host
 /// (`redlock://user:password@h1:6379,h2:6379,h3:6379`, percent-encoded as in any URL)
@@ -73,6 +74,9 @@ pub enum AnyLocks {
     /// Curator-layout locks on ZooKeeper.
     #[cfg(feature = "zookeeper")]
     Zookeeper(crate::ZkLocks),
+    /// Go-layout locks on etcd.
+    #[cfg(feature = "etcd")]
+    Etcd(crate::EtcdLocks),
 }
 
 /// The guard of an [`AnyLocks`] lock.
@@ -95,6 +99,9 @@ pub enum AnyGuard {
     /// A ZooKeeper lock.
     #[cfg(feature = "zookeeper")]
     Zookeeper(crate::ZkGuard),
+    /// An etcd lock.
+    #[cfg(feature = "etcd")]
+    Etcd(crate::EtcdGuard),
 }
 
 impl AnyLocks {
@@ -103,7 +110,7 @@ impl AnyLocks {
         let (scheme, rest) = url.split_once("://").ok_or_else(|| {
             LockError::InvalidConfig(format!(
                 "lock store URL {url:?} has no scheme; use redis://, redis+cluster://, \
-                 redlock://, memory://, postgres://, mysql:// or zk://"
+                 redlock://, memory://, postgres://, mysql://, zk:// or etcd://"
             ))
         })?;
         let hosts = |tls| {
@@ -131,10 +138,11 @@ impl AnyLocks {
             "postgres" | "postgresql" => Self::postgres(url, config).await,
             "mysql" | "mariadb" => Self::mysql(url, config).await,
             "zk" | "zookeeper" => Self::zookeeper(rest, config).await,
+            "etcd" => Self::etcd(rest, config).await,
             other => Err(LockError::InvalidConfig(format!(
                 "unknown lock store scheme {other:?} in {url:?}; use redis://, rediss://, \
                  redis+cluster://, rediss+cluster://, redlock://, redlock+tls://, memory://, \
-                 postgres://, mysql:// or zk://"
+                 postgres://, mysql://, zk:// or etcd://"
             ))),
         }
     }
@@ -171,6 +179,22 @@ impl AnyLocks {
         ))
     }
 
+    #[cfg(feature = "etcd")]
+    async fn etcd(cluster: &str, config: LockConfig) -> Result<Self, LockError> {
+        Ok(Self::Etcd(
+            crate::EtcdLocks::connect(cluster, config).await?,
+        ))
+    }
+
+    #[cfg(not(feature = "etcd"))]
+    async fn etcd(_cluster: &str, _config: LockConfig) -> Result<Self, LockError> {
+        Err(LockError::InvalidConfig(
+            "etcd:// needs the etcd store: enable the `etcd` feature of lock-core \
+             (lock-core = { version = \"...\", features = [\"etcd\"] })"
+                .into(),
+        ))
+    }
+
     #[cfg(feature = "mysql")]
     async fn mysql(url: &str, config: LockConfig) -> Result<Self, LockError> {
         // sqlx knows the scheme as mysql://.
@@ -203,6 +227,8 @@ impl AnyLocks {
             Self::Mysql(m) => AnyGuard::Mysql(m.acquire(name, options).await?),
             #[cfg(feature = "zookeeper")]
             Self::Zookeeper(z) => AnyGuard::Zookeeper(z.acquire(name, options).await?),
+            #[cfg(feature = "etcd")]
+            Self::Etcd(e) => AnyGuard::Etcd(e.acquire(name, options).await?),
         })
     }
 }
@@ -269,6 +295,13 @@ impl From<crate::MysqlLocks> for AnyLocks {
 impl From<crate::ZkLocks> for AnyLocks {
     fn from(store: crate::ZkLocks) -> Self {
         Self::Zookeeper(store)
+    }
+}
+
+#[cfg(feature = "etcd")]
+impl From<crate::EtcdLocks> for AnyLocks {
+    fn from(store: crate::EtcdLocks) -> Self {
+        Self::Etcd(store)
     }
 }
 
@@ -339,6 +372,8 @@ impl AnyGuard {
             Self::Mysql(g) => g,
             #[cfg(feature = "zookeeper")]
             Self::Zookeeper(g) => g,
+            #[cfg(feature = "etcd")]
+            Self::Etcd(g) => g,
         }
     }
 
@@ -353,6 +388,8 @@ impl AnyGuard {
             Self::Mysql(g) => Box::new(g),
             #[cfg(feature = "zookeeper")]
             Self::Zookeeper(g) => Box::new(g),
+            #[cfg(feature = "etcd")]
+            Self::Etcd(g) => Box::new(g),
         }
     }
 }

@@ -1,18 +1,24 @@
 //! The facades of the stores other than Redis, each the lock engine over its backend
 //! (one guard type, [`LockGuard<B>`](crate::LockGuard), and the same
 //! [`DistributedLock`](crate::DistributedLock) trait): the in-memory store (always
-//! built), and the database and ZooKeeper stores behind their cargo features; and
+//! built), and the database, ZooKeeper and etcd stores behind their cargo features; and
 //! [`AnyLocks`], which picks one from a URL.
 
 pub(crate) mod any;
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd;
 pub(crate) mod locks;
 pub(crate) mod memory;
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
+pub(crate) mod path;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) mod sql;
 #[cfg(feature = "zookeeper")]
 pub(crate) mod zookeeper;
 
 pub use any::{AnyGuard, AnyLocks};
+#[cfg(feature = "etcd")]
+pub use etcd::{EtcdBackend, EtcdGuard, EtcdLocks};
 pub use locks::Locks;
 pub use memory::{MemoryGuard, MemoryLocks};
 #[cfg(feature = "mysql")]

@@ -24,6 +24,7 @@ use crate::lock::{LockGuard, Request};
 use crate::metrics::StoreKind;
 use crate::owner::FencingToken;
 use crate::stores::locks::Locks;
+use crate::stores::path;
 
 /// The guard of a [`ZkLocks`] lock: the engine's guard on ZooKeeper.
 pub type ZkGuard = LockGuard<ZkBackend>;
@@ -175,29 +176,7 @@ impl Locks<ZkBackend> {
 }
 
 fn lock_path(namespace: &str, name: &str) -> String {
-    format!("/{}/{}", segment(namespace), segment(name))
-}
-
-/// Percent-escapes `/`, `%` and the characters ZooKeeper refuses in a node name; `.`
-/// and `..` (reserved) become `%2E` and `%2E%2E`.
-fn segment(s: &str) -> String {
-    if s == "." || s == ".." {
-        return s.replace('.', "%2E");
-    }
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        let refused = matches!(c, '/' | '%' | '\u{0}'..='\u{1f}' | '\u{7f}'..='\u{9f}')
-            || matches!(c, '\u{e000}'..='\u{f8ff}' | '\u{fff0}'..='\u{ffff}');
-        if refused {
-            let mut buf = [0u8; 4];
-            for b in c.encode_utf8(&mut buf).bytes() {
-                out.push_str(&format!("%{b:02X}"));
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    format!("/{}/{}", path::segment(namespace), path::segment(name))
 }
 
 /// The sequence part of a contender node's name (Curator sorts by it).

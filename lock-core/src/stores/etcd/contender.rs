@@ -1,0 +1,204 @@
+//! One acquisition in the Go `concurrency.Mutex` protocol: the contender key
+//! `<prefix>/<lease id in hex>` created under the session lease in a transaction
+//! guarded by `CreateRevision == 0` (which also reads the owner, the key of lowest
+//! create revision under the prefix, so an uncontended acquisition is one request);
+//! a waiter then watches only the deletion of the key created just before its own.
+
+use std::time::Duration;
+
+use etcd_client::{
+    self as etcd, Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget,
+    Txn, TxnOp, TxnOpResponse, WatchOptions,
+};
+use tokio::time::Instant;
+
+use super::session::Lease;
+use super::{etcd_error, timed};
+use crate::error::LockError;
+
+/// Where the queue stands after our key is in it.
+pub(super) enum Queued {
+    /// Ours is the oldest key: we hold the lock, fenced by its create revision.
+    Owner(i64),
+    /// Keys created before ours hold or wait; ours has this create revision.
+    Behind(i64),
+}
+
+/// `GetOptions` for the one key of `order` create revision under a prefix.
+fn top(order: SortOrder) -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, order)
+        .with_limit(1)
+}
+
+fn first_kv(op: Option<&TxnOpResponse>) -> Option<&etcd::KeyValue> {
+    match op {
+        Some(TxnOpResponse::Get(get)) => get.kvs().first(),
+        _ => None,
+    }
+}
+
+fn unexpected(what: &str) -> LockError {
+    LockError::Store {
+        store: super::STORE,
+        message: format!("unexpected answer from etcd: {what}"),
+    }
+}
+
+/// Puts `key` in the queue of `prefix` (`<lock prefix>/`) under `lease`, or finds it
+/// there from an earlier attempt whose answer was lost; answers where it stands.
+pub(super) async fn enqueue(
+    client: &etcd::Client,
+    prefix: &str,
+    key: &str,
+    lease: Lease,
+    timeout: Duration,
+) -> Result<Queued, LockError> {
+    let txn = Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+        .and_then([
+            TxnOp::put(key, "", Some(PutOptions::new().with_lease(lease.id))),
+            TxnOp::get(prefix, Some(top(SortOrder::Ascend))),
+        ])
+        .or_else([
+            TxnOp::get(key, None),
+            TxnOp::get(prefix, Some(top(SortOrder::Ascend))),
+        ]);
+    let answer = timed(
+        "queueing for the lock",
+        timeout,
+        client.kv_client().txn(txn),
+    )
+    .await?
+    .map_err(etcd_error)?;
+    let ops = answer.op_responses();
+    let ours = if answer.succeeded() {
+        answer
+            .header()
+            .map(|h| h.revision())
+            .ok_or_else(|| unexpected("a transaction without a header"))?
+    } else {
+        first_kv(ops.first())
+            .map(etcd::KeyValue::create_revision)
+            .ok_or_else(|| unexpected("our key neither absent nor present"))?
+    };
+    Ok(match first_kv(ops.get(1)) {
+        Some(owner) if owner.create_revision() != ours => Queued::Behind(ours),
+        _ => Queued::Owner(ours),
+    })
+}
+
+/// Waits until every key of `prefix` created before revision `ours` is deleted:
+/// `true` then, `false` if `deadline` came first. Each turn watches the newest of
+/// them only, so a release wakes one waiter.
+pub(super) async fn await_predecessors(
+    client: &etcd::Client,
+    prefix: &str,
+    ours: i64,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<bool, LockError> {
+    loop {
+        let options = top(SortOrder::Descend).with_max_create_revision(ours - 1);
+        let newest = timed(
+            "looking for the key before ours",
+            timeout,
+            client.kv_client().get(prefix, Some(options)),
+        )
+        .await?
+        .map_err(etcd_error)?;
+        let Some(before) = newest.kvs().first() else {
+            return Ok(true);
+        };
+        let revision = newest.header().map_or(0, |h| h.revision());
+        let deleted = await_deletion(client, before.key().to_vec(), revision, timeout);
+        match tokio::time::timeout_at(deadline, deleted).await {
+            Err(_) => return Ok(false),
+            // Deleted, or the watch ended (compacted, reconnected): look again.
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+        }
+    }
+}
+
+/// Resolves once `key` (present at `revision`) is deleted, or its watch ends.
+async fn await_deletion(
+    client: &etcd::Client,
+    key: Vec<u8>,
+    revision: i64,
+    timeout: Duration,
+) -> Result<(), LockError> {
+    let options = WatchOptions::new().with_start_revision(revision + 1);
+    let mut stream = timed(
+        "watching the key before ours",
+        timeout,
+        client.watch_client().watch(key, Some(options)),
+    )
+    .await?
+    .map_err(etcd_error)?;
+    loop {
+        match stream.message().await {
+            Ok(Some(answer)) => {
+                if answer.canceled()
+                    || answer
+                        .events()
+                        .iter()
+                        .any(|e| e.event_type() == EventType::Delete)
+                {
+                    return Ok(());
+                }
+            }
+            Ok(None) | Err(_) => return Ok(()),
+        }
+    }
+}
+
+/// Deletes `key` if it is still the one created at `revision` (any revision when
+/// `None`): `true` if this deleted it.
+pub(super) async fn delete(
+    client: &etcd::Client,
+    key: &str,
+    revision: Option<i64>,
+    timeout: Duration,
+) -> Result<bool, LockError> {
+    let txn = match revision {
+        Some(rev) => Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, rev)])
+            .and_then([TxnOp::delete(key, None)]),
+        None => Txn::new().and_then([TxnOp::delete(key, None)]),
+    };
+    let answer = timed("deleting our key", timeout, client.kv_client().txn(txn))
+        .await?
+        .map_err(etcd_error)?;
+    Ok(answer.succeeded()
+        && matches!(answer.op_responses().first(), Some(TxnOpResponse::Delete(d)) if d.deleted() > 0))
+}
+
+/// Whether each of `keys` still exists with its create revision: one read.
+pub(super) async fn still_there(
+    client: &etcd::Client,
+    keys: &[(&str, i64)],
+    timeout: Duration,
+) -> Result<Vec<bool>, LockError> {
+    let gets: Vec<TxnOp> = keys
+        .iter()
+        .map(|(key, _)| TxnOp::get(*key, Some(GetOptions::new().with_keys_only())))
+        .collect();
+    let answer = timed(
+        "checking our keys",
+        timeout,
+        client.kv_client().txn(Txn::new().and_then(gets)),
+    )
+    .await?
+    .map_err(etcd_error)?;
+    let ops = answer.op_responses();
+    if ops.len() != keys.len() {
+        return Err(unexpected("a read of our keys missed some"));
+    }
+    Ok(keys
+        .iter()
+        .zip(&ops)
+        .map(|((_, rev), op)| first_kv(Some(op)).is_some_and(|kv| kv.create_revision() == *rev))
+        .collect())
+}

@@ -1,0 +1,571 @@
+//! [`EtcdLocks`]: locks on etcd in the layout of etcd's own Go `concurrency` package,
+//! through `etcd-client`.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+mod contender;
+mod session;
+mod turns;
+
+use etcd_client as etcd;
+use tokio::time::Instant;
+
+use self::contender::Queued;
+use self::session::{KeptAlive, Lease, Session};
+use self::turns::{Turn, Turns};
+use crate::client::cleanup;
+use crate::client::config::LockConfig;
+use crate::client::store::key::{self, LockKeys, LockName};
+use crate::client::wait::Listen;
+use crate::error::LockError;
+use crate::lock::registry::Loss;
+use crate::lock::seam::{Backend, Capabilities, Held, Seam, Taken, Validity};
+use crate::lock::{LockGuard, Request};
+use crate::metrics::StoreKind;
+use crate::owner::FencingToken;
+use crate::stores::locks::Locks;
+use crate::stores::path;
+
+/// The guard of an [`EtcdLocks`] lock: the engine's guard on etcd.
+pub type EtcdGuard = LockGuard<EtcdBackend>;
+
+const STORE: &str = "etcd";
+
+/// Locks on etcd, key for key as etcd's Go `concurrency.Mutex` lays them out, so a Go
+/// service using `concurrency.NewMutex(session, prefix)` and a Rust service using this
+/// crate exclude each other on the same prefix ([`EtcdLocks::lock_prefix`] says which).
+///
+/// - **Layout**: one session lease per `EtcdLocks`; a contender key
+///   `<lock prefix>/<lease id in hex>` is created under it in a transaction guarded by
+///   `CreateRevision == 0`; the owner is the key of lowest create revision under the
+///   prefix, and each waiter watches only the deletion of the key created just before
+///   its own (no herd). The lock prefix is `<root>/<namespace>/<name>`, the root from
+///   the connect string (`/` and `%` in the namespace and name percent-escaped).
+/// - **Lease**: the session lease's TTL is the config's watchdog lease (whole seconds,
+///   at least the server's minimum), kept alive by the watchdog while a lock is held
+///   and by waiters while they wait. [`LockGuard::valid_for`] is what the last
+///   confirmed keep-alive proves.
+/// - **Loss**: [`LockGuard::lost`] fires when no keep-alive confirms the lease before
+///   its TTL runs out (the server then deletes the key), or when a renewal finds the
+///   key deleted (by hand, or with a revoked lease): within one watchdog period.
+/// - **Fencing tokens** are the contender key's create revision: revisions only grow
+///   across the cluster, so each new owner's token is larger.
+///   [`EtcdLocks::write_fenced`] runs a write in one transaction with
+///   `If(CreateRevision(lock key) == token)`.
+/// - **Within one client**, the scopes asking for one lock take turns before they
+///   queue in etcd (they would share the client's key).
+/// - **Leases** from [`Lease::Fixed`](crate::Lease::Fixed) are not applied (the key
+///   lives with the session), nor a max-hold; `hold_until_expiry` releases.
+/// - **Quorum loss**: calls fail with [`LockError::Store`] (the client asks for a
+///   leader), and a holder's `lost()` fires once its lease can no longer be confirmed.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lock_core::LockError> {
+/// use lock_core::{EtcdLocks, LockConfig};
+///
+/// let locks = EtcdLocks::connect("etcd1:2379,etcd2:2379,etcd3:2379/app", LockConfig::new())
+///     .await?;
+/// let guard = locks.lock(("report", 2026_u32)).await?;
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+pub type EtcdLocks = Locks<EtcdBackend>;
+
+/// The backend of [`EtcdLocks`]: Go-layout contender keys under one session lease.
+pub struct EtcdBackend {
+    client: etcd::Client,
+    /// What every lock prefix starts with: `""` or `/<root>`.
+    root: String,
+    config: LockConfig,
+    session: Session,
+    turns: Turns,
+}
+
+impl std::fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("root", &self.root)
+            .field("session", &self.session)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(super) fn etcd_error(e: etcd::Error) -> LockError {
+    LockError::Store {
+        store: STORE,
+        message: e.to_string(),
+    }
+}
+
+/// `call` bounded by `within`: a call past it is an error that says what timed out.
+pub(super) async fn timed<T>(
+    what: &str,
+    within: Duration,
+    call: impl Future<Output = T>,
+) -> Result<T, LockError> {
+    tokio::time::timeout(within, call)
+        .await
+        .map_err(|_| LockError::Store {
+            store: STORE,
+            message: format!("{what}: no answer within {within:?}"),
+        })
+}
+
+/// Splits `[etcd://]host:port[,host:port...][/root]` into endpoints and the root
+/// (`""` or `/root`, without a trailing `/`).
+fn parse_cluster(cluster: &str) -> Result<(Vec<String>, String), LockError> {
+    let cluster = cluster.strip_prefix("etcd://").unwrap_or(cluster);
+    let (hosts, root) = match cluster.split_once('/') {
+        Some((hosts, root)) => (hosts, root.trim_end_matches('/')),
+        None => (cluster, ""),
+    };
+    let endpoints: Vec<String> = hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(|h| format!("http://{h}"))
+        .collect();
+    if endpoints.is_empty() {
+        return Err(LockError::InvalidConfig(format!(
+            "no etcd endpoint in {cluster:?}; expected host:port[,host:port...][/prefix]"
+        )));
+    }
+    let root = if root.is_empty() {
+        String::new()
+    } else {
+        format!("/{root}")
+    };
+    Ok((endpoints, root))
+}
+
+impl Locks<EtcdBackend> {
+    /// Connects to the cluster `host:port[,host:port...][/root]` (`etcd://` in front
+    /// optional, as in an [`AnyLocks`](crate::AnyLocks) URL; requests go to any
+    /// member that answers; each asks for a leader, so a member cut off from the
+    /// quorum answers an error at once). The root, if any, starts every lock prefix.
+    /// The client's connection is kept on the process's background runtime, so it
+    /// outlives the runtime of the caller.
+    pub async fn connect(cluster: &str, config: LockConfig) -> Result<Self, LockError> {
+        config.validate()?;
+        let (endpoints, root) = parse_cluster(cluster)?;
+        let options = etcd::ConnectOptions::new()
+            .with_require_leader(true)
+            .with_connect_timeout(config.command_timeout);
+        let within = config.command_timeout;
+        let connect = async move {
+            timed(
+                "connecting to etcd",
+                within,
+                etcd::Client::connect(endpoints, Some(options)),
+            )
+            .await
+        };
+        let client = cleanup::spawn_lasting(connect)
+            .await
+            .map_err(|e| LockError::Store {
+                store: STORE,
+                message: format!("connecting was cut off: {e}"),
+            })??
+            .map_err(etcd_error)?;
+        Ok(Self::build(client, root, config))
+    }
+
+    /// Locks on a client of yours, under `root` (`""`, or a prefix such as `/app`).
+    /// The client's own options apply (ask for a leader,
+    /// `ConnectOptions::with_require_leader`, to fail fast when the quorum is lost).
+    pub fn new(client: etcd::Client, root: &str, config: LockConfig) -> Result<Self, LockError> {
+        config.validate()?;
+        let root = root.trim_end_matches('/');
+        let root = match root {
+            "" => String::new(),
+            r if r.starts_with('/') => r.to_owned(),
+            r => format!("/{r}"),
+        };
+        Ok(Self::build(client, root, config))
+    }
+
+    fn build(client: etcd::Client, root: String, config: LockConfig) -> Self {
+        let session = Session::new(config.watchdog_lease(), config.command_timeout);
+        Self::over(EtcdBackend {
+            client,
+            root,
+            config,
+            session,
+            turns: Turns::default(),
+        })
+    }
+
+    /// The prefix under which contenders for `name` queue: what a Go service passes to
+    /// `concurrency.NewMutex(session, prefix)` to share the lock.
+    pub fn lock_prefix<N: LockName>(&self, name: N) -> Result<String, LockError> {
+        let config = self.config();
+        let name = key::escaped_name(&config.delimiter, &name)?;
+        Ok(self.backend().lock_prefix(&name))
+    }
+
+    /// Runs `ops` in one etcd transaction that applies only while `guard` holds its
+    /// lock (`If(CreateRevision(its key) == its token)`): the fenced write. Refused, it
+    /// answers the loss as an error and marks nothing; the guard finds the loss at its
+    /// next renewal.
+    pub async fn write_fenced(
+        &self,
+        guard: &EtcdGuard,
+        ops: impl Into<Vec<etcd::TxnOp>>,
+    ) -> Result<etcd::TxnResponse, LockError> {
+        let hold = guard.record();
+        let txn = etcd::Txn::new()
+            .when([etcd::Compare::create_revision(
+                hold.key.as_str(),
+                etcd::CompareOp::Equal,
+                hold.token,
+            )])
+            .and_then(ops);
+        let backend = self.backend();
+        let answer = timed(
+            "a fenced write",
+            backend.config.command_timeout,
+            backend.client.kv_client().txn(txn),
+        )
+        .await?
+        .map_err(etcd_error)?;
+        if answer.succeeded() {
+            Ok(answer)
+        } else {
+            Err(Loss::Expired.error(guard.name()))
+        }
+    }
+}
+
+/// One held contender key.
+pub(crate) struct EtcdHold {
+    key: String,
+    lease: Lease,
+    token: i64,
+    /// This client's turn on the name, passed on once the key is known deleted.
+    turn: Mutex<Option<Turn>>,
+}
+
+impl EtcdHold {
+    fn pass_turn(&self) {
+        let turn = self.turn.lock().unwrap_or_else(|p| p.into_inner()).take();
+        drop(turn);
+    }
+}
+
+/// Until kept, dropping this deletes our key in the background (an attempt cancelled
+/// or failed with its create in flight may have made it), then passes the turn on.
+struct Leave {
+    client: etcd::Client,
+    key: String,
+    timeout: Duration,
+    turn: Option<Turn>,
+}
+
+impl Leave {
+    fn keep(mut self) -> Turn {
+        self.turn.take().expect("a leave keeps its turn until kept")
+    }
+
+    /// Deletes our key now (a busy or timed-out attempt), then passes the turn on.
+    async fn now(mut self) -> Result<(), LockError> {
+        let turn = self.turn.take();
+        let deleted = contender::delete(&self.client, &self.key, None, self.timeout).await;
+        if deleted.is_err() {
+            // Not known deleted: leave it to the background, turn and all.
+            self.turn = turn;
+        }
+        deleted.map(drop)
+    }
+}
+
+impl Drop for Leave {
+    fn drop(&mut self) {
+        let Some(turn) = self.turn.take() else {
+            return;
+        };
+        let (client, key, timeout) = (self.client.clone(), self.key.clone(), self.timeout);
+        cleanup::spawn("removing an etcd contender key", key.clone(), async move {
+            let done = cleanup::patiently("removing an etcd contender key", || {
+                contender::delete(&client, &key, None, timeout)
+            })
+            .await;
+            drop(turn);
+            done.0.map(drop)
+        });
+    }
+}
+
+impl EtcdBackend {
+    fn lock_prefix(&self, name: &str) -> String {
+        format!(
+            "{}/{}/{}",
+            self.root,
+            path::segment(&self.config.namespace),
+            path::segment(name)
+        )
+    }
+
+    /// How long a lease must still last when a grant starts: longer than the
+    /// watchdog's first renewal and the time it takes.
+    fn fresh_for(&self) -> Duration {
+        self.config.watchdog_lease() * 2 / 3
+    }
+
+    /// One acquisition, as `take` describes it.
+    async fn contend(&self, name: &str, wait: Duration) -> Result<Option<EtcdHold>, LockError> {
+        let deadline = Instant::now().checked_add(wait);
+        let Some(turn) = self.turns.take(name, wait).await else {
+            return Ok(None);
+        };
+        let timeout = self.config.command_timeout;
+        let queue = format!("{}/", self.lock_prefix(name));
+        let (key, queued, leave) = {
+            let mut turn = Some(turn);
+            let mut tries = 0;
+            loop {
+                let lease = self.session.lease(&self.client, self.fresh_for()).await?;
+                let key = format!("{queue}{:x}", lease.id);
+                // Armed before the create: a cancelled or failed attempt may have made it.
+                let leave = Leave {
+                    client: self.client.clone(),
+                    key: key.clone(),
+                    timeout,
+                    turn: turn.take(),
+                };
+                match contender::enqueue(&self.client, &queue, &key, lease, timeout).await {
+                    Ok(queued) => break (key, queued, leave),
+                    // Refused for its lease (expired meanwhile): nothing was made.
+                    Err(e) if tries == 0 && lease_gone(&e) => {
+                        tries += 1;
+                        self.session.forget(lease.id).await;
+                        turn = Some(leave.keep());
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        let token = match queued {
+            Queued::Owner(rev) => rev,
+            Queued::Behind(rev) => {
+                let granted = match deadline {
+                    Some(deadline) if !wait.is_zero() => {
+                        self.wait_behind(&queue, rev, deadline).await?
+                    }
+                    _ => false,
+                };
+                if !granted {
+                    leave.now().await?;
+                    return Ok(None);
+                }
+                // The key may have gone with the lease while we waited.
+                let there = contender::still_there(&self.client, &[(&key, rev)], timeout).await?;
+                if !there.first().copied().unwrap_or(false) {
+                    return Err(LockError::Store {
+                        store: STORE,
+                        message: "our contender key was deleted while we waited (the session \
+                                  lease expired, or someone deleted it)"
+                            .into(),
+                    });
+                }
+                rev
+            }
+        };
+        // Kept alive while we waited: what it is known to last now.
+        let lease = self.session.lease(&self.client, self.fresh_for()).await?;
+        if !key.ends_with(&format!("/{:x}", lease.id)) {
+            return Err(LockError::Store {
+                store: STORE,
+                message: "the session lease was lost while we waited".into(),
+            });
+        }
+        Ok(Some(EtcdHold {
+            key,
+            lease,
+            token,
+            turn: Mutex::new(Some(leave.keep())),
+        }))
+    }
+
+    /// Waits behind the keys created before ours, keeping the lease alive meanwhile:
+    /// `true` once they are all gone, `false` at `deadline`.
+    async fn wait_behind(
+        &self,
+        queue: &str,
+        ours: i64,
+        deadline: Instant,
+    ) -> Result<bool, LockError> {
+        let timeout = self.config.command_timeout;
+        let waiting = contender::await_predecessors(&self.client, queue, ours, deadline, timeout);
+        let keeping = async {
+            let tick = self.config.watchdog_lease() / 6;
+            loop {
+                tokio::time::sleep(tick).await;
+                if let Err(e) = self.session.lease(&self.client, self.fresh_for()).await {
+                    tracing::debug!(error = %e, "keeping the etcd session alive while waiting failed");
+                }
+            }
+        };
+        tokio::select! {
+            granted = waiting => granted,
+            () = keeping => Ok(false),
+        }
+    }
+
+    /// What the server says of `grants` now: each one's validity, or its loss.
+    async fn check(&self, grants: &[&EtcdHold]) -> Result<Vec<Held<Instant>>, LockError> {
+        let mut leases: Vec<Lease> = Vec::new();
+        for g in grants {
+            if !leases.iter().any(|l| l.id == g.lease.id) {
+                leases.push(g.lease);
+            }
+        }
+        let kept = futures_util::future::join_all(
+            leases.iter().map(|l| self.session.renew(&self.client, *l)),
+        );
+        let keys: Vec<(&str, i64)> = grants.iter().map(|g| (g.key.as_str(), g.token)).collect();
+        let timeout = self.config.command_timeout;
+        let (kept, there) =
+            tokio::join!(kept, contender::still_there(&self.client, &keys, timeout));
+        let kept: Vec<KeptAlive> = kept.into_iter().collect::<Result<_, _>>()?;
+        let there = there?;
+        Ok(grants
+            .iter()
+            .zip(there)
+            .map(|(g, there)| {
+                let at = leases.iter().position(|l| l.id == g.lease.id);
+                match (at.map(|i| &kept[i]), there) {
+                    (Some(KeptAlive::Until(t)), true) => Ok(*t),
+                    _ => Err(Loss::Expired),
+                }
+            })
+            .collect())
+    }
+}
+
+/// Whether `e` is etcd refusing a key for its lease (expired or revoked).
+fn lease_gone(e: &LockError) -> bool {
+    matches!(e, LockError::Store { message, .. } if message.contains("requested lease not found"))
+}
+
+impl Backend for EtcdBackend {}
+
+impl Seam for EtcdBackend {
+    type Grant = Arc<EtcdHold>;
+
+    fn kind(&self) -> StoreKind {
+        StoreKind::Etcd
+    }
+
+    fn config(&self) -> &LockConfig {
+        &self.config
+    }
+
+    const CAPABILITIES: Capabilities = Capabilities::CHECKED_SESSIONS;
+
+    async fn take(
+        &self,
+        req: &Request,
+        _seq: u64,
+        wait: Duration,
+    ) -> Result<Taken<Self::Grant>, LockError> {
+        Ok(match self.contend(&req.keys.name, wait).await? {
+            Some(hold) => Taken::Granted {
+                token: Some(FencingToken::new(
+                    u64::try_from(hold.token).unwrap_or_default(),
+                    u64::try_from(hold.token).unwrap_or_default(),
+                )),
+                valid: Validity::Until(hold.lease.valid_until),
+                grant: Arc::new(hold),
+            },
+            // etcd tells no holder's lease: the first backoff step.
+            None => Taken::Busy {
+                retry_after: self.config.backoff.initial,
+                failure: None,
+            },
+        })
+    }
+
+    async fn give_back(&self, _keys: &LockKeys, grant: &Self::Grant) -> Result<Held, LockError> {
+        let timeout = self.config.command_timeout;
+        let deleted =
+            contender::delete(&self.client, &grant.key, Some(grant.token), timeout).await?;
+        grant.pass_turn();
+        Ok(if deleted { Ok(()) } else { Err(Loss::Expired) })
+    }
+
+    async fn extend(
+        &self,
+        _keys: &LockKeys,
+        grant: &Self::Grant,
+        _lease: Duration,
+    ) -> Result<Held<Instant>, LockError> {
+        let mut answers = self.check(&[grant]).await?;
+        answers
+            .pop()
+            .ok_or_else(|| contender_unexpected("no answer for our key"))
+    }
+
+    async fn renew(
+        &self,
+        grants: &[(&LockKeys, &Self::Grant)],
+        _lease: Duration,
+        within: Duration,
+    ) -> Result<Vec<Held<Instant>>, LockError> {
+        let holds: Vec<&EtcdHold> = grants.iter().map(|(_, g)| &***g).collect();
+        timed("renewing the session lease", within, self.check(&holds)).await?
+    }
+
+    fn listen<'a>(&'a self, _keys: &LockKeys, _channel: &'a str) -> Option<Listen<'a>> {
+        // Waiters watch their predecessor, in `take`.
+        None
+    }
+}
+
+fn contender_unexpected(what: &str) -> LockError {
+    LockError::Store {
+        store: STORE,
+        message: format!("unexpected answer from etcd: {what}"),
+    }
+}
+
+impl Drop for EtcdBackend {
+    fn drop(&mut self) {
+        // Every guard is gone (each keeps the backend): the lease's keys can go now
+        // rather than at its TTL.
+        let Some(lease) = self.session.current() else {
+            return;
+        };
+        let (client, timeout) = (self.client.clone(), self.config.command_timeout);
+        cleanup::spawn("revoking the etcd session", String::new(), async move {
+            timed(
+                "revoking the session lease",
+                timeout,
+                client.lease_client().revoke(lease.id),
+            )
+            .await?
+            .map(drop)
+            .map_err(etcd_error)
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_strings_give_endpoints_and_a_root() {
+        let (e, root) = parse_cluster("a:2379,b:2379/app/").unwrap();
+        assert_eq!(e, ["http://a:2379", "http://b:2379"]);
+        assert_eq!(root, "/app");
+        let (e, root) = parse_cluster("etcd://a:2379").unwrap();
+        assert_eq!(e, ["http://a:2379"]);
+        assert_eq!(root, "");
+        assert!(matches!(
+            parse_cluster("/app"),
+            Err(LockError::InvalidConfig(_))
+        ));
+    }
+}

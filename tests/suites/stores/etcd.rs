@@ -1,0 +1,307 @@
+//! The etcd store on a real 3-member etcd cluster the harness starts: exclusion across
+//! clients and across scopes of one client, the Go `concurrency.Mutex` layout (a
+//! contender made as the Go package makes one excludes us and is waited for, and ours
+//! excludes it), a deleted key firing `lost()`, fenced writes, cancellation.
+
+use crate::checks;
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use lock_core::etcd_client::{
+    self as etcd, Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+};
+use lock_core::{
+    AnyLocks, DistributedLock, EtcdLocks, HeldLock, LockConfig, LockOptions, LockScope, Released,
+};
+use lock_tests::EtcdCluster;
+
+fn config() -> LockConfig {
+    // A 2 s session lease (etcd's TTLs are whole seconds), renewed every 500 ms.
+    LockConfig::new()
+        .with_watchdog_lease(Duration::from_millis(1_500))
+        .with_wait(Duration::from_secs(10))
+        .with_command_timeout(Duration::from_secs(2))
+}
+
+/// One cluster for the tests that do not hurt it, each under a root of its own.
+fn shared() -> &'static EtcdCluster {
+    static CLUSTER: OnceLock<EtcdCluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| EtcdCluster::start(3))
+}
+
+async fn locks(cluster: &EtcdCluster, root: &str) -> EtcdLocks {
+    EtcdLocks::connect(&cluster.url(root), config())
+        .await
+        .expect("connect to the test etcd cluster")
+}
+
+async fn raw(cluster: &EtcdCluster) -> etcd::Client {
+    etcd::Client::connect(cluster.endpoints(), None)
+        .await
+        .expect("a raw etcd client")
+}
+
+/// The keys under `prefix/`, oldest first.
+async fn queue(client: &etcd::Client, prefix: &str) -> Vec<(String, i64)> {
+    let options = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend);
+    client
+        .kv_client()
+        .get(format!("{prefix}/"), Some(options))
+        .await
+        .unwrap()
+        .kvs()
+        .iter()
+        .map(|kv| (kv.key_str().unwrap().to_owned(), kv.create_revision()))
+        .collect()
+}
+
+async fn await_queue_len(client: &etcd::Client, prefix: &str, len: usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let q = queue(client, prefix).await;
+        if q.len() == len {
+            return;
+        }
+        assert!(Instant::now() < deadline, "queue of {prefix} stayed {q:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_never_hold_one_name_at_once_and_tokens_grow() {
+    let cluster = shared();
+    let stores = [
+        locks(cluster, "exclusion").await,
+        locks(cluster, "exclusion").await,
+    ];
+    checks::never_two_holders_and_tokens_grow(&stores, 8).await;
+    let prefix = stores[0].lock_prefix("counter").unwrap();
+    assert_eq!(prefix, "/exclusion/lock/counter");
+    await_queue_len(&raw(cluster).await, &prefix, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scopes_of_one_client_take_turns() {
+    let cluster = shared();
+    let one = locks(cluster, "scopes").await;
+    let stores = [one.clone(), one];
+    // Tasks are scopes of their own: the two "clients" are one, sharing its key.
+    checks::never_two_holders_and_tokens_grow(&stores, 6).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_then_timeout_then_woken() {
+    let cluster = shared();
+    let (a, b) = (locks(cluster, "busy").await, locks(cluster, "busy").await);
+    checks::busy_then_timeout_then_woken(&a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_and_timed_out_waits_leave_no_key() {
+    let cluster = shared();
+    let (a, b) = (
+        locks(cluster, "cancel").await,
+        locks(cluster, "cancel").await,
+    );
+    checks::cancelled_waits_leave_no_lock(&a, &b).await;
+    let held = a.lock("y").await.unwrap();
+    let err = b
+        .acquire("y", LockOptions::new().wait(Duration::from_millis(200)))
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    let prefix = a.lock_prefix("y").unwrap();
+    let client = raw(cluster).await;
+    await_queue_len(&client, &prefix, 1).await;
+    held.release().await.unwrap();
+    await_queue_len(&client, &prefix, 0).await;
+    await_queue_len(&client, &a.lock_prefix("x").unwrap(), 0).await;
+}
+
+/// What the Go package's `Mutex.Lock` writes for a holder: the key `<prefix>/<lease
+/// id in hex>` under the session's lease, created only if absent.
+async fn go_contender(client: &etcd::Client, prefix: &str) -> (String, i64) {
+    let lease = client.lease_client().grant(10, None).await.unwrap().id();
+    let key = format!("{prefix}/{lease:x}");
+    let txn = Txn::new()
+        .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(
+            key.as_str(),
+            "",
+            Some(PutOptions::new().with_lease(lease)),
+        )]);
+    let answer = client.kv_client().txn(txn).await.unwrap();
+    assert!(answer.succeeded());
+    (key, lease)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_go_style_contender_excludes_us_and_is_waited_for() {
+    let cluster = shared();
+    let locks = locks(cluster, "go").await;
+    let prefix = locks.lock_prefix(("order", 7_u64)).unwrap();
+    let go = raw(cluster).await;
+    let (go_key, go_lease) = go_contender(&go, &prefix).await;
+
+    let err = locks.try_lock(("order", 7_u64)).await.unwrap_err();
+    assert!(err.is_busy(), "{err}");
+    let waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move { locks.lock(("order", 7_u64)).await })
+    };
+    // The waiter queued its own key behind the Go one, in the Go naming.
+    await_queue_len(&go, &prefix, 2).await;
+    let q = queue(&go, &prefix).await;
+    assert_eq!(q[0].0, go_key);
+    let ours = q[1].0.rsplit('/').next().unwrap();
+    assert!(
+        i64::from_str_radix(ours, 16).is_ok_and(|id| id != go_lease),
+        "{ours}"
+    );
+    assert!(
+        !waiter.is_finished(),
+        "granted while the Go holder holds it"
+    );
+    go.kv_client().delete(go_key.as_str(), None).await.unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("woken by the predecessor's deletion")
+        .unwrap()
+        .unwrap();
+    assert!(g.is_held());
+    assert_eq!(g.fencing_token().unwrap().get(), q[1].1 as u64);
+    g.release().await.unwrap();
+    await_queue_len(&go, &prefix, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_holder_excludes_a_go_style_contender() {
+    let cluster = shared();
+    let locks = locks(cluster, "go-owner").await;
+    let held = locks.lock("report").await.unwrap();
+    let prefix = locks.lock_prefix("report").unwrap();
+    let go = raw(cluster).await;
+    let (go_key, _) = go_contender(&go, &prefix).await;
+    // The Go package's owner: the key of lowest create revision under the prefix.
+    let q = queue(&go, &prefix).await;
+    assert_eq!(q.len(), 2);
+    assert_ne!(
+        q[0].0, go_key,
+        "the Go contender would think it holds the lock"
+    );
+    assert_eq!(held.fencing_token().unwrap().get(), q[0].1 as u64);
+    held.release().await.unwrap();
+    let q = queue(&go, &prefix).await;
+    assert_eq!(
+        q,
+        [(go_key, q[0].1)],
+        "our release left the Go contender the owner"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_key_fires_lost_and_lets_another_owner_in() {
+    let cluster = shared();
+    let (a, b) = (
+        locks(cluster, "deleted").await,
+        locks(cluster, "deleted").await,
+    );
+    let g = a.lock("job").await.unwrap();
+    let prefix = a.lock_prefix("job").unwrap();
+    let admin = raw(cluster).await;
+    let (key, _) = queue(&admin, &prefix).await.remove(0);
+    admin.kv_client().delete(key, None).await.unwrap();
+    let deleted_at = Instant::now();
+    checks::loss_lets_another_owner_in(g, &b, "job", deleted_at, "lost() fired on the deletion")
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_writes_apply_only_while_held() {
+    let cluster = shared();
+    let locks = locks(cluster, "fenced").await;
+    let g = locks.lock("stock").await.unwrap();
+    let admin = raw(cluster).await;
+    locks
+        .write_fenced(&g, [TxnOp::put("/fenced/data/stock", "99", None)])
+        .await
+        .expect("a fenced write while held");
+    let (key, _) = queue(&admin, &locks.lock_prefix("stock").unwrap())
+        .await
+        .remove(0);
+    admin.kv_client().delete(key, None).await.unwrap();
+    let err = locks
+        .write_fenced(&g, [TxnOp::put("/fenced/data/stock", "98", None)])
+        .await
+        .unwrap_err();
+    assert!(err.is_lost(), "{err}");
+    let value = admin
+        .kv_client()
+        .get("/fenced/data/stock", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        value.kvs()[0].value(),
+        b"99",
+        "a refused write went through"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_leases_do_not_apply_and_hold_until_expiry_gives_back() {
+    let cluster = shared();
+    let (a, b) = (
+        locks(cluster, "leases").await,
+        locks(cluster, "leases").await,
+    );
+    // Past the 2 s session lease: only renewals kept it.
+    checks::session_locks_ignore_leases_and_give_back_on_expiry(&a, &b, Duration::from_secs(3))
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_keeps_its_place_past_the_session_lease() {
+    let cluster = shared();
+    let (a, b) = (
+        locks(cluster, "long-wait").await,
+        locks(cluster, "long-wait").await,
+    );
+    let held = a.lock("slow").await.unwrap();
+    let waiter = tokio::spawn(async move { b.lock("slow").await });
+    // Longer than the waiter's 2 s lease: nothing but its own keep-alives kept it.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(!waiter.is_finished());
+    let prefix = a.lock_prefix("slow").unwrap();
+    assert_eq!(queue(&raw(cluster).await, &prefix).await.len(), 2);
+    held.release().await.unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter got the lock")
+        .unwrap()
+        .unwrap();
+    assert_eq!(g.release().await.unwrap(), Released::Unlocked);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_locks_opens_etcd_urls() {
+    let cluster = shared();
+    let any = AnyLocks::open(&cluster.url("any"), config()).await.unwrap();
+    assert!(matches!(any, AnyLocks::Etcd(_)));
+    let g = any.try_lock_named("x").await.unwrap();
+    g.release().await.unwrap();
+    let scope = LockScope::new();
+    let one = any
+        .acquire("y", LockOptions::new().scope(&scope))
+        .await
+        .unwrap();
+    let two = any
+        .acquire("y", LockOptions::new().scope(&scope))
+        .await
+        .unwrap();
+    assert_eq!(one.token(), two.token(), "reentered, not taken twice");
+    drop(two);
+    drop(one);
+}
