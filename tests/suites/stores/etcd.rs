@@ -1,7 +1,8 @@
 //! The etcd store on a real 3-member etcd cluster the harness starts: exclusion across
 //! clients and across scopes of one client, the Go `concurrency.Mutex` layout (a
 //! contender made as the Go package makes one excludes us and is waited for, and ours
-//! excludes it), a deleted key firing `lost()`, fenced writes, cancellation.
+//! excludes it), a deleted key firing `lost()`, fenced writes, cancellation; and the
+//! cluster's faults: quorum loss, and a leader paused mid-hold.
 
 use crate::checks;
 
@@ -304,4 +305,90 @@ async fn any_locks_opens_etcd_urls() {
     assert_eq!(one.token(), two.token(), "reentered, not taken twice");
     drop(two);
     drop(one);
+}
+/// Two of three members down: the quorum is gone. A holder's `lost()` fires by the
+/// end of its lease (no keep-alive can be confirmed), acquisitions fail with a clear
+/// error, and once the members are back another client gets the lock with a larger
+/// token, never while the first guard still claimed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_the_quorum_loses_the_lock_by_its_lease_end() {
+    let mut cluster = EtcdCluster::start(3);
+    let (a, b) = (
+        locks(&cluster, "quorum").await,
+        locks(&cluster, "quorum").await,
+    );
+    let g = a.lock("job").await.unwrap();
+    let token = g.fencing_token().unwrap().get();
+    cluster.kill(1);
+    cluster.kill(2);
+    let down = Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), g.lost())
+        .await
+        .expect("lost() fired without a quorum");
+    // The 2 s lease, counted from the last keep-alive sent before the members died.
+    assert!(
+        down.elapsed() <= Duration::from_millis(2_100),
+        "{:?}",
+        down.elapsed()
+    );
+    assert!(!g.is_held());
+    let err = b.try_lock("job").await.map(drop).unwrap_err();
+    assert!(err.is_unavailable(), "{err}");
+    cluster.restart(1);
+    cluster.restart(2);
+    cluster.await_healthy(&[0, 1, 2], Duration::from_secs(30));
+    let next = b
+        .acquire("job", LockOptions::new().wait(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    assert!(next.fencing_token().unwrap().get() > token);
+    let err = g.release().await.unwrap_err();
+    assert!(err.is_lost(), "{err}");
+    next.release().await.unwrap();
+}
+
+/// The member that leads, and that the clients call first, is frozen while a lock is
+/// held: the others elect a new leader, calls move on to them, and the lock is never
+/// lost nor taken by another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_paused_mid_hold_keeps_the_lock() {
+    let cluster = EtcdCluster::start(3);
+    let leader = leader(&cluster).await;
+    // The leader first in the connect string: the member the clients call first.
+    let mut ports: Vec<u16> = (0..3).map(|i| cluster.client_port(i)).collect();
+    ports.swap(0, leader);
+    let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let url = format!("{}/leader", hosts.join(","));
+    let a = EtcdLocks::connect(&url, config()).await.unwrap();
+    let b = EtcdLocks::connect(&url, config()).await.unwrap();
+    let g = a.lock("job").await.unwrap();
+    cluster.pause(leader);
+    // Several lease lengths: renewals must reach the new leader.
+    let until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < until {
+        assert!(g.is_held(), "lost with a quorum still up");
+        if let Ok(other) = b.try_lock("job").await {
+            panic!(
+                "another client took a held lock: {:?}",
+                other.fencing_token()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    cluster.resume(leader);
+    assert_eq!(g.release().await.unwrap(), Released::Unlocked);
+}
+
+/// The member that leads the cluster now.
+async fn leader(cluster: &EtcdCluster) -> usize {
+    for i in 0..cluster.len() {
+        let endpoint = format!("http://127.0.0.1:{}", cluster.client_port(i));
+        let mut member = etcd::Client::connect([endpoint], None).await.unwrap();
+        let status = member.status().await.unwrap();
+        let me = status.header().map(|h| h.member_id());
+        if me == Some(status.leader()) {
+            return i;
+        }
+    }
+    panic!("no member leads");
 }

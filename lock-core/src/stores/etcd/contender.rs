@@ -12,9 +12,23 @@ use etcd_client::{
 };
 use tokio::time::Instant;
 
+use super::members::Members;
 use super::session::Lease;
-use super::{etcd_error, timed};
 use crate::error::LockError;
+
+/// One transaction, on whichever member answers.
+pub(super) async fn txn_call(
+    members: &Members,
+    what: &str,
+    txn: &Txn,
+) -> Result<etcd::TxnResponse, LockError> {
+    members
+        .call(what, |c| {
+            let txn = txn.clone();
+            async move { c.kv_client().txn(txn).await }
+        })
+        .await
+}
 
 /// Where the queue stands after our key is in it.
 pub(super) enum Queued {
@@ -49,11 +63,10 @@ fn unexpected(what: &str) -> LockError {
 /// Puts `key` in the queue of `prefix` (`<lock prefix>/`) under `lease`, or finds it
 /// there from an earlier attempt whose answer was lost; answers where it stands.
 pub(super) async fn enqueue(
-    client: &etcd::Client,
+    members: &Members,
     prefix: &str,
     key: &str,
     lease: Lease,
-    timeout: Duration,
 ) -> Result<Queued, LockError> {
     let txn = Txn::new()
         .when([Compare::create_revision(key, CompareOp::Equal, 0)])
@@ -65,13 +78,8 @@ pub(super) async fn enqueue(
             TxnOp::get(key, None),
             TxnOp::get(prefix, Some(top(SortOrder::Ascend))),
         ]);
-    let answer = timed(
-        "queueing for the lock",
-        timeout,
-        client.kv_client().txn(txn),
-    )
-    .await?
-    .map_err(etcd_error)?;
+    // Sent again on another member, it finds the key the first one may have made.
+    let answer = txn_call(members, "queueing for the lock", &txn).await?;
     let ops = answer.op_responses();
     let ours = if answer.succeeded() {
         answer
@@ -93,50 +101,47 @@ pub(super) async fn enqueue(
 /// `true` then, `false` if `deadline` came first. Each turn watches the newest of
 /// them only, so a release wakes one waiter.
 pub(super) async fn await_predecessors(
-    client: &etcd::Client,
+    members: &Members,
     prefix: &str,
     ours: i64,
     deadline: Instant,
-    timeout: Duration,
+    recheck: Duration,
 ) -> Result<bool, LockError> {
     loop {
         let options = top(SortOrder::Descend).with_max_create_revision(ours - 1);
-        let newest = timed(
-            "looking for the key before ours",
-            timeout,
-            client.kv_client().get(prefix, Some(options)),
-        )
-        .await?
-        .map_err(etcd_error)?;
+        let newest = members
+            .call("looking for the key before ours", |c| {
+                let options = options.clone();
+                async move { c.kv_client().get(prefix, Some(options)).await }
+            })
+            .await?;
         let Some(before) = newest.kvs().first() else {
             return Ok(true);
         };
         let revision = newest.header().map_or(0, |h| h.revision());
-        let deleted = await_deletion(client, before.key().to_vec(), revision, timeout);
+        // Looked at again after `recheck` whatever the watch says: its member may
+        // have stopped answering.
+        let deleted =
+            tokio::time::timeout(recheck, await_deletion(members, before.key(), revision));
         match tokio::time::timeout_at(deadline, deleted).await {
             Err(_) => return Ok(false),
-            // Deleted, or the watch ended (compacted, reconnected): look again.
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(e),
+            // Deleted, the watch ended (compacted, reconnected) or due for a look:
+            // look again.
+            Ok(Err(_) | Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => return Err(e),
         }
     }
 }
 
 /// Resolves once `key` (present at `revision`) is deleted, or its watch ends.
-async fn await_deletion(
-    client: &etcd::Client,
-    key: Vec<u8>,
-    revision: i64,
-    timeout: Duration,
-) -> Result<(), LockError> {
+async fn await_deletion(members: &Members, key: &[u8], revision: i64) -> Result<(), LockError> {
     let options = WatchOptions::new().with_start_revision(revision + 1);
-    let mut stream = timed(
-        "watching the key before ours",
-        timeout,
-        client.watch_client().watch(key, Some(options)),
-    )
-    .await?
-    .map_err(etcd_error)?;
+    let mut stream = members
+        .call("watching the key before ours", |c| {
+            let options = options.clone();
+            async move { c.watch_client().watch(key, Some(options)).await }
+        })
+        .await?;
     loop {
         match stream.message().await {
             Ok(Some(answer)) => {
@@ -157,10 +162,9 @@ async fn await_deletion(
 /// Deletes `key` if it is still the one created at `revision` (any revision when
 /// `None`): `true` if this deleted it.
 pub(super) async fn delete(
-    client: &etcd::Client,
+    members: &Members,
     key: &str,
     revision: Option<i64>,
-    timeout: Duration,
 ) -> Result<bool, LockError> {
     let txn = match revision {
         Some(rev) => Txn::new()
@@ -168,30 +172,21 @@ pub(super) async fn delete(
             .and_then([TxnOp::delete(key, None)]),
         None => Txn::new().and_then([TxnOp::delete(key, None)]),
     };
-    let answer = timed("deleting our key", timeout, client.kv_client().txn(txn))
-        .await?
-        .map_err(etcd_error)?;
+    let answer = txn_call(members, "deleting our key", &txn).await?;
     Ok(answer.succeeded()
         && matches!(answer.op_responses().first(), Some(TxnOpResponse::Delete(d)) if d.deleted() > 0))
 }
 
 /// Whether each of `keys` still exists with its create revision: one read.
 pub(super) async fn still_there(
-    client: &etcd::Client,
+    members: &Members,
     keys: &[(&str, i64)],
-    timeout: Duration,
 ) -> Result<Vec<bool>, LockError> {
     let gets: Vec<TxnOp> = keys
         .iter()
         .map(|(key, _)| TxnOp::get(*key, Some(GetOptions::new().with_keys_only())))
         .collect();
-    let answer = timed(
-        "checking our keys",
-        timeout,
-        client.kv_client().txn(Txn::new().and_then(gets)),
-    )
-    .await?
-    .map_err(etcd_error)?;
+    let answer = txn_call(members, "checking our keys", &Txn::new().and_then(gets)).await?;
     let ops = answer.op_responses();
     if ops.len() != keys.len() {
         return Err(unexpected("a read of our keys missed some"));

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 mod contender;
+mod members;
 mod session;
 mod turns;
 
@@ -13,6 +14,7 @@ use etcd_client as etcd;
 use tokio::time::Instant;
 
 use self::contender::Queued;
+use self::members::Members;
 use self::session::{KeptAlive, Lease, Session};
 use self::turns::{Turn, Turns};
 use crate::client::cleanup;
@@ -75,7 +77,7 @@ pub type EtcdLocks = Locks<EtcdBackend>;
 
 /// The backend of [`EtcdLocks`]: Go-layout contender keys under one session lease.
 pub struct EtcdBackend {
-    client: etcd::Client,
+    members: Arc<Members>,
     /// What every lock prefix starts with: `""` or `/<root>`.
     root: String,
     config: LockConfig,
@@ -87,6 +89,7 @@ impl std::fmt::Debug for EtcdBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdBackend")
             .field("root", &self.root)
+            .field("members", &self.members)
             .field("session", &self.session)
             .finish_non_exhaustive()
     }
@@ -154,22 +157,27 @@ impl Locks<EtcdBackend> {
             .with_require_leader(true)
             .with_connect_timeout(config.command_timeout);
         let within = config.command_timeout;
+        // One client per member, so that a call can move on from one that hangs.
         let connect = async move {
-            timed(
-                "connecting to etcd",
-                within,
-                etcd::Client::connect(endpoints, Some(options)),
-            )
-            .await
+            let mut clients = Vec::with_capacity(endpoints.len());
+            for endpoint in endpoints {
+                let connected = timed(
+                    "connecting to etcd",
+                    within,
+                    etcd::Client::connect([endpoint], Some(options.clone())),
+                )
+                .await?;
+                clients.push(connected.map_err(etcd_error)?);
+            }
+            Ok::<_, LockError>(clients)
         };
-        let client = cleanup::spawn_lasting(connect)
+        let clients = cleanup::spawn_lasting(connect)
             .await
             .map_err(|e| LockError::Store {
                 store: STORE,
                 message: format!("connecting was cut off: {e}"),
-            })??
-            .map_err(etcd_error)?;
-        Ok(Self::build(client, root, config))
+            })??;
+        Ok(Self::build(clients, root, config))
     }
 
     /// Locks on a client of yours, under `root` (`""`, or a prefix such as `/app`).
@@ -183,13 +191,13 @@ impl Locks<EtcdBackend> {
             r if r.starts_with('/') => r.to_owned(),
             r => format!("/{r}"),
         };
-        Ok(Self::build(client, root, config))
+        Ok(Self::build(vec![client], root, config))
     }
 
-    fn build(client: etcd::Client, root: String, config: LockConfig) -> Self {
-        let session = Session::new(config.watchdog_lease(), config.command_timeout);
+    fn build(clients: Vec<etcd::Client>, root: String, config: LockConfig) -> Self {
+        let session = Session::new(config.watchdog_lease());
         Self::over(EtcdBackend {
-            client,
+            members: Arc::new(Members::new(clients, config.command_timeout)),
             root,
             config,
             session,
@@ -222,14 +230,7 @@ impl Locks<EtcdBackend> {
                 hold.token,
             )])
             .and_then(ops);
-        let backend = self.backend();
-        let answer = timed(
-            "a fenced write",
-            backend.config.command_timeout,
-            backend.client.kv_client().txn(txn),
-        )
-        .await?
-        .map_err(etcd_error)?;
+        let answer = contender::txn_call(&self.backend().members, "a fenced write", &txn).await?;
         if answer.succeeded() {
             Ok(answer)
         } else {
@@ -257,9 +258,8 @@ impl EtcdHold {
 /// Until kept, dropping this deletes our key in the background (an attempt cancelled
 /// or failed with its create in flight may have made it), then passes the turn on.
 struct Leave {
-    client: etcd::Client,
+    members: Arc<Members>,
     key: String,
-    timeout: Duration,
     turn: Option<Turn>,
 }
 
@@ -271,7 +271,7 @@ impl Leave {
     /// Deletes our key now (a busy or timed-out attempt), then passes the turn on.
     async fn now(mut self) -> Result<(), LockError> {
         let turn = self.turn.take();
-        let deleted = contender::delete(&self.client, &self.key, None, self.timeout).await;
+        let deleted = contender::delete(&self.members, &self.key, None).await;
         if deleted.is_err() {
             // Not known deleted: leave it to the background, turn and all.
             self.turn = turn;
@@ -285,10 +285,10 @@ impl Drop for Leave {
         let Some(turn) = self.turn.take() else {
             return;
         };
-        let (client, key, timeout) = (self.client.clone(), self.key.clone(), self.timeout);
+        let (members, key) = (self.members.clone(), self.key.clone());
         cleanup::spawn("removing an etcd contender key", key.clone(), async move {
             let done = cleanup::patiently("removing an etcd contender key", || {
-                contender::delete(&client, &key, None, timeout)
+                contender::delete(&members, &key, None)
             })
             .await;
             drop(turn);
@@ -319,22 +319,20 @@ impl EtcdBackend {
         let Some(turn) = self.turns.take(name, wait).await else {
             return Ok(None);
         };
-        let timeout = self.config.command_timeout;
         let queue = format!("{}/", self.lock_prefix(name));
         let (key, queued, leave) = {
             let mut turn = Some(turn);
             let mut tries = 0;
             loop {
-                let lease = self.session.lease(&self.client, self.fresh_for()).await?;
+                let lease = self.session.lease(&self.members, self.fresh_for()).await?;
                 let key = format!("{queue}{:x}", lease.id);
                 // Armed before the create: a cancelled or failed attempt may have made it.
                 let leave = Leave {
-                    client: self.client.clone(),
+                    members: self.members.clone(),
                     key: key.clone(),
-                    timeout,
                     turn: turn.take(),
                 };
-                match contender::enqueue(&self.client, &queue, &key, lease, timeout).await {
+                match contender::enqueue(&self.members, &queue, &key, lease).await {
                     Ok(queued) => break (key, queued, leave),
                     // Refused for its lease (expired meanwhile): nothing was made.
                     Err(e) if tries == 0 && lease_gone(&e) => {
@@ -360,7 +358,7 @@ impl EtcdBackend {
                     return Ok(None);
                 }
                 // The key may have gone with the lease while we waited.
-                let there = contender::still_there(&self.client, &[(&key, rev)], timeout).await?;
+                let there = contender::still_there(&self.members, &[(&key, rev)]).await?;
                 if !there.first().copied().unwrap_or(false) {
                     return Err(LockError::Store {
                         store: STORE,
@@ -373,7 +371,7 @@ impl EtcdBackend {
             }
         };
         // Kept alive while we waited: what it is known to last now.
-        let lease = self.session.lease(&self.client, self.fresh_for()).await?;
+        let lease = self.session.lease(&self.members, self.fresh_for()).await?;
         if !key.ends_with(&format!("/{:x}", lease.id)) {
             return Err(LockError::Store {
                 store: STORE,
@@ -396,13 +394,13 @@ impl EtcdBackend {
         ours: i64,
         deadline: Instant,
     ) -> Result<bool, LockError> {
-        let timeout = self.config.command_timeout;
-        let waiting = contender::await_predecessors(&self.client, queue, ours, deadline, timeout);
+        let recheck = self.config.watchdog_lease();
+        let waiting = contender::await_predecessors(&self.members, queue, ours, deadline, recheck);
         let keeping = async {
             let tick = self.config.watchdog_lease() / 6;
             loop {
                 tokio::time::sleep(tick).await;
-                if let Err(e) = self.session.lease(&self.client, self.fresh_for()).await {
+                if let Err(e) = self.session.lease(&self.members, self.fresh_for()).await {
                     tracing::debug!(error = %e, "keeping the etcd session alive while waiting failed");
                 }
             }
@@ -422,12 +420,10 @@ impl EtcdBackend {
             }
         }
         let kept = futures_util::future::join_all(
-            leases.iter().map(|l| self.session.renew(&self.client, *l)),
+            leases.iter().map(|l| self.session.renew(&self.members, *l)),
         );
         let keys: Vec<(&str, i64)> = grants.iter().map(|g| (g.key.as_str(), g.token)).collect();
-        let timeout = self.config.command_timeout;
-        let (kept, there) =
-            tokio::join!(kept, contender::still_there(&self.client, &keys, timeout));
+        let (kept, there) = tokio::join!(kept, contender::still_there(&self.members, &keys));
         let kept: Vec<KeptAlive> = kept.into_iter().collect::<Result<_, _>>()?;
         let there = there?;
         Ok(grants
@@ -488,9 +484,7 @@ impl Seam for EtcdBackend {
     }
 
     async fn give_back(&self, _keys: &LockKeys, grant: &Self::Grant) -> Result<Held, LockError> {
-        let timeout = self.config.command_timeout;
-        let deleted =
-            contender::delete(&self.client, &grant.key, Some(grant.token), timeout).await?;
+        let deleted = contender::delete(&self.members, &grant.key, Some(grant.token)).await?;
         grant.pass_turn();
         Ok(if deleted { Ok(()) } else { Err(Loss::Expired) })
     }
@@ -537,16 +531,14 @@ impl Drop for EtcdBackend {
         let Some(lease) = self.session.current() else {
             return;
         };
-        let (client, timeout) = (self.client.clone(), self.config.command_timeout);
+        let members = self.members.clone();
         cleanup::spawn("revoking the etcd session", String::new(), async move {
-            timed(
-                "revoking the session lease",
-                timeout,
-                client.lease_client().revoke(lease.id),
-            )
-            .await?
-            .map(drop)
-            .map_err(etcd_error)
+            members
+                .call("revoking the session lease", |c| async move {
+                    c.lease_client().revoke(lease.id).await
+                })
+                .await
+                .map(drop)
         });
     }
 }

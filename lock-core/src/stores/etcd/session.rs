@@ -7,7 +7,7 @@ use std::time::Duration;
 use etcd_client as etcd;
 use tokio::time::Instant;
 
-use super::{etcd_error, timed};
+use super::members::Members;
 use crate::client::config::proven;
 use crate::error::LockError;
 
@@ -34,18 +34,16 @@ pub(super) enum KeptAlive {
 pub(super) struct Session {
     /// The TTL asked for, in whole seconds (etcd's unit).
     ttl_secs: i64,
-    timeout: Duration,
     lease: tokio::sync::Mutex<Option<Lease>>,
 }
 
 impl Session {
-    pub(super) fn new(ttl: Duration, timeout: Duration) -> Self {
+    pub(super) fn new(ttl: Duration) -> Self {
         let ttl_secs = i64::try_from(ttl.as_millis().div_ceil(1000))
             .unwrap_or(i64::MAX)
             .max(1);
         Self {
             ttl_secs,
-            timeout,
             lease: tokio::sync::Mutex::new(None),
         }
     }
@@ -54,7 +52,7 @@ impl Session {
     /// would last less, granted anew if there is none or it was lost.
     pub(super) async fn lease(
         &self,
-        client: &etcd::Client,
+        members: &Members,
         fresh_for: Duration,
     ) -> Result<Lease, LockError> {
         let mut current = self.lease.lock().await;
@@ -64,7 +62,7 @@ impl Session {
                 return Ok(lease);
             }
             if lease.valid_until > now {
-                match keep_alive(client, lease, self.timeout).await? {
+                match keep_alive(members, lease).await? {
                     KeptAlive::Until(valid_until) => {
                         let lease = Lease {
                             valid_until,
@@ -78,13 +76,12 @@ impl Session {
             }
         }
         let sent = Instant::now();
-        let granted = timed(
-            "granting the session lease",
-            self.timeout,
-            client.lease_client().grant(self.ttl_secs, None),
-        )
-        .await?
-        .map_err(etcd_error)?;
+        let ttl_secs = self.ttl_secs;
+        let granted = members
+            .call("granting the session lease", |c| async move {
+                c.lease_client().grant(ttl_secs, None).await
+            })
+            .await?;
         // The server may raise a short TTL to its minimum: it says which it keeps.
         let ttl = Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(1).max(1));
         let lease = Lease {
@@ -101,10 +98,10 @@ impl Session {
     /// new one.
     pub(super) async fn renew(
         &self,
-        client: &etcd::Client,
+        members: &Members,
         lease: Lease,
     ) -> Result<KeptAlive, LockError> {
-        let kept = keep_alive(client, lease, self.timeout).await?;
+        let kept = keep_alive(members, lease).await?;
         let mut current = self.lease.lock().await;
         match (&mut *current, &kept) {
             (Some(l), KeptAlive::Until(t)) if l.id == lease.id => {
@@ -132,22 +129,21 @@ impl Session {
 
 /// One keep-alive of `lease` on a stream of its own (one request, one answer: the
 /// renewals are seconds apart, and a stream kept open would need its own repair).
-async fn keep_alive(
-    client: &etcd::Client,
-    lease: Lease,
-    timeout: Duration,
-) -> Result<KeptAlive, LockError> {
+async fn keep_alive(members: &Members, lease: Lease) -> Result<KeptAlive, LockError> {
     let sent = Instant::now();
-    let answer = timed(
-        "keeping the session lease alive",
-        timeout,
-        client.lease_client().keep_alive(lease.id),
-    )
-    .await?;
-    match answer {
-        Ok(_) => Ok(KeptAlive::Until(proven(sent, lease.ttl))),
-        // How etcd-client reports a keep-alive answered with TTL 0.
-        Err(etcd::Error::LeaseKeepAliveError(m)) if m.contains("not found") => Ok(KeptAlive::Gone),
-        Err(e) => Err(etcd_error(e)),
-    }
+    let answer = members
+        .call("keeping the session lease alive", |c| async move {
+            match c.lease_client().keep_alive(lease.id).await {
+                Ok(_) => Ok(true),
+                // How etcd-client reports a keep-alive answered with TTL 0.
+                Err(etcd::Error::LeaseKeepAliveError(m)) if m.contains("not found") => Ok(false),
+                Err(e) => Err(e),
+            }
+        })
+        .await?;
+    Ok(if answer {
+        KeptAlive::Until(proven(sent, lease.ttl))
+    } else {
+        KeptAlive::Gone
+    })
 }
