@@ -17,7 +17,7 @@
 //! | `idempotency_outcomes_total` | counter | `outcome`: `new`, `replayed`, `in_flight`, `mismatch`, `unavailable` |
 //!
 //! `store` is one of `redis`, `redis_cluster`, `redlock`, `zookeeper`, `mysql`,
-//! `postgres`, `memory`.
+//! `postgres`, `etcd`, `memory`.
 //!
 //! What counts as one event:
 //! - An acquisition is counted once, when the call returns (a wait that retries is one

@@ -18,12 +18,20 @@ pub(crate) struct TempDir(PathBuf);
 
 impl TempDir {
     /// Creates `<temp>/<prefix>-<pid>-<counter>-<nanos>`. The first call in a
-    /// process also removes directories left by processes of this prefix
-    /// that no longer exist (test binaries killed before they could clean up).
+    /// process for each prefix also removes directories of that prefix left by
+    /// processes that no longer exist (test binaries killed before they could clean
+    /// up, and the templates and shared servers a process keeps in statics, which
+    /// are never dropped).
     pub(crate) fn new(prefix: &str) -> TempDir {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
-        static SWEPT: std::sync::Once = std::sync::Once::new();
-        SWEPT.call_once(|| remove_stale(prefix));
+        static SWEPT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+        {
+            let mut swept = SWEPT.lock().unwrap_or_else(|e| e.into_inner());
+            if !swept.iter().any(|p| p == prefix) {
+                swept.push(prefix.to_owned());
+                remove_stale(prefix);
+            }
+        }
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.subsec_nanos())

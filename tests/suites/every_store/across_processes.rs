@@ -5,7 +5,9 @@
 
 use std::process::{Command, Stdio};
 
-use lock_tests::{MariaDbServer, PostgresServer, RedisCluster, RedisServer, ZooKeeperServer};
+use lock_tests::{
+    EtcdCluster, MariaDbServer, PostgresServer, RedisCluster, RedisServer, ZooKeeperServer,
+};
 use redis::AsyncCommands;
 
 const TASKS: u64 = 16;
@@ -132,4 +134,11 @@ async fn zookeeper_two_processes_never_overlap() {
     let server = ZooKeeperServer::start();
     let data = RedisServer::start();
     never_overlap(&format!("zk://{}", server.connect_string()), &data, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_two_processes_never_overlap() {
+    let cluster = EtcdCluster::start(3);
+    let data = RedisServer::start();
+    never_overlap(&cluster.url("processes"), &data, &[]).await;
 }

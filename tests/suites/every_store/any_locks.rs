@@ -1,6 +1,6 @@
 //! One lock API over every store: the URL factory (credentials of a multi-host URL on
 //! every host), and the same code (generic over `DistributedLock`, and `#[cache_lock]`)
-//! on Redis, Redlock, memory, PostgreSQL, MariaDB and ZooKeeper.
+//! on Redis, Redlock, memory, PostgreSQL, MariaDB, ZooKeeper and etcd.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,7 +9,8 @@ use std::time::Duration;
 use lock_core::{AnyLocks, DistributedLock, HeldLock, LockConfig, LockError};
 use lock_macros::cache_lock;
 use lock_tests::{
-    MariaDbServer, PostgresServer, RedisCluster, RedisMasters, RedisServer, ZooKeeperServer,
+    EtcdCluster, MariaDbServer, PostgresServer, RedisCluster, RedisMasters, RedisServer,
+    ZooKeeperServer,
 };
 
 /// 8 tasks x 10 rounds on one name: never two inside; then a held lock is busy to others.
@@ -89,6 +90,7 @@ async fn every_url_opens_its_store_and_the_same_code_runs_on_each() {
     let postgres = PostgresServer::start();
     let mariadb = MariaDbServer::start();
     let zookeeper = ZooKeeperServer::start();
+    let etcd = EtcdCluster::start(3);
     let hosts: Vec<String> = masters
         .urls()
         .iter()
@@ -106,6 +108,7 @@ async fn every_url_opens_its_store_and_the_same_code_runs_on_each() {
         mariadb.url(),
         mariadb.url().replacen("mysql://", "mariadb://", 1),
         format!("zk://{}", zookeeper.connect_string()),
+        etcd.url("any"),
     ];
     for url in urls {
         let locks = AnyLocks::open(&url, config()).await.unwrap();

@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 use crate::common;
 
 use lock_core::{AnyGuard, AnyLocks, HeldLock, Lease, LockConfig, LockOptions, LockScope};
-use lock_tests::{MariaDbServer, PostgresServer, RedisCluster, RedisServer, ZooKeeperServer};
+use lock_tests::{
+    EtcdCluster, MariaDbServer, PostgresServer, RedisCluster, RedisServer, ZooKeeperServer,
+};
 
 const NAMES: [&str; 3] = ["alpha", "beta", "gamma"];
 /// A guard counts as believing it holds only with this much validity left, so that
@@ -175,6 +177,21 @@ async fn zookeeper() -> Backend {
     }
 }
 
+async fn etcd() -> Backend {
+    let cluster = EtcdCluster::start(3);
+    // A 2 s session lease (whole seconds), as the etcd suite uses.
+    let config = LockConfig::new()
+        .with_watchdog_lease(Duration::from_millis(1_500))
+        .with_command_timeout(Duration::from_secs(2));
+    let locks = open_two(&cluster.url("model"), &config).await;
+    Backend {
+        locks,
+        server: None,
+        fixed_leases: false,
+        _keep: Box::new(cluster),
+    }
+}
+
 /// The grant a guard of handle `handle` belongs to: guards of one grant share it, two
 /// grants never do. Redis guards carry the value stored on the server. A Redlock grant
 /// is its handle and scope (the owner is `<node client id>:<scope>`, and the node it is
@@ -193,6 +210,7 @@ fn grant(handle: usize, g: &AnyGuard) -> Option<String> {
         AnyGuard::Postgres(g) => g.fencing_token().map(|t| format!("{handle}/{}", t.get())),
         AnyGuard::Mysql(g) => g.fencing_token().map(|t| format!("{handle}/{}", t.get())),
         AnyGuard::Zookeeper(g) => g.fencing_token().map(|t| format!("{handle}/{}", t.get())),
+        AnyGuard::Etcd(g) => g.fencing_token().map(|t| format!("{handle}/{}", t.get())),
         other => panic!("no model for {other:?}"),
     }
 }
@@ -205,6 +223,7 @@ async fn reenter(g: &AnyGuard) -> Option<AnyGuard> {
         AnyGuard::Postgres(g) => g.reenter().await.ok().map(AnyGuard::Postgres),
         AnyGuard::Mysql(g) => g.reenter().await.ok().map(AnyGuard::Mysql),
         AnyGuard::Zookeeper(g) => g.reenter().await.ok().map(AnyGuard::Zookeeper),
+        AnyGuard::Etcd(g) => g.reenter().await.ok().map(AnyGuard::Etcd),
         other => panic!("no model for {other:?}"),
     }
 }
@@ -217,6 +236,7 @@ fn held_count(locks: &AnyLocks) -> usize {
         AnyLocks::Postgres(p) => p.held_count(),
         AnyLocks::Mysql(m) => m.held_count(),
         AnyLocks::Zookeeper(z) => z.held_count(),
+        AnyLocks::Etcd(e) => e.held_count(),
         other => panic!("no model for {other:?}"),
     }
 }
@@ -494,4 +514,9 @@ async fn mysql_no_two_owners_ever_believe_they_hold_one_name() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_no_two_owners_ever_believe_they_hold_one_name() {
     run_model(zookeeper().await, seed(), Duration::from_secs(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_no_two_owners_ever_believe_they_hold_one_name() {
+    run_model(etcd().await, seed(), Duration::from_secs(3)).await;
 }
