@@ -160,10 +160,15 @@ impl EtcdCluster {
     /// `etcd://127.0.0.1:<p1>,127.0.0.1:<p2>,.../<prefix>`: every member, for
     /// `EtcdLocks::connect` and `AnyLocks`.
     pub fn url(&self, prefix: &str) -> String {
-        let hosts: Vec<String> = self
-            .members
-            .iter()
-            .map(|m| format!("127.0.0.1:{}", m.client))
+        self.url_from(0, prefix)
+    }
+
+    /// [`url`](Self::url) with member `first` named first (the member a client calls
+    /// first) and the others in order after it.
+    pub fn url_from(&self, first: usize, prefix: &str) -> String {
+        let n = self.members.len();
+        let hosts: Vec<String> = (0..n)
+            .map(|i| format!("127.0.0.1:{}", self.members[(first + i) % n].client))
             .collect();
         format!("etcd://{}/{prefix}", hosts.join(","))
     }

@@ -149,6 +149,21 @@ where
     }
 }
 
+/// Runs `task` on the background runtime ([`spawn_lasting`]) and answers its output: a
+/// store's connect, whose connection must outlive the caller's runtime. A task cut off
+/// before it finished (its runtime shut down) is an error of `store`.
+#[cfg_attr(not(any(feature = "zookeeper", feature = "etcd")), allow(dead_code))]
+pub(crate) async fn lasting<T, Fut>(store: &'static str, task: Fut) -> Result<T, LockError>
+where
+    T: Send + 'static,
+    Fut: Future<Output = T> + Send + 'static,
+{
+    spawn_lasting(task).await.map_err(|e| LockError::Store {
+        store,
+        message: format!("connecting was cut off: {e}"),
+    })
+}
+
 fn to_background<Fut>(task: Pin<Box<Fut>>)
 where
     Fut: Future<Output = ()> + Send + 'static,

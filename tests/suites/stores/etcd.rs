@@ -37,6 +37,11 @@ async fn locks(cluster: &EtcdCluster, root: &str) -> EtcdLocks {
         .expect("connect to the test etcd cluster")
 }
 
+/// Two clients (two sessions) of `cluster` under `root`.
+async fn two(cluster: &EtcdCluster, root: &str) -> (EtcdLocks, EtcdLocks) {
+    (locks(cluster, root).await, locks(cluster, root).await)
+}
+
 async fn raw(cluster: &EtcdCluster) -> etcd::Client {
     etcd::Client::connect(cluster.endpoints(), None)
         .await
@@ -59,6 +64,13 @@ async fn queue(client: &etcd::Client, prefix: &str) -> Vec<(String, i64)> {
         .collect()
 }
 
+/// Deletes the holder's key under `prefix/` by hand (the oldest), as an operator
+/// could.
+async fn delete_holders_key(admin: &etcd::Client, prefix: &str) {
+    let (key, _) = queue(admin, prefix).await.remove(0);
+    admin.kv_client().delete(key, None).await.unwrap();
+}
+
 async fn await_queue_len(client: &etcd::Client, prefix: &str, len: usize) {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
@@ -74,10 +86,8 @@ async fn await_queue_len(client: &etcd::Client, prefix: &str, len: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_clients_never_hold_one_name_at_once_and_tokens_grow() {
     let cluster = shared();
-    let stores = [
-        locks(cluster, "exclusion").await,
-        locks(cluster, "exclusion").await,
-    ];
+    let (a, b) = two(cluster, "exclusion").await;
+    let stores = [a, b];
     checks::never_two_holders_and_tokens_grow(&stores, 8).await;
     let prefix = stores[0].lock_prefix("counter").unwrap();
     assert_eq!(prefix, "/exclusion/lock/counter");
@@ -96,17 +106,14 @@ async fn scopes_of_one_client_take_turns() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busy_then_timeout_then_woken() {
     let cluster = shared();
-    let (a, b) = (locks(cluster, "busy").await, locks(cluster, "busy").await);
+    let (a, b) = two(cluster, "busy").await;
     checks::busy_then_timeout_then_woken(&a, b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_and_timed_out_waits_leave_no_key() {
     let cluster = shared();
-    let (a, b) = (
-        locks(cluster, "cancel").await,
-        locks(cluster, "cancel").await,
-    );
+    let (a, b) = two(cluster, "cancel").await;
     checks::cancelled_waits_leave_no_lock(&a, &b).await;
     let held = a.lock("y").await.unwrap();
     let err = b
@@ -206,15 +213,11 @@ async fn our_holder_excludes_a_go_style_contender() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_key_fires_lost_and_lets_another_owner_in() {
     let cluster = shared();
-    let (a, b) = (
-        locks(cluster, "deleted").await,
-        locks(cluster, "deleted").await,
-    );
+    let (a, b) = two(cluster, "deleted").await;
     let g = a.lock("job").await.unwrap();
     let prefix = a.lock_prefix("job").unwrap();
     let admin = raw(cluster).await;
-    let (key, _) = queue(&admin, &prefix).await.remove(0);
-    admin.kv_client().delete(key, None).await.unwrap();
+    delete_holders_key(&admin, &prefix).await;
     let deleted_at = Instant::now();
     checks::loss_lets_another_owner_in(g, &b, "job", deleted_at, "lost() fired on the deletion")
         .await;
@@ -230,10 +233,7 @@ async fn fenced_writes_apply_only_while_held() {
         .write_fenced(&g, [TxnOp::put("/fenced/data/stock", "99", None)])
         .await
         .expect("a fenced write while held");
-    let (key, _) = queue(&admin, &locks.lock_prefix("stock").unwrap())
-        .await
-        .remove(0);
-    admin.kv_client().delete(key, None).await.unwrap();
+    delete_holders_key(&admin, &locks.lock_prefix("stock").unwrap()).await;
     let err = locks
         .write_fenced(&g, [TxnOp::put("/fenced/data/stock", "98", None)])
         .await
@@ -254,10 +254,7 @@ async fn fenced_writes_apply_only_while_held() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixed_leases_do_not_apply_and_hold_until_expiry_gives_back() {
     let cluster = shared();
-    let (a, b) = (
-        locks(cluster, "leases").await,
-        locks(cluster, "leases").await,
-    );
+    let (a, b) = two(cluster, "leases").await;
     // Past the 2 s session lease: only renewals kept it.
     checks::session_locks_ignore_leases_and_give_back_on_expiry(&a, &b, Duration::from_secs(3))
         .await;
@@ -266,10 +263,7 @@ async fn fixed_leases_do_not_apply_and_hold_until_expiry_gives_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_keeps_its_place_past_the_session_lease() {
     let cluster = shared();
-    let (a, b) = (
-        locks(cluster, "long-wait").await,
-        locks(cluster, "long-wait").await,
-    );
+    let (a, b) = two(cluster, "long-wait").await;
     let held = a.lock("slow").await.unwrap();
     let waiter = tokio::spawn(async move { b.lock("slow").await });
     // Longer than the waiter's 2 s lease: nothing but its own keep-alives kept it.
@@ -313,10 +307,7 @@ async fn any_locks_opens_etcd_urls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_the_quorum_loses_the_lock_by_its_lease_end() {
     let mut cluster = EtcdCluster::start(3);
-    let (a, b) = (
-        locks(&cluster, "quorum").await,
-        locks(&cluster, "quorum").await,
-    );
+    let (a, b) = two(&cluster, "quorum").await;
     let g = a.lock("job").await.unwrap();
     let token = g.fencing_token().unwrap().get();
     cluster.kill(1);
@@ -355,10 +346,7 @@ async fn a_leader_paused_mid_hold_keeps_the_lock() {
     let cluster = EtcdCluster::start(3);
     let leader = leader(&cluster).await;
     // The leader first in the connect string: the member the clients call first.
-    let mut ports: Vec<u16> = (0..3).map(|i| cluster.client_port(i)).collect();
-    ports.swap(0, leader);
-    let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-    let url = format!("{}/leader", hosts.join(","));
+    let url = cluster.url_from(leader, "leader");
     let a = EtcdLocks::connect(&url, config()).await.unwrap();
     let b = EtcdLocks::connect(&url, config()).await.unwrap();
     let g = a.lock("job").await.unwrap();

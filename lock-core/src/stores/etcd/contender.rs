@@ -53,21 +53,27 @@ fn first_kv(op: Option<&TxnOpResponse>) -> Option<&etcd::KeyValue> {
     }
 }
 
-fn unexpected(what: &str) -> LockError {
+pub(super) fn unexpected(what: &str) -> LockError {
     LockError::Store {
         store: super::STORE,
         message: format!("unexpected answer from etcd: {what}"),
     }
 }
 
+/// Whether etcd refused a request for its lease (expired or revoked).
+fn lease_not_found(e: &etcd::Error) -> bool {
+    matches!(e, etcd::Error::GRpcStatus(s) if s.message().contains("requested lease not found"))
+}
+
 /// Puts `key` in the queue of `prefix` (`<lock prefix>/`) under `lease`, or finds it
-/// there from an earlier attempt whose answer was lost; answers where it stands.
+/// there from an earlier attempt whose answer was lost; answers where it stands, or
+/// `None` if etcd refused the key for its lease (gone: nothing was made).
 pub(super) async fn enqueue(
     members: &Members,
     prefix: &str,
     key: &str,
     lease: Lease,
-) -> Result<Queued, LockError> {
+) -> Result<Option<Queued>, LockError> {
     let txn = Txn::new()
         .when([Compare::create_revision(key, CompareOp::Equal, 0)])
         .and_then([
@@ -79,7 +85,20 @@ pub(super) async fn enqueue(
             TxnOp::get(prefix, Some(top(SortOrder::Ascend))),
         ]);
     // Sent again on another member, it finds the key the first one may have made.
-    let answer = txn_call(members, "queueing for the lock", &txn).await?;
+    let answer = members
+        .call("queueing for the lock", |c| {
+            let txn = txn.clone();
+            async move {
+                match c.kv_client().txn(txn).await {
+                    Err(e) if lease_not_found(&e) => Ok(None),
+                    answer => answer.map(Some),
+                }
+            }
+        })
+        .await?;
+    let Some(answer) = answer else {
+        return Ok(None);
+    };
     let ops = answer.op_responses();
     let ours = if answer.succeeded() {
         answer
@@ -91,10 +110,10 @@ pub(super) async fn enqueue(
             .map(etcd::KeyValue::create_revision)
             .ok_or_else(|| unexpected("our key neither absent nor present"))?
     };
-    Ok(match first_kv(ops.get(1)) {
+    Ok(Some(match first_kv(ops.get(1)) {
         Some(owner) if owner.create_revision() != ours => Queued::Behind(ours),
         _ => Queued::Owner(ours),
-    })
+    }))
 }
 
 /// Waits until every key of `prefix` created before revision `ours` is deleted:

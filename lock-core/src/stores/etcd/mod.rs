@@ -120,10 +120,7 @@ pub(super) async fn timed<T>(
 /// (`""` or `/root`, without a trailing `/`).
 fn parse_cluster(cluster: &str) -> Result<(Vec<String>, String), LockError> {
     let cluster = cluster.strip_prefix("etcd://").unwrap_or(cluster);
-    let (hosts, root) = match cluster.split_once('/') {
-        Some((hosts, root)) => (hosts, root.trim_end_matches('/')),
-        None => (cluster, ""),
-    };
+    let (hosts, root) = cluster.split_once('/').unwrap_or((cluster, ""));
     let endpoints: Vec<String> = hosts
         .split(',')
         .map(str::trim)
@@ -135,12 +132,15 @@ fn parse_cluster(cluster: &str) -> Result<(Vec<String>, String), LockError> {
             "no etcd endpoint in {cluster:?}; expected host:port[,host:port...][/prefix]"
         )));
     }
-    let root = if root.is_empty() {
-        String::new()
-    } else {
-        format!("/{root}")
-    };
-    Ok((endpoints, root))
+    Ok((endpoints, rooted(root)))
+}
+
+/// A root as every lock prefix starts with it: `""`, or `/root` without a trailing `/`.
+fn rooted(root: &str) -> String {
+    match root.trim_matches('/') {
+        "" => String::new(),
+        r => format!("/{r}"),
+    }
 }
 
 impl Locks<EtcdBackend> {
@@ -171,12 +171,7 @@ impl Locks<EtcdBackend> {
             }
             Ok::<_, LockError>(clients)
         };
-        let clients = cleanup::spawn_lasting(connect)
-            .await
-            .map_err(|e| LockError::Store {
-                store: STORE,
-                message: format!("connecting was cut off: {e}"),
-            })??;
+        let clients = cleanup::lasting(STORE, connect).await??;
         Ok(Self::build(clients, root, config))
     }
 
@@ -185,13 +180,7 @@ impl Locks<EtcdBackend> {
     /// `ConnectOptions::with_require_leader`, to fail fast when the quorum is lost).
     pub fn new(client: etcd::Client, root: &str, config: LockConfig) -> Result<Self, LockError> {
         config.validate()?;
-        let root = root.trim_end_matches('/');
-        let root = match root {
-            "" => String::new(),
-            r if r.starts_with('/') => r.to_owned(),
-            r => format!("/{r}"),
-        };
-        Ok(Self::build(vec![client], root, config))
+        Ok(Self::build(vec![client], rooted(root), config))
     }
 
     fn build(clients: Vec<etcd::Client>, root: String, config: LockConfig) -> Self {
@@ -320,9 +309,9 @@ impl EtcdBackend {
             return Ok(None);
         };
         let queue = format!("{}/", self.lock_prefix(name));
-        let (key, queued, leave) = {
+        let (lease_id, key, queued, leave) = {
             let mut turn = Some(turn);
-            let mut tries = 0;
+            let mut retried = false;
             loop {
                 let lease = self.session.lease(&self.members, self.fresh_for()).await?;
                 let key = format!("{queue}{:x}", lease.id);
@@ -332,15 +321,20 @@ impl EtcdBackend {
                     key: key.clone(),
                     turn: turn.take(),
                 };
-                match contender::enqueue(&self.members, &queue, &key, lease).await {
-                    Ok(queued) => break (key, queued, leave),
+                match contender::enqueue(&self.members, &queue, &key, lease).await? {
+                    Some(queued) => break (lease.id, key, queued, leave),
                     // Refused for its lease (expired meanwhile): nothing was made.
-                    Err(e) if tries == 0 && lease_gone(&e) => {
-                        tries += 1;
+                    None if !retried => {
+                        retried = true;
                         self.session.forget(lease.id).await;
                         turn = Some(leave.keep());
                     }
-                    Err(e) => return Err(e),
+                    None => {
+                        return Err(LockError::Store {
+                            store: STORE,
+                            message: "etcd refused a fresh session lease as not found".into(),
+                        });
+                    }
                 }
             }
         };
@@ -372,7 +366,7 @@ impl EtcdBackend {
         };
         // Kept alive while we waited: what it is known to last now.
         let lease = self.session.lease(&self.members, self.fresh_for()).await?;
-        if !key.ends_with(&format!("/{:x}", lease.id)) {
+        if lease.id != lease_id {
             return Err(LockError::Store {
                 store: STORE,
                 message: "the session lease was lost while we waited".into(),
@@ -440,11 +434,6 @@ impl EtcdBackend {
     }
 }
 
-/// Whether `e` is etcd refusing a key for its lease (expired or revoked).
-fn lease_gone(e: &LockError) -> bool {
-    matches!(e, LockError::Store { message, .. } if message.contains("requested lease not found"))
-}
-
 impl Backend for EtcdBackend {}
 
 impl Seam for EtcdBackend {
@@ -468,10 +457,10 @@ impl Seam for EtcdBackend {
     ) -> Result<Taken<Self::Grant>, LockError> {
         Ok(match self.contend(&req.keys.name, wait).await? {
             Some(hold) => Taken::Granted {
-                token: Some(FencingToken::new(
-                    u64::try_from(hold.token).unwrap_or_default(),
-                    u64::try_from(hold.token).unwrap_or_default(),
-                )),
+                token: Some({
+                    let rev = u64::try_from(hold.token).unwrap_or_default();
+                    FencingToken::new(rev, rev)
+                }),
                 valid: Validity::Until(hold.lease.valid_until),
                 grant: Arc::new(hold),
             },
@@ -498,7 +487,7 @@ impl Seam for EtcdBackend {
         let mut answers = self.check(&[grant]).await?;
         answers
             .pop()
-            .ok_or_else(|| contender_unexpected("no answer for our key"))
+            .ok_or_else(|| contender::unexpected("no answer for our key"))
     }
 
     async fn renew(
@@ -514,13 +503,6 @@ impl Seam for EtcdBackend {
     fn listen<'a>(&'a self, _keys: &LockKeys, _channel: &'a str) -> Option<Listen<'a>> {
         // Waiters watch their predecessor, in `take`.
         None
-    }
-}
-
-fn contender_unexpected(what: &str) -> LockError {
-    LockError::Store {
-        store: STORE,
-        message: format!("unexpected answer from etcd: {what}"),
     }
 }
 

@@ -106,13 +106,7 @@ async fn open(cluster: &str, config: &LockConfig) -> Result<zk::Client, LockErro
             .connect(&cluster)
             .await
     };
-    let connected = cleanup::spawn_lasting(connect)
-        .await
-        .map_err(|e| LockError::Store {
-            store: STORE,
-            message: format!("connecting was cut off: {e}"),
-        })?;
-    connected.map_err(zk_error)
+    cleanup::lasting(STORE, connect).await?.map_err(zk_error)
 }
 
 /// Fails when the client's chroot does not exist (every lock below it would fail with
