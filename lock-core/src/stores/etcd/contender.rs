@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use etcd_client::{
     self as etcd, Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget,
-    Txn, TxnOp, TxnOpResponse, WatchOptions,
+    Txn, TxnOp, TxnOpResponse,
 };
 use tokio::time::Instant;
 
@@ -138,10 +138,10 @@ pub(super) async fn await_predecessors(
             return Ok(true);
         };
         let revision = newest.header().map_or(0, |h| h.revision());
+        let predecessor = (before.key(), before.create_revision());
         // Looked at again after `recheck` whatever the watch says: its member may
         // have stopped answering.
-        let deleted =
-            tokio::time::timeout(recheck, await_deletion(members, before.key(), revision));
+        let deleted = tokio::time::timeout(recheck, await_deletion(members, predecessor, revision));
         match tokio::time::timeout_at(deadline, deleted).await {
             Err(_) => return Ok(false),
             // Deleted, the watch ended (compacted, reconnected) or due for a look:
@@ -152,15 +152,33 @@ pub(super) async fn await_predecessors(
     }
 }
 
-/// Resolves once `key` (present at `revision`) is deleted, or its watch ends.
-async fn await_deletion(members: &Members, key: &[u8], revision: i64) -> Result<(), LockError> {
-    let options = WatchOptions::new().with_start_revision(revision + 1);
+/// Resolves once the key `(key, its create revision)`, seen present at `revision`, is
+/// deleted, or its watch ends.
+///
+/// The watch starts from the store's revision when it is made, not from `revision`:
+/// etcd serves a watch that starts in the past from a loop that catches up every
+/// 100 ms, which on a busy lock delays most handoffs by that much. What the watch
+/// cannot see, a deletion between `revision` and its start, one read finds instead.
+async fn await_deletion(
+    members: &Members,
+    (key, created): (&[u8], i64),
+    revision: i64,
+) -> Result<(), LockError> {
     let mut stream = members
-        .call("watching the key before ours", |c| {
-            let options = options.clone();
-            async move { c.watch_client().watch(key, Some(options)).await }
+        .call("watching the key before ours", |c| async move {
+            c.watch_client().watch(key, None).await
         })
         .await?;
+    // The first answer says the watch is in place, and from which revision on.
+    match stream.message().await {
+        Ok(Some(answer)) if answer.created() && !answer.canceled() => {
+            let from = answer.header().map_or(i64::MAX, |h| h.revision());
+            if from > revision && !still_present(members, key, created).await? {
+                return Ok(());
+            }
+        }
+        _ => return Ok(()),
+    }
     loop {
         match stream.message().await {
             Ok(Some(answer)) => {
@@ -178,22 +196,31 @@ async fn await_deletion(members: &Members, key: &[u8], revision: i64) -> Result<
     }
 }
 
-/// Deletes `key` if it is still the one created at `revision` (any revision when
-/// `None`): `true` if this deleted it.
-pub(super) async fn delete(
-    members: &Members,
-    key: &str,
-    revision: Option<i64>,
-) -> Result<bool, LockError> {
-    let txn = match revision {
-        Some(rev) => Txn::new()
-            .when([Compare::create_revision(key, CompareOp::Equal, rev)])
-            .and_then([TxnOp::delete(key, None)]),
-        None => Txn::new().and_then([TxnOp::delete(key, None)]),
-    };
-    let answer = txn_call(members, "deleting our key", &txn).await?;
-    Ok(answer.succeeded()
-        && matches!(answer.op_responses().first(), Some(TxnOpResponse::Delete(d)) if d.deleted() > 0))
+/// Whether `key` exists, created at revision `created`: one read.
+async fn still_present(members: &Members, key: &[u8], created: i64) -> Result<bool, LockError> {
+    let answer = members
+        .call("looking at the key before ours", |c| async move {
+            let options = GetOptions::new().with_keys_only();
+            c.kv_client().get(key, Some(options)).await
+        })
+        .await?;
+    Ok(answer
+        .kvs()
+        .first()
+        .is_some_and(|kv| kv.create_revision() == created))
+}
+
+/// Deletes `key`: `true` if it was there. Our keys are named after our lease, and a
+/// client's scopes take turns on a name until its key is known deleted, so no one but
+/// this holder can have made the key this deletes (a guarded transaction would cost
+/// the server more for nothing).
+pub(super) async fn delete(members: &Members, key: &str) -> Result<bool, LockError> {
+    let answer = members
+        .call("deleting our key", |c| async move {
+            c.kv_client().delete(key, None).await
+        })
+        .await?;
+    Ok(answer.deleted() > 0)
 }
 
 /// Whether each of `keys` still exists with its create revision: one read.

@@ -260,7 +260,7 @@ impl Leave {
     /// Deletes our key now (a busy or timed-out attempt), then passes the turn on.
     async fn now(mut self) -> Result<(), LockError> {
         let turn = self.turn.take();
-        let deleted = contender::delete(&self.members, &self.key, None).await;
+        let deleted = contender::delete(&self.members, &self.key).await;
         if deleted.is_err() {
             // Not known deleted: leave it to the background, turn and all.
             self.turn = turn;
@@ -277,7 +277,7 @@ impl Drop for Leave {
         let (members, key) = (self.members.clone(), self.key.clone());
         cleanup::spawn("removing an etcd contender key", key.clone(), async move {
             let done = cleanup::patiently("removing an etcd contender key", || {
-                contender::delete(&members, &key, None)
+                contender::delete(&members, &key)
             })
             .await;
             drop(turn);
@@ -473,7 +473,7 @@ impl Seam for EtcdBackend {
     }
 
     async fn give_back(&self, _keys: &LockKeys, grant: &Self::Grant) -> Result<Held, LockError> {
-        let deleted = contender::delete(&self.members, &grant.key, Some(grant.token)).await?;
+        let deleted = contender::delete(&self.members, &grant.key).await?;
         grant.pass_turn();
         Ok(if deleted { Ok(()) } else { Err(Loss::Expired) })
     }
