@@ -24,7 +24,7 @@ const PEER: usize = 2;
 const NO_TASK: usize = usize::MAX;
 
 /// Handoff statistics on one contended key.
-struct Handoffs {
+pub struct Handoffs {
     last_release: Mutex<Option<Instant>>,
     latencies_ns: Mutex<Vec<u64>>,
     grants: AtomicU64,
@@ -54,7 +54,7 @@ impl Default for Handoffs {
 
 impl Handoffs {
     /// Task `task`, which called lock at `called`, now holds the lock.
-    fn granted(&self, task: usize, called: Instant) {
+    pub fn granted(&self, task: usize, called: Instant) {
         let waited_ns = called.elapsed().as_nanos() as u64;
         self.longest_wait_ns.fetch_max(waited_ns, Ordering::Relaxed);
         self.grants.fetch_add(1, Ordering::Relaxed);
@@ -72,7 +72,7 @@ impl Handoffs {
     }
 
     /// Task `task` is about to release the lock.
-    fn releasing(&self, task: usize) {
+    pub fn releasing(&self, task: usize) {
         self.last_releaser.store(task, Ordering::Release);
         *self.last_release.lock().unwrap() = Some(Instant::now());
     }
@@ -98,20 +98,34 @@ impl Handoffs {
 
 /// One round of one implementation.
 #[derive(Clone, Copy, Debug)]
-struct HotSample {
-    handoffs_per_s: f64,
-    p50_us: f64,
-    p99_us: f64,
+pub struct HotSample {
+    pub handoffs_per_s: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
     /// Percentage of grants (after a release) to another task than the releaser.
-    to_other_task_pct: f64,
+    pub to_other_task_pct: f64,
     /// The longest single acquisition of the round, calling lock to grant.
-    longest_wait_ms: f64,
+    pub longest_wait_ms: f64,
+}
+
+impl HotSample {
+    /// Each figure's median over `rounds`, separately.
+    pub fn medians(rounds: &[HotSample]) -> HotSample {
+        let m = |pick: fn(&HotSample) -> f64| median(rounds.iter().map(pick));
+        HotSample {
+            handoffs_per_s: m(|s| s.handoffs_per_s),
+            p50_us: m(|s| s.p50_us),
+            p99_us: m(|s| s.p99_us),
+            to_other_task_pct: m(|s| s.to_other_task_pct),
+            longest_wait_ms: m(|s| s.longest_wait_ms),
+        }
+    }
 }
 
 /// One acquire/release by task `task`, calling [`Handoffs::granted`] once it holds the
 /// lock (with the instant it called lock) and [`Handoffs::releasing`] right before it
 /// releases.
-type HotCycle = Arc<dyn Fn(usize, Arc<Handoffs>) -> BoxFut<()> + Send + Sync>;
+pub type HotCycle = Arc<dyn Fn(usize, Arc<Handoffs>) -> BoxFut<()> + Send + Sync>;
 
 /// One implementation under test; `name` as in `hot_key <name> ...`.
 struct Impl {
@@ -119,13 +133,14 @@ struct Impl {
     cycle: HotCycle,
 }
 
-/// [`TASKS`] tasks running `cycle` until `until`, recorded in `stats`.
+/// `tasks` tasks running `cycle` until `until`, recorded in `stats`.
 async fn run_until(
     cycle: &HotCycle,
+    tasks: usize,
     stats: &Arc<Handoffs>,
     until: Instant,
 ) -> Result<(), BoxError> {
-    let handles: Vec<_> = (0..TASKS)
+    let handles: Vec<_> = (0..tasks)
         .map(|t| {
             let (cycle, stats) = (cycle.clone(), stats.clone());
             tokio::spawn(async move {
@@ -142,17 +157,37 @@ async fn run_until(
     Ok(())
 }
 
-/// Warms `cycle` up for `warm` (not recorded), then measures it for `measure`.
-async fn measure(
+/// Warms `tasks` copies of `cycle` up for `warm` (not recorded), then measures them
+/// for `measure`.
+pub async fn measure(
     cycle: &HotCycle,
+    tasks: usize,
     warm: Duration,
     measure: Duration,
 ) -> Result<HotSample, BoxError> {
-    run_until(cycle, &Arc::default(), Instant::now() + warm).await?;
+    run_until(cycle, tasks, &Arc::default(), Instant::now() + warm).await?;
     let stats = Arc::new(Handoffs::default());
     let start = Instant::now();
-    run_until(cycle, &stats, start + measure).await?;
+    run_until(cycle, tasks, &stats, start + measure).await?;
     Ok(stats.sample(start.elapsed()))
+}
+
+/// Prints implementation `name`'s medians `m` and its per-round rates from `rounds`.
+pub fn print(name: &str, m: &HotSample, rounds: &[HotSample]) {
+    println!("hot_key {name} handoffs_per_s {:.0}", m.handoffs_per_s);
+    println!(
+        "hot_key {name} handoff_p50_us {:.0} handoff_p99_us {:.0}",
+        m.p50_us, m.p99_us
+    );
+    println!(
+        "hot_key {name} handoffs_to_other_task_pct {:.1}",
+        m.to_other_task_pct
+    );
+    println!("hot_key {name} longest_wait_ms {:.1}", m.longest_wait_ms);
+    println!(
+        "hot_key {name} handoffs_per_s_rounds {}",
+        rounds_list(rounds.iter().map(|s| s.handoffs_per_s))
+    );
 }
 
 /// lock-core with the tasks spread over `clients` LockClients (more than one client
@@ -217,36 +252,13 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
     let mut samples: Vec<Vec<HotSample>> = vec![Vec::with_capacity(rounds); impls.len()];
     for round in 0..rounds {
         for i in round_order(impls.len(), round) {
-            let s = measure(&impls[i].cycle, timing.warm(round), timing.measure).await?;
+            let s = measure(&impls[i].cycle, TASKS, timing.warm(round), timing.measure).await?;
             samples[i].push(s);
         }
     }
-    let medians: [HotSample; 3] = std::array::from_fn(|i| {
-        let s = &samples[i];
-        HotSample {
-            handoffs_per_s: median(s.iter().map(|s| s.handoffs_per_s)),
-            p50_us: median(s.iter().map(|s| s.p50_us)),
-            p99_us: median(s.iter().map(|s| s.p99_us)),
-            to_other_task_pct: median(s.iter().map(|s| s.to_other_task_pct)),
-            longest_wait_ms: median(s.iter().map(|s| s.longest_wait_ms)),
-        }
-    });
+    let medians: Vec<HotSample> = samples.iter().map(|s| HotSample::medians(s)).collect();
     for ((imp, s), m) in impls.iter().zip(&samples).zip(&medians) {
-        let name = imp.name;
-        println!("hot_key {name} handoffs_per_s {:.0}", m.handoffs_per_s);
-        println!(
-            "hot_key {name} handoff_p50_us {:.0} handoff_p99_us {:.0}",
-            m.p50_us, m.p99_us
-        );
-        println!(
-            "hot_key {name} handoffs_to_other_task_pct {:.1}",
-            m.to_other_task_pct
-        );
-        println!("hot_key {name} longest_wait_ms {:.1}", m.longest_wait_ms);
-        println!(
-            "hot_key {name} handoffs_per_s_rounds {}",
-            rounds_list(s.iter().map(|s| s.handoffs_per_s))
-        );
+        print(imp.name, m, s);
     }
     let per_round = |i: usize, pick: fn(&HotSample) -> f64| -> Vec<f64> {
         samples[i].iter().map(pick).collect()

@@ -234,7 +234,7 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
         );
         println!(
             "idempotency tasks={TASKS} {name}_cpu_us_per_request redis {:.1} process {:.1}",
-            median(s.iter().map(|s| s.redis_us)),
+            median(s.iter().map(|s| s.server_us)),
             median(s.iter().map(|s| s.client_us))
         );
     }

@@ -67,7 +67,7 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
         println!("ids {name}_ids_per_s_rounds {}", rounds_list(rates(s)));
         println!(
             "ids {name}_cpu_us_per_id redis {:.3} client {:.3}",
-            median(s.iter().map(|s| s.redis_us)),
+            median(s.iter().map(|s| s.server_us)),
             median(s.iter().map(|s| s.client_us))
         );
     }

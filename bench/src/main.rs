@@ -70,6 +70,12 @@
 //! disturbed. The per-round rates of every implementation are printed for the reader
 //! and judge nothing.
 //!
+//! * **etcd and ZooKeeper** ([`consensus`], on a 3-member etcd cluster and a ZooKeeper
+//!   started for the run): uncontended cycles at 1 and 16 tasks and handoffs on one
+//!   hot name between 8 clients, lock-core on etcd (`etcd_ours`) against the raw etcd
+//!   client issuing the Go `concurrency.Mutex` calls by hand (`etcd_raw`) and beside
+//!   lock-core on ZooKeeper (`zookeeper_ours`).
+//!
 //! Ratios printed (the figures of the table, and a few printed only):
 //! * `ours_vs_floor_{N}_tasks`: what lock-core delivers compared to the bare recipe;
 //! * `our_scripts_raw_vs_floor_{N}_tasks`: the cost of our scripts' semantics alone;
@@ -80,7 +86,11 @@
 //! * `hot_handoffs_ours_{1_client,4_clients}_vs_rslock`: handoffs per second on the
 //!   hot key against rslock;
 //! * `hot_handoff_p50_ours_1_client_vs_rslock`: rslock's median handoff time over ours
-//!   (above 1 = ours hands over faster).
+//!   (above 1 = ours hands over faster);
+//! * `etcd_ours_vs_raw_{1,16}_tasks`, `etcd_ours_vs_zookeeper_ours_{1,16}_tasks`:
+//!   uncontended cycles on etcd against the raw client, and against ours on ZooKeeper;
+//! * `hot_etcd_handoffs_ours_vs_raw`, `hot_etcd_handoff_{p50,p99}_ours_vs_raw` and
+//!   `hot_etcd_handoff_{p50,p99}_ours_vs_zookeeper_ours`: the hot name on etcd.
 //!
 //! Options: `--seconds N` per measurement (default 2), `--rounds N` (default 5).
 //!
@@ -126,6 +136,7 @@
 
 mod callgrind;
 mod cli;
+mod consensus;
 mod figure;
 mod hot;
 mod idempotency;
@@ -162,12 +173,14 @@ struct Bench {
 const BENCHES: &[Bench] = &[
     Bench {
         name: "lock",
-        about: "lock-core against the floor and rslock (the default)",
+        about: "lock-core against the floor and rslock, and on etcd against the raw etcd \
+                client and beside ZooKeeper (the default)",
         measurements: MEASUREMENTS,
         run: |url, t, r| {
             Box::pin(async move {
                 let mut figures = uncontended::run(&url, t, r).await?;
                 figures.extend(hot::run(&url, t, r).await?);
+                figures.extend(consensus::run(t, r).await?);
                 Ok(figures)
             })
         },
@@ -211,8 +224,9 @@ const BENCHES: &[Bench] = &[
     },
 ];
 
-/// Uncontended implementations times concurrencies, plus the hot-key implementations.
-const MEASUREMENTS: usize = 6 * 2 + 3;
+/// Uncontended implementations times concurrencies, plus the hot-key implementations,
+/// plus the consensus stores'.
+const MEASUREMENTS: usize = 6 * 2 + 3 + consensus::MEASUREMENTS;
 /// `macro`: two implementations times two concurrencies.
 const MACRO_MEASUREMENTS: usize = 2 * 2;
 

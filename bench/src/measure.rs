@@ -175,26 +175,46 @@ pub fn exceeds_bound(spread: f64) -> bool {
     spread > MAX_ROUND_SPREAD
 }
 
-/// Seconds of CPU the redis-server has used (user + system), from INFO CPU.
-async fn server_cpu(conn: &mut ConnectionManager) -> Result<f64, BoxError> {
-    let info: String = redis::cmd("INFO").arg("CPU").query_async(conn).await?;
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|l| {
-                l.strip_prefix(name)?
-                    .strip_prefix(':')?
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-            })
-            .unwrap_or(0.0)
-    };
-    Ok(field("used_cpu_user") + field("used_cpu_sys"))
+/// A server whose CPU time a measurement reads before and after, to give each
+/// implementation's server-side CPU per cycle.
+pub trait ServerCpu {
+    /// Seconds of CPU the server has used so far (user + system).
+    fn seconds(&mut self) -> impl Future<Output = Result<f64, BoxError>> + Send;
 }
 
-/// This process's CPU seconds (user + system), from /proc/self/stat.
-fn own_cpu() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+/// A redis-server, read through INFO CPU.
+impl ServerCpu for ConnectionManager {
+    async fn seconds(&mut self) -> Result<f64, BoxError> {
+        let info: String = redis::cmd("INFO").arg("CPU").query_async(self).await?;
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| {
+                    l.strip_prefix(name)?
+                        .strip_prefix(':')?
+                        .trim()
+                        .parse::<f64>()
+                        .ok()
+                })
+                .unwrap_or(0.0)
+        };
+        Ok(field("used_cpu_user") + field("used_cpu_sys"))
+    }
+}
+
+/// Server processes on this machine (an etcd cluster's members, a ZooKeeper), by pid:
+/// the sum of their CPU times.
+pub struct Processes(pub Vec<u32>);
+
+impl ServerCpu for Processes {
+    async fn seconds(&mut self) -> Result<f64, BoxError> {
+        Ok(self.0.iter().map(|pid| process_cpu(&pid.to_string())).sum())
+    }
+}
+
+/// CPU seconds (user + system) of process `pid` (`self` for this one), from
+/// /proc/<pid>/stat; 0 for a process that cannot be read.
+fn process_cpu(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let fields: Vec<&str> = stat
         .rsplit(')')
         .next()
@@ -210,12 +230,17 @@ fn own_cpu() -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
+/// This process's CPU seconds (user + system).
+fn own_cpu() -> f64 {
+    process_cpu("self")
+}
+
 /// One round of one implementation.
 #[derive(Clone, Copy, Debug)]
 pub struct Sample {
     pub cycles_per_s: f64,
-    /// CPU microseconds per cycle spent by redis-server.
-    pub redis_us: f64,
+    /// CPU microseconds per cycle spent by the server (redis-server, etcd, ...).
+    pub server_us: f64,
     /// CPU microseconds per cycle spent by this process.
     pub client_us: f64,
 }
@@ -243,24 +268,24 @@ async fn run_until(cycle: &Cycle, tasks: usize, until: Instant) -> Result<u64, B
 }
 
 /// Runs `tasks` copies of `cycle` for `warm`, then measures them for `measure`: cycles
-/// per second and CPU per cycle (redis-server's read through `conn`).
+/// per second and CPU per cycle (the server's read through `server`).
 pub async fn rate(
-    conn: &mut ConnectionManager,
+    server: &mut impl ServerCpu,
     cycle: &Cycle,
     tasks: usize,
     warm: Duration,
     measure: Duration,
 ) -> Result<Sample, BoxError> {
     run_until(cycle, tasks, Instant::now() + warm).await?;
-    let (server_before, own_before) = (server_cpu(conn).await?, own_cpu());
+    let (server_before, own_before) = (server.seconds().await?, own_cpu());
     let start = Instant::now();
     let total = run_until(cycle, tasks, start + measure).await?;
     let elapsed = start.elapsed().as_secs_f64();
-    let (server_after, own_after) = (server_cpu(conn).await?, own_cpu());
+    let (server_after, own_after) = (server.seconds().await?, own_cpu());
     let per = |cpu: f64| cpu * 1e6 / total.max(1) as f64;
     Ok(Sample {
         cycles_per_s: total as f64 / elapsed,
-        redis_us: per(server_after - server_before),
+        server_us: per(server_after - server_before),
         client_us: per(own_after - own_before),
     })
 }
@@ -268,7 +293,7 @@ pub async fn rate(
 /// Measures every cycle in `cycles` for `rounds` interleaved rounds (see
 /// [`round_order`]) at `tasks` concurrency; returns each cycle's samples, in order.
 pub async fn measure_rounds(
-    probe: &mut ConnectionManager,
+    probe: &mut impl ServerCpu,
     cycles: &[Cycle],
     tasks: usize,
     timing: Timing,
@@ -313,7 +338,7 @@ mod tests {
             .iter()
             .map(|&cycles_per_s| Sample {
                 cycles_per_s,
-                redis_us: 0.0,
+                server_us: 0.0,
                 client_us: 0.0,
             })
             .collect()

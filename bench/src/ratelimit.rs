@@ -122,7 +122,7 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
     for ((name, s), r) in OPS.iter().zip(&samples).zip(&medians) {
         println!(
             "ratelimit tasks={tasks} {name}_cpu_us_per_decision redis {:.1} client {:.1}",
-            median(s.iter().map(|s| s.redis_us)),
+            median(s.iter().map(|s| s.server_us)),
             median(s.iter().map(|s| s.client_us))
         );
         println!("ratelimit tasks={tasks} {name}_decisions_per_s {r:.0}");

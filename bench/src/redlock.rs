@@ -119,7 +119,7 @@ pub async fn run(_url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure
         );
         println!(
             "throughput tasks={TASKS} {name}_cpu_us_per_cycle node0 {:.1} client {:.1}",
-            median(samples[i].iter().map(|s| s.redis_us)),
+            median(samples[i].iter().map(|s| s.server_us)),
             median(samples[i].iter().map(|s| s.client_us)),
         );
         println!(

@@ -166,7 +166,7 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
         for (((name, rate_name), s), rate) in IMPLS.iter().zip(&samples).zip(medians) {
             println!(
                 "uncontended tasks={tasks} {name}_cpu_us_per_cycle redis {:.1} client {:.1}",
-                median(s.iter().map(|s| s.redis_us)),
+                median(s.iter().map(|s| s.server_us)),
                 median(s.iter().map(|s| s.client_us)),
             );
             println!("uncontended tasks={tasks} {rate_name}_cycles_per_s {rate:.0}");

@@ -173,6 +173,14 @@ impl EtcdCluster {
         format!("etcd://{}/{prefix}", hosts.join(","))
     }
 
+    /// The running members' process ids (for reading their CPU time).
+    pub fn pids(&self) -> Vec<u32> {
+        self.members
+            .iter()
+            .filter_map(|m| m.child.as_ref().map(Child::id))
+            .collect()
+    }
+
     /// Kills member `i` (`SIGKILL`); its data stays for [`restart`](Self::restart).
     pub fn kill(&mut self, i: usize) {
         if let Some(mut c) = self.members[i].child.take() {

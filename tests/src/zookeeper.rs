@@ -86,6 +86,11 @@ impl ZooKeeperServer {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// The server's process id (for reading its CPU time).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Freezes the server (SIGSTOP): its clients see silence, not a closed socket.
     pub fn pause(&self) {
         if let Some(c) = &self.child {
