@@ -2,7 +2,8 @@
 //! `$ETCD_BIN`) on free loopback ports, each with its data dir in one temp dir, with
 //! short heartbeats (50 ms) and elections (500 ms) so that a lost leader is replaced
 //! within a second. Members can be killed and started again on their ports and data,
-//! and paused (`SIGSTOP`) to cut their peers and clients off silently. Dropped, every
+//! and paused (`SIGSTOP`) to cut their peers and clients off silently; a client can be
+//! cut off alone through TCP proxies ([`EtcdCluster::proxied`]). Dropped, every
 //! member is killed and the directory removed.
 //!
 //! `scripts/ensure-etcd` installs Debian's `etcd-server` package.
@@ -13,6 +14,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::TcpProxy;
 use crate::process::{TempDir, await_stopped, signal, spawn};
 
 /// One member's ports and process.
@@ -171,6 +173,22 @@ impl EtcdCluster {
             .map(|i| format!("127.0.0.1:{}", self.members[(first + i) % n].client))
             .collect();
         format!("etcd://{}/{prefix}", hosts.join(","))
+    }
+
+    /// A TCP proxy in front of each member, and the connect string through them:
+    /// cutting every proxy cuts a client so connected off the whole cluster, silently,
+    /// while other clients go on.
+    pub fn proxied(&self, prefix: &str) -> (Vec<TcpProxy>, String) {
+        let proxies: Vec<TcpProxy> = self
+            .members
+            .iter()
+            .map(|m| TcpProxy::start(m.client))
+            .collect();
+        let hosts: Vec<String> = proxies
+            .iter()
+            .map(|p| format!("127.0.0.1:{}", p.port()))
+            .collect();
+        (proxies, format!("etcd://{}/{prefix}", hosts.join(",")))
     }
 
     /// The running members' process ids (for reading their CPU time).

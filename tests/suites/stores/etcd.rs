@@ -380,3 +380,68 @@ async fn leader(cluster: &EtcdCluster) -> usize {
     }
     panic!("no member leads");
 }
+
+/// A holder cut off from every member (TCP proxies that stop forwarding, no socket
+/// closed) while another client waits: the holder's `lost()` fires by its lease's end,
+/// before the waiter is granted (the server frees the key only when the lease, kept
+/// alive no later than the holder last confirmed it, runs out), the cut client's
+/// calls fail with a clear error, and once healed its release says the lock was
+/// lost and it can lock again with a new session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cut_off_loses_the_lock_before_a_waiter_gets_it() {
+    let cluster = shared();
+    let (proxies, url) = cluster.proxied("partition");
+    let a = EtcdLocks::connect(&url, config()).await.unwrap();
+    let b = locks(cluster, "partition").await;
+    let g = a.lock("job").await.unwrap();
+    let token = g.fencing_token().unwrap().get();
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            let next = b
+                .acquire("job", LockOptions::new().wait(Duration::from_secs(20)))
+                .await;
+            (Instant::now(), next)
+        })
+    };
+    await_queue_len(&raw(cluster).await, &a.lock_prefix("job").unwrap(), 2).await;
+    for p in &proxies {
+        p.cut();
+    }
+    let cut = Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), g.lost())
+        .await
+        .expect("lost() fired while cut off");
+    let lost = Instant::now();
+    // The 2 s lease, from the last keep-alive sent before the cut.
+    assert!(
+        lost - cut <= Duration::from_millis(2_100),
+        "{:?}",
+        lost - cut
+    );
+    assert!(!g.is_held());
+    let err = a.try_lock("other").await.map(drop).unwrap_err();
+    assert!(err.is_unavailable(), "{err}");
+
+    let (granted, next) = tokio::time::timeout(Duration::from_secs(15), waiter)
+        .await
+        .expect("the waiter was granted once the lease ran out")
+        .unwrap();
+    let next = next.unwrap();
+    assert!(
+        lost <= granted,
+        "granted {:?} before the loss",
+        lost - granted
+    );
+    assert!(next.fencing_token().unwrap().get() > token);
+
+    for p in &proxies {
+        p.heal();
+    }
+    let err = g.release().await.unwrap_err();
+    assert!(err.is_lost(), "{err}");
+    next.release().await.unwrap();
+    let again = a.lock("job").await.unwrap();
+    assert!(again.is_held());
+    again.release().await.unwrap();
+}
