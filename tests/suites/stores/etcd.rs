@@ -445,3 +445,31 @@ async fn a_client_cut_off_loses_the_lock_before_a_waiter_gets_it() {
     assert!(again.is_held());
     again.release().await.unwrap();
 }
+
+/// A client whose connecting runtime ended goes on: the lock it took there is still
+/// renewed (kept past its lease) and excluded from others, and the client serves calls
+/// on the next runtime, its release included.
+#[test]
+fn a_client_outlives_the_runtime_that_connected_it() {
+    let cluster = shared();
+    let rt1 = crate::common::runtime();
+    let a = rt1.block_on(locks(cluster, "runtimes"));
+    let g = rt1.block_on(a.lock("job")).unwrap();
+    drop(rt1);
+    let rt2 = crate::common::runtime();
+    rt2.block_on(async {
+        let b = locks(cluster, "runtimes").await;
+        // One and a half session leases: a lease nobody kept alive would be gone.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(
+            g.is_held(),
+            "the guard gave up a lock its lease still holds"
+        );
+        let err = b.try_lock("job").await.map(drop).unwrap_err();
+        assert!(err.is_busy(), "{err}");
+        let other = a.try_lock("other").await.unwrap();
+        other.release().await.unwrap();
+        assert_eq!(g.release().await.unwrap(), Released::Unlocked);
+        b.try_lock("job").await.unwrap().release().await.unwrap();
+    });
+}

@@ -148,45 +148,37 @@ impl Locks<EtcdBackend> {
     /// optional, as in an [`AnyLocks`](crate::AnyLocks) URL; requests go to any
     /// member that answers; each asks for a leader, so a member cut off from the
     /// quorum answers an error at once). The root, if any, starts every lock prefix.
-    /// The client's connection is kept on the process's background runtime, so it
-    /// outlives the runtime of the caller.
+    /// The connections run on the caller's runtime; once that runtime has ended, the
+    /// next call connects again on its own, so the locks outlive the runtime that made
+    /// them (a lock held meanwhile is renewed from the process's background runtime).
     pub async fn connect(cluster: &str, config: LockConfig) -> Result<Self, LockError> {
         config.validate()?;
         let (endpoints, root) = parse_cluster(cluster)?;
         let options = etcd::ConnectOptions::new()
             .with_require_leader(true)
             .with_connect_timeout(config.command_timeout);
-        let within = config.command_timeout;
         // One client per member, so that a call can move on from one that hangs.
-        let connect = async move {
-            let mut clients = Vec::with_capacity(endpoints.len());
-            for endpoint in endpoints {
-                let connected = timed(
-                    "connecting to etcd",
-                    within,
-                    etcd::Client::connect([endpoint], Some(options.clone())),
-                )
-                .await?;
-                clients.push(connected.map_err(etcd_error)?);
-            }
-            Ok::<_, LockError>(clients)
-        };
-        let clients = cleanup::lasting(STORE, connect).await??;
-        Ok(Self::build(clients, root, config))
+        // Boxed: gRPC's connect futures are large, and callers nest this one.
+        let members = Box::pin(Members::connect(endpoints, options, config.command_timeout));
+        let members = members.await?;
+        Ok(Self::build(members, root, config))
     }
 
     /// Locks on a client of yours, under `root` (`""`, or a prefix such as `/app`).
     /// The client's own options apply (ask for a leader,
     /// `ConnectOptions::with_require_leader`, to fail fast when the quorum is lost).
+    /// It is used as it is, never connected again: it must outlive the locks' use,
+    /// its runtime included.
     pub fn new(client: etcd::Client, root: &str, config: LockConfig) -> Result<Self, LockError> {
         config.validate()?;
-        Ok(Self::build(vec![client], rooted(root), config))
+        let members = Members::handed_in(client, config.command_timeout);
+        Ok(Self::build(members, rooted(root), config))
     }
 
-    fn build(clients: Vec<etcd::Client>, root: String, config: LockConfig) -> Self {
+    fn build(members: Members, root: String, config: LockConfig) -> Self {
         let session = Session::new(config.watchdog_lease());
         Self::over(EtcdBackend {
-            members: Arc::new(Members::new(clients, config.command_timeout)),
+            members: Arc::new(members),
             root,
             config,
             session,
