@@ -76,6 +76,7 @@ struct ReadmeDoctests;
 mod backends;
 mod classify;
 mod client;
+mod election;
 mod error;
 mod facade;
 mod fencing;
@@ -103,6 +104,7 @@ pub use backends::redis::RedisBackend;
 pub use classify::ErrorClass;
 pub use client::config::{Backoff, Lease, LockConfig, MAX_LEASE, MIN_LEASE};
 pub use client::store::scripts::SOURCES as SCRIPT_SOURCES;
+pub use election::{Election, Leadership};
 pub use error::LockError;
 /// The etcd client crate the etcd store is built on (to hand in a client, and for the
 /// operations of [`EtcdLocks::write_fenced`]).

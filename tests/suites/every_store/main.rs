@@ -6,4 +6,5 @@ mod common;
 
 mod across_processes;
 mod any_locks;
+mod election;
 mod model;

@@ -35,8 +35,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// One store under test: two handles (clients, pools or sessions; for memory, two
 /// clones of one store, since two memory stores never exclude each other), the
 /// servers they run on, and where the checker can read a name's grant on the server.
-struct Backend {
-    locks: [AnyLocks; 2],
+pub(super) struct Backend {
+    pub(super) locks: [AnyLocks; 2],
     server: Option<Server>,
     /// Whether the store applies `Lease::Fixed`. The session stores (PostgreSQL,
     /// MySQL, ZooKeeper) do not: a grant lives with its session, so a fixed lease would
@@ -75,7 +75,7 @@ fn redis_config(batching: bool) -> LockConfig {
         .with_command_timeout(Duration::from_secs(2))
 }
 
-async fn redis(batching: bool) -> Backend {
+pub(super) async fn redis(batching: bool) -> Backend {
     let server = RedisServer::start();
     let locks = open_two(&server.url(), &redis_config(batching)).await;
     Backend {
@@ -86,7 +86,7 @@ async fn redis(batching: bool) -> Backend {
     }
 }
 
-async fn cluster() -> Backend {
+pub(super) async fn cluster() -> Backend {
     let cluster = RedisCluster::start(3, 0);
     let seeds: Vec<String> = (0..cluster.len())
         .map(|i| format!("127.0.0.1:{}", cluster.node(i).port()))
@@ -103,7 +103,7 @@ async fn cluster() -> Backend {
 
 /// Redlock over 3 masters. The checker reads no node back: a minority of them may miss
 /// a copy by design, and the quorum is what the belief check holds to.
-async fn redlock() -> Backend {
+pub(super) async fn redlock() -> Backend {
     let masters = RedisServer::start_many(3);
     let hosts: Vec<String> = masters
         .iter()
@@ -119,7 +119,7 @@ async fn redlock() -> Backend {
     }
 }
 
-fn memory() -> Backend {
+pub(super) fn memory() -> Backend {
     let store = lock_core::MemoryLocks::with_config(
         LockConfig::new().with_watchdog_lease(Duration::from_millis(150)),
     );
@@ -140,7 +140,7 @@ fn sql_config() -> LockConfig {
         .with_command_timeout(Duration::from_secs(2))
 }
 
-async fn postgres() -> Backend {
+pub(super) async fn postgres() -> Backend {
     let server = PostgresServer::start();
     let locks = open_two(&server.url(), &sql_config()).await;
     Backend {
@@ -151,7 +151,7 @@ async fn postgres() -> Backend {
     }
 }
 
-async fn mysql() -> Backend {
+pub(super) async fn mysql() -> Backend {
     let server = MariaDbServer::start();
     let locks = open_two(&server.url(), &sql_config()).await;
     Backend {
@@ -162,7 +162,7 @@ async fn mysql() -> Backend {
     }
 }
 
-async fn zookeeper() -> Backend {
+pub(super) async fn zookeeper() -> Backend {
     let server = ZooKeeperServer::start();
     // The watchdog lease is the session timeout.
     let config = LockConfig::new()
@@ -177,7 +177,7 @@ async fn zookeeper() -> Backend {
     }
 }
 
-async fn etcd() -> Backend {
+pub(super) async fn etcd() -> Backend {
     let cluster = EtcdCluster::start(3);
     // A 2 s session lease (whole seconds), as the etcd suite uses.
     let config = LockConfig::new()

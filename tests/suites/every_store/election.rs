@@ -1,0 +1,266 @@
+//! Leader election on every store, against real servers.
+//!
+//! A seeded randomized model: candidates on two handles campaign (some campaigns
+//! cancelled, some timing out), lead for a while, then resign or drop their
+//! leadership; a checker looks at every leadership alive, over and over, and fails on
+//! any instant where two of them are leading with validity left, and on any term not
+//! larger than one granted before its campaign began. Reproduce a failure with
+//! `MODEL_SEED=<seed> cargo test -p lock-tests --test every_store -- election::`.
+//!
+//! Then `Election::run`: candidates take turns, each term larger than the last, and
+//! stop when told to.
+
+use std::ops::ControlFlow;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lock_core::{AnyGuard, AnyLocks, Election, Leadership, LockError};
+
+use super::model::{self, Backend};
+
+/// A leadership counts as leading only with this much validity left, so that the
+/// checker's own delay cannot make a true belief look false.
+const MARGIN: Duration = Duration::from_millis(3);
+
+/// Where a candidate keeps its leadership while it leads, for the checker to see.
+type Slot = Arc<Mutex<Option<Leadership<AnyGuard>>>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// One candidate's walk until `until`: campaign, lead a while, step down. Answers how
+/// many terms it led. `highest` is the largest term any candidate has seen granted.
+async fn candidate(
+    election: Election<AnyLocks, &'static str>,
+    slot: Slot,
+    highest: Arc<Mutex<u64>>,
+    seed: u64,
+    until: Instant,
+) -> u64 {
+    let redlock = matches!(election.locks(), AnyLocks::Redlock(_));
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut led = 0;
+    while Instant::now() < until {
+        // Every term granted before this campaign began is below the one it gets.
+        let before = *lock(&highest);
+        let campaign = election.campaign(ms(rng.u64(0..400)));
+        let outcome = if rng.u8(0..4) == 0 {
+            // Cancelled mid-campaign.
+            match tokio::time::timeout(ms(rng.u64(0..50)), campaign).await {
+                Ok(outcome) => outcome,
+                Err(_) => continue,
+            }
+        } else {
+            campaign.await
+        };
+        let leadership = match outcome {
+            Ok(l) => l,
+            Err(e) if e.is_timeout() || e.is_busy() => continue,
+            // A Redlock whose first node, where its tokens come from, missed the grant.
+            Err(LockError::NoFencingToken { .. }) if redlock => continue,
+            Err(e) => panic!("seed {seed}: a campaign failed: {e}"),
+        };
+        let term = leadership.term().get();
+        assert!(
+            term > before,
+            "seed {seed}: term {term} is not above {before}, granted before its campaign"
+        );
+        {
+            let mut h = lock(&highest);
+            *h = (*h).max(term);
+        }
+        led += 1;
+        *lock(&slot) = Some(leadership);
+        tokio::time::sleep(ms(rng.u64(0..60))).await;
+        let Some(leadership) = lock(&slot).take() else {
+            continue;
+        };
+        if rng.bool() {
+            // Lost meanwhile is a possible answer; anything else is not.
+            if let Err(e) = leadership.resign().await {
+                assert!(e.is_lost(), "seed {seed}: resigning failed: {e}");
+            }
+        } else {
+            drop(leadership);
+        }
+    }
+    led
+}
+
+/// Two leaderships leading with validity left, if any.
+fn two_leaders(slots: &[Slot]) -> Option<String> {
+    let leading: Vec<(usize, u64, Duration)> = slots
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| {
+            let slot = lock(s);
+            let l = slot.as_ref()?;
+            let left = l.valid_for();
+            (l.is_leading() && left > MARGIN).then(|| (i, l.term().get(), left))
+        })
+        .collect();
+    (leading.len() > 1)
+        .then(|| format!("two leaders at once (candidate, term, validity left): {leading:?}"))
+}
+
+async fn run_model(backend: Backend, seed: u64, run_for: Duration) {
+    let until = Instant::now() + run_for;
+    let highest = Arc::new(Mutex::new(0));
+    let slots: Vec<Slot> = (0..4).map(|_| Slot::default()).collect();
+    let walkers: Vec<_> = slots
+        .iter()
+        .enumerate()
+        .map(|(i, slot)| {
+            let election = Election::new(backend.locks[i % 2].clone(), "leader");
+            tokio::spawn(candidate(
+                election,
+                slot.clone(),
+                highest.clone(),
+                seed.wrapping_mul(31).wrapping_add(i as u64),
+                until,
+            ))
+        })
+        .collect();
+    let mut checks = 0u64;
+    while walkers.iter().any(|w| !w.is_finished()) {
+        if let Some(violation) = two_leaders(&slots) {
+            panic!("seed {seed}: {violation}");
+        }
+        checks += 1;
+        tokio::time::sleep(Duration::from_micros(500)).await;
+    }
+    let mut terms = 0;
+    for w in walkers {
+        terms += w.await.unwrap();
+    }
+    println!("seed {seed}: {terms} terms, {checks} checks, never two leaders");
+    assert!(terms >= 10, "too few terms ({terms}) to mean anything");
+    assert!(checks > 100, "too few checks ({checks})");
+}
+
+fn seed() -> u64 {
+    let seed = std::env::var("MODEL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    println!("MODEL_SEED={seed}");
+    seed
+}
+
+const RUN_FOR: Duration = Duration::from_secs(3);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_never_two_leaders() {
+    run_model(model::redis(true).await, seed(), RUN_FOR).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_never_two_leaders() {
+    run_model(model::cluster().await, seed(), RUN_FOR).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_never_two_leaders() {
+    run_model(model::redlock().await, seed(), RUN_FOR).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_never_two_leaders() {
+    run_model(model::memory(), seed(), RUN_FOR).await;
+}
+
+/// The checker can fail: two memory stores that do not share elect two leaders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[should_panic(expected = "two leaders at once")]
+async fn two_unrelated_stores_are_caught_with_two_leaders() {
+    let mut backend = model::memory();
+    backend.locks[1] = model::memory().locks[1].clone();
+    run_model(backend, seed(), RUN_FOR).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_never_two_leaders() {
+    run_model(model::postgres().await, seed(), RUN_FOR).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_never_two_leaders() {
+    run_model(model::mysql().await, seed(), RUN_FOR).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_never_two_leaders() {
+    run_model(model::zookeeper().await, seed(), RUN_FOR).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_never_two_leaders() {
+    run_model(model::etcd().await, seed(), RUN_FOR).await;
+}
+
+/// Two candidates `run` until 12 terms were led in all: each term's work sees a term
+/// larger than every earlier one, terms never overlap, and both loops return once
+/// their work says to stop.
+async fn take_turns(backend: Backend) {
+    let terms: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let leading = Arc::new(Mutex::new(false));
+    let runs: Vec<_> = (0..2)
+        .map(|i| {
+            let election = Election::new(backend.locks[i].clone(), "turns");
+            let (terms, leading) = (terms.clone(), leading.clone());
+            tokio::spawn(async move {
+                election
+                    .run(|term| {
+                        let (terms, leading) = (terms.clone(), leading.clone());
+                        async move {
+                            if lock(&terms).len() >= 12 {
+                                return ControlFlow::Break(());
+                            }
+                            assert!(
+                                !std::mem::replace(&mut *lock(&leading), true),
+                                "two terms at once"
+                            );
+                            lock(&terms).push(term.get());
+                            tokio::time::sleep(ms(20)).await;
+                            *lock(&leading) = false;
+                            ControlFlow::Continue(())
+                        }
+                    })
+                    .await
+            })
+        })
+        .collect();
+    for r in runs {
+        tokio::time::timeout(Duration::from_secs(30), r)
+            .await
+            .expect("run returned once told to stop")
+            .unwrap()
+            .unwrap();
+    }
+    let terms = lock(&terms).clone();
+    assert!(terms.len() >= 12, "{terms:?}");
+    assert!(
+        terms.windows(2).all(|w| w[0] < w[1]),
+        "terms did not grow: {terms:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_candidates_take_turns() {
+    take_turns(model::memory()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_candidates_take_turns() {
+    take_turns(model::redis(true).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_candidates_take_turns() {
+    take_turns(model::etcd().await).await;
+}
