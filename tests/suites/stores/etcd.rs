@@ -6,6 +6,7 @@
 
 use crate::checks;
 
+use std::ops::ControlFlow;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -13,7 +14,8 @@ use lock_core::etcd_client::{
     self as etcd, Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
 };
 use lock_core::{
-    AnyLocks, DistributedLock, EtcdLocks, HeldLock, LockConfig, LockOptions, LockScope, Released,
+    AnyLocks, DistributedLock, Election, EtcdLocks, HeldLock, LockConfig, LockOptions, LockScope,
+    Released,
 };
 use lock_tests::EtcdCluster;
 
@@ -472,4 +474,51 @@ fn a_client_outlives_the_runtime_that_connected_it() {
         assert_eq!(g.release().await.unwrap(), Released::Unlocked);
         b.try_lock("job").await.unwrap().release().await.unwrap();
     });
+}
+
+/// A leader whose key is deleted: its work is dropped once the loss is seen, and
+/// `run` campaigns again and leads a new, larger term; told not to rejoin, it returns
+/// the loss instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_leader_that_loses_its_key_campaigns_again() {
+    let cluster = shared();
+    let a = locks(cluster, "election").await;
+    let prefix = a.lock_prefix("leader").unwrap();
+    let admin = raw(cluster).await;
+    for rejoin in [true, false] {
+        let (terms, mut led) = tokio::sync::mpsc::unbounded_channel();
+        let election = Election::new(a.clone(), "leader").rejoin_after_loss(rejoin);
+        let run = tokio::spawn(async move {
+            election
+                .run(|term| {
+                    let terms = terms.clone();
+                    async move {
+                        terms.send(term.get()).unwrap();
+                        // Leads until the leadership is lost.
+                        std::future::pending::<ControlFlow<()>>().await
+                    }
+                })
+                .await
+        });
+        let first = led.recv().await.unwrap();
+        delete_holders_key(&admin, &prefix).await;
+        if rejoin {
+            let second = tokio::time::timeout(Duration::from_secs(5), led.recv())
+                .await
+                .expect("led again after the loss")
+                .unwrap();
+            assert!(second > first, "{second} after {first}");
+            run.abort();
+            let _ = run.await;
+        } else {
+            let err = tokio::time::timeout(Duration::from_secs(5), run)
+                .await
+                .expect("run returned on the loss")
+                .unwrap()
+                .unwrap_err();
+            assert!(err.is_lost(), "{err}");
+            assert!(led.try_recv().is_err(), "led again though told not to");
+        }
+        await_queue_len(&admin, &prefix, 0).await;
+    }
 }
