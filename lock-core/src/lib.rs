@@ -22,6 +22,9 @@
 //! - **Clean release on every path**: explicit [`LockGuard::release`] reports
 //!   [`Released::Unlocked`], [`Released::StillHeld`], [`LockError::Expired`] or
 //!   [`LockError::NotOwner`]; a dropped guard releases in the background.
+//! - **Leader election** on any store: an [`Election`] campaigns for one lock; its
+//!   [`Leadership`]'s term is the grant's fencing token, its loss the lock's loss, and
+//!   [`Election::run`] campaigns again after a loss.
 //! - **Semaphores**: [`LockClient::semaphore`] lets at most N holders in at once across
 //!   processes; each permit has an id and its own lease, so a crashed holder's come back.
 //! - **Order ids**: [`IdGenerator`] issues 64-bit [`OrderId`]s (31 bits of seconds, 32 of
