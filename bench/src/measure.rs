@@ -212,7 +212,7 @@ impl ServerCpu for Processes {
 }
 
 /// CPU seconds (user + system) of process `pid` (`self` for this one), from
-/// /proc/<pid>/stat; 0 for a process that cannot be read.
+/// `/proc/<pid>/stat`; 0 for a process that cannot be read.
 fn process_cpu(pid: &str) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let fields: Vec<&str> = stat
