@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use lock_core::{AnyGuard, AnyLocks, Election, Leadership, LockError};
 
-use super::model::{self, Backend};
+use super::model::{self, Backend, seed};
 
 /// A leadership counts as leading only with this much validity left, so that the
 /// checker's own delay cannot make a true belief look false.
@@ -126,30 +126,10 @@ async fn run_model(backend: Backend, seed: u64, run_for: Duration) {
             ))
         })
         .collect();
-    let mut checks = 0u64;
-    while walkers.iter().any(|w| !w.is_finished()) {
-        if let Some(violation) = two_leaders(&slots) {
-            panic!("seed {seed}: {violation}");
-        }
-        checks += 1;
-        tokio::time::sleep(Duration::from_micros(500)).await;
-    }
-    let mut terms = 0;
-    for w in walkers {
-        terms += w.await.unwrap();
-    }
+    let (terms, checks) = model::watch(walkers, seed, async || two_leaders(&slots)).await;
     println!("seed {seed}: {terms} terms, {checks} checks, never two leaders");
     assert!(terms >= 10, "too few terms ({terms}) to mean anything");
     assert!(checks > 100, "too few checks ({checks})");
-}
-
-fn seed() -> u64 {
-    let seed = std::env::var("MODEL_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| fastrand::u64(..));
-    println!("MODEL_SEED={seed}");
-    seed
 }
 
 const RUN_FOR: Duration = Duration::from_secs(3);

@@ -432,18 +432,10 @@ async fn run_model(mut backend: Backend, seed: u64, run_for: Duration) {
             ))
         })
         .collect();
-    let mut checks = 0u64;
-    while walkers.iter().any(|w| !w.is_finished()) {
-        if let Some(violation) = check(&mut backend.server, &keys, &tasks).await {
-            panic!("seed {seed}: {violation}");
-        }
-        checks += 1;
-        tokio::time::sleep(Duration::from_micros(500)).await;
-    }
-    let mut steps = 0;
-    for w in walkers {
-        steps += w.await.unwrap();
-    }
+    let (steps, checks) = watch(walkers, seed, async || {
+        check(&mut backend.server, &keys, &tasks).await
+    })
+    .await;
     println!("seed {seed}: {steps} steps, {checks} checks, no violation");
     assert!(steps > 500, "too few steps ({steps}) to mean anything");
     assert!(checks > 100, "too few checks ({checks})");
@@ -455,7 +447,30 @@ async fn run_model(mut backend: Backend, seed: u64, run_for: Duration) {
     }
 }
 
-fn seed() -> u64 {
+/// Runs `check` every half millisecond until every walker has finished, and panics with
+/// the seed on the first violation it answers; answers the walkers' counts summed and
+/// how many checks ran.
+pub(super) async fn watch(
+    walkers: Vec<tokio::task::JoinHandle<u64>>,
+    seed: u64,
+    mut check: impl AsyncFnMut() -> Option<String>,
+) -> (u64, u64) {
+    let mut checks = 0u64;
+    while walkers.iter().any(|w| !w.is_finished()) {
+        if let Some(violation) = check().await {
+            panic!("seed {seed}: {violation}");
+        }
+        checks += 1;
+        tokio::time::sleep(Duration::from_micros(500)).await;
+    }
+    let mut counted = 0;
+    for w in walkers {
+        counted += w.await.unwrap();
+    }
+    (counted, checks)
+}
+
+pub(super) fn seed() -> u64 {
     let seed = std::env::var("MODEL_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
