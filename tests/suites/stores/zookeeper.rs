@@ -5,6 +5,8 @@
 //! and replies ([`faults`]).
 
 use crate::checks;
+// Leader election through the faults that gave Curator's LeaderLatch two leaders.
+mod election;
 // Connection faults in their own file: they need long sessions and pauses.
 mod faults;
 
