@@ -149,36 +149,6 @@ where
     }
 }
 
-/// Whether the runtime something was made on still runs: for a connection whose
-/// driving tasks live there, and that must be made again once that runtime ended.
-#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
-#[derive(Debug)]
-pub(crate) struct RuntimeAlive(std::sync::Arc<std::sync::atomic::AtomicBool>);
-
-#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
-impl RuntimeAlive {
-    /// The current runtime's: a task that never ends is parked on it, and dropped with
-    /// it. Outside any runtime, or on one shutting down, not alive.
-    pub(crate) fn here() -> Self {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        let alive = std::sync::Arc::new(AtomicBool::new(true));
-        let flag = alive.clone();
-        let sentinel = OnDrop::new(move || flag.store(false, Ordering::Release));
-        match Handle::try_current() {
-            Ok(rt) => drop(rt.spawn(async move {
-                let _sentinel = sentinel;
-                std::future::pending::<()>().await;
-            })),
-            Err(_) => drop(sentinel),
-        }
-        Self(alive)
-    }
-
-    pub(crate) fn is_alive(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::Acquire)
-    }
-}
-
 /// Runs `task` on the background runtime ([`spawn_lasting`]) and answers its output: a
 /// store's connect, whose connection must outlive the caller's runtime. A task cut off
 /// before it finished (its runtime shut down) is an error of `store`.
@@ -244,25 +214,5 @@ impl<Fut: Future<Output = ()> + Send + 'static> Drop for Rescued<Fut> {
         if let Some(task) = self.task.take().filter(|_| self.rescue) {
             to_background(task);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::RuntimeAlive;
-
-    #[test]
-    fn runtime_alive_until_its_runtime_ends() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let alive = rt.block_on(async { RuntimeAlive::here() });
-        assert!(alive.is_alive());
-        rt.block_on(tokio::task::yield_now());
-        assert!(alive.is_alive(), "its runtime still runs");
-        drop(rt);
-        assert!(!alive.is_alive());
-        assert!(!RuntimeAlive::here().is_alive(), "made outside any runtime");
     }
 }

@@ -11,6 +11,7 @@
 
 pub(crate) mod cleanup;
 pub(crate) mod config;
+pub(crate) mod homed;
 pub(crate) mod store;
 pub(crate) mod wait;
 
@@ -21,8 +22,9 @@ use redis::IntoConnectionInfo;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use self::config::LockConfig;
+use self::homed::Make;
 use self::store::key::{self, LockKeys, LockName, NameWriter};
-use self::store::{Conn, Make, RedisStore, Store, version};
+use self::store::{Conn, RedisStore, Store, version};
 use self::wait::Hub;
 use crate::error::LockError;
 use crate::metrics::StoreKind;

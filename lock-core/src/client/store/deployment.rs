@@ -13,9 +13,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisResult, ScriptInvocation, Value};
 
-use super::homed::{Homed, Make};
 use super::key::cluster_slot;
 use super::{Replies, Reply, Store};
+use crate::client::homed::{Homed, Make};
 
 /// A redis-rs connection as a [`Store`].
 pub(crate) struct RedisStore<C> {

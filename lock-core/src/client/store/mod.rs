@@ -11,7 +11,6 @@
 pub(crate) mod batch;
 mod deployment;
 mod entry;
-mod homed;
 pub mod key;
 pub(crate) mod scripts;
 pub(crate) mod version;
@@ -26,7 +25,6 @@ use redis::{Cmd, FromRedisValue, Pipeline, RedisResult, ScriptInvocation, Value}
 use crate::error::LockError;
 
 pub(crate) use deployment::RedisStore;
-pub(crate) use homed::Make;
 
 /// A boxed reply future (the seam is object-safe).
 pub(crate) type Reply<'a> = Pin<Box<dyn Future<Output = RedisResult<Value>> + Send + 'a>>;

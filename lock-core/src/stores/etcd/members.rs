@@ -7,10 +7,10 @@
 //!
 //! A member's connection is made on the runtime of the call that needs it, so a call
 //! does not hop to another thread and back; once that runtime has ended (and the
-//! connection's tasks with it), the next call connects again on its own runtime.
+//! connection's tasks with it), the next call connects again on its own runtime
+//! ([`Homed`]).
 
 use std::future::Future;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ use etcd_client as etcd;
 use tokio::time::Instant;
 
 use super::{STORE, etcd_error, timed};
-use crate::client::cleanup::RuntimeAlive;
+use crate::client::homed::{Homed, Make};
 use crate::error::LockError;
 
 /// The least time one member gets to answer.
@@ -27,26 +27,12 @@ const MIN_TRY: Duration = Duration::from_millis(100);
 const ROUND_PAUSE: Duration = Duration::from_millis(20);
 
 pub(super) struct Members {
-    /// One per member (or the user's own client, alone).
-    members: Vec<Member>,
+    /// One connection per member (or the user's own client, alone).
+    members: Vec<Homed<etcd::Client, etcd::Error>>,
     /// The member calls go to first (modulo the number of members).
     current: AtomicUsize,
     /// A call's time limit, over all the members it tries.
     within: Duration,
-    /// How a member is connected again.
-    options: etcd::ConnectOptions,
-}
-
-struct Member {
-    /// `http://host:port`; `None` for a client handed in, which is never remade.
-    endpoint: Option<String>,
-    conn: Mutex<Conn>,
-}
-
-struct Conn {
-    client: etcd::Client,
-    /// The runtime the client's connection tasks run on.
-    made_on: RuntimeAlive,
 }
 
 impl std::fmt::Debug for Members {
@@ -69,25 +55,9 @@ fn elsewhere(e: &etcd::Error) -> bool {
     }
 }
 
-/// Connects to `endpoint` on the current runtime, within `within`.
-async fn connect(
-    endpoint: &str,
-    options: &etcd::ConnectOptions,
-    within: Duration,
-) -> Result<Conn, LockError> {
-    let connecting = etcd::Client::connect([endpoint], Some(options.clone()));
-    let client = timed("connecting to etcd", within, connecting)
-        .await?
-        .map_err(etcd_error)?;
-    Ok(Conn {
-        client,
-        made_on: RuntimeAlive::here(),
-    })
-}
-
 impl Members {
     /// Connects to every one of `endpoints`, each within `within` (every call's limit
-    /// too).
+    /// too, a connection made again included).
     pub(super) async fn connect(
         endpoints: Vec<String>,
         options: etcd::ConnectOptions,
@@ -95,57 +65,32 @@ impl Members {
     ) -> Result<Self, LockError> {
         let mut members = Vec::with_capacity(endpoints.len());
         for endpoint in endpoints {
-            let conn = connect(&endpoint, &options, within).await?;
-            members.push(Member {
-                endpoint: Some(endpoint),
-                conn: Mutex::new(conn),
+            let connecting = etcd::Client::connect([endpoint.as_str()], Some(options.clone()));
+            let client = timed("connecting to etcd", within, connecting)
+                .await?
+                .map_err(etcd_error)?;
+            let options = options.clone();
+            let remake: Make<etcd::Client, etcd::Error> = Box::new(move || {
+                let (endpoint, options) = (endpoint.clone(), options.clone());
+                Box::pin(async move { etcd::Client::connect([endpoint], Some(options)).await })
             });
+            members.push(Homed::new(client, Some(remake)));
         }
-        Ok(Self::of(members, options, within))
+        Ok(Self::of(members, within))
     }
 
     /// The user's own client, alone, used as it is.
     pub(super) fn handed_in(client: etcd::Client, within: Duration) -> Self {
-        let member = Member {
-            endpoint: None,
-            conn: Mutex::new(Conn {
-                client,
-                made_on: RuntimeAlive::here(),
-            }),
-        };
-        Self::of(vec![member], etcd::ConnectOptions::new(), within)
+        Self::of(vec![Homed::new(client, None)], within)
     }
 
-    fn of(members: Vec<Member>, options: etcd::ConnectOptions, within: Duration) -> Self {
+    fn of(members: Vec<Homed<etcd::Client, etcd::Error>>, within: Duration) -> Self {
         debug_assert!(!members.is_empty());
         Self {
             members,
             current: AtomicUsize::new(0),
             within,
-            options,
         }
-    }
-
-    /// Member `i`'s client, connected again on this runtime if the runtime its
-    /// connection lived on has ended.
-    async fn client(&self, i: usize) -> Result<etcd::Client, LockError> {
-        let member = &self.members[i];
-        {
-            let conn = member.conn.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(endpoint) = &member.endpoint else {
-                return Ok(conn.client.clone());
-            };
-            if conn.made_on.is_alive() {
-                return Ok(conn.client.clone());
-            }
-            tracing::debug!(endpoint = %endpoint, "etcd connection's runtime ended; connecting again");
-        }
-        let endpoint = member.endpoint.as_deref().unwrap_or_default();
-        // Boxed: rare, and a connect future would swell every call's.
-        let fresh = Box::pin(connect(endpoint, &self.options, self.within)).await?;
-        let client = fresh.client.clone();
-        *member.conn.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
-        Ok(client)
     }
 
     /// Runs `op` on a member (see the module docs); `what` names it in errors. Only
@@ -170,16 +115,12 @@ impl Members {
                 }));
             }
             let at = self.current.load(Ordering::Relaxed);
-            let attempt = async {
-                let client = self.client(at % n).await?;
-                Ok::<_, LockError>(op(client).await)
-            };
+            // A connection made again (its runtime ended) counts in the member's share.
+            let attempt = self.members[at % n].call(&mut op);
             match tokio::time::timeout(share.min(left), attempt).await {
-                Ok(Ok(Ok(v))) => return Ok(v),
-                Ok(Ok(Err(e))) if elsewhere(&e) => last = Some(etcd_error(e)),
-                Ok(Ok(Err(e))) => return Err(etcd_error(e)),
-                // Could not connect again: another member may be reachable.
-                Ok(Err(e)) => last = Some(e),
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) if elsewhere(&e) => last = Some(etcd_error(e)),
+                Ok(Err(e)) => return Err(etcd_error(e)),
                 Err(_) => {
                     last = Some(LockError::Store {
                         store: STORE,

@@ -1,5 +1,8 @@
-//! A redis-rs connection made again when the runtime it was made on ends.
+//! A store's connection made again when the runtime it was made on ends: a redis-rs
+//! connection, an etcd client.
 //!
+//! A client library runs a connection's tasks on the runtime it was made on (etcd's
+//! gRPC channel, redis-rs's connection): once that runtime ends, every call fails.
 //! redis-rs runs a connection's task on the runtime it was made on (a Cluster
 //! connection's for good: once that runtime ends, every call fails), and a
 //! `ConnectionManager`'s reconnects on the runtime of the call that starts them, where
@@ -22,19 +25,20 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
-use redis::RedisResult;
+use redis::RedisError;
 use tokio::runtime::Handle;
 use tokio::sync::{Mutex, oneshot};
 
 /// Makes a new connection like the first.
-pub(crate) type Make<C> = Box<dyn Fn() -> BoxFuture<'static, RedisResult<C>> + Send + Sync>;
+pub(crate) type Make<C, E = RedisError> =
+    Box<dyn Fn() -> BoxFuture<'static, Result<C, E>> + Send + Sync>;
 
-/// A connection, made again when its runtime ends.
-pub(crate) struct Homed<C> {
+/// A connection, made again when its runtime ends; `E` is its client's error.
+pub(crate) struct Homed<C, E = RedisError> {
     /// Read on every call, written only to replace an ended connection.
     home: RwLock<Home<C>>,
     /// `None` for a connection handed in by the user.
-    make: Option<Make<C>>,
+    make: Option<Make<C, E>>,
     /// Held while a new connection is made, so the calls that find the old one ended
     /// make one, not one each.
     making: Mutex<()>,
@@ -79,9 +83,9 @@ impl Drop for SetOnDrop {
     }
 }
 
-impl<C: Clone + Send + Sync + 'static> Homed<C> {
+impl<C: Clone + Send + Sync + 'static, E: From<std::io::Error>> Homed<C, E> {
     /// `conn`, made on the current runtime; `make`, when known, makes its successors.
-    pub(crate) fn new(conn: C, make: Option<Make<C>>) -> Self {
+    pub(crate) fn new(conn: C, make: Option<Make<C, E>>) -> Self {
         Self {
             home: RwLock::new(Home::watched(conn)),
             make,
@@ -91,7 +95,7 @@ impl<C: Clone + Send + Sync + 'static> Homed<C> {
 
     /// The connection in place, or, when its runtime ended and a new one can be made,
     /// what makes it.
-    fn in_place(&self) -> Result<C, &Make<C>> {
+    fn in_place(&self) -> Result<C, &Make<C, E>> {
         let home = self.home.read().unwrap_or_else(PoisonError::into_inner);
         match &self.make {
             Some(make) if home.ended.load(Ordering::Acquire) => Err(make),
@@ -101,7 +105,7 @@ impl<C: Clone + Send + Sync + 'static> Homed<C> {
 
     /// Makes a new connection in place of the ended one with `make` (once for all the
     /// calls that found it ended).
-    async fn remake(&self) -> RedisResult<C> {
+    async fn remake(&self) -> Result<C, E> {
         let _making = self.making.lock().await;
         let make = match self.in_place() {
             // Another call made it while this one waited.
@@ -121,9 +125,9 @@ impl<C: Clone + Send + Sync + 'static> Homed<C> {
 
     /// Runs `call` on the connection; a panic inside it is the error of this call, and
     /// the connection is made again for the next.
-    pub(crate) async fn call<T, Fut>(&self, call: impl FnOnce(C) -> Fut) -> RedisResult<T>
+    pub(crate) async fn call<T, Fut>(&self, call: impl FnOnce(C) -> Fut) -> Result<T, E>
     where
-        Fut: Future<Output = RedisResult<T>>,
+        Fut: Future<Output = Result<T, E>>,
     {
         let conn = match self.in_place() {
             Ok(conn) => conn,
@@ -135,8 +139,9 @@ impl<C: Clone + Send + Sync + 'static> Homed<C> {
                 self.set_ended();
                 Err(std::io::Error::new(
                     std::io::ErrorKind::ConnectionAborted,
-                    "the connection's reconnect failed inside redis-rs (the runtime it ran on \
-                     ended); a connection lock-core opened is made again for the next call",
+                    "the connection failed inside its client library (a reconnect on a runtime \
+                     that has ended); a connection lock-core opened is made again for the next \
+                     call",
                 )
                 .into())
             }
