@@ -173,7 +173,7 @@ async fn await_deletion(
     match stream.message().await {
         Ok(Some(answer)) if answer.created() && !answer.canceled() => {
             let from = answer.header().map_or(i64::MAX, |h| h.revision());
-            if from > revision && !still_present(members, key, created).await? {
+            if from > revision && !is_there(members, key, created).await? {
                 return Ok(());
             }
         }
@@ -196,20 +196,6 @@ async fn await_deletion(
     }
 }
 
-/// Whether `key` exists, created at revision `created`: one read.
-async fn still_present(members: &Members, key: &[u8], created: i64) -> Result<bool, LockError> {
-    let answer = members
-        .call("looking at the key before ours", |c| async move {
-            let options = GetOptions::new().with_keys_only();
-            c.kv_client().get(key, Some(options)).await
-        })
-        .await?;
-    Ok(answer
-        .kvs()
-        .first()
-        .is_some_and(|kv| kv.create_revision() == created))
-}
-
 /// Deletes `key`: `true` if it was there. Our keys are named after our lease, and a
 /// client's scopes take turns on a name until its key is known deleted, so no one but
 /// this holder can have made the key this deletes (a guarded transaction would cost
@@ -223,19 +209,34 @@ pub(super) async fn delete(members: &Members, key: &str) -> Result<bool, LockErr
     Ok(answer.deleted() > 0)
 }
 
+/// Whether `key` still exists with create revision `created`: one read.
+pub(super) async fn is_there(
+    members: &Members,
+    key: &[u8],
+    created: i64,
+) -> Result<bool, LockError> {
+    let there = still_there(members, &[(key, created)]).await?;
+    Ok(there.first().copied().unwrap_or(false))
+}
+
 /// Whether each of `keys` still exists with its create revision: one read.
 pub(super) async fn still_there(
     members: &Members,
-    keys: &[(&str, i64)],
+    keys: &[(&[u8], i64)],
 ) -> Result<Vec<bool>, LockError> {
     let gets: Vec<TxnOp> = keys
         .iter()
         .map(|(key, _)| TxnOp::get(*key, Some(GetOptions::new().with_keys_only())))
         .collect();
-    let answer = txn_call(members, "checking our keys", &Txn::new().and_then(gets)).await?;
+    let answer = txn_call(
+        members,
+        "checking keys are there",
+        &Txn::new().and_then(gets),
+    )
+    .await?;
     let ops = answer.op_responses();
     if ops.len() != keys.len() {
-        return Err(unexpected("a read of our keys missed some"));
+        return Err(unexpected("a read of keys missed some"));
     }
     Ok(keys
         .iter()

@@ -344,8 +344,7 @@ impl EtcdBackend {
                     return Ok(None);
                 }
                 // The key may have gone with the lease while we waited.
-                let there = contender::still_there(&self.members, &[(&key, rev)]).await?;
-                if !there.first().copied().unwrap_or(false) {
+                if !contender::is_there(&self.members, key.as_bytes(), rev).await? {
                     return Err(LockError::Store {
                         store: STORE,
                         message: "our contender key was deleted while we waited (the session \
@@ -408,7 +407,7 @@ impl EtcdBackend {
         let kept = futures_util::future::join_all(
             leases.iter().map(|l| self.session.renew(&self.members, *l)),
         );
-        let keys: Vec<(&str, i64)> = grants.iter().map(|g| (g.key.as_str(), g.token)).collect();
+        let keys: Vec<(&[u8], i64)> = grants.iter().map(|g| (g.key.as_bytes(), g.token)).collect();
         let (kept, there) = tokio::join!(kept, contender::still_there(&self.members, &keys));
         let kept: Vec<KeptAlive> = kept.into_iter().collect::<Result<_, _>>()?;
         let there = there?;
