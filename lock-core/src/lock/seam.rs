@@ -57,6 +57,26 @@ pub(crate) enum Taken<G> {
     },
 }
 
+impl<G> Taken<G> {
+    /// Busy on a store that tells no holder's lease (a session store): asked again
+    /// after the first backoff step.
+    #[cfg_attr(
+        not(any(
+            feature = "postgres",
+            feature = "mysql",
+            feature = "zookeeper",
+            feature = "etcd"
+        )),
+        allow(dead_code)
+    )]
+    pub(crate) fn busy_without_lease(config: &LockConfig) -> Self {
+        Self::Busy {
+            retry_after: config.backoff.initial,
+            failure: None,
+        }
+    }
+}
+
 /// What a store can and cannot do, checked by the engine before it asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Capabilities {

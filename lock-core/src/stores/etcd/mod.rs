@@ -455,11 +455,7 @@ impl Seam for EtcdBackend {
                 valid: Validity::Until(hold.lease.valid_until),
                 grant: Arc::new(hold),
             },
-            // etcd tells no holder's lease: the first backoff step.
-            None => Taken::Busy {
-                retry_after: self.config.backoff.initial,
-                failure: None,
-            },
+            None => Taken::busy_without_lease(&self.config),
         })
     }
 

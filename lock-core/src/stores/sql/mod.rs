@@ -263,11 +263,7 @@ impl<S: SqlStore> Seam for SqlBackend<S> {
         let store = <S::Dialect as Dialect>::STORE;
         let granted = bounded(store, wait, config, self.store.grant(&dialect, wait)).await?;
         let Some((token, conn)) = granted else {
-            // The server has no holder lease to tell: the first backoff step.
-            return Ok(Taken::Busy {
-                retry_after: config.backoff.initial,
-                failure: None,
-            });
+            return Ok(Taken::busy_without_lease(config));
         };
         Ok(Taken::Granted {
             grant: Arc::new(Session {

@@ -286,11 +286,7 @@ impl Seam for ZkBackend {
                 grant: Arc::new(hold),
                 valid: Validity::Kept,
             },
-            // ZooKeeper has no lease to report: the first backoff step.
-            None => Taken::Busy {
-                retry_after: self.config.backoff.initial,
-                failure: None,
-            },
+            None => Taken::busy_without_lease(&self.config),
         })
     }
 
