@@ -29,8 +29,7 @@ use lock_tests::{EtcdCluster, ZooKeeperServer};
 use crate::figure::Figure;
 use crate::hot::{self, HotCycle, HotSample};
 use crate::measure::{
-    BoxError, Cycle, Processes, Timing, cycle, measure_rounds, median, median_rates, rates,
-    round_order, rounds_list,
+    BoxError, Cycle, Processes, Timing, cycle, measure_rounds, rates, round_order,
 };
 
 /// Concurrencies of the uncontended cycles.
@@ -296,17 +295,8 @@ async fn uncontended(
     let mut figures = Vec::new();
     for tasks in CONCURRENCIES {
         let samples = measure_rounds(&mut cpu, &cycles, tasks, timing, rounds).await?;
-        for ((name, s), rate) in IMPLS.iter().zip(&samples).zip(median_rates(&samples)) {
-            println!(
-                "uncontended tasks={tasks} {name}_cpu_us_per_cycle servers {:.1} client {:.1}",
-                median(s.iter().map(|s| s.server_us)),
-                median(s.iter().map(|s| s.client_us)),
-            );
-            println!("uncontended tasks={tasks} {name}_cycles_per_s {rate:.0}");
-            println!(
-                "uncontended tasks={tasks} {name}_cycles_per_s_rounds {}",
-                rounds_list(rates(s))
-            );
+        for (name, s) in IMPLS.iter().zip(&samples) {
+            crate::uncontended::print(tasks, "servers", name, name, s);
         }
         let figure = |name: &str, a: usize, b: usize| {
             let name = format!("{name}_{tasks}_tasks");

@@ -8,7 +8,7 @@ use redis::aio::ConnectionManager;
 
 use crate::figure::Figure;
 use crate::measure::{
-    BoxError, Cycle, Timing, cycle, fixed_lease_cycle, measure_rounds, median, median_rates, rates,
+    BoxError, Cycle, Sample, Timing, cycle, fixed_lease_cycle, measure_rounds, median, rates,
     rounds_list, rslock_cycle,
 };
 
@@ -149,6 +149,23 @@ fn raw(conn: ConnectionManager) -> Result<Cycle, BoxError> {
     }))
 }
 
+/// Prints one implementation's medians over its rounds `samples` at `tasks` tasks: CPU
+/// per cycle under `name` (`server` names the server side), cycles per second and each
+/// round's under `rate_name`.
+pub fn print(tasks: usize, server: &str, name: &str, rate_name: &str, samples: &[Sample]) {
+    println!(
+        "uncontended tasks={tasks} {name}_cpu_us_per_cycle {server} {:.1} client {:.1}",
+        median(samples.iter().map(|s| s.server_us)),
+        median(samples.iter().map(|s| s.client_us)),
+    );
+    let rate = median(rates(samples));
+    println!("uncontended tasks={tasks} {rate_name}_cycles_per_s {rate:.0}");
+    println!(
+        "uncontended tasks={tasks} {rate_name}_cycles_per_s_rounds {}",
+        rounds_list(rates(samples))
+    );
+}
+
 /// Measures every implementation at 1 and 64 tasks, `rounds` interleaved rounds each;
 /// prints the medians, the per-round rates and each ratio's line (the median of the
 /// per-round ratios, their spread, and a `disturbed` line when they disagree).
@@ -162,18 +179,8 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
     let mut probe = conn.clone();
     for tasks in CONCURRENCIES {
         let samples = measure_rounds(&mut probe, &cycles, tasks, timing, rounds).await?;
-        let medians = median_rates(&samples);
-        for (((name, rate_name), s), rate) in IMPLS.iter().zip(&samples).zip(medians) {
-            println!(
-                "uncontended tasks={tasks} {name}_cpu_us_per_cycle redis {:.1} client {:.1}",
-                median(s.iter().map(|s| s.server_us)),
-                median(s.iter().map(|s| s.client_us)),
-            );
-            println!("uncontended tasks={tasks} {rate_name}_cycles_per_s {rate:.0}");
-            println!(
-                "uncontended tasks={tasks} {rate_name}_cycles_per_s_rounds {}",
-                rounds_list(rates(s))
-            );
+        for ((name, rate_name), s) in IMPLS.iter().zip(&samples) {
+            print(tasks, "redis", name, rate_name, s);
         }
         let figure = |name: &str, a: usize, b: usize| {
             let name = format!("{name}_{tasks}_tasks");
