@@ -16,6 +16,7 @@ use std::future::Future;
 use std::ops::ControlFlow;
 use std::time::Duration;
 
+use crate::client::config::Backoff;
 use crate::client::store::key::LockName;
 use crate::error::LockError;
 use crate::lock::{LockOptions, Released};
@@ -25,10 +26,11 @@ use crate::traits::{DistributedLock, HeldLock};
 /// How long [`Election::run`] waits in one campaign before it asks again (a release
 /// wakes it at once: this only bounds one call).
 const CAMPAIGN_WAIT: Duration = Duration::from_secs(30);
-/// The first pause of [`Election::run`] after a campaign failed for the store, doubled
-/// after each failure up to [`MAX_PAUSE`].
-const FIRST_PAUSE: Duration = Duration::from_millis(100);
-const MAX_PAUSE: Duration = Duration::from_secs(5);
+/// The pauses of [`Election::run`] after campaigns failed for the store.
+const RETRY: Backoff = Backoff {
+    initial: Duration::from_millis(100),
+    max: Duration::from_secs(5),
+};
 
 /// One candidate for leadership of `name` on the lock store `locks` (any
 /// [`DistributedLock`]: a [`LockClient`](crate::LockClient), a `Redlock`, a store of
@@ -127,13 +129,13 @@ where
     /// When the leadership is lost, `lead`'s future is dropped at once (its work must
     /// stop at an await) and, unless [`rejoin_after_loss(false)`](Self::rejoin_after_loss),
     /// the candidate campaigns again. A store that cannot be reached is asked again
-    /// after a pause that doubles from 100 ms up to 5 s.
+    /// after a jittered pause ([`Backoff`]) that grows from 100 ms up to 5 s.
     pub async fn run<F, Fut>(&self, mut lead: F) -> Result<(), LockError>
     where
         F: FnMut(FencingToken) -> Fut,
         Fut: Future<Output = ControlFlow<()>>,
     {
-        let mut pause = FIRST_PAUSE;
+        let mut failed = 0;
         loop {
             let leadership = match self.campaign(CAMPAIGN_WAIT).await {
                 Ok(l) => l,
@@ -143,14 +145,15 @@ where
                         || e.is_no_quorum()
                         || matches!(e, LockError::NoFencingToken { .. }) =>
                 {
+                    let pause = RETRY.delay(failed);
+                    failed += 1;
                     tracing::warn!(error = %e, "campaign failed; trying again in {pause:?}");
                     tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(MAX_PAUSE);
                     continue;
                 }
                 Err(e) => return Err(e),
             };
-            pause = FIRST_PAUSE;
+            failed = 0;
             let lost = leadership.lost();
             let flow = tokio::select! {
                 flow = lead(leadership.term()) => Some(flow),
