@@ -29,7 +29,7 @@ use lock_tests::{EtcdCluster, ZooKeeperServer};
 use crate::figure::Figure;
 use crate::hot::{self, HotCycle, HotSample};
 use crate::measure::{
-    BoxError, Cycle, Processes, Timing, cycle, measure_rounds, rates, round_order,
+    BoxError, Cycle, Processes, Timing, acquire_cycle, cycle, measure_rounds, rates, round_order,
 };
 
 /// Concurrencies of the uncontended cycles.
@@ -219,15 +219,11 @@ where
     L: DistributedLock + Clone + Send + Sync + 'static,
     L::Guard: Send,
 {
-    let once = LockOptions::new().wait(Duration::ZERO);
-    cycle(move |t, _| {
-        let (locks, once) = (locks.clone(), once.clone());
-        async move {
-            let g = locks.acquire(("bench", "uncontended", t), once).await?;
-            g.release().await?;
-            Ok(())
-        }
-    })
+    acquire_cycle(
+        locks,
+        "uncontended",
+        LockOptions::new().wait(Duration::ZERO),
+    )
 }
 
 fn raw_hot(contenders: Vec<Raw>) -> HotCycle {

@@ -38,10 +38,20 @@ where
     let fixed = LockOptions::new()
         .lease(Lease::Fixed(Duration::from_secs(10)))
         .wait(Duration::ZERO);
+    acquire_cycle(locks, kind, fixed)
+}
+
+/// lock-core's acquire with `options` and release of one name per task,
+/// `("bench", kind, task)`, on `locks`.
+pub fn acquire_cycle<L>(locks: L, kind: &'static str, options: LockOptions) -> Cycle
+where
+    L: DistributedLock + Clone + Send + Sync + 'static,
+    L::Guard: Send,
+{
     cycle(move |t, _| {
-        let (locks, fixed) = (locks.clone(), fixed.clone());
+        let (locks, options) = (locks.clone(), options.clone());
         async move {
-            let g = locks.acquire(("bench", kind, t), fixed).await?;
+            let g = locks.acquire(("bench", kind, t), options).await?;
             g.release().await?;
             Ok(())
         }
