@@ -124,6 +124,22 @@ pub enum LockError {
         /// Why there is none.
         reason: &'static str,
     },
+    /// This store cannot take this kind of hold (a read or write hold where the
+    /// store has no shared holds): nothing was asked of the store. Use another store
+    /// for this lock, or a plain (exclusive) lock.
+    Unsupported {
+        /// The lock's name (escaped).
+        key: String,
+        /// What the store lacks.
+        reason: &'static str,
+    },
+    /// The scope holds a read hold of this lock and asked for its write hold: waiting
+    /// for it would wait for itself. Release the read hold first, then take the write
+    /// hold (and check again what was read: another writer may have come between).
+    Upgrade {
+        /// The lock's name (escaped).
+        key: String,
+    },
 }
 
 impl LockError {
@@ -266,6 +282,14 @@ impl fmt::Display for LockError {
             Self::NoFencingToken { key, reason } => {
                 write!(f, "no fencing token for this grant of `{key}`: {reason}")
             }
+            Self::Unsupported { key, reason } => {
+                write!(f, "cannot take `{key}` this way: {reason}")
+            }
+            Self::Upgrade { key } => write!(
+                f,
+                "this scope holds a read hold of `{key}` and asked for its write hold, \
+                 which would wait for itself: release the read hold first"
+            ),
             Self::ValidityExhausted {
                 key,
                 elapsed,

@@ -118,7 +118,7 @@ pub use fencing::FencedWrite;
 pub use global::{global, install_global};
 pub use idempotency::{Begin, Claim, IdempotencyKeys, IdempotencyStore, OneTimeTokens};
 pub use ids::{IdGenerator, OrderId};
-pub use key::{KeyPart, LockKeys, LockName};
+pub use key::{KeyPart, LockKeys, LockMode, LockName};
 pub use lock::seam::Backend;
 pub use lock::{LockGuard, LockOptions, Released};
 pub use owner::{ClientId, FencingToken, LockScope};

@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::client::config::LockConfig;
-use crate::client::store::key::LockKeys;
+use crate::client::store::key::{LockKeys, LockMode};
 use crate::client::wait::Listen;
 use crate::error::LockError;
 use crate::lock::Request;
@@ -40,8 +40,107 @@ impl Backend for MemoryBackend {}
 #[derive(Debug, Default)]
 struct Table {
     locks: HashMap<String, Entry>,
+    /// Read-write locks, by key.
+    shared: HashMap<String, Shared>,
     /// Entries left after the last sweep of expired ones.
     after_sweep: usize,
+}
+
+/// One read-write lock: its holders (readers, or one writer and its own scope's
+/// readers), and until when a waiting writer holds new readers back.
+#[derive(Debug, Default)]
+struct Shared {
+    holders: Vec<Holder>,
+    writer_waits: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct Holder {
+    grant: u64,
+    scope: u64,
+    write: bool,
+    /// `None`: held until given back.
+    until: Option<Instant>,
+}
+
+impl Holder {
+    fn live(&self, now: Instant) -> bool {
+        self.until.is_none_or(|u| u > now)
+    }
+}
+
+impl Shared {
+    /// Whether anything in it still matters at `now`.
+    fn live(&self, now: Instant) -> bool {
+        self.holders.iter().any(|h| h.live(now)) || self.writer_waits.is_some_and(|w| w > now)
+    }
+
+    /// How long until the holders `blocking` may be gone (a kept one: `kept`).
+    fn retry_after<'a>(
+        blocking: impl Iterator<Item = &'a Holder>,
+        now: Instant,
+        kept: Duration,
+    ) -> Duration {
+        blocking
+            .map(|h| h.until.map_or(kept, |u| u - now))
+            .min()
+            .unwrap_or(kept)
+    }
+
+    /// One attempt to take a `write` (else read) hold as `grant` of `scope` until
+    /// `until`; `linger`: how long a busy writer that waits holds new readers back
+    /// (`None`: it does not wait). `Err`: busy, for at most this long.
+    fn take(
+        &mut self,
+        (grant, scope, write): (u64, u64, bool),
+        until: Option<Instant>,
+        now: Instant,
+        (kept, linger): (Duration, Option<Duration>),
+    ) -> Result<(), Duration> {
+        self.holders.retain(|h| h.live(now));
+        if write {
+            if !self.holders.is_empty() {
+                let mut wait = Self::retry_after(self.holders.iter(), now, kept);
+                if let Some(linger) = linger {
+                    // Asked again before the mark runs out, so it stays marked.
+                    // Another waiting writer's longer mark stands.
+                    self.writer_waits = self.writer_waits.max(Some(now + linger));
+                    wait = wait.min(linger / 2);
+                }
+                return Err(wait);
+            }
+            self.writer_waits = None;
+        } else {
+            let writer = |h: &&Holder| h.write;
+            if let Some(w) = self.holders.iter().find(writer) {
+                // Only the writer's own scope reads beside it (a downgrade).
+                if w.scope != scope {
+                    return Err(Self::retry_after(
+                        self.holders.iter().filter(writer),
+                        now,
+                        kept,
+                    ));
+                }
+            } else if let Some(waits) = self.writer_waits.filter(|w| *w > now) {
+                return Err(waits - now);
+            }
+        }
+        self.holders.push(Holder {
+            grant,
+            scope,
+            write,
+            until,
+        });
+        Ok(())
+    }
+
+    /// The hold `grant` if it is live; else how it was lost.
+    fn own(&mut self, grant: u64, now: Instant) -> Held<&mut Holder> {
+        match self.holders.iter_mut().find(|h| h.grant == grant) {
+            Some(h) if h.live(now) => Ok(h),
+            _ => Err(Loss::Expired),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -60,12 +159,26 @@ impl Entry {
 impl Table {
     fn insert(&mut self, key: &str, entry: Entry, now: Instant) {
         self.locks.insert(key.to_owned(), entry);
-        // Expired entries nobody took again go in sweeps, so memory stays within
-        // twice what is held.
-        if self.locks.len() > 2 * self.after_sweep + 64 {
+        self.sweep(now);
+    }
+
+    /// Expired entries nobody took again go in sweeps, so memory stays within twice
+    /// what is held.
+    fn sweep(&mut self, now: Instant) {
+        if self.locks.len() + self.shared.len() > 2 * self.after_sweep + 64 {
             self.locks.retain(|_, e| e.live(now));
-            self.after_sweep = self.locks.len();
+            self.shared.retain(|_, e| e.live(now));
+            self.after_sweep = self.locks.len() + self.shared.len();
         }
+    }
+
+    /// The read-write lock `key`, made if absent.
+    fn shared(&mut self, key: &str, now: Instant) -> &mut Shared {
+        if !self.shared.contains_key(key) {
+            self.sweep(now);
+            self.shared.insert(key.to_owned(), Shared::default());
+        }
+        self.shared.entry(key.to_owned()).or_default()
     }
 
     /// The entry of `key` if it is grant `grant`'s and live; else how it was lost.
@@ -94,13 +207,27 @@ impl MemoryBackend {
 
     /// Entries in the table: held locks, plus expired ones not swept yet.
     pub(crate) fn entries(&self) -> usize {
-        self.table().locks.len()
+        let table = self.table();
+        table.locks.len() + table.shared.len()
     }
 
-    /// Removes `key` if grant `grant` holds it, and wakes the waiters.
-    fn remove(&self, key: &str, grant: u64) -> Held {
-        let now = Instant::now();
+    /// Removes `keys`' grant `grant` if it holds the lock, and wakes the waiters.
+    fn remove(&self, keys: &LockKeys, grant: u64) -> Held {
+        let (key, now) = (keys.key.as_str(), Instant::now());
         let mut table = self.table();
+        if keys.mode.is_read_write() {
+            let Some(shared) = table.shared.get_mut(key) else {
+                return Err(Loss::Expired);
+            };
+            let outcome = shared.own(grant, now).map(drop);
+            shared.holders.retain(|h| h.grant != grant);
+            if !shared.live(now) {
+                table.shared.remove(key);
+            }
+            drop(table);
+            self.released.notify_waiters();
+            return outcome;
+        }
         let outcome = table.own(key, grant, now).map(drop);
         // Ours, live or not: gone now.
         if table.locks.get(key).is_some_and(|e| e.grant == grant) {
@@ -112,12 +239,17 @@ impl MemoryBackend {
     }
 
     /// Lengthens grant `grant`'s lease to `lease` from now (a kept grant stays kept).
-    fn lengthen(&self, key: &str, grant: u64, lease: Duration) -> Held<Instant> {
+    fn lengthen(&self, keys: &LockKeys, grant: u64, lease: Duration) -> Held<Instant> {
         let now = Instant::now();
         let until = now + lease;
         let mut table = self.table();
-        let entry = table.own(key, grant, now)?;
-        if let Some(u) = entry.until.as_mut() {
+        let lease_end = if keys.mode.is_read_write() {
+            let shared = table.shared.get_mut(&keys.key).ok_or(Loss::Expired)?;
+            &mut shared.own(grant, now)?.until
+        } else {
+            &mut table.own(&keys.key, grant, now)?.until
+        };
+        if let Some(u) = lease_end.as_mut() {
             *u = (*u).max(until);
         }
         Ok(until)
@@ -135,13 +267,13 @@ impl Seam for MemoryBackend {
         &self.config
     }
 
-    const CAPABILITIES: Capabilities = Capabilities::LOCAL_LEASES;
+    const CAPABILITIES: Capabilities = Capabilities::LOCAL_LEASES.with_shared(true);
 
     async fn take(
         &self,
         req: &Request,
         _seq: u64,
-        _wait: Duration,
+        wait: Duration,
     ) -> Result<Taken<u64>, LockError> {
         // A watched grant is kept until given back, or ends at its max-hold.
         let lease = if req.watchdog {
@@ -151,6 +283,33 @@ impl Seam for MemoryBackend {
         };
         let now = Instant::now();
         let mut table = self.table();
+        if req.keys.mode.is_read_write() {
+            let grant = self.tokens.fetch_add(1, Ordering::Relaxed) + 1;
+            let write = req.keys.mode == LockMode::Write;
+            let until = lease.and_then(|l| now.checked_add(l));
+            // A waiting writer marks the lock for as long as it still waits, at most
+            // one linger (it asks again within that).
+            let linger = (!wait.is_zero()).then(|| wait.min(self.config.waiter_linger()));
+            let kept = self.config.watchdog_lease();
+            let who = (grant, req.scope.id(), write);
+            return Ok(
+                match table
+                    .shared(&req.keys.key, now)
+                    .take(who, until, now, (kept, linger))
+                {
+                    Ok(()) => Taken::Granted {
+                        grant,
+                        // Readers write nothing: only a writer is fenced.
+                        token: write.then(|| FencingToken::new(grant, grant)),
+                        valid: until.map_or(Validity::Kept, Validity::Until),
+                    },
+                    Err(retry_after) => Taken::Busy {
+                        retry_after,
+                        failure: None,
+                    },
+                },
+            );
+        }
         if let Some(e) = table.locks.get(&req.keys.key)
             && e.live(now)
         {
@@ -171,21 +330,29 @@ impl Seam for MemoryBackend {
     }
 
     async fn give_back(&self, keys: &LockKeys, grant: &u64) -> Result<Held, LockError> {
-        Ok(self.remove(&keys.key, *grant))
+        Ok(self.remove(keys, *grant))
     }
 
     fn give_back_now(&self, keys: &LockKeys, grant: &u64) -> Option<Held> {
-        Some(self.remove(&keys.key, *grant))
+        Some(self.remove(keys, *grant))
     }
 
     fn let_expire(&self, keys: &LockKeys, grant: &u64) {
         // A kept grant keeps the watchdog lease from now, as on Redis.
         let now = Instant::now();
         let mut table = self.table();
-        if let Ok(e) = table.own(&keys.key, *grant, now)
-            && e.until.is_none()
+        let lease_end = if keys.mode.is_read_write() {
+            let shared = table.shared.get_mut(&keys.key);
+            shared
+                .and_then(|s| s.own(*grant, now).ok())
+                .map(|h| &mut h.until)
+        } else {
+            table.own(&keys.key, *grant, now).ok().map(|e| &mut e.until)
+        };
+        if let Some(until) = lease_end
+            && until.is_none()
         {
-            e.until = now.checked_add(self.config.watchdog_lease());
+            *until = now.checked_add(self.config.watchdog_lease());
         }
     }
 
@@ -195,7 +362,7 @@ impl Seam for MemoryBackend {
         grant: &u64,
         lease: Duration,
     ) -> Result<Held<Instant>, LockError> {
-        Ok(self.lengthen(&keys.key, *grant, lease))
+        Ok(self.lengthen(keys, *grant, lease))
     }
 
     fn listen<'a>(&'a self, _keys: &LockKeys, _channel: &'a str) -> Option<Listen<'a>> {

@@ -16,9 +16,10 @@ use crate::client::Client;
 use crate::client::cleanup::{self, OnDrop};
 use crate::client::config::{LockConfig, proven};
 use crate::client::store::batch::{Command, Entry, Turn as LaneTurn};
-use crate::client::store::key::{LockKeys, RELEASED, WAITERS};
+use crate::client::store::key::{LockKeys, LockMode, RELEASED, WAITERS};
 use crate::client::store::scripts::{
-    ACQUIRE, AcquireReply, Code, FENCE, FenceReply, GrantReply, RELEASE, RENEW, codes,
+    ACQUIRE, AcquireReply, Code, FENCE, FenceReply, GrantReply, READ_WRITE, RELEASE, RENEW,
+    code_value, codes,
 };
 use crate::client::wait::Listen;
 use crate::error::LockError;
@@ -262,7 +263,7 @@ impl Seam for RedisBackend {
         self.client.config()
     }
 
-    const CAPABILITIES: Capabilities = Capabilities::RENEWED_LEASES;
+    const CAPABILITIES: Capabilities = Capabilities::RENEWED_LEASES.with_shared(true);
 
     async fn take(
         &self,
@@ -270,11 +271,13 @@ impl Seam for RedisBackend {
         seq: u64,
         wait: Duration,
     ) -> Result<Taken<String>, LockError> {
+        if req.keys.mode.is_read_write() {
+            return self.take_shared(req, seq, wait).await;
+        }
         let linger = if !wait.is_zero() {
             // The waiter marker outlives the holder's lease by the longest sleep
             // between two attempts, so a waiter is always marked while it waits.
-            let config = self.client.config();
-            (config.backoff.max + config.command_timeout).as_millis() as u64
+            self.client.config().waiter_linger().as_millis() as u64
         } else {
             0
         };
@@ -294,6 +297,9 @@ impl Seam for RedisBackend {
     }
 
     async fn give_back(&self, keys: &LockKeys, grant: &String) -> Result<Held, LockError> {
+        if keys.mode.is_read_write() {
+            return self.give_back_shared(keys, grant).await;
+        }
         self.give_back_value(keys, grant).await.map(held)
     }
 
@@ -303,6 +309,9 @@ impl Seam for RedisBackend {
         grant: &String,
         lease: Duration,
     ) -> Result<Held<Instant>, LockError> {
+        if keys.mode.is_read_write() {
+            return self.extend_shared(keys, grant, lease).await;
+        }
         let sent = Instant::now();
         let one = [(keys, grant)];
         let code = self
@@ -317,6 +326,9 @@ impl Seam for RedisBackend {
         lease: Duration,
         within: Duration,
     ) -> Result<Vec<Held<Instant>>, LockError> {
+        if grants.iter().any(|(keys, _)| keys.mode.is_read_write()) {
+            return self.renew_mixed(grants, lease, within).await;
+        }
         let sent = Instant::now();
         let codes = self.renew_values(grants, lease, within).await?;
         codes
@@ -337,6 +349,13 @@ impl Seam for RedisBackend {
         grant: &String,
         seq: u64,
     ) -> Result<Held<FencingToken>, LockError> {
+        if keys.mode.is_read_write() {
+            // A writer's token comes with its grant; a reader has none.
+            return Err(LockError::NoFencingToken {
+                key: keys.name.clone(),
+                reason: "a read hold has no fencing token: readers write nothing",
+            });
+        }
         Ok(match self.fence_value(keys, grant).await? {
             FenceReply::Token(t) => Ok(self.token(seq, t)),
             FenceReply::Lost(reply) => Err(held(reply).err().unwrap_or(Loss::Expired)),
@@ -378,5 +397,155 @@ impl RedisBackend {
             })
             .await?;
         codes("renew", reply, grants.len())
+    }
+}
+
+/// Read-write locks: one script (`lua/read_write.lua`) over a hash of holders, beside
+/// the plain lock's `SET NX PX`.
+impl RedisBackend {
+    async fn take_shared(
+        &self,
+        req: &Request,
+        seq: u64,
+        wait: Duration,
+    ) -> Result<Taken<String>, LockError> {
+        let keys = &req.keys;
+        let write = keys.mode == LockMode::Write;
+        // A waiting writer marks the lock for as long as it still waits, at most one
+        // linger (it asks again within that); a reader leaves no mark.
+        let linger = if write {
+            wait.min(self.client.config().waiter_linger()).as_millis() as u64
+        } else {
+            0
+        };
+        let value = self.grant_value(&req.scope, seq);
+        let sent = Instant::now();
+        // Until the reply is in, the hold may exist.
+        let undo = OnDrop::new(|| self.give_back_in_background(keys, &value));
+        let conn = self.client.conn();
+        let reply = conn
+            .eval(&READ_WRITE, conn.timeout(), |c| {
+                c.arg(3)
+                    .arg(&keys.key)
+                    .arg(keys.waiters())
+                    .arg(keys.fence())
+                    .arg("acquire")
+                    .arg(if write { "w" } else { "r" })
+                    .arg(&value)
+                    .arg(req.lease.as_millis() as u64)
+                    .arg(linger);
+            })
+            .await?;
+        undo.disarm();
+        Ok(match code_value("read_write", reply)? {
+            (Code::Done, token) => Taken::Granted {
+                grant: value,
+                token: write.then(|| self.token(seq, token as u64)),
+                valid: Validity::Until(proven(sent, req.lease)),
+            },
+            (Code::Busy, ms) => Taken::Busy {
+                retry_after: Duration::from_millis(ms.max(0) as u64),
+                failure: None,
+            },
+            (code, _) => {
+                return Err(LockError::UnexpectedReply(format!(
+                    "read_write.lua acquire answered {code:?}"
+                )));
+            }
+        })
+    }
+
+    async fn give_back_shared(&self, keys: &LockKeys, value: &str) -> Result<Held, LockError> {
+        let conn = self.client.conn();
+        let reply = conn
+            .eval(&READ_WRITE, conn.timeout(), |c| {
+                c.arg(2)
+                    .arg(&keys.key)
+                    .arg(keys.channel())
+                    .arg("release")
+                    .arg(value)
+                    .arg(self.client.id_hex());
+            })
+            .await?;
+        let (code, _) = code_value("read_write", reply)?;
+        let hub = self.client.hub();
+        if hub.has_local_waiters() {
+            hub.notify_local(&keys.channel());
+        }
+        Ok(shared_held(code))
+    }
+
+    async fn extend_shared(
+        &self,
+        keys: &LockKeys,
+        value: &str,
+        lease: Duration,
+    ) -> Result<Held<Instant>, LockError> {
+        let sent = Instant::now();
+        let conn = self.client.conn();
+        let reply = conn
+            .eval(&READ_WRITE, conn.timeout(), |c| {
+                c.arg(1)
+                    .arg(&keys.key)
+                    .arg("extend")
+                    .arg(value)
+                    .arg(lease.as_millis() as u64);
+            })
+            .await?;
+        let (code, _) = code_value("read_write", reply)?;
+        Ok(shared_held(code).map(|()| proven(sent, lease)))
+    }
+
+    /// Renews plain grants in one call, and read-write holds one call each, at once.
+    async fn renew_mixed(
+        &self,
+        grants: &[(&LockKeys, &String)],
+        lease: Duration,
+        within: Duration,
+    ) -> Result<Vec<Held<Instant>>, LockError> {
+        let (shared, plain): (Vec<_>, Vec<_>) = grants
+            .iter()
+            .enumerate()
+            .partition(|(_, (keys, _))| keys.mode.is_read_write());
+        let plain: Vec<(&LockKeys, &String)> = plain.into_iter().map(|(_, g)| *g).collect();
+        let sent = Instant::now();
+        let plain_renewal = async {
+            if plain.is_empty() {
+                return Ok(Vec::new());
+            }
+            let codes = self.renew_values(&plain, lease, within).await?;
+            codes
+                .into_iter()
+                .map(|code| {
+                    Ok(held(GrantReply::from_code("renew", code)?).map(|()| proven(sent, lease)))
+                })
+                .collect::<Result<Vec<_>, LockError>>()
+        };
+        let shared_renewals = futures_util::future::join_all(
+            shared
+                .iter()
+                .map(|(_, (keys, value))| self.extend_shared(keys, value, lease)),
+        );
+        let (plain_held, shared_held) = tokio::join!(plain_renewal, shared_renewals);
+        let mut plain_held = plain_held?.into_iter();
+        let mut shared_held = shared_held.into_iter();
+        grants
+            .iter()
+            .map(|(keys, _)| {
+                if keys.mode.is_read_write() {
+                    shared_held.next().unwrap_or(Ok(Err(Loss::Expired)))
+                } else {
+                    Ok(plain_held.next().unwrap_or(Err(Loss::Expired)))
+                }
+            })
+            .collect()
+    }
+}
+
+/// A read-write script's answer on one hold.
+fn shared_held(code: Code) -> Held {
+    match code {
+        Code::Done => Ok(()),
+        _ => Err(Loss::Expired),
     }
 }

@@ -198,6 +198,13 @@ impl LockConfig {
         self.watchdog_lease
     }
 
+    /// How long a waiter's mark outlives its last attempt: the longest sleep between
+    /// two attempts and one call's time limit, so a waiter stays marked while it waits
+    /// and a waiter that left (cancelled, crashed) is forgotten within this.
+    pub(crate) fn waiter_linger(&self) -> Duration {
+        self.backoff.max + self.command_timeout
+    }
+
     /// The watchdog renewal period (a third of the lease unless set).
     pub fn watchdog_period(&self) -> Duration {
         self.watchdog_period.unwrap_or(self.watchdog_lease / 3)

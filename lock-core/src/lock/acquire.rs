@@ -87,10 +87,18 @@ impl<B: Backend> Core<B> {
                 "locks must be taken inside a tokio runtime".into(),
             ));
         }
+        if req.keys.mode.is_read_write() && !B::CAPABILITIES.shared {
+            return Err(LockError::Unsupported {
+                key: req.keys.name.clone(),
+                reason: "this store has no read or write holds: take a plain lock, or use \
+                         a store with read-write locks (see the README)",
+            });
+        }
         let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
         let scope = req.scope.id();
         let ticket = loop {
             match self.registry.enter(&req.keys, scope, req.watchdog) {
+                Enter::Refused(why) => return Err(why),
                 Enter::Reentered(grant) => {
                     *reentered = true;
                     return self.reentered(grant, req).await;

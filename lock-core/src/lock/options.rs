@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::client::config::Lease;
+use crate::client::store::key::LockMode;
 use crate::owner::LockScope;
 
 /// Per-call choices for [`LockClient::acquire`](crate::LockClient::acquire); anything not
@@ -25,6 +26,7 @@ pub struct LockOptions {
     pub(crate) max_hold: Option<Duration>,
     pub(crate) delimiter: Option<&'static str>,
     pub(crate) fenced: bool,
+    pub(crate) mode: LockMode,
 }
 
 impl LockOptions {
@@ -72,6 +74,39 @@ impl LockOptions {
     /// more round trip); ask here when every holder writes with a token.
     pub fn fenced(mut self) -> Self {
         self.fenced = true;
+        self
+    }
+
+    /// Takes a read hold of the name's read-write lock: shared with other readers,
+    /// never with a writer. Its guard has no fencing token (readers write nothing), so
+    /// it cannot be [`fenced`](Self::fenced).
+    ///
+    /// ```no_run
+    /// # async fn f(locks: &lock_core::MemoryLocks) -> Result<(), lock_core::LockError> {
+    /// use lock_core::LockOptions;
+    ///
+    /// let reading = locks.acquire("catalog", LockOptions::new().read()).await?;
+    /// // ... read; a writer waits until every reader is gone ...
+    /// reading.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Not every store has shared holds: see [`LockError::Unsupported`](crate::LockError::Unsupported).
+    pub fn read(self) -> Self {
+        self.mode(LockMode::Read)
+    }
+
+    /// Takes the write hold of the name's read-write lock: alone, with no reader. Once
+    /// a writer waits, new readers wait too (see the README's read-write lock section).
+    /// The scope holding it may also take a read hold (a downgrade); a scope holding a
+    /// read hold cannot take the write hold ([`LockError::Upgrade`](crate::LockError::Upgrade)).
+    pub fn write(self) -> Self {
+        self.mode(LockMode::Write)
+    }
+
+    /// The kind of hold to take. Default: [`LockMode::Exclusive`], a plain lock.
+    pub fn mode(mut self, mode: LockMode) -> Self {
+        self.mode = mode;
         self
     }
 }

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use super::seam::Seam;
 
-use crate::client::store::key::LockKeys;
+use crate::client::store::key::{LockKeys, LockMode};
 use crate::error::LockError;
 use crate::lock::release_outcome;
 use crate::metrics::{self, StoreKind};
@@ -179,6 +179,8 @@ pub(crate) enum Enter<'a, B: Seam> {
     },
     /// Go to the store; the ticket stands for the acquisition in flight.
     Acquire(Ticket<'a, B>),
+    /// Not this way: what the scope holds of a read-write lock rules it out.
+    Refused(LockError),
 }
 
 /// How to give back one hold, decided locally.
@@ -210,7 +212,10 @@ struct SlotKey {
 
 impl PartialEq for SlotKey {
     fn eq(&self, other: &Self) -> bool {
-        self.scope == other.scope && self.keys.key == other.keys.key
+        // A read and a write hold of one name share the key: the mode tells them apart.
+        self.scope == other.scope
+            && self.keys.key == other.keys.key
+            && self.keys.mode == other.keys.mode
     }
 }
 
@@ -305,6 +310,11 @@ impl<B: Seam> Registry<B> {
     /// registers an acquisition. `watched`: the new hold wants the watchdog lease.
     pub(crate) fn enter(&self, keys: &Arc<LockKeys>, scope: u64, watched: bool) -> Enter<'_, B> {
         let mut maps = self.maps();
+        if keys.mode.is_read_write()
+            && let Some(refused) = Self::mode_refused(&maps, keys, scope)
+        {
+            return Enter::Refused(refused);
+        }
         let Maps { slots, releasing } = &mut *maps;
         let slot_key = SlotKey {
             keys: keys.clone(),
@@ -359,6 +369,36 @@ impl<B: Seam> Registry<B> {
                 keys: keys.clone(),
                 scope,
             }),
+        })
+    }
+
+    /// Why `scope` may not take `keys` (a read or write hold) given what it holds of
+    /// the same read-write lock: a write hold asked under its own read hold waits for
+    /// itself; a read hold under its own write hold only where the store downgrades.
+    fn mode_refused(maps: &Maps<B>, keys: &Arc<LockKeys>, scope: u64) -> Option<LockError> {
+        let holds = |mode| {
+            let mut twin = (**keys).clone();
+            twin.mode = mode;
+            let twin = SlotKey {
+                keys: Arc::new(twin),
+                scope,
+            };
+            matches!(maps.slots.get(&twin), Some(Slot::Held(g)) if !g.state().ended)
+        };
+        let other = match keys.mode {
+            // A writer that also reads (a downgrade) re-enters its write hold.
+            LockMode::Write if !holds(LockMode::Write) => LockMode::Read,
+            LockMode::Read if !B::CAPABILITIES.downgrade => LockMode::Write,
+            _ => return None,
+        };
+        holds(other).then(|| match other {
+            LockMode::Read => LockError::Upgrade {
+                key: keys.name.clone(),
+            },
+            _ => LockError::Unsupported {
+                key: keys.name.clone(),
+                reason: "this store cannot give a read hold to the scope holding the write hold",
+            },
         })
     }
 

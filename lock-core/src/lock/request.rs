@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::options::LockOptions;
 use crate::client::config::Lease;
 use crate::client::config::{LockConfig, check_lease};
-use crate::client::store::key::{self, LockKeys, LockName};
+use crate::client::store::key::{self, LockKeys, LockMode, LockName};
 use crate::error::LockError;
 use crate::owner::LockScope;
 
@@ -32,6 +32,7 @@ pub(crate) struct Resolved<'c> {
     pub(crate) scope: LockScope,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) fenced: bool,
+    pub(crate) mode: LockMode,
     /// The wait budget.
     pub(crate) wait: Duration,
 }
@@ -53,6 +54,11 @@ impl<'c> Resolved<'c> {
             }
             Lease::Watchdog => (config.watchdog_lease, true),
         };
+        if options.mode == LockMode::Read && options.fenced {
+            return Err(LockError::InvalidConfig(
+                "a read hold has no fencing token: take the write hold to write fenced".into(),
+            ));
+        }
         Ok(Self {
             delimiter,
             lease,
@@ -63,6 +69,7 @@ impl<'c> Resolved<'c> {
                 .unwrap_or_default(),
             max_hold: options.max_hold.or(config.max_hold),
             fenced: options.fenced,
+            mode: options.mode,
             wait: options.wait.unwrap_or(config.wait),
         })
     }
@@ -74,7 +81,7 @@ impl<'c> Resolved<'c> {
         name: &N,
     ) -> Result<Request, LockError> {
         Ok(Request {
-            keys: Arc::new(key::lock_keys(namespace, self.delimiter, name)?),
+            keys: Arc::new(key::lock_keys(namespace, self.delimiter, name)?.with_mode(self.mode)),
             scope: self.scope.clone(),
             lease: self.lease,
             watchdog: self.watchdog,

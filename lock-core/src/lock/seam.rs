@@ -87,6 +87,12 @@ pub(crate) struct Capabilities {
     /// A fixed lease and a max-hold apply (`false`: a session store, whose grants last
     /// as long as their session; every grant is then watched, without a cap).
     pub(crate) fixed_leases: bool,
+    /// Read and write holds ([`LockMode`](crate::LockMode)): `false`, the engine
+    /// refuses them before any call.
+    pub(crate) shared: bool,
+    /// A scope holding the write hold may take a read hold too (`false`: the engine
+    /// refuses it, rather than let it wait for its own writer).
+    pub(crate) downgrade: bool,
 }
 
 impl Capabilities {
@@ -94,11 +100,15 @@ impl Capabilities {
     pub(crate) const RENEWED_LEASES: Self = Self {
         renews: true,
         fixed_leases: true,
+        shared: false,
+        downgrade: false,
     };
     /// Leases on the local clock; watched grants kept until given back (memory).
     pub(crate) const LOCAL_LEASES: Self = Self {
         renews: false,
         fixed_leases: true,
+        shared: false,
+        downgrade: false,
     };
     /// A session per grant, checked by the watchdog (PostgreSQL, MySQL), or a session
     /// lease the watchdog keeps alive (etcd).
@@ -109,13 +119,28 @@ impl Capabilities {
     pub(crate) const CHECKED_SESSIONS: Self = Self {
         renews: true,
         fixed_leases: false,
+        shared: false,
+        downgrade: false,
     };
     /// A session that keeps its grants and reports their loss (ZooKeeper).
     #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
     pub(crate) const KEPT_SESSIONS: Self = Self {
         renews: false,
         fixed_leases: false,
+        shared: false,
+        downgrade: false,
     };
+}
+
+impl Capabilities {
+    /// These, with read and write holds (`downgrade`: and a writer's read hold).
+    pub(crate) const fn with_shared(self, downgrade: bool) -> Self {
+        Self {
+            shared: true,
+            downgrade,
+            ..self
+        }
+    }
 }
 
 /// `backend`'s give-back of `grant` for background work, tried again after a failure

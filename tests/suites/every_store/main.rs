@@ -8,3 +8,4 @@ mod across_processes;
 mod any_locks;
 mod election;
 mod model;
+mod read_write;

@@ -42,7 +42,7 @@ pub(super) struct Backend {
     /// MySQL, ZooKeeper) do not: a grant lives with its session, so a fixed lease would
     /// only be a guard's belief the store never enforces, and the model asks for the
     /// watchdog there.
-    fixed_leases: bool,
+    pub(super) fixed_leases: bool,
     _keep: Box<dyn Any>,
 }
 
@@ -215,7 +215,7 @@ fn grant(handle: usize, g: &AnyGuard) -> Option<String> {
     }
 }
 
-async fn reenter(g: &AnyGuard) -> Option<AnyGuard> {
+pub(super) async fn reenter(g: &AnyGuard) -> Option<AnyGuard> {
     match g {
         AnyGuard::Redis(g) => g.reenter().await.ok().map(AnyGuard::Redis),
         AnyGuard::Redlock(g) => g.reenter().await.ok().map(AnyGuard::Redlock),
@@ -228,7 +228,7 @@ async fn reenter(g: &AnyGuard) -> Option<AnyGuard> {
     }
 }
 
-fn held_count(locks: &AnyLocks) -> usize {
+pub(super) fn held_count(locks: &AnyLocks) -> usize {
     match locks {
         AnyLocks::Redis(c) => c.held_count(),
         AnyLocks::Redlock(r) => r.held_count(),

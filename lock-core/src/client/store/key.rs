@@ -273,9 +273,38 @@ pub struct LockKeys {
     /// The escaped, joined name (what error messages show).
     pub name: String,
     /// The lock itself: a string holding the current grant's value, with the lease as
-    /// its expiry.
+    /// its expiry (for a read or write hold, the read-write lock's hash of holders).
     pub key: String,
+    /// The kind of hold these keys are for.
+    pub(crate) mode: LockMode,
 }
+
+/// The kind of hold an acquisition takes ([`LockOptions::read`](crate::LockOptions::read),
+/// [`write`](crate::LockOptions::write)).
+///
+/// A name taken with read and write holds is a read-write lock: many readers or one
+/// writer. It is a lock of its own beside the plain (exclusive) lock of the same name:
+/// use a name either way, not both.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum LockMode {
+    /// A plain lock: one holder.
+    #[default]
+    Exclusive,
+    /// A read hold of a read-write lock: shared with other readers, never with a writer.
+    Read,
+    /// The write hold of a read-write lock: alone.
+    Write,
+}
+
+impl LockMode {
+    /// A read or write hold (of a read-write lock).
+    pub fn is_read_write(self) -> bool {
+        !matches!(self, Self::Exclusive)
+    }
+}
+
+/// Suffix of a read-write lock's key (its holders' hash).
+pub(crate) const READ_WRITE: &str = ":rw";
 
 impl LockKeys {
     /// The fencing counter of the lock's hash slot (shared with the other locks of
@@ -360,7 +389,28 @@ pub(crate) fn escaped_lock_keys(namespace: &str, name: String) -> LockKeys {
     key.push_str(":{");
     key.push_str(&name);
     key.push('}');
-    LockKeys { key, name }
+    LockKeys {
+        key,
+        name,
+        mode: LockMode::Exclusive,
+    }
+}
+
+impl LockKeys {
+    /// These keys for a hold of kind `mode`: a read-write lock's keys sit beside the
+    /// plain lock's (same hash slot, a suffix of their own).
+    pub(crate) fn with_mode(mut self, mode: LockMode) -> Self {
+        if mode.is_read_write() {
+            self.key.push_str(READ_WRITE);
+        }
+        self.mode = mode;
+        self
+    }
+
+    /// The kind of hold these keys are for.
+    pub fn mode(&self) -> LockMode {
+        self.mode
+    }
 }
 
 /// The fencing counter of hash slot `slot` under `namespace`.

@@ -75,6 +75,9 @@ pub(crate) static RELEASE: Lua =
 pub(crate) static FENCE: Lua = Lua::new("fence", include_str!("../../../lua/fence.lua"));
 /// Renew one or many leases. See `lua/renew.lua`.
 pub(crate) static RENEW: Lua = Lua::new("renew", include_str!("../../../lua/renew.lua"));
+/// Take, give back or extend a hold of a read-write lock. See `lua/read_write.lua`.
+pub(crate) static READ_WRITE: Lua =
+    Lua::new("read_write", include_str!("../../../lua/read_write.lua"));
 /// Write guarded by a fencing token and its holder. See `lua/fenced_write.lua`.
 pub(crate) static FENCED_WRITE: Lua = Lua::new(
     "fenced_write",

@@ -19,7 +19,7 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 use crate::client::config::LockConfig;
-use crate::client::store::key::LockKeys;
+use crate::client::store::key::{LockKeys, LockMode};
 use crate::client::wait::Listen;
 use crate::error::LockError;
 use crate::lock::Request;
@@ -207,10 +207,14 @@ pub(crate) trait SqlStore: Send + Sync + 'static {
     /// checks and unlocks it.
     type Dialect: Dialect;
 
+    /// Whether it takes read and write holds.
+    const SHARED: bool;
+
     fn config(&self) -> &LockConfig;
 
-    /// The target of the lock named `name` (escaped) in the config's namespace.
-    fn target(&self, name: &str) -> Self::Dialect;
+    /// The target of the lock `keys` (its escaped name and kind of hold) in the
+    /// config's namespace.
+    fn target(&self, keys: &LockKeys) -> Self::Dialect;
 
     /// Takes `target` once, waiting in the server up to `wait`: its token and the
     /// connection whose session holds it, or `None` if busy. Cancelled or failed, the
@@ -250,7 +254,13 @@ impl<S: SqlStore> Seam for SqlBackend<S> {
         self.store.config()
     }
 
-    const CAPABILITIES: Capabilities = Capabilities::CHECKED_SESSIONS;
+    // A session holds its own read and write holds: a writer's read hold would be
+    // another session's, waiting for the writer.
+    const CAPABILITIES: Capabilities = if S::SHARED {
+        Capabilities::CHECKED_SESSIONS.with_shared(false)
+    } else {
+        Capabilities::CHECKED_SESSIONS
+    };
 
     async fn take(
         &self,
@@ -259,7 +269,7 @@ impl<S: SqlStore> Seam for SqlBackend<S> {
         wait: Duration,
     ) -> Result<Taken<Self::Grant>, LockError> {
         let config = self.store.config();
-        let dialect = self.store.target(&req.keys.name);
+        let dialect = self.store.target(&req.keys);
         let store = <S::Dialect as Dialect>::STORE;
         let granted = bounded(store, wait, config, self.store.grant(&dialect, wait)).await?;
         let Some((token, conn)) = granted else {
@@ -270,7 +280,8 @@ impl<S: SqlStore> Seam for SqlBackend<S> {
                 dialect,
                 conn: Mutex::new(Some(conn)),
             }),
-            token: Some(FencingToken::new(token, token)),
+            // Readers write nothing: only a writer (or a plain lock) is fenced.
+            token: (req.keys.mode != LockMode::Read).then(|| FencingToken::new(token, token)),
             valid: Validity::Until(Instant::now() + config.watchdog_lease()),
         })
     }

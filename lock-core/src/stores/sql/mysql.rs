@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::{Closing, ConnFuture, Dialect, Granted, SqlBackend, SqlStore, fnv1a64};
 use crate::client::config::LockConfig;
-use crate::client::store::key::{self, LockName};
+use crate::client::store::key::{self, LockKeys, LockName};
 use crate::error::LockError;
 use crate::lock::LockGuard;
 use crate::stores::locks::Locks;
@@ -189,9 +189,13 @@ impl SqlStore for MysqlStore {
         &self.config
     }
 
-    fn target(&self, name: &str) -> NamedLock {
+    // `GET_LOCK` has no shared mode: a shared hold built beside it (a table of
+    // readers) would not be a session lock the server frees with the session.
+    const SHARED: bool = false;
+
+    fn target(&self, keys: &LockKeys) -> NamedLock {
         NamedLock {
-            name: server_name(&self.config.namespace, name),
+            name: server_name(&self.config.namespace, &keys.name),
         }
     }
 

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::{Closing, ConnFuture, Dialect, Granted, SqlBackend, SqlStore};
 use crate::client::config::LockConfig;
-use crate::client::store::key::{self, LockName};
+use crate::client::store::key::{self, LockKeys, LockMode, LockName};
 use crate::error::LockError;
 use crate::lock::LockGuard;
 use crate::stores::locks::Locks;
@@ -156,9 +156,19 @@ impl SqlStore for PgStore {
         &self.config
     }
 
-    fn target(&self, name: &str) -> Advisory {
+    const SHARED: bool = true;
+
+    fn target(&self, keys: &LockKeys) -> Advisory {
+        let (namespace, name) = (self.config.namespace.as_str(), keys.name.as_str());
         Advisory {
-            key: advisory_key(&self.config.namespace, name),
+            key: if keys.mode.is_read_write() {
+                // A read-write lock is another lock than the plain one of its name: its
+                // key hashes what no plain name's can (a name has no braces).
+                super::fnv1a64(FNV_OFFSET, &[namespace, ":{", name, "}:rw"]) as i64
+            } else {
+                advisory_key(namespace, name)
+            },
+            shared: keys.mode == LockMode::Read,
         }
     }
 
@@ -168,7 +178,7 @@ impl SqlStore for PgStore {
         wait: Duration,
     ) -> Result<Option<Granted<Advisory>>, LockError> {
         let started = Instant::now();
-        let key = target.key;
+        let (key, shared) = (target.key, if target.shared { "_shared" } else { "" });
         // Until the answer is in, a cancellation or a failure must not give this session
         // back to the pool: it may hold the lock.
         let mut pending = Closing::new(self.pool.acquire().await.map_err(store_error)?);
@@ -176,7 +186,8 @@ impl SqlStore for PgStore {
         self.ensure_sequence(conn).await?;
         let token: Option<i64> = if wait.is_zero() {
             sqlx::query_scalar(&format!(
-                "SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('{FENCE_SEQUENCE}') END"
+                "SELECT CASE WHEN pg_try_advisory_lock{shared}($1) \
+                 THEN nextval('{FENCE_SEQUENCE}') END"
             ))
             .bind(key)
             .fetch_one(&mut **conn)
@@ -192,7 +203,7 @@ impl SqlStore for PgStore {
                 .await
                 .map_err(store_error)?;
             let got = sqlx::query_scalar(&format!(
-                "SELECT nextval('{FENCE_SEQUENCE}') FROM (SELECT pg_advisory_lock($1)) AS l"
+                "SELECT nextval('{FENCE_SEQUENCE}') FROM (SELECT pg_advisory_lock{shared}($1)) AS l"
             ))
             .bind(key)
             .fetch_one(&mut **conn)
@@ -229,6 +240,8 @@ impl SqlStore for PgStore {
 /// Session advisory locks on one 64-bit key.
 pub(crate) struct Advisory {
     key: i64,
+    /// A read hold (`pg_advisory_lock_shared`).
+    shared: bool,
 }
 
 impl Dialect for Advisory {
@@ -248,11 +261,16 @@ impl Dialect for Advisory {
             let held: Result<bool, _> = sqlx::query_scalar(
                 "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
                  WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted \
-                 AND mode = 'ExclusiveLock' AND classid::bigint = $1 \
+                 AND mode = $3 AND classid::bigint = $1 \
                  AND objid::bigint = $2 AND objsubid = 1)",
             )
             .bind(high)
             .bind(low)
+            .bind(if self.shared {
+                "ShareLock"
+            } else {
+                "ExclusiveLock"
+            })
             .fetch_one(&mut **conn)
             .await;
             matches!(held, Ok(true))
@@ -264,7 +282,12 @@ impl Dialect for Advisory {
         conn: &'a mut PoolConnection<Postgres>,
     ) -> ConnFuture<'a, Result<bool, sqlx::Error>> {
         Box::pin(async move {
-            sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
+            let unlock = if self.shared {
+                "SELECT pg_advisory_unlock_shared($1)"
+            } else {
+                "SELECT pg_advisory_unlock($1)"
+            };
+            sqlx::query_scalar(unlock)
                 .bind(self.key)
                 .fetch_one(&mut **conn)
                 .await
