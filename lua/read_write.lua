@@ -11,14 +11,16 @@
 -- readers wait while it is marked: waiting writers are not starved by readers that
 -- keep coming. A writer that stops waiting holds readers back at most `linger` ms.
 --
--- ARGV[1] is the operation:
---   acquire: KEYS = {lock, writer mark, fencing counter}
---            ARGV = {'acquire', 'r' or 'w', value, lease ms, linger ms (0: no wait)}
---            {1, token} granted (a reader's token is 0), {0, ms} busy for at most ms
---   release: KEYS = {lock, release channel}, ARGV = {'release', value, payload}
---            1 released, -1 the hold was gone already; publishes on the channel
---   extend:  KEYS = {lock}, ARGV = {'extend', value, lease ms}
---            1 its lease ends no sooner than lease ms from now, -1 it was gone
+-- ARGV[1] is the operation; KEYS[1] is always the lock:
+--   acquire: KEYS[2] the writer mark, KEYS[3] the fencing counter;
+--            ARGV[2] 'r' or 'w', ARGV[3] the grant's value, ARGV[4] the lease (ms),
+--            ARGV[5] linger (ms; 0: the caller does not wait)
+--            Returns {1, token} granted (a reader's token is 0), {0, ms} busy for at
+--            most ms
+--   release: KEYS[2] the release channel; ARGV[2] the value, ARGV[3] the payload
+--            Returns 1 released, -1 the hold was gone already; publishes either way
+--   extend:  ARGV[2] the value, ARGV[3] the lease (ms)
+--            Returns 1 its lease ends no sooner than lease ms from now, -1 it was gone
 local lock = KEYS[1]
 local op = ARGV[1]
 local time = redis.call('TIME')

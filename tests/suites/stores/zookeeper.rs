@@ -9,6 +9,8 @@ use crate::checks;
 mod election;
 // Connection faults in their own file: they need long sessions and pauses.
 mod faults;
+// Read-write locks in Curator's layout.
+mod read_write;
 
 use std::time::{Duration, Instant};
 

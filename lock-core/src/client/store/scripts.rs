@@ -306,6 +306,10 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("fence.lua", include_str!("../../../lua/fence.lua")),
     ("renew.lua", include_str!("../../../lua/renew.lua")),
     (
+        "read_write.lua",
+        include_str!("../../../lua/read_write.lua"),
+    ),
+    (
         "fenced_write.lua",
         include_str!("../../../lua/fenced_write.lua"),
     ),

@@ -15,7 +15,7 @@ use self::hold::ZkHold;
 use self::node::Contender;
 use crate::client::cleanup;
 use crate::client::config::LockConfig;
-use crate::client::store::key::{self, LockKeys, LockName};
+use crate::client::store::key::{self, LockKeys, LockMode, LockName};
 use crate::client::wait::Listen;
 use crate::error::LockError;
 use crate::lock::registry::Loss;
@@ -32,6 +32,8 @@ pub type ZkGuard = LockGuard<ZkBackend>;
 const STORE: &str = "zookeeper";
 /// Curator's lock node name: `_c_<uuid>-lock-<sequence>`.
 const LOCK_NAME: &str = "-lock-";
+const READ_NAME: &str = "-__READ__";
+const WRITE_NAME: &str = "-__WRIT__";
 
 /// Locks on ZooKeeper, node for node as Apache Curator's `InterProcessMutex` lays them
 /// out, so a Java service using Curator and a Rust service using this crate exclude each
@@ -175,7 +177,30 @@ fn lock_path(namespace: &str, name: &str) -> String {
 
 /// The sequence part of a contender node's name (Curator sorts by it).
 fn sequence(child: &str) -> &str {
-    child.rsplit_once(LOCK_NAME).map_or(child, |(_, seq)| seq)
+    // Every contender's name ends with the server's sequence number.
+    let digits = child.bytes().rev().take_while(u8::is_ascii_digit).count();
+    &child[child.len() - digits..]
+}
+
+/// The kind of contender node a hold of `mode` makes, as Curator names them
+/// (`InterProcessMutex`: `lock-`; `InterProcessReadWriteLock`: `__READ__`, `__WRIT__`,
+/// under the same path; the two kinds of lock ignore each other's nodes).
+fn node_kind(mode: LockMode) -> &'static str {
+    match mode {
+        LockMode::Exclusive => LOCK_NAME,
+        LockMode::Read => READ_NAME,
+        LockMode::Write => WRITE_NAME,
+    }
+}
+
+/// Where `ours` (at `at` in the sorted `children`) stands: `None` if it holds the lock,
+/// else the contender to wait for. A writer (or a plain lock) waits for the one just
+/// before it; a reader for the nearest writer before it (readers share).
+fn blocker(children: &[String], at: usize, mode: LockMode) -> Option<&String> {
+    match mode {
+        LockMode::Read => children[..at].iter().rev().find(|c| c.contains(WRITE_NAME)),
+        _ => at.checked_sub(1).map(|i| &children[i]),
+    }
 }
 
 impl ZkBackend {
@@ -195,12 +220,18 @@ impl ZkBackend {
     async fn queue(
         &self,
         name: &str,
-        dir: String,
+        (dir, mode): (String, LockMode),
         wait: Duration,
     ) -> Result<Option<ZkHold>, LockError> {
         let started = Instant::now();
         let client = self.client().await?;
-        let contender = Contender::new(client.clone(), dir.clone(), name.to_owned());
+        let kind = node_kind(mode);
+        let contender = Contender::new(client.clone(), dir.clone(), name.to_owned(), kind);
+        // The nodes of this kind of lock (a read-write lock's readers and writers).
+        let same_lock = |c: &String| match mode {
+            LockMode::Exclusive => c.contains(LOCK_NAME),
+            _ => c.contains(READ_NAME) || c.contains(WRITE_NAME),
+        };
         // Armed before the create: a cancelled or failed attempt may have made a node.
         let leave = contender.leave_on_drop(None);
         let (ours, stat) = contender.create().await.map_err(zk_error)?;
@@ -217,7 +248,7 @@ impl ZkBackend {
                 .await
                 .map_err(zk_error)?
                 .into_iter()
-                .filter(|c| c.contains(LOCK_NAME))
+                .filter(same_lock)
                 .collect();
             children.sort_unstable_by(|a, b| sequence(a).cmp(sequence(b)));
             let Some(at) = children.iter().position(|c| c == our_name) else {
@@ -226,13 +257,13 @@ impl ZkBackend {
                     message: format!("our contender node {ours} vanished (session expired?)"),
                 });
             };
-            if at == 0 {
+            let Some(before) = blocker(&children, at, mode) else {
                 break;
-            }
+            };
             if wait.is_zero() {
                 return Ok(None);
             }
-            let before = format!("{dir}/{}", children[at - 1]);
+            let before = format!("{dir}/{before}");
             let watcher = match client.get_and_watch_data(&before).await {
                 Ok((_, _, watcher)) => watcher,
                 // Gone, or unknown after a lost connection: look at the queue again.
@@ -271,7 +302,9 @@ impl Seam for ZkBackend {
         &self.config
     }
 
-    const CAPABILITIES: Capabilities = Capabilities::KEPT_SESSIONS;
+    // No downgrade: a writer queued behind our write node would be let in while our
+    // read node, made after it, still holds (Curator lets that happen).
+    const CAPABILITIES: Capabilities = Capabilities::KEPT_SESSIONS.with_shared(false);
 
     async fn take(
         &self,
@@ -280,9 +313,12 @@ impl Seam for ZkBackend {
         wait: Duration,
     ) -> Result<Taken<Self::Grant>, LockError> {
         let dir = lock_path(&self.config.namespace, &req.keys.name);
-        Ok(match self.queue(&req.keys.name, dir, wait).await? {
+        let mode = req.keys.mode;
+        Ok(match self.queue(&req.keys.name, (dir, mode), wait).await? {
             Some(hold) => Taken::Granted {
-                token: Some(FencingToken::new(hold.token(), hold.token())),
+                // Readers write nothing: only a writer (or a plain lock) is fenced.
+                token: (mode != LockMode::Read)
+                    .then(|| FencingToken::new(hold.token(), hold.token())),
                 grant: Arc::new(hold),
                 valid: Validity::Kept,
             },
@@ -372,6 +408,16 @@ mod tests {
         c.sort_unstable_by(|a, b| sequence(a).cmp(sequence(b)));
         assert_eq!(c[0], "_c_aaaa-lock-0000000001");
         assert_eq!(c[2], "_c_0000-lock-0000000010");
+        // A read-write lock's readers and writers sort in one queue.
+        let mut rw = [
+            "_c_ffff-__WRIT__0000000012".to_owned(),
+            "_c_0000-__READ__0000000011".to_owned(),
+            "_c_aaaa-__READ__0000000013".to_owned(),
+        ];
+        rw.sort_unstable_by(|a, b| sequence(a).cmp(sequence(b)));
+        assert_eq!(blocker(&rw, 0, LockMode::Read), None, "no writer before it");
+        assert_eq!(blocker(&rw, 2, LockMode::Read), Some(&rw[1]));
+        assert_eq!(blocker(&rw, 1, LockMode::Write), Some(&rw[0]));
         let u = uuid();
         assert_eq!(u.len(), 36);
         assert_eq!(&u[14..15], "4");

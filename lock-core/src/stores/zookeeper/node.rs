@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use super::{LOCK_NAME, terminal, uuid, zk_error};
+use super::{terminal, uuid, zk_error};
 use crate::client::cleanup::{self, OnDrop};
 
 /// First pause before a request is sent again; doubled up to [`RETRY_MAX`].
@@ -102,20 +102,21 @@ pub(super) async fn delete(client: &zk::Client, path: &str) -> Result<bool, zk::
     }
 }
 
-/// One acquisition's node: `<dir>/_c_<uuid>-lock-<sequence>`, the uuid fresh for the
-/// attempt, so that the node can be found by it when the create's reply is lost.
+/// One acquisition's node: `<dir>/_c_<uuid><kind><sequence>` (`kind`: `-lock-`, or
+/// `-__READ__` / `-__WRIT__` for a read-write lock), the uuid fresh for the attempt, so
+/// that the node can be found by it when the create's reply is lost.
 #[derive(Clone)]
 pub(super) struct Contender {
     client: zk::Client,
     dir: String,
-    /// `_c_<uuid>-lock-`: the start of our node's name.
+    /// `_c_<uuid><kind>`: the start of our node's name.
     ours: String,
     lock: String,
 }
 
 impl Contender {
-    pub(super) fn new(client: zk::Client, dir: String, lock: String) -> Self {
-        let ours = format!("_c_{}{LOCK_NAME}", uuid());
+    pub(super) fn new(client: zk::Client, dir: String, lock: String, kind: &str) -> Self {
+        let ours = format!("_c_{}{kind}", uuid());
         Self {
             client,
             dir,
