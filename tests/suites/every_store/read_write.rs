@@ -240,6 +240,11 @@ async fn zookeeper_never_a_writer_beside_anyone() {
     run_model(model::zookeeper().await, seed(), Duration::from_secs(3)).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_never_a_writer_beside_anyone() {
+    run_model(model::etcd().await, seed(), Duration::from_secs(3)).await;
+}
+
 /// The checker can fail: two memory stores that do not share exclude nobody.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[should_panic(expected = "shares")]
@@ -357,6 +362,11 @@ async fn zookeeper_readers_share_and_waiting_writers_come_first() {
     readers_share_and_a_waiting_writer_holds_new_readers_back(model::zookeeper().await).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_readers_share_and_waiting_writers_come_first() {
+    readers_share_and_a_waiting_writer_holds_new_readers_back(model::etcd().await).await;
+}
+
 /// A scope's read hold cannot grow into the write hold; its write hold may take a read
 /// hold (where the store downgrades), which outlives the write hold.
 async fn upgrade_refused_and_downgrade(backend: Backend, downgrades: bool) {
@@ -426,6 +436,11 @@ async fn postgres_refuses_an_upgrade_and_a_downgrade() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_refuses_an_upgrade_and_a_downgrade() {
     upgrade_refused_and_downgrade(model::zookeeper().await, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_refuses_an_upgrade_and_a_downgrade() {
+    upgrade_refused_and_downgrade(model::etcd().await, false).await;
 }
 
 /// A read-write lock is its own lock: the plain lock of the same name is another.

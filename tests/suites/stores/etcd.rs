@@ -5,6 +5,8 @@
 //! cluster's faults: quorum loss, and a leader paused mid-hold.
 
 use crate::checks;
+// Read-write locks in the Go recipe's layout.
+mod read_write;
 
 use std::ops::ControlFlow;
 use std::sync::OnceLock;

@@ -65,9 +65,10 @@ fn lease_not_found(e: &etcd::Error) -> bool {
     matches!(e, etcd::Error::GRpcStatus(s) if s.message().contains("requested lease not found"))
 }
 
-/// Puts `key` in the queue of `prefix` (`<lock prefix>/`) under `lease`, or finds it
-/// there from an earlier attempt whose answer was lost; answers where it stands, or
-/// `None` if etcd refused the key for its lease (gone: nothing was made).
+/// Puts `key` under `lease`, or finds it there from an earlier attempt whose answer
+/// was lost; answers where it stands behind the keys of `prefix` (`<lock prefix>/`,
+/// or a read-write lock's writers), or `None` if etcd refused the key for its lease
+/// (gone: nothing was made).
 pub(super) async fn enqueue(
     members: &Members,
     prefix: &str,
@@ -110,8 +111,10 @@ pub(super) async fn enqueue(
             .map(etcd::KeyValue::create_revision)
             .ok_or_else(|| unexpected("our key neither absent nor present"))?
     };
+    // The oldest key of `prefix` (which may or may not hold ours) holds us back if it
+    // is older than ours.
     Ok(Some(match first_kv(ops.get(1)) {
-        Some(owner) if owner.create_revision() != ours => Queued::Behind(ours),
+        Some(oldest) if oldest.create_revision() < ours => Queued::Behind(ours),
         _ => Queued::Owner(ours),
     }))
 }

@@ -19,7 +19,7 @@ use self::session::{KeptAlive, Lease, Session};
 use self::turns::{Turn, Turns};
 use crate::client::cleanup;
 use crate::client::config::LockConfig;
-use crate::client::store::key::{self, LockKeys, LockName};
+use crate::client::store::key::{self, LockKeys, LockMode, LockName};
 use crate::client::wait::Listen;
 use crate::error::LockError;
 use crate::lock::registry::Loss;
@@ -58,6 +58,10 @@ const STORE: &str = "etcd";
 ///   `If(CreateRevision(lock key) == token)`.
 /// - **Within one client**, the scopes asking for one lock take turns before they
 ///   queue in etcd (they would share the client's key).
+/// - **Read-write locks** ([`LockOptions::read`](crate::LockOptions::read), `write`) in
+///   the Go `recipe.RWMutex` layout: a key per hold, `<lock prefix>/read/<id>` or
+///   `<lock prefix>/write/<id>`, under the session lease; a writer waits for every
+///   older key under the lock prefix, a reader for older writers only. No downgrade.
 /// - **Leases** from [`Lease::Fixed`](crate::Lease::Fixed) are not applied (the key
 ///   lives with the session), nor a max-hold; `hold_until_expiry` releases.
 /// - **Quorum loss**: calls fail with [`LockError::Store`] (the client asks for a
@@ -278,6 +282,36 @@ impl Drop for Leave {
     }
 }
 
+/// Where a hold's key goes and what it waits for, as the Go packages lay them out:
+/// `concurrency.Mutex` (a key per session under `<lock>/`, behind every older key) and
+/// `recipe.RWMutex` (a key per hold under `<lock>/read/` or `<lock>/write/`; a writer
+/// behind every older key, a reader behind older writers only).
+struct Layout {
+    /// The prefix of our key (`None`: a plain lock's `<lock>/`, keyed by the lease).
+    mine: Option<String>,
+    /// The prefix of the keys that hold us back (`None`: `<lock>/`, every key).
+    blockers: Option<String>,
+}
+
+impl Layout {
+    fn of(lock: &str, mode: LockMode) -> Self {
+        match mode {
+            LockMode::Exclusive => Self {
+                mine: None,
+                blockers: None,
+            },
+            LockMode::Read => Self {
+                mine: Some(format!("{lock}/read/")),
+                blockers: Some(format!("{lock}/write/")),
+            },
+            LockMode::Write => Self {
+                mine: Some(format!("{lock}/write/")),
+                blockers: None,
+            },
+        }
+    }
+}
+
 impl EtcdBackend {
     fn lock_prefix(&self, name: &str) -> String {
         format!(
@@ -294,19 +328,34 @@ impl EtcdBackend {
         self.config.watchdog_lease() * 2 / 3
     }
 
-    /// One acquisition, as `take` describes it.
-    async fn contend(&self, name: &str, wait: Duration) -> Result<Option<EtcdHold>, LockError> {
+    /// One acquisition (grant number `seq`), as `take` describes it.
+    async fn contend(
+        &self,
+        (name, mode, seq): (&str, LockMode, u64),
+        wait: Duration,
+    ) -> Result<Option<EtcdHold>, LockError> {
         let deadline = Instant::now().checked_add(wait);
-        let Some(turn) = self.turns.take(name, wait).await else {
+        let lock = self.lock_prefix(name);
+        let queue = format!("{lock}/");
+        let layout = Layout::of(&lock, mode);
+        // A read-write lock's keys are one per grant: no turns to take between scopes.
+        let turn_name = match mode {
+            LockMode::Exclusive => name.to_owned(),
+            _ => format!("{lock}/{seq:x}"),
+        };
+        let Some(turn) = self.turns.take(&turn_name, wait).await else {
             return Ok(None);
         };
-        let queue = format!("{}/", self.lock_prefix(name));
+        let queue = layout.blockers.unwrap_or(queue);
         let (lease_id, key, queued, leave) = {
             let mut turn = Some(turn);
             let mut retried = false;
             loop {
                 let lease = self.session.lease(&self.members, self.fresh_for()).await?;
-                let key = format!("{queue}{:x}", lease.id);
+                let key = match &layout.mine {
+                    None => format!("{queue}{:x}", lease.id),
+                    Some(mine) => format!("{mine}{:x}-{seq:x}", lease.id),
+                };
                 // Armed before the create: a cancelled or failed attempt may have made it.
                 let leave = Leave {
                     members: self.members.clone(),
@@ -438,25 +487,30 @@ impl Seam for EtcdBackend {
         &self.config
     }
 
-    const CAPABILITIES: Capabilities = Capabilities::CHECKED_SESSIONS;
+    // No downgrade: a writer's own read key would queue behind its write key.
+    const CAPABILITIES: Capabilities = Capabilities::CHECKED_SESSIONS.with_shared(false);
 
     async fn take(
         &self,
         req: &Request,
-        _seq: u64,
+        seq: u64,
         wait: Duration,
     ) -> Result<Taken<Self::Grant>, LockError> {
-        Ok(match self.contend(&req.keys.name, wait).await? {
-            Some(hold) => Taken::Granted {
-                token: Some({
-                    let rev = u64::try_from(hold.token).unwrap_or_default();
-                    FencingToken::new(rev, rev)
-                }),
-                valid: Validity::Until(hold.lease.valid_until),
-                grant: Arc::new(hold),
+        let mode = req.keys.mode;
+        Ok(
+            match self.contend((&req.keys.name, mode, seq), wait).await? {
+                Some(hold) => Taken::Granted {
+                    // Readers write nothing: only a writer (or a plain lock) is fenced.
+                    token: (mode != LockMode::Read).then(|| {
+                        let rev = u64::try_from(hold.token).unwrap_or_default();
+                        FencingToken::new(rev, rev)
+                    }),
+                    valid: Validity::Until(hold.lease.valid_until),
+                    grant: Arc::new(hold),
+                },
+                None => Taken::busy_without_lease(&self.config),
             },
-            None => Taken::busy_without_lease(&self.config),
-        })
+        )
     }
 
     async fn give_back(&self, _keys: &LockKeys, grant: &Self::Grant) -> Result<Held, LockError> {

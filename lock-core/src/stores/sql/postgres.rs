@@ -41,6 +41,10 @@ pub const FENCE_SEQUENCE: &str = "lock_core_fence";
 ///   the time left); a killed session (`pg_terminate_backend`, a restart, a broken
 ///   network) fires [`LockGuard::lost`], and [`LockGuard::valid_for`] counts from the
 ///   last check plus the watchdog lease.
+/// - **Read-write locks** ([`LockOptions::read`](crate::LockOptions::read), `write`):
+///   `pg_advisory_lock_shared` and `pg_advisory_lock` on the read-write lock's own key
+///   (`<namespace>:{<name>}:rw` hashed); the server's queue lets no new reader past a
+///   waiting writer. No downgrade: the read hold would be another session's.
 /// - **Session pooling is required**: an advisory lock belongs to the server session
 ///   (backend) that took it. Behind a pooler in transaction or statement mode
 ///   (PgBouncer's `pool_mode = transaction`, ...) each statement may run on another

@@ -68,6 +68,10 @@ const WRITE_NAME: &str = "-__WRIT__";
 ///   creation order, and zxids only grow in the ensemble.
 /// - **Leases** from [`Lease::Fixed`](crate::Lease::Fixed) are not applied (the node
 ///   lives with the session), nor a max-hold; `hold_until_expiry` releases.
+/// - **Read-write locks** ([`LockOptions::read`](crate::LockOptions::read), `write`) in
+///   Curator's `InterProcessReadWriteLock` layout: `_c_<uuid>-__READ__<sequence>` and
+///   `_c_<uuid>-__WRIT__<sequence>` under the lock's path, in one queue; a writer waits
+///   for its predecessor, a reader for the nearest writer before it. No downgrade.
 /// - The lock's parent node is persistent and stays after release (as with Curator).
 ///
 /// ```no_run
