@@ -7,7 +7,7 @@ use std::time::Duration;
 pub use crate::{DistributedLock, HeldLock, KeyPart, LockClient, LockError, LockGuard};
 pub use std::result::Result;
 
-use crate::client::store::key::{LockName, NameWriter};
+use crate::client::store::key::{LockMode, LockName, NameWriter};
 use crate::{Lease, LockOptions, LockScope};
 
 /// The process-wide lock store, or the error telling how to install one.
@@ -47,9 +47,10 @@ pub async fn acquire<L: DistributedLock>(
     parts: &[&(dyn KeyPart + Sync)],
     lease: Option<Duration>,
     wait: Duration,
+    mode: LockMode,
 ) -> Result<L::Guard, LockError> {
     let lease = lease.map_or(Lease::Watchdog, Lease::Fixed);
-    let mut options = LockOptions::new().lease(lease).wait(wait);
+    let mut options = LockOptions::new().lease(lease).wait(wait).mode(mode);
     if let Some(delimiter) = delimiter {
         options = options.delimiter(delimiter);
     }

@@ -14,9 +14,18 @@ mod kw {
     syn::custom_keyword!(release);
     syn::custom_keyword!(delimiter);
     syn::custom_keyword!(client);
+    syn::custom_keyword!(hold);
 }
 
-const ARGUMENTS: &str = "prefix, key, expire, wait, release, delimiter, client";
+const ARGUMENTS: &str = "prefix, key, expire, wait, release, delimiter, client, hold";
+
+/// The kind of hold `hold = "..."` asks for.
+#[derive(Clone, Copy)]
+pub(crate) enum Hold {
+    Exclusive,
+    Read,
+    Write,
+}
 
 /// Shortest lease lock-core accepts, in milliseconds.
 const MIN_LEASE_MS: u64 = 10;
@@ -45,6 +54,7 @@ pub(crate) struct Args {
     pub(crate) release: Option<(bool, Span)>,
     pub(crate) delimiter: Option<LitStr>,
     pub(crate) client: Option<Expr>,
+    pub(crate) hold: Option<Hold>,
 }
 
 /// Stores an argument, or fails if it was given before: the one check for repeats.
@@ -124,6 +134,25 @@ impl Parse for Args {
                     ));
                 }
                 set_once(&mut args.delimiter, lit, "delimiter", span)?;
+            } else if lookahead.peek(kw::hold) {
+                input.parse::<kw::hold>()?;
+                input.parse::<Token![=]>()?;
+                let lit: LitStr = input.parse()?;
+                let hold = match lit.value().as_str() {
+                    "exclusive" => Hold::Exclusive,
+                    "read" => Hold::Read,
+                    "write" => Hold::Write,
+                    other => {
+                        return Err(syn::Error::new(
+                            lit.span(),
+                            format!(
+                                "unknown `hold` value {other:?}: use \"exclusive\" (the \
+                                 default), \"read\" or \"write\" (a read-write lock)"
+                            ),
+                        ));
+                    }
+                };
+                set_once(&mut args.hold, hold, "hold", span)?;
             } else if lookahead.peek(kw::client) {
                 input.parse::<kw::client>()?;
                 input.parse::<Token![=]>()?;

@@ -5,7 +5,7 @@ use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{FnArg, ItemFn, Pat, ReturnType, Type};
 
-use crate::attr::Args;
+use crate::attr::{Args, Hold};
 
 pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
     let mut errors: Vec<syn::Error> = Vec::new();
@@ -97,6 +97,11 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
         None => quote!(::core::option::Option::None),
     };
     let wait_ms = args.wait.as_ref().map_or(0, |m| m.ms);
+    let mode = match args.hold.unwrap_or(Hold::Exclusive) {
+        Hold::Exclusive => quote!(::lock_core::LockMode::Exclusive),
+        Hold::Read => quote!(::lock_core::LockMode::Read),
+        Hold::Write => quote!(::lock_core::LockMode::Write),
+    };
     let keep = matches!(args.release, Some((true, _)));
     let block = &func.block;
     let attrs = &func.attrs;
@@ -111,6 +116,7 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
                 &[#(#parts),*],
                 #lease,
                 ::core::time::Duration::from_millis(#wait_ms),
+                #mode,
             )
             .await
             {

@@ -26,6 +26,7 @@ impl From<LockError> for AppError {
     wait = "0s",
     release = "on_expiry",
     delimiter = "-",
+    hold = "write",
     client = app.locks
 )]
 #[allow(clippy::needless_return)]

@@ -10,10 +10,19 @@ async fn job(id: u64) -> Result<u64, LockError> {
     Ok(id * 2)
 }
 
+/// The process-wide store, installed by the first test that asks.
+fn installed() -> &'static MemoryLocks {
+    static STORE: std::sync::OnceLock<MemoryLocks> = std::sync::OnceLock::new();
+    STORE.get_or_init(|| {
+        let locks = MemoryLocks::new();
+        lock_core::install_global(locks.clone()).unwrap();
+        locks
+    })
+}
+
 #[tokio::test]
 async fn any_store_can_be_the_process_wide_one() {
-    let locks = MemoryLocks::new();
-    lock_core::install_global(locks.clone()).unwrap();
+    let locks = installed();
     assert!(
         lock_core::install_global(MemoryLocks::new()).is_err(),
         "installed twice"
@@ -26,4 +35,50 @@ async fn any_store_can_be_the_process_wide_one() {
     );
     drop(guard);
     assert_eq!(job(5).await.unwrap(), 10);
+}
+
+#[cache_lock(prefix = "shelf", key = id, hold = "read")]
+async fn read_shelf(id: u64, done: tokio::sync::oneshot::Receiver<()>) -> Result<(), LockError> {
+    let _ = done.await;
+    Ok(())
+}
+
+#[cache_lock(prefix = "shelf", key = id, hold = "write")]
+async fn restock(id: u64) -> Result<(), LockError> {
+    Ok(())
+}
+
+/// `hold = "read"` bodies run side by side; a `hold = "write"` body waits for none and
+/// is refused while any reader runs.
+#[tokio::test]
+async fn read_holds_share_and_the_write_hold_is_alone() {
+    installed();
+    let (stop_a, a) = tokio::sync::oneshot::channel();
+    let (stop_b, b) = tokio::sync::oneshot::channel();
+    let first = tokio::spawn(read_shelf(3, a));
+    let second = tokio::spawn(read_shelf(3, b));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    // Both readers in: the writer is refused (busy) until they leave.
+    loop {
+        match restock(3).await {
+            Err(e) if e.is_busy() => break,
+            other => {
+                other.unwrap();
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the readers never got in"
+                );
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+    assert!(
+        !first.is_finished() && !second.is_finished(),
+        "readers run together"
+    );
+    stop_a.send(()).unwrap();
+    stop_b.send(()).unwrap();
+    first.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+    restock(3).await.expect("free once the readers left");
 }
