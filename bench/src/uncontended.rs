@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use lock_core::LockClient;
+use std::time::Duration;
+
+use lock_core::{Lease, LockClient, LockOptions};
 use redis::aio::ConnectionManager;
 
 use crate::figure::Figure;
@@ -23,13 +25,14 @@ return 0"#;
 /// The implementations, in measuring order of round 1: the name in the
 /// `<name>_cpu_us_per_cycle` line (and in `lock-bench ops lock.<name>`), and in the
 /// `<name>_cycles_per_s` line.
-const IMPLS: [(&str, &str); 6] = [
+const IMPLS: [(&str, &str); 7] = [
     ("floor", "floor"),
     ("our_scripts_raw", "our_scripts_raw"),
     ("ours", "ours_fixed_lease"),
     ("ours_watchdog", "ours_watchdog"),
     ("rslock", "rslock"),
     ("ours_unbatched", "ours_unbatched"),
+    ("ours_read", "ours_read_hold"),
 ];
 
 /// Indices into [`IMPLS`].
@@ -39,6 +42,7 @@ const OURS: usize = 2;
 const WATCHDOG: usize = 3;
 const RSLOCK: usize = 4;
 const UNBATCHED: usize = 5;
+const READ: usize = 6;
 
 /// The names `lock-bench ops lock.<name>` takes.
 pub fn op_names() -> impl Iterator<Item = &'static str> {
@@ -74,6 +78,23 @@ async fn build(i: usize, url: &str, conn: &ConnectionManager) -> Result<Cycle, B
             let client = LockClient::open_with_config(url, config).await?;
             let kind = if i == OURS { "ours" } else { "unbatched" };
             fixed_lease_cycle(client, kind)
+        }
+        READ => {
+            // A read hold of a read-write lock, fixed lease: the shared hold's script
+            // against the plain lock's SET NX PX.
+            let client = LockClient::open(url).await?;
+            let options = LockOptions::new()
+                .read()
+                .lease(Lease::Fixed(Duration::from_secs(10)))
+                .wait(Duration::ZERO);
+            cycle(move |t, _| {
+                let (client, options) = (client.clone(), options.clone());
+                async move {
+                    let g = client.acquire(("bench", "read", t), options).await?;
+                    g.release().await?;
+                    Ok(())
+                }
+            })
         }
         WATCHDOG => {
             let client = LockClient::open(url).await?;
@@ -199,6 +220,7 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
             figure("ours_vs_our_scripts_raw", OURS, RAW),
             figure("our_scripts_raw_vs_floor", RAW, FLOOR),
             figure("ours_vs_ours_unbatched", OURS, UNBATCHED),
+            figure("ours_read_hold_vs_ours", READ, OURS),
         ];
         for f in table.iter().chain(&printed) {
             println!("{}", f.ratio_line());

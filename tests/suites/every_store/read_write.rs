@@ -23,6 +23,8 @@ use super::model::{self, Backend, seed};
 use crate::common;
 
 const NAMES: [&str; 2] = ["shelf", "ledger"];
+/// Holds one task keeps at most.
+const MAX_HOLDS: usize = 3;
 /// A hold counts only with this much validity left, so that the checker's own delay
 /// cannot make a true belief look false.
 const MARGIN: Duration = Duration::from_millis(3);
@@ -74,16 +76,34 @@ async fn walk(
         let n = h.len();
         (n > 0).then(|| h.swap_remove(rng.usize(0..n)))
     };
+    // Readers only for the last third: readers of different scopes must then come to
+    // share (before, waiting writers may hold new readers back for long stretches, by
+    // design).
+    let readers_only = until - run_for / 3;
+    let mut mixed = true;
     while Instant::now() < until {
         steps += 1;
+        if mixed && Instant::now() >= readers_only {
+            // Every writer's hold goes at the turn, so readers may meet.
+            mixed = false;
+            let all: Vec<_> = lock(&holds).drain(..).collect();
+            for (_, g) in all {
+                let _ = g.release().await;
+            }
+        }
         let name = NAMES[rng.usize(0..NAMES.len())];
-        // Readers come twice as often as writers.
-        let mode = if rng.u8(0..3) == 0 {
+        // Until then, readers come twice as often as writers.
+        let mode = if mixed && rng.u8(0..3) == 0 {
             LockMode::Write
         } else {
             LockMode::Read
         };
-        match rng.u8(0..10) {
+        // A task keeps at most a few holds, so names change hands.
+        let step = match rng.u8(0..10) {
+            0..=3 if lock(&holds).len() >= MAX_HOLDS => 6,
+            step => step,
+        };
+        match step {
             0..=2 => {
                 let options = options(&mut rng, fixed_leases, mode).scope(&scope);
                 match locks.acquire(name, options).await {
@@ -130,9 +150,9 @@ async fn walk(
     steps
 }
 
-/// One look at every hold alive: a violation, if any; counts in `shared` the names
-/// that readers of two scopes held together.
-fn check(tasks: &[(usize, Holds)], shared: &mut u64) -> Option<String> {
+/// One look at every hold alive: a violation, if any; counts in `seen` the names that
+/// readers of two scopes held together, and those a writer held.
+fn check(tasks: &[(usize, Holds)], seen: &mut (u64, u64)) -> Option<String> {
     for name in NAMES {
         // (scope, mode, what) of every hold that believes it holds `name`.
         let mut believers = Vec::new();
@@ -147,6 +167,7 @@ fn check(tasks: &[(usize, Holds)], shared: &mut u64) -> Option<String> {
             if *mode != LockMode::Write {
                 continue;
             }
+            seen.1 += 1;
             if let Some(other) = believers.iter().find(|b| b.0 != *scope) {
                 return Some(format!(
                     "the writer {what} (scope {scope}) shares {name} with {other:?}"
@@ -161,7 +182,7 @@ fn check(tasks: &[(usize, Holds)], shared: &mut u64) -> Option<String> {
         readers.sort_unstable();
         readers.dedup();
         if readers.len() > 1 {
-            *shared += 1;
+            seen.0 += 1;
         }
     }
     None
@@ -198,9 +219,13 @@ async fn run_model(backend: Backend, seed: u64, run_for: Duration) {
             ))
         })
         .collect();
-    let mut shared = 0;
-    let (steps, checks) = model::watch(walkers, seed, async || check(&tasks, &mut shared)).await;
-    println!("seed {seed}: {steps} steps, {checks} checks, {shared} shared, no violation");
+    let mut seen = (0, 0);
+    let (steps, checks) = model::watch(walkers, seed, async || check(&tasks, &mut seen)).await;
+    let (shared, written) = seen;
+    println!(
+        "seed {seed}: {steps} steps, {checks} checks, {shared} shared, {written} written, \
+         no violation"
+    );
     assert!(steps > 300, "too few steps ({steps}) to mean anything");
     assert!(checks > 100, "too few checks ({checks})");
     assert!(
