@@ -65,6 +65,8 @@ pub const PAIRS: &[Pair] = &[
          "lock.ours", "lock.rslock", 1),
     pair("lock", "ours_unbatched_vs_floor_1_tasks",
          "lock.ours_unbatched", "lock.floor", 1),
+    pair("lock", "ours_read_hold_vs_ours_1_tasks",
+         "lock.ours_read", "lock.ours", 1),
     pair("lock", "ours_vs_floor_64_tasks",
          "lock.ours", "lock.floor", 64),
     pair("lock", "ours_watchdog_vs_floor_64_tasks",
