@@ -252,10 +252,11 @@ mod tests {
         assert_eq!(ops.len(), 4, "{ops:?}");
         let (all, ops) = select(&[]);
         assert_eq!(all.len(), PAIRS.len());
-        // lock: 5 implementations at 2 concurrencies, shared between its figures.
+        // lock: 5 implementations at 2 concurrencies, shared between its figures, and
+        // the read hold at 1 task.
         assert_eq!(
             ops.iter().filter(|o| o.imp.starts_with("lock.")).count(),
-            10
+            11
         );
         let known = crate::ops::names();
         for op in &ops {

@@ -241,7 +241,7 @@ pub(super) fn held_count(locks: &AnyLocks) -> usize {
     }
 }
 
-fn options(rng: &mut fastrand::Rng, fixed_leases: bool) -> LockOptions {
+pub(super) fn options(rng: &mut fastrand::Rng, fixed_leases: bool) -> LockOptions {
     let lease = if fixed_leases && rng.bool() {
         Lease::Fixed(Duration::from_millis(rng.u64(30..300)))
     } else {

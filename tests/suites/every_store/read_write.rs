@@ -16,7 +16,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lock_core::{AnyGuard, AnyLocks, HeldLock, Lease, LockError, LockMode, LockOptions, LockScope};
+use lock_core::{AnyGuard, AnyLocks, HeldLock, LockError, LockMode, LockOptions, LockScope};
 use lock_tests::{MariaDbServer, RedisServer};
 
 use super::model::{self, Backend, seed};
@@ -38,20 +38,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
-}
-
-fn options(rng: &mut fastrand::Rng, fixed_leases: bool, mode: LockMode) -> LockOptions {
-    let lease = if fixed_leases && rng.bool() {
-        Lease::Fixed(ms(rng.u64(30..300)))
-    } else {
-        Lease::Watchdog
-    };
-    let wait = if rng.u8(0..3) == 0 {
-        Duration::ZERO
-    } else {
-        ms(rng.u64(1..60))
-    };
-    LockOptions::new().lease(lease).wait(wait).mode(mode)
 }
 
 /// One task's random walk for `run_for`: answers its steps and the upgrades refused.
@@ -105,7 +91,9 @@ async fn walk(
         };
         match step {
             0..=2 => {
-                let options = options(&mut rng, fixed_leases, mode).scope(&scope);
+                let options = model::options(&mut rng, fixed_leases)
+                    .mode(mode)
+                    .scope(&scope);
                 match locks.acquire(name, options).await {
                     Ok(g) => take(Some((mode, g))),
                     Err(e) => assert!(
@@ -116,7 +104,9 @@ async fn walk(
             }
             3 => {
                 let cut = Duration::from_micros(rng.u64(0..3000));
-                let options = options(&mut rng, fixed_leases, mode).scope(&scope);
+                let options = model::options(&mut rng, fixed_leases)
+                    .mode(mode)
+                    .scope(&scope);
                 if let Ok(Ok(g)) = tokio::time::timeout(cut, locks.acquire(name, options)).await {
                     take(Some((mode, g)));
                 }

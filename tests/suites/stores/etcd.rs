@@ -136,8 +136,15 @@ async fn cancelled_and_timed_out_waits_leave_no_key() {
 /// What the Go package's `Mutex.Lock` writes for a holder: the key `<prefix>/<lease
 /// id in hex>` under the session's lease, created only if absent.
 async fn go_contender(client: &etcd::Client, prefix: &str) -> (String, i64) {
+    let (key, lease, _) = go_put(client, |lease| format!("{prefix}/{lease:x}")).await;
+    (key, lease)
+}
+
+/// A key made as the Go packages make one: under a fresh lease, in a transaction
+/// guarded by `CreateRevision == 0`; its key, lease and create revision.
+async fn go_put(client: &etcd::Client, key: impl FnOnce(i64) -> String) -> (String, i64, i64) {
     let lease = client.lease_client().grant(10, None).await.unwrap().id();
-    let key = format!("{prefix}/{lease:x}");
+    let key = key(lease);
     let txn = Txn::new()
         .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
         .and_then([TxnOp::put(
@@ -147,7 +154,8 @@ async fn go_contender(client: &etcd::Client, prefix: &str) -> (String, i64) {
         )]);
     let answer = client.kv_client().txn(txn).await.unwrap();
     assert!(answer.succeeded());
-    (key, lease)
+    let created = answer.header().unwrap().revision();
+    (key, lease, created)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,32 +6,20 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lock_core::etcd_client::{
-    self as etcd, Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-};
+use lock_core::etcd_client::{self as etcd, GetOptions, SortOrder, SortTarget};
 use lock_core::{LockOptions, LockScope};
 
-use super::{locks, raw, shared};
+use super::{go_put, locks, raw, shared};
 
 /// A Go contender's key under `<prefix>/<kind>/` (`read` or `write`), as
 /// `newUniqueEphemeralKey` makes it: its key and create revision.
 async fn go_key(client: &etcd::Client, prefix: &str, kind: &str) -> (String, i64) {
-    let lease = client.lease_client().grant(10, None).await.unwrap().id();
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_nanos();
-    let key = format!("{prefix}/{kind}/{nanos}");
-    let txn = Txn::new()
-        .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-        .and_then([TxnOp::put(
-            key.as_str(),
-            "",
-            Some(PutOptions::new().with_lease(lease)),
-        )]);
-    let answer = client.kv_client().txn(txn).await.unwrap();
-    assert!(answer.succeeded());
-    (key, answer.header().unwrap().revision())
+    let (key, _, created) = go_put(client, |_| format!("{prefix}/{kind}/{nanos}")).await;
+    (key, created)
 }
 
 /// What the Go package's `waitOnLastRev` reads for a key of revision `rev` waiting on
