@@ -176,9 +176,24 @@ impl Table {
     fn shared(&mut self, key: &str, now: Instant) -> &mut Shared {
         if !self.shared.contains_key(key) {
             self.sweep(now);
-            self.shared.insert(key.to_owned(), Shared::default());
         }
         self.shared.entry(key.to_owned()).or_default()
+    }
+
+    /// Where the lease of `keys`' live grant `grant` ends (`None`: kept until given
+    /// back), in whichever table its kind of hold lives; else how it was lost.
+    fn lease_end(
+        &mut self,
+        keys: &LockKeys,
+        grant: u64,
+        now: Instant,
+    ) -> Held<&mut Option<Instant>> {
+        if keys.mode.is_read_write() {
+            let shared = self.shared.get_mut(&keys.key).ok_or(Loss::Expired)?;
+            Ok(&mut shared.own(grant, now)?.until)
+        } else {
+            Ok(&mut self.own(&keys.key, grant, now)?.until)
+        }
     }
 
     /// The entry of `key` if it is grant `grant`'s and live; else how it was lost.
@@ -243,13 +258,7 @@ impl MemoryBackend {
         let now = Instant::now();
         let until = now + lease;
         let mut table = self.table();
-        let lease_end = if keys.mode.is_read_write() {
-            let shared = table.shared.get_mut(&keys.key).ok_or(Loss::Expired)?;
-            &mut shared.own(grant, now)?.until
-        } else {
-            &mut table.own(&keys.key, grant, now)?.until
-        };
-        if let Some(u) = lease_end.as_mut() {
+        if let Some(u) = table.lease_end(keys, grant, now)?.as_mut() {
             *u = (*u).max(until);
         }
         Ok(until)
@@ -341,15 +350,7 @@ impl Seam for MemoryBackend {
         // A kept grant keeps the watchdog lease from now, as on Redis.
         let now = Instant::now();
         let mut table = self.table();
-        let lease_end = if keys.mode.is_read_write() {
-            let shared = table.shared.get_mut(&keys.key);
-            shared
-                .and_then(|s| s.own(*grant, now).ok())
-                .map(|h| &mut h.until)
-        } else {
-            table.own(&keys.key, *grant, now).ok().map(|e| &mut e.until)
-        };
-        if let Some(until) = lease_end
+        if let Ok(until) = table.lease_end(keys, *grant, now)
             && until.is_none()
         {
             *until = now.checked_add(self.config.watchdog_lease());

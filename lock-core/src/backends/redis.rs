@@ -203,11 +203,18 @@ impl RedisBackend {
             })
             .await?;
         let r = GrantReply::decode("release", reply)?;
-        let hub = self.client.hub();
-        if r == GrantReply::Done && hub.has_local_waiters() {
-            hub.notify_local(&keys.channel());
+        if r == GrantReply::Done {
+            self.wake_local_waiters(keys);
         }
         Ok(r)
+    }
+
+    /// Wakes this client's waiters for `keys` at once, without the pub/sub round trip.
+    fn wake_local_waiters(&self, keys: &LockKeys) {
+        let hub = self.client.hub();
+        if hub.has_local_waiters() {
+            hub.notify_local(&keys.channel());
+        }
     }
 
     /// Gives back the grant `value` of `keys` in the background.
@@ -310,14 +317,17 @@ impl Seam for RedisBackend {
         lease: Duration,
     ) -> Result<Held<Instant>, LockError> {
         if keys.mode.is_read_write() {
-            return self.extend_shared(keys, grant, lease).await;
+            let within = self.client.conn().timeout();
+            return self.extend_shared(keys, grant, lease, within).await;
         }
         let sent = Instant::now();
         let one = [(keys, grant)];
-        let code = self
+        let codes = self
             .renew_values(&one, lease, self.client.conn().timeout())
-            .await?[0];
-        Ok(held(GrantReply::from_code("renew", code)?).map(|()| proven(sent, lease)))
+            .await?;
+        renewed(codes, sent, lease)?
+            .pop()
+            .ok_or_else(|| LockError::UnexpectedReply("renew.lua answered nothing".into()))
     }
 
     async fn renew(
@@ -330,13 +340,7 @@ impl Seam for RedisBackend {
             return self.renew_mixed(grants, lease, within).await;
         }
         let sent = Instant::now();
-        let codes = self.renew_values(grants, lease, within).await?;
-        codes
-            .into_iter()
-            .map(|code| {
-                Ok(held(GrantReply::from_code("renew", code)?).map(|()| proven(sent, lease)))
-            })
-            .collect()
+        renewed(self.renew_values(grants, lease, within).await?, sent, lease)
     }
 
     fn group(&self, key: &str) -> u16 {
@@ -468,10 +472,7 @@ impl RedisBackend {
             })
             .await?;
         let (code, _) = code_value("read_write", reply)?;
-        let hub = self.client.hub();
-        if hub.has_local_waiters() {
-            hub.notify_local(&keys.channel());
-        }
+        self.wake_local_waiters(keys);
         Ok(shared_held(code))
     }
 
@@ -480,11 +481,13 @@ impl RedisBackend {
         keys: &LockKeys,
         value: &str,
         lease: Duration,
+        within: Duration,
     ) -> Result<Held<Instant>, LockError> {
         let sent = Instant::now();
-        let conn = self.client.conn();
-        let reply = conn
-            .eval(&READ_WRITE, conn.timeout(), |c| {
+        let reply = self
+            .client
+            .conn()
+            .eval(&READ_WRITE, within, |c| {
                 c.arg(1)
                     .arg(&keys.key)
                     .arg("extend")
@@ -505,26 +508,18 @@ impl RedisBackend {
     ) -> Result<Vec<Held<Instant>>, LockError> {
         let (shared, plain): (Vec<_>, Vec<_>) = grants
             .iter()
-            .enumerate()
-            .partition(|(_, (keys, _))| keys.mode.is_read_write());
-        let plain: Vec<(&LockKeys, &String)> = plain.into_iter().map(|(_, g)| *g).collect();
+            .partition(|(keys, _)| keys.mode.is_read_write());
         let sent = Instant::now();
         let plain_renewal = async {
             if plain.is_empty() {
                 return Ok(Vec::new());
             }
-            let codes = self.renew_values(&plain, lease, within).await?;
-            codes
-                .into_iter()
-                .map(|code| {
-                    Ok(held(GrantReply::from_code("renew", code)?).map(|()| proven(sent, lease)))
-                })
-                .collect::<Result<Vec<_>, LockError>>()
+            renewed(self.renew_values(&plain, lease, within).await?, sent, lease)
         };
         let shared_renewals = futures_util::future::join_all(
             shared
                 .iter()
-                .map(|(_, (keys, value))| self.extend_shared(keys, value, lease)),
+                .map(|(keys, value)| self.extend_shared(keys, value, lease, within)),
         );
         let (plain_held, shared_held) = tokio::join!(plain_renewal, shared_renewals);
         let mut plain_held = plain_held?.into_iter();
@@ -540,6 +535,19 @@ impl RedisBackend {
             })
             .collect()
     }
+}
+
+/// The renew script's `codes` as the engine reads them: each renewed grant is proven
+/// for `lease` from `sent`.
+fn renewed(
+    codes: Vec<Code>,
+    sent: Instant,
+    lease: Duration,
+) -> Result<Vec<Held<Instant>>, LockError> {
+    codes
+        .into_iter()
+        .map(|code| Ok(held(GrantReply::from_code("renew", code)?).map(|()| proven(sent, lease))))
+        .collect()
 }
 
 /// A read-write script's answer on one hold.

@@ -62,9 +62,8 @@ async fn walk(
         let n = h.len();
         (n > 0).then(|| h.swap_remove(rng.usize(0..n)))
     };
-    // Readers only for the last third: readers of different scopes must then come to
-    // share (before, waiting writers may hold new readers back for long stretches, by
-    // design).
+    // Readers only for the last third, so readers of different scopes surely meet:
+    // while writers wait, they hold new readers back for long stretches, by design.
     let readers_only = until - run_for / 3;
     let mut mixed = true;
     while Instant::now() < until {

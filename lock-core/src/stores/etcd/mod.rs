@@ -289,25 +289,20 @@ impl Drop for Leave {
 struct Layout {
     /// The prefix of our key (`None`: a plain lock's `<lock>/`, keyed by the lease).
     mine: Option<String>,
-    /// The prefix of the keys that hold us back (`None`: `<lock>/`, every key).
-    blockers: Option<String>,
+    /// The prefix of the keys that hold us back.
+    blockers: String,
 }
 
 impl Layout {
     fn of(lock: &str, mode: LockMode) -> Self {
-        match mode {
-            LockMode::Exclusive => Self {
-                mine: None,
-                blockers: None,
-            },
-            LockMode::Read => Self {
-                mine: Some(format!("{lock}/read/")),
-                blockers: Some(format!("{lock}/write/")),
-            },
-            LockMode::Write => Self {
-                mine: Some(format!("{lock}/write/")),
-                blockers: None,
-            },
+        let (mine, blockers) = match mode {
+            LockMode::Exclusive => (None, "/"),
+            LockMode::Read => (Some(format!("{lock}/read/")), "/write/"),
+            LockMode::Write => (Some(format!("{lock}/write/")), "/"),
+        };
+        Self {
+            mine,
+            blockers: format!("{lock}{blockers}"),
         }
     }
 }
@@ -336,7 +331,6 @@ impl EtcdBackend {
     ) -> Result<Option<EtcdHold>, LockError> {
         let deadline = Instant::now().checked_add(wait);
         let lock = self.lock_prefix(name);
-        let queue = format!("{lock}/");
         let layout = Layout::of(&lock, mode);
         // A read-write lock's keys are one per grant: no turns to take between scopes.
         let turn_name = match mode {
@@ -346,7 +340,7 @@ impl EtcdBackend {
         let Some(turn) = self.turns.take(&turn_name, wait).await else {
             return Ok(None);
         };
-        let queue = layout.blockers.unwrap_or(queue);
+        let queue = layout.blockers;
         let (lease_id, key, queued, leave) = {
             let mut turn = Some(turn);
             let mut retried = false;
