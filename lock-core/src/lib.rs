@@ -127,7 +127,7 @@ pub use redlock::{DEFAULT_NODE_TIMEOUT, Redlock, RedlockBackend, RedlockGuard};
 pub use semaphore::{MAX_PERMITS_PER_ACQUIRE, Permits, Semaphore, SemaphoreOptions};
 pub use stores::{AnyGuard, AnyLocks, Locks, MemoryGuard, MemoryLocks};
 #[cfg(feature = "etcd")]
-pub use stores::{EtcdBackend, EtcdGuard, EtcdLocks};
+pub use stores::{EtcdBackend, EtcdGuard, EtcdHolder, EtcdLocks};
 #[cfg(feature = "mysql")]
 pub use stores::{MYSQL_FENCE_TABLE, MysqlBackend, MysqlGuard, MysqlLocks};
 #[cfg(feature = "postgres")]

@@ -60,6 +60,7 @@ pub struct Election<L, N> {
     name: N,
     scope: LockScope,
     rejoin: bool,
+    value: Option<Vec<u8>>,
 }
 
 impl<L, N> Election<L, N>
@@ -74,6 +75,7 @@ where
             name,
             scope: LockScope::new(),
             rejoin: true,
+            value: None,
         }
     }
 
@@ -81,6 +83,16 @@ where
     /// (default `true`); `false` makes it return [`LockError::Expired`] instead.
     pub fn rejoin_after_loss(mut self, rejoin: bool) -> Self {
         self.rejoin = rejoin;
+        self
+    }
+
+    /// What this candidate keeps beside its campaign for others to read (its address,
+    /// say), as Go's `Election.Campaign(ctx, value)` does: see
+    /// [`LockOptions::value`]. Only stores that keep a value take it (etcd, where
+    /// `EtcdLocks::holder` reads the leader's and `EtcdLocks::proclaim` replaces it);
+    /// elsewhere a campaign answers [`LockError::Unsupported`].
+    pub fn value(mut self, value: impl Into<Vec<u8>>) -> Self {
+        self.value = Some(value.into());
         self
     }
 
@@ -103,7 +115,10 @@ where
     /// its first node (where its tokens come from) missed the grant; with that node
     /// down, a Redlock elects nobody.
     pub async fn campaign(&self, wait: Duration) -> Result<Leadership<L::Guard>, LockError> {
-        let options = LockOptions::new().scope(&self.scope).wait(wait).fenced();
+        let mut options = LockOptions::new().scope(&self.scope).wait(wait).fenced();
+        if let Some(value) = &self.value {
+            options = options.value(value.clone());
+        }
         let guard = self.locks.acquire(self.name.clone(), options).await?;
         match guard.fence().await? {
             Some(term) => Ok(Leadership { guard, term }),

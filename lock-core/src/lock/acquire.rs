@@ -94,6 +94,13 @@ impl<B: Backend> Core<B> {
                          a store with read-write locks (see the README)",
             });
         }
+        if req.value.is_some() && !B::CAPABILITIES.values {
+            return Err(LockError::Unsupported {
+                key: req.keys.name.clone(),
+                reason: "this store keeps no value beside a hold: leave out \
+                         `LockOptions::value`, or use a store that keeps one (etcd)",
+            });
+        }
         let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
         let scope = req.scope.id();
         let ticket = loop {
@@ -152,9 +159,7 @@ impl<B: Backend> Core<B> {
                 }
                 ticket.fulfil(grant.clone());
                 self.schedule(&grant);
-                if grant.kept {
-                    self.watch_store_loss(&grant);
-                }
+                self.watch_store_loss(&grant);
                 tracing::debug!(lock = %req.keys.name, token = ?g.token, waited = ?started.elapsed(), "lock granted");
                 Ok(LockGuard::new(self.clone(), grant, req.watchdog))
             }

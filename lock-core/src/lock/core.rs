@@ -50,7 +50,7 @@ impl<B: Seam> Core<B> {
         }
     }
 
-    /// Forwards the loss the store reports for a kept `grant` (a task that ends with
+    /// Forwards the loss the store reports for `grant` (a task that ends with
     /// the grant, holding it only weakly).
     pub(crate) fn watch_store_loss(&self, grant: &Arc<Grant<B>>) {
         let Some(reported) = self.backend.store_loss(&grant.record) else {

@@ -243,6 +243,7 @@ impl<B: Backend> LockGuard<B> {
             watchdog: self.watched,
             max_hold: None,
             fenced: false,
+            value: None,
         };
         self.core.acquire(&request, Duration::ZERO).await
     }

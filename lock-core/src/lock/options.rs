@@ -1,5 +1,6 @@
 //! Per-call choices of a lock acquisition.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::client::config::Lease;
@@ -27,6 +28,7 @@ pub struct LockOptions {
     pub(crate) delimiter: Option<&'static str>,
     pub(crate) fenced: bool,
     pub(crate) mode: LockMode,
+    pub(crate) value: Option<Arc<[u8]>>,
 }
 
 impl LockOptions {
@@ -107,6 +109,18 @@ impl LockOptions {
     /// The kind of hold to take. Default: [`LockMode::Exclusive`], a plain lock.
     pub fn mode(mut self, mode: LockMode) -> Self {
         self.mode = mode;
+        self
+    }
+
+    /// A value the store keeps beside this hold, for others to read while it is held:
+    /// on etcd the contender key's value, as Go's `Election.Campaign(ctx, value)`
+    /// writes it (read the holder's with `EtcdLocks::holder`). A scope that re-enters a
+    /// hold keeps the value it was granted with.
+    ///
+    /// Stores that keep no value beside a hold refuse it
+    /// ([`LockError::Unsupported`](crate::LockError::Unsupported)).
+    pub fn value(mut self, value: impl Into<Vec<u8>>) -> Self {
+        self.value = Some(value.into().into());
         self
     }
 }

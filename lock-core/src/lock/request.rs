@@ -21,6 +21,8 @@ pub(crate) struct Request {
     pub(crate) max_hold: Option<Duration>,
     /// Take the fencing token with the grant.
     pub(crate) fenced: bool,
+    /// What the store keeps beside the hold ([`LockOptions::value`]).
+    pub(crate) value: Option<Arc<[u8]>>,
 }
 
 /// Options resolved once per call (the scope above all: every node of a Redlock must
@@ -33,6 +35,7 @@ pub(crate) struct Resolved<'c> {
     pub(crate) max_hold: Option<Duration>,
     pub(crate) fenced: bool,
     pub(crate) mode: LockMode,
+    pub(crate) value: Option<Arc<[u8]>>,
     /// The wait budget.
     pub(crate) wait: Duration,
 }
@@ -70,6 +73,7 @@ impl<'c> Resolved<'c> {
             max_hold: options.max_hold.or(config.max_hold),
             fenced: options.fenced,
             mode: options.mode,
+            value: options.value,
             wait: options.wait.unwrap_or(config.wait),
         })
     }
@@ -87,6 +91,7 @@ impl<'c> Resolved<'c> {
             watchdog: self.watchdog,
             max_hold: self.max_hold,
             fenced: self.fenced,
+            value: self.value.clone(),
         })
     }
 }

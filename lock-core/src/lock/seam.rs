@@ -93,6 +93,9 @@ pub(crate) struct Capabilities {
     /// A scope holding the write hold may take a read hold too (`false`: the engine
     /// refuses it, rather than let it wait for its own writer).
     pub(crate) downgrade: bool,
+    /// The store keeps a value beside a hold ([`LockOptions::value`](crate::LockOptions::value);
+    /// `false`: the engine refuses one before any call).
+    pub(crate) values: bool,
 }
 
 impl Capabilities {
@@ -102,6 +105,7 @@ impl Capabilities {
         fixed_leases: true,
         shared: false,
         downgrade: false,
+        values: false,
     };
     /// Leases on the local clock; watched grants kept until given back (memory).
     pub(crate) const LOCAL_LEASES: Self = Self {
@@ -109,6 +113,7 @@ impl Capabilities {
         fixed_leases: true,
         shared: false,
         downgrade: false,
+        values: false,
     };
     /// A session per grant, checked by the watchdog (PostgreSQL, MySQL), or a session
     /// lease the watchdog keeps alive (etcd).
@@ -121,6 +126,7 @@ impl Capabilities {
         fixed_leases: false,
         shared: false,
         downgrade: false,
+        values: false,
     };
     /// A session that keeps its grants and reports their loss (ZooKeeper).
     #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
@@ -129,6 +135,7 @@ impl Capabilities {
         fixed_leases: false,
         shared: false,
         downgrade: false,
+        values: false,
     };
 }
 
@@ -138,6 +145,15 @@ impl Capabilities {
         Self {
             shared: true,
             downgrade,
+            ..self
+        }
+    }
+
+    /// These, with a value kept beside each hold.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    pub(crate) const fn with_values(self) -> Self {
+        Self {
+            values: true,
             ..self
         }
     }
@@ -217,9 +233,10 @@ pub(crate) trait Seam: Send + Sync + Sized + 'static {
         self.config().watchdog_lease()
     }
 
-    /// Where the store reports the loss of a kept grant by itself (a session expired,
-    /// a node deleted): a future that resolves with the loss, or with `None` once the
-    /// grant is gone unlost. `None` here: the store never reports one.
+    /// Where the store reports the loss of a grant by itself (a session expired, a node
+    /// or key deleted): a future that resolves with the loss, or with `None` once the
+    /// grant is gone unlost. `None` here: the store never reports one (the watchdog's
+    /// renewal, if any, finds it).
     fn store_loss(
         &self,
         _grant: &Self::Grant,

@@ -18,7 +18,7 @@ pub(crate) mod zookeeper;
 
 pub use any::{AnyGuard, AnyLocks};
 #[cfg(feature = "etcd")]
-pub use etcd::{EtcdBackend, EtcdGuard, EtcdLocks};
+pub use etcd::{EtcdBackend, EtcdGuard, EtcdHolder, EtcdLocks};
 pub use locks::Locks;
 pub use memory::{MemoryGuard, MemoryLocks};
 #[cfg(feature = "mysql")]

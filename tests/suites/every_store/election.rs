@@ -244,3 +244,19 @@ async fn redis_candidates_take_turns() {
 async fn etcd_candidates_take_turns() {
     take_turns(model::etcd().await).await;
 }
+
+/// A candidate's value needs a store that keeps one: elsewhere its campaign says so
+/// before any call, and `run` returns that error rather than campaign forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_without_values_refuses_a_candidates_value() {
+    let backend = model::memory();
+    let election = Election::new(backend.locks[0].clone(), "x").value("10.0.0.7:8080");
+    let e = election.campaign(Duration::ZERO).await.unwrap_err();
+    assert!(matches!(e, LockError::Unsupported { .. }), "{e}");
+    assert!(e.to_string().contains("keeps no value"), "{e}");
+    let e = election
+        .run(|_| async { ControlFlow::Break(()) })
+        .await
+        .unwrap_err();
+    assert!(matches!(e, LockError::Unsupported { .. }), "{e}");
+}

@@ -457,17 +457,46 @@ async fn etcd_refuses_an_upgrade_and_a_downgrade() {
     upgrade_refused_and_downgrade(model::etcd().await, false).await;
 }
 
-/// A read-write lock is its own lock: the plain lock of the same name is another.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plain_lock_and_a_read_write_lock_of_one_name_are_two_locks() {
-    let backend = model::redis(true).await;
+/// A read-write lock is its own lock: the plain lock of the same name is another. A
+/// plain holder and a writer or readers of one name hold at once, whichever came first.
+async fn plain_and_read_write_are_two_locks(backend: model::Backend) {
     let [a, b] = &backend.locks;
-    let plain = now(a, "both", LockOptions::new(), &LockScope::new())
-        .await
-        .unwrap();
-    let w = now(b, "both", write(), &LockScope::new()).await.unwrap();
-    plain.release().await.unwrap();
-    w.release().await.unwrap();
+    for rw_first in [false, true] {
+        for mode in [read(), write()] {
+            let (first, second) = if rw_first {
+                (mode, LockOptions::new())
+            } else {
+                (LockOptions::new(), mode)
+            };
+            let held = now(a, "both", first, &LockScope::new()).await.unwrap();
+            let beside = now(b, "both", second, &LockScope::new())
+                .await
+                .expect("the other kind of lock is free");
+            beside.release().await.unwrap();
+            held.release().await.unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_and_read_write_locks_of_one_name_are_two_locks_on_memory_and_redis() {
+    plain_and_read_write_are_two_locks(model::memory()).await;
+    plain_and_read_write_are_two_locks(model::redis(true).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_and_read_write_locks_of_one_name_are_two_locks_on_postgres() {
+    plain_and_read_write_are_two_locks(model::postgres().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_and_read_write_locks_of_one_name_are_two_locks_on_zookeeper() {
+    plain_and_read_write_are_two_locks(model::zookeeper().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_and_read_write_locks_of_one_name_are_two_locks_on_etcd() {
+    plain_and_read_write_are_two_locks(model::etcd().await).await;
 }
 
 /// Stores without read-write locks say so before any call, whatever the wait.

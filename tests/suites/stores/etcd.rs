@@ -5,6 +5,8 @@
 //! cluster's faults: quorum loss, and a leader paused mid-hold.
 
 use crate::checks;
+// Election values in the Go `Election` layout.
+mod election;
 // Read-write locks in the Go recipe's layout.
 mod read_write;
 
@@ -136,20 +138,24 @@ async fn cancelled_and_timed_out_waits_leave_no_key() {
 /// What the Go package's `Mutex.Lock` writes for a holder: the key `<prefix>/<lease
 /// id in hex>` under the session's lease, created only if absent.
 async fn go_contender(client: &etcd::Client, prefix: &str) -> (String, i64) {
-    let (key, lease, _) = go_put(client, |lease| format!("{prefix}/{lease:x}")).await;
+    let (key, lease, _) = go_put(client, |lease| format!("{prefix}/{lease:x}"), "").await;
     (key, lease)
 }
 
-/// A key made as the Go packages make one: under a fresh lease, in a transaction
-/// guarded by `CreateRevision == 0`; its key, lease and create revision.
-async fn go_put(client: &etcd::Client, key: impl FnOnce(i64) -> String) -> (String, i64, i64) {
+/// A key made as the Go packages make one: under a fresh lease, with `value`, in a
+/// transaction guarded by `CreateRevision == 0`; its key, lease and create revision.
+async fn go_put(
+    client: &etcd::Client,
+    key: impl FnOnce(i64) -> String,
+    value: &str,
+) -> (String, i64, i64) {
     let lease = client.lease_client().grant(10, None).await.unwrap().id();
     let key = key(lease);
     let txn = Txn::new()
         .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
         .and_then([TxnOp::put(
             key.as_str(),
-            "",
+            value,
             Some(PutOptions::new().with_lease(lease)),
         )]);
     let answer = client.kv_client().txn(txn).await.unwrap();
@@ -233,6 +239,35 @@ async fn a_deleted_key_fires_lost_and_lets_another_owner_in() {
     let deleted_at = Instant::now();
     checks::loss_lets_another_owner_in(g, &b, "job", deleted_at, "lost() fired on the deletion")
         .await;
+}
+
+/// The holder watches its key: a deletion fires `lost()` long before the renewal that
+/// would find it (every 10 s with a 30 s session lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_key_fires_lost_before_the_next_renewal() {
+    let cluster = shared();
+    let slow = config().with_watchdog_lease(Duration::from_secs(30));
+    let url = cluster.url("deleted-watched");
+    let a = EtcdLocks::connect(&url, slow.clone()).await.unwrap();
+    let b = EtcdLocks::connect(&url, slow).await.unwrap();
+    let admin = raw(cluster).await;
+    let prefix = a.lock_prefix("job").unwrap();
+    for hold_first in [Duration::ZERO, Duration::from_secs(1)] {
+        let g = a.lock("job").await.unwrap();
+        // Deleted before and after the watch starts.
+        tokio::time::sleep(hold_first).await;
+        delete_holders_key(&admin, &prefix).await;
+        let deleted_at = Instant::now();
+        checks::loss_lets_another_owner_in(
+            g,
+            &b,
+            "job",
+            deleted_at,
+            "lost() fired on the deletion",
+        )
+        .await;
+        await_queue_len(&admin, &prefix, 0).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -38,12 +38,20 @@ pub(super) enum Queued {
     Behind(i64),
 }
 
-/// `GetOptions` for the one key of `order` create revision under a prefix.
-fn top(order: SortOrder) -> GetOptions {
-    GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Create, order)
-        .with_limit(1)
+/// The contenders a key waits behind: the keys in `[start, end)`.
+pub(super) struct Queue {
+    pub(super) start: String,
+    pub(super) end: String,
+}
+
+impl Queue {
+    /// `GetOptions` for its one key of `order` create revision (read at `start`).
+    pub(super) fn top(&self, order: SortOrder) -> GetOptions {
+        GetOptions::new()
+            .with_range(self.end.as_str())
+            .with_sort(SortTarget::Create, order)
+            .with_limit(1)
+    }
 }
 
 fn first_kv(op: Option<&TxnOpResponse>) -> Option<&etcd::KeyValue> {
@@ -65,25 +73,23 @@ fn lease_not_found(e: &etcd::Error) -> bool {
     matches!(e, etcd::Error::GRpcStatus(s) if s.message().contains("requested lease not found"))
 }
 
-/// Puts `key` under `lease`, or finds it there from an earlier attempt whose answer
-/// was lost; answers where it stands behind the keys of `prefix` (`<lock prefix>/`,
-/// or a read-write lock's writers), or `None` if etcd refused the key for its lease
-/// (gone: nothing was made).
+/// Puts `key` (with `value`) under `lease`, or finds it there from an earlier attempt
+/// whose answer was lost; answers where it stands behind the keys of `queue`, or
+/// `None` if etcd refused the key for its lease (gone: nothing was made).
 pub(super) async fn enqueue(
     members: &Members,
-    prefix: &str,
-    key: &str,
+    (queue, key, value): (&Queue, &str, &[u8]),
     lease: Lease,
 ) -> Result<Option<Queued>, LockError> {
     let txn = Txn::new()
         .when([Compare::create_revision(key, CompareOp::Equal, 0)])
         .and_then([
-            TxnOp::put(key, "", Some(PutOptions::new().with_lease(lease.id))),
-            TxnOp::get(prefix, Some(top(SortOrder::Ascend))),
+            TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease.id))),
+            TxnOp::get(queue.start.as_str(), Some(queue.top(SortOrder::Ascend))),
         ])
         .or_else([
             TxnOp::get(key, None),
-            TxnOp::get(prefix, Some(top(SortOrder::Ascend))),
+            TxnOp::get(queue.start.as_str(), Some(queue.top(SortOrder::Ascend))),
         ]);
     // Sent again on another member, it finds the key the first one may have made.
     let answer = members
@@ -111,30 +117,32 @@ pub(super) async fn enqueue(
             .map(etcd::KeyValue::create_revision)
             .ok_or_else(|| unexpected("our key neither absent nor present"))?
     };
-    // The oldest key of `prefix` (which may or may not hold ours) holds us back if it
-    // is older than ours.
+    // The oldest key of `queue` (which may or may not hold ours) holds us back if it is
+    // older than ours.
     Ok(Some(match first_kv(ops.get(1)) {
         Some(oldest) if oldest.create_revision() < ours => Queued::Behind(ours),
         _ => Queued::Owner(ours),
     }))
 }
 
-/// Waits until every key of `prefix` created before revision `ours` is deleted:
+/// Waits until every key of `queue` created before revision `ours` is deleted:
 /// `true` then, `false` if `deadline` came first. Each turn watches the newest of
 /// them only, so a release wakes one waiter.
 pub(super) async fn await_predecessors(
     members: &Members,
-    prefix: &str,
+    queue: &Queue,
     ours: i64,
     deadline: Instant,
     recheck: Duration,
 ) -> Result<bool, LockError> {
     loop {
-        let options = top(SortOrder::Descend).with_max_create_revision(ours - 1);
+        let options = queue
+            .top(SortOrder::Descend)
+            .with_max_create_revision(ours - 1);
         let newest = members
             .call("looking for the key before ours", |c| {
                 let options = options.clone();
-                async move { c.kv_client().get(prefix, Some(options)).await }
+                async move { c.kv_client().get(queue.start.as_str(), Some(options)).await }
             })
             .await?;
         let Some(before) = newest.kvs().first() else {
@@ -162,7 +170,7 @@ pub(super) async fn await_predecessors(
 /// etcd serves a watch that starts in the past from a loop that catches up every
 /// 100 ms, which on a busy lock delays most handoffs by that much. What the watch
 /// cannot see, a deletion between `revision` and its start, one read finds instead.
-async fn await_deletion(
+pub(super) async fn await_deletion(
     members: &Members,
     (key, created): (&[u8], i64),
     revision: i64,

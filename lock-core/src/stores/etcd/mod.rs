@@ -2,21 +2,25 @@
 //! through `etcd-client`.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 mod contender;
+mod hold;
 mod members;
 mod session;
 mod turns;
+mod values;
 
 use etcd_client as etcd;
 use tokio::time::Instant;
 
-use self::contender::Queued;
+use self::contender::{Queue, Queued};
+use self::hold::{EtcdHold, Leave};
 use self::members::Members;
 use self::session::{KeptAlive, Lease, Session};
-use self::turns::{Turn, Turns};
+use self::turns::Turns;
+pub use self::values::EtcdHolder;
 use crate::client::cleanup;
 use crate::client::config::LockConfig;
 use crate::client::store::key::{self, LockKeys, LockMode, LockName};
@@ -35,23 +39,28 @@ pub type EtcdGuard = LockGuard<EtcdBackend>;
 
 const STORE: &str = "etcd";
 
+/// How long a grant is held before a watch reports its key's deletion: a hold given
+/// back sooner costs no watch, and a deletion within it is reported at its end.
+const DELETION_WATCH_AFTER: Duration = Duration::from_millis(250);
+
 /// Locks on etcd, key for key as etcd's Go `concurrency.Mutex` lays them out, so a Go
 /// service using `concurrency.NewMutex(session, prefix)` and a Rust service using this
 /// crate exclude each other on the same prefix ([`EtcdLocks::lock_prefix`] says which).
 ///
 /// - **Layout**: one session lease per `EtcdLocks`; a contender key
 ///   `<lock prefix>/<lease id in hex>` is created under it in a transaction guarded by
-///   `CreateRevision == 0`; the owner is the key of lowest create revision under the
-///   prefix, and each waiter watches only the deletion of the key created just before
-///   its own (no herd). The lock prefix is `<root>/<namespace>/<name>`, the root from
+///   `CreateRevision == 0`; the owner is the oldest such key (lowest create revision),
+///   and each waiter watches only the deletion of the key created just before its own
+///   (no herd). The lock prefix is `<root>/<namespace>/<name>`, the root from
 ///   the connect string (`/` and `%` in the namespace and name percent-escaped).
 /// - **Lease**: the session lease's TTL is the config's watchdog lease (whole seconds,
 ///   at least the server's minimum), kept alive by the watchdog while a lock is held
 ///   and by waiters while they wait. [`LockGuard::valid_for`] is what the last
 ///   confirmed keep-alive proves.
 /// - **Loss**: [`LockGuard::lost`] fires when no keep-alive confirms the lease before
-///   its TTL runs out (the server then deletes the key), or when a renewal finds the
-///   key deleted (by hand, or with a revoked lease): within one watchdog period.
+///   its TTL runs out (the server then deletes the key), or when the key is deleted (by
+///   hand, or with a revoked lease): a holder watches its key once it has held it for
+///   250 ms (a deletion sooner is reported then), and each renewal looks at it too.
 /// - **Fencing tokens** are the contender key's create revision: revisions only grow
 ///   across the cluster, so each new owner's token is larger.
 ///   [`EtcdLocks::write_fenced`] runs a write in one transaction with
@@ -61,7 +70,12 @@ const STORE: &str = "etcd";
 /// - **Read-write locks** ([`LockOptions::read`](crate::LockOptions::read), `write`) in
 ///   the Go `recipe.RWMutex` layout: a key per hold, `<lock prefix>/read/<id>` or
 ///   `<lock prefix>/write/<id>`, under the session lease; a writer waits for every
-///   older key under the lock prefix, a reader for older writers only. No downgrade.
+///   older reader and writer, a reader for older writers only. No downgrade. It is
+///   another lock than the plain lock of its name (each waits behind its own kind of
+///   key; a Go `RWMutex` writer on the same prefix would also wait for plain holders).
+/// - **Values**: a hold keeps [`LockOptions::value`](crate::LockOptions::value) as its
+///   key's value, as Go's `Election.Campaign` does; [`EtcdLocks::holder`] reads the
+///   holder's (Go's `Election.Leader`), [`EtcdLocks::proclaim`] replaces it.
 /// - **Leases** from [`Lease::Fixed`](crate::Lease::Fixed) are not applied (the key
 ///   lives with the session), nor a max-hold; `hold_until_expiry` releases.
 /// - **Quorum loss**: calls fail with [`LockError::Store`] (the client asks for a
@@ -197,112 +211,40 @@ impl Locks<EtcdBackend> {
         let name = key::escaped_name(&config.delimiter, &name)?;
         Ok(self.backend().lock_prefix(&name))
     }
-
-    /// Runs `ops` in one etcd transaction that applies only while `guard` holds its
-    /// lock (`If(CreateRevision(its key) == its token)`): the fenced write. Refused, it
-    /// answers the loss as an error and marks nothing; the guard finds the loss at its
-    /// next renewal.
-    pub async fn write_fenced(
-        &self,
-        guard: &EtcdGuard,
-        ops: impl Into<Vec<etcd::TxnOp>>,
-    ) -> Result<etcd::TxnResponse, LockError> {
-        let hold = guard.record();
-        let txn = etcd::Txn::new()
-            .when([etcd::Compare::create_revision(
-                hold.key.as_str(),
-                etcd::CompareOp::Equal,
-                hold.token,
-            )])
-            .and_then(ops);
-        let answer = contender::txn_call(&self.backend().members, "a fenced write", &txn).await?;
-        if answer.succeeded() {
-            Ok(answer)
-        } else {
-            Err(Loss::Expired.error(guard.name()))
-        }
-    }
-}
-
-/// One held contender key.
-pub(crate) struct EtcdHold {
-    key: String,
-    lease: Lease,
-    token: i64,
-    /// This client's turn on the name, passed on once the key is known deleted.
-    turn: Mutex<Option<Turn>>,
-}
-
-impl EtcdHold {
-    fn pass_turn(&self) {
-        let turn = self.turn.lock().unwrap_or_else(|p| p.into_inner()).take();
-        drop(turn);
-    }
-}
-
-/// Until kept, dropping this deletes our key in the background (an attempt cancelled
-/// or failed with its create in flight may have made it), then passes the turn on.
-struct Leave {
-    members: Arc<Members>,
-    key: String,
-    turn: Option<Turn>,
-}
-
-impl Leave {
-    fn keep(mut self) -> Turn {
-        self.turn.take().expect("a leave keeps its turn until kept")
-    }
-
-    /// Deletes our key now (a busy or timed-out attempt), then passes the turn on.
-    async fn now(mut self) -> Result<(), LockError> {
-        let turn = self.turn.take();
-        let deleted = contender::delete(&self.members, &self.key).await;
-        if deleted.is_err() {
-            // Not known deleted: leave it to the background, turn and all.
-            self.turn = turn;
-        }
-        deleted.map(drop)
-    }
-}
-
-impl Drop for Leave {
-    fn drop(&mut self) {
-        let Some(turn) = self.turn.take() else {
-            return;
-        };
-        let (members, key) = (self.members.clone(), self.key.clone());
-        cleanup::spawn("removing an etcd contender key", key.clone(), async move {
-            let done = cleanup::patiently("removing an etcd contender key", || {
-                contender::delete(&members, &key)
-            })
-            .await;
-            drop(turn);
-            done.0.map(drop)
-        });
-    }
 }
 
 /// Where a hold's key goes and what it waits for, as the Go packages lay them out:
-/// `concurrency.Mutex` (a key per session under `<lock>/`, behind every older key) and
-/// `recipe.RWMutex` (a key per hold under `<lock>/read/` or `<lock>/write/`; a writer
-/// behind every older key, a reader behind older writers only).
+/// `concurrency.Mutex` (a key per session, `<lock>/<lease id in hex>`, behind every
+/// older such key) and `recipe.RWMutex` (a key per hold under `<lock>/read/` or
+/// `<lock>/write/`; a writer behind every older reader and writer, a reader behind
+/// older writers only). A plain lock and a read-write lock of one name are two locks:
+/// each waits behind its own kind of key only (the Go packages, given one prefix,
+/// would mix them).
 struct Layout {
-    /// The prefix of our key (`None`: a plain lock's `<lock>/`, keyed by the lease).
-    mine: Option<String>,
-    /// The prefix of the keys that hold us back.
-    blockers: String,
+    /// The prefix of our key.
+    mine: String,
+    /// One key per grant (`<lease>-<grant>`), not per session.
+    per_grant: bool,
+    /// The keys that hold us back.
+    blockers: Queue,
 }
 
 impl Layout {
     fn of(lock: &str, mode: LockMode) -> Self {
+        // Lease ids are lowercase hex: a plain lock's keys sort before `<lock>/g`, and
+        // `read/` and `write/` after it.
         let (mine, blockers) = match mode {
-            LockMode::Exclusive => (None, "/"),
-            LockMode::Read => (Some(format!("{lock}/read/")), "/write/"),
-            LockMode::Write => (Some(format!("{lock}/write/")), "/"),
+            LockMode::Exclusive => ("/", ("/", "/g")),
+            LockMode::Read => ("/read/", ("/write/", "/write0")),
+            LockMode::Write => ("/write/", ("/read/", "/write0")),
         };
         Self {
-            mine,
-            blockers: format!("{lock}{blockers}"),
+            mine: format!("{lock}{mine}"),
+            per_grant: mode != LockMode::Exclusive,
+            blockers: Queue {
+                start: format!("{lock}{}", blockers.0),
+                end: format!("{lock}{}", blockers.1),
+            },
         }
     }
 }
@@ -327,6 +269,7 @@ impl EtcdBackend {
     async fn contend(
         &self,
         (name, mode, seq): (&str, LockMode, u64),
+        value: &[u8],
         wait: Duration,
     ) -> Result<Option<EtcdHold>, LockError> {
         let deadline = Instant::now().checked_add(wait);
@@ -342,27 +285,23 @@ impl EtcdBackend {
         };
         let queue = layout.blockers;
         let (lease_id, key, queued, leave) = {
-            let mut turn = Some(turn);
+            let mut turn = turn;
             let mut retried = false;
             loop {
                 let lease = self.session.lease(&self.members, self.fresh_for()).await?;
-                let key = match &layout.mine {
-                    None => format!("{queue}{:x}", lease.id),
-                    Some(mine) => format!("{mine}{:x}-{seq:x}", lease.id),
+                let key = if layout.per_grant {
+                    format!("{}{:x}-{seq:x}", layout.mine, lease.id)
+                } else {
+                    format!("{}{:x}", layout.mine, lease.id)
                 };
-                // Armed before the create: a cancelled or failed attempt may have made it.
-                let leave = Leave {
-                    members: self.members.clone(),
-                    key: key.clone(),
-                    turn: turn.take(),
-                };
-                match contender::enqueue(&self.members, &queue, &key, lease).await? {
+                let leave = Leave::arm(self.members.clone(), key.clone(), turn);
+                match contender::enqueue(&self.members, (&queue, &key, value), lease).await? {
                     Some(queued) => break (lease.id, key, queued, leave),
                     // Refused for its lease (expired meanwhile): nothing was made.
                     None if !retried => {
                         retried = true;
                         self.session.forget(lease.id).await;
-                        turn = Some(leave.keep());
+                        turn = leave.keep();
                     }
                     None => {
                         return Err(LockError::Store {
@@ -406,19 +345,14 @@ impl EtcdBackend {
                 message: "the session lease was lost while we waited".into(),
             });
         }
-        Ok(Some(EtcdHold {
-            key,
-            lease,
-            token,
-            turn: Mutex::new(Some(leave.keep())),
-        }))
+        Ok(Some(EtcdHold::new(key, lease, token, leave.keep())))
     }
 
     /// Waits behind the keys created before ours, keeping the lease alive meanwhile:
     /// `true` once they are all gone, `false` at `deadline`.
     async fn wait_behind(
         &self,
-        queue: &str,
+        queue: &Queue,
         ours: i64,
         deadline: Instant,
     ) -> Result<bool, LockError> {
@@ -482,7 +416,9 @@ impl Seam for EtcdBackend {
     }
 
     // No downgrade: a writer's own read key would queue behind its write key.
-    const CAPABILITIES: Capabilities = Capabilities::CHECKED_SESSIONS.with_shared(false);
+    const CAPABILITIES: Capabilities = Capabilities::CHECKED_SESSIONS
+        .with_shared(false)
+        .with_values();
 
     async fn take(
         &self,
@@ -491,8 +427,12 @@ impl Seam for EtcdBackend {
         wait: Duration,
     ) -> Result<Taken<Self::Grant>, LockError> {
         let mode = req.keys.mode;
+        let value = req.value.as_deref().unwrap_or_default();
         Ok(
-            match self.contend((&req.keys.name, mode, seq), wait).await? {
+            match self
+                .contend((&req.keys.name, mode, seq), value, wait)
+                .await?
+            {
                 Some(hold) => Taken::Granted {
                     // Readers write nothing: only a writer (or a plain lock) is fenced.
                     token: (mode != LockMode::Read).then(|| {
@@ -508,9 +448,7 @@ impl Seam for EtcdBackend {
     }
 
     async fn give_back(&self, _keys: &LockKeys, grant: &Self::Grant) -> Result<Held, LockError> {
-        let deleted = contender::delete(&self.members, &grant.key).await?;
-        grant.pass_turn();
-        Ok(if deleted { Ok(()) } else { Err(Loss::Expired) })
+        grant.give_back(&self.members).await
     }
 
     async fn extend(
@@ -533,6 +471,18 @@ impl Seam for EtcdBackend {
     ) -> Result<Vec<Held<Instant>>, LockError> {
         let holds: Vec<&EtcdHold> = grants.iter().map(|(_, g)| &***g).collect();
         timed("renewing the session lease", within, self.check(&holds)).await?
+    }
+
+    fn store_loss(
+        &self,
+        grant: &Self::Grant,
+    ) -> Option<impl Future<Output = Option<Loss>> + Send + 'static> {
+        Some(hold::deletion(
+            self.members.clone(),
+            grant,
+            DELETION_WATCH_AFTER,
+            self.config.watchdog_lease(),
+        ))
     }
 
     fn listen<'a>(&'a self, _keys: &LockKeys, _channel: &'a str) -> Option<Listen<'a>> {

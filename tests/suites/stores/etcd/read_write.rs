@@ -18,7 +18,7 @@ async fn go_key(client: &etcd::Client, prefix: &str, kind: &str) -> (String, i64
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_nanos();
-    let (key, _, created) = go_put(client, |_| format!("{prefix}/{kind}/{nanos}")).await;
+    let (key, _, created) = go_put(client, |_| format!("{prefix}/{kind}/{nanos}"), "").await;
     (key, created)
 }
 
