@@ -70,14 +70,14 @@ async fn flash_sale_on_two_instances_and_a_second_run_adds_no_duplicates() {
         let text = String::from_utf8_lossy(&m.body);
         granted += counter(
             &text,
-            r#"lock_acquisitions_total{store="redis",outcome="granted"}"#,
+            r#"lock_acquisitions_total{store="redis",primitive="lock",outcome="granted"}"#,
         );
         assert!(
             text.contains("# TYPE lock_acquisitions_total counter"),
             "{text}"
         );
         assert!(
-            text.contains(r#"lock_hold_seconds_bucket{store="redis",le="#),
+            text.contains(r#"lock_hold_seconds_bucket{store="redis",primitive="lock",le="#),
             "{text}"
         );
     }

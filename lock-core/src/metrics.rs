@@ -6,18 +6,21 @@
 //!
 //! | metric | kind | labels |
 //! | --- | --- | --- |
-//! | `lock_acquisitions_total` | counter | `store`, `outcome`: `granted`, `reentered`, `busy`, `timed_out`, `error` |
-//! | `lock_wait_seconds` | histogram | `store`: from the call to granted, busy or timed out |
-//! | `lock_hold_seconds` | histogram | `store`: from the grant to the release of its last hold |
-//! | `lock_releases_total` | counter | `store`, `result`: `unlocked`, `still_held`, `expired`, `not_owner`, `error` |
+//! | `lock_acquisitions_total` | counter | `store`, `primitive`, `outcome`: `granted`, `reentered`, `busy`, `timed_out`, `error` |
+//! | `lock_wait_seconds` | histogram | `store`, `primitive`: from the call to granted, busy or timed out |
+//! | `lock_hold_seconds` | histogram | `store`, `primitive`: from the grant to the release of its last hold |
+//! | `lock_releases_total` | counter | `store`, `primitive`, `result`: `unlocked`, `still_held`, `expired`, `not_owner`, `error` |
 //! | `lock_renewals_total` | counter | `store`, `result`: `renewed`, `expired`, `not_owner`, `error` |
 //! | `lock_renewal_seconds` | histogram | `store`: one renewal call (a batch of locks; on a Redlock, one call to each node at once) |
-//! | `lock_lost_total` | counter | `store` |
+//! | `lock_lost_total` | counter | `store`, `primitive` |
 //! | `rate_limit_decisions_total` | counter | `outcome`: `allowed`, `limited`, `failed_open`, `failed_closed` |
 //! | `idempotency_outcomes_total` | counter | `outcome`: `new`, `replayed`, `in_flight`, `mismatch`, `unavailable` |
 //!
 //! `store` is one of `redis`, `redis_cluster`, `redlock`, `zookeeper`, `mysql`,
-//! `postgres`, `etcd`, `memory`.
+//! `postgres`, `etcd`, `memory`. `primitive` is what the hold is for: `lock` (a plain
+//! lock), `read_lock` and `write_lock` (the holds of a read-write lock), `election` (a
+//! candidate's campaign and leadership). Renewals are batched across primitives, so
+//! they are counted by store alone.
 //!
 //! What counts as one event:
 //! - An acquisition is counted once, when the call returns (a wait that retries is one
@@ -154,6 +157,46 @@ impl StoreKind {
             Self::Postgres => "postgres",
             Self::Etcd => "etcd",
         }
+    }
+}
+
+/// What a hold is for: the `primitive` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Primitive {
+    #[default]
+    Lock,
+    ReadLock,
+    WriteLock,
+    Election,
+}
+
+impl Primitive {
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    const ALL: [Self; 4] = [Self::Lock, Self::ReadLock, Self::WriteLock, Self::Election];
+
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    const fn label(self) -> &'static str {
+        match self {
+            Self::Lock => "lock",
+            Self::ReadLock => "read_lock",
+            Self::WriteLock => "write_lock",
+            Self::Election => "election",
+        }
+    }
+}
+
+/// The labels every lock metric carries: where the hold lives and what it is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Series {
+    pub(crate) store: StoreKind,
+    pub(crate) primitive: Primitive,
+}
+
+impl Series {
+    /// Its place in a table of keys built by store, then primitive.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    const fn index(self) -> usize {
+        self.store as usize * Primitive::ALL.len() + self.primitive as usize
     }
 }
 
@@ -300,45 +343,61 @@ mod record {
     static META: Metadata<'static> =
         Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
-    /// The keys of `name` for every store and every `values` of the label `other`, at
-    /// `store as usize * values.len() + value index`: built once, so recording one
-    /// neither allocates nor hashes its labels.
-    fn by_store_and(name: &'static str, other: &'static str, values: &[&'static str]) -> Vec<Key> {
-        StoreKind::ALL
-            .iter()
-            .flat_map(|s| {
-                values.iter().map(move |v| {
-                    Key::from_parts(
-                        name,
-                        vec![Label::new("store", s.label()), Label::new(other, *v)],
-                    )
-                })
-            })
-            .collect()
-    }
-
-    /// The keys of `name` for every store, at `store as usize`.
-    fn by_store(name: &'static str) -> Vec<Key> {
-        StoreKind::ALL
-            .iter()
-            .map(|s| Key::from_parts(name, vec![Label::new("store", s.label())]))
-            .collect()
+    /// The keys of `name` for every store, for every primitive if `by_primitive`, and
+    /// for every `values` of the label `other` if any, in that order of nesting (see
+    /// [`Series::index`]): built once, so recording one neither allocates nor hashes
+    /// its labels.
+    fn keys(
+        name: &'static str,
+        by_primitive: bool,
+        other: Option<(&'static str, &[&'static str])>,
+    ) -> Vec<Key> {
+        let primitives: &[Primitive] = if by_primitive {
+            &Primitive::ALL
+        } else {
+            &[Primitive::Lock]
+        };
+        let mut keys = Vec::new();
+        for s in StoreKind::ALL {
+            for p in primitives {
+                let mut labels = vec![Label::new("store", s.label())];
+                if by_primitive {
+                    labels.push(Label::new("primitive", p.label()));
+                }
+                match other {
+                    Some((other, values)) => keys.extend(values.iter().map(|v| {
+                        let mut labels = labels.clone();
+                        labels.push(Label::new(other, *v));
+                        Key::from_parts(name, labels)
+                    })),
+                    None => keys.push(Key::from_parts(name, labels)),
+                }
+            }
+        }
+        keys
     }
 
     static ACQUISITION_KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
-        by_store_and(ACQUISITIONS, "outcome", &Acquired::ALL.map(Acquired::label))
-    });
-    static WAIT_KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| by_store(WAIT));
-    static RELEASE_KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
-        by_store_and(
-            RELEASES,
-            "result",
-            &ReleaseOutcome::ALL.map(ReleaseOutcome::label),
+        keys(
+            ACQUISITIONS,
+            true,
+            Some(("outcome", &Acquired::ALL.map(Acquired::label))),
         )
     });
-    static HOLD_KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| by_store(HOLD));
-    static RENEWAL_KEYS: LazyLock<Vec<Key>> =
-        LazyLock::new(|| by_store_and(RENEWALS, "result", &Renewal::ALL.map(Renewal::label)));
+    static WAIT_KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| keys(WAIT, true, None));
+    static RELEASE_KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
+        let results = ReleaseOutcome::ALL.map(ReleaseOutcome::label);
+        keys(RELEASES, true, Some(("result", &results)))
+    });
+    static HOLD_KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| keys(HOLD, true, None));
+    static LOST_KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| keys(LOST, true, None));
+    static RENEWAL_KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
+        keys(
+            RENEWALS,
+            false,
+            Some(("result", &Renewal::ALL.map(Renewal::label))),
+        )
+    });
 
     fn counter(key: &Key) -> Counter {
         metrics::with_recorder(|r| r.register_counter(key, &META))
@@ -348,25 +407,25 @@ mod record {
         metrics::with_recorder(|r| r.register_histogram(key, &META))
     }
 
-    pub(crate) fn acquired(store: StoreKind, outcome: Acquired, started: Instant) {
+    pub(crate) fn acquired(series: Series, outcome: Acquired, started: Instant) {
         let waited = started.elapsed();
-        let at = store as usize * Acquired::ALL.len() + outcome as usize;
+        let at = series.index() * Acquired::ALL.len() + outcome as usize;
         counter(&ACQUISITION_KEYS[at]).increment(1);
         if matches!(
             outcome,
             Acquired::Granted | Acquired::Busy | Acquired::TimedOut
         ) {
-            histogram(&WAIT_KEYS[store as usize]).record(waited);
+            histogram(&WAIT_KEYS[series.index()]).record(waited);
         }
     }
 
-    pub(crate) fn released(store: StoreKind, result: ReleaseOutcome) {
-        let at = store as usize * ReleaseOutcome::ALL.len() + result as usize;
+    pub(crate) fn released(series: Series, result: ReleaseOutcome) {
+        let at = series.index() * ReleaseOutcome::ALL.len() + result as usize;
         counter(&RELEASE_KEYS[at]).increment(1);
     }
 
-    pub(crate) fn held(store: StoreKind, held: Duration) {
-        histogram(&HOLD_KEYS[store as usize]).record(held);
+    pub(crate) fn held(series: Series, held: Duration) {
+        histogram(&HOLD_KEYS[series.index()]).record(held);
     }
 
     pub(crate) fn renewed(store: StoreKind, result: Renewal, locks: u64) {
@@ -378,8 +437,8 @@ mod record {
         metrics::histogram!(RENEWAL_LATENCY, "store" => store.label()).record(took);
     }
 
-    pub(crate) fn lost(store: StoreKind) {
-        metrics::counter!(LOST, "store" => store.label()).increment(1);
+    pub(crate) fn lost(series: Series) {
+        counter(&LOST_KEYS[series.index()]).increment(1);
     }
 
     pub(crate) fn rate_limit(outcome: RateOutcome) {
@@ -411,17 +470,17 @@ mod record {
     use super::*;
 
     #[inline]
-    pub(crate) fn acquired(_: StoreKind, _: Acquired, _: Instant) {}
+    pub(crate) fn acquired(_: Series, _: Acquired, _: Instant) {}
     #[inline]
-    pub(crate) fn released(_: StoreKind, _: ReleaseOutcome) {}
+    pub(crate) fn released(_: Series, _: ReleaseOutcome) {}
     #[inline]
-    pub(crate) fn held(_: StoreKind, _: Duration) {}
+    pub(crate) fn held(_: Series, _: Duration) {}
     #[inline]
     pub(crate) fn renewed(_: StoreKind, _: Renewal, _: u64) {}
     #[inline]
     pub(crate) fn renewal_call(_: StoreKind, _: Duration) {}
     #[inline]
-    pub(crate) fn lost(_: StoreKind) {}
+    pub(crate) fn lost(_: Series) {}
     #[inline]
     pub(crate) fn rate_limit(_: RateOutcome) {}
     #[inline]
@@ -432,12 +491,12 @@ pub(crate) use record::{
     acquired, held, idempotency, lost, rate_limit, released, renewal_call, renewed,
 };
 
-/// Records a release of `store` that returned `result`, and, when it gave back the last
-/// hold of a grant, how long that grant was held (`held`, from `granted`).
-pub(crate) fn release(store: StoreKind, result: ReleaseOutcome, granted: Option<Instant>) {
-    released(store, result);
+/// Records a release that returned `result`, and, when it gave back the last hold of a
+/// grant, how long that grant was held (`held`, from `granted`).
+pub(crate) fn release(series: Series, result: ReleaseOutcome, granted: Option<Instant>) {
+    released(series, result);
     if let Some(at) = granted {
-        held(store, at.elapsed());
+        held(series, at.elapsed());
     }
 }
 
@@ -455,6 +514,9 @@ mod tests {
     #[test]
     fn every_label_list_is_in_declaration_order() {
         for (i, v) in StoreKind::ALL.iter().enumerate() {
+            assert_eq!(*v as usize, i, "{v:?}");
+        }
+        for (i, v) in Primitive::ALL.iter().enumerate() {
             assert_eq!(*v as usize, i, "{v:?}");
         }
         for (i, v) in Acquired::ALL.iter().enumerate() {

@@ -20,6 +20,7 @@ use crate::client::config::Backoff;
 use crate::client::store::key::LockName;
 use crate::error::LockError;
 use crate::lock::{LockOptions, Released};
+use crate::metrics::Primitive;
 use crate::owner::{FencingToken, LockScope};
 use crate::traits::{DistributedLock, HeldLock};
 
@@ -116,6 +117,7 @@ where
     /// down, a Redlock elects nobody.
     pub async fn campaign(&self, wait: Duration) -> Result<Leadership<L::Guard>, LockError> {
         let mut options = LockOptions::new().scope(&self.scope).wait(wait).fenced();
+        options.primitive = Some(Primitive::Election);
         if let Some(value) = &self.value {
             options = options.value(value.clone());
         }

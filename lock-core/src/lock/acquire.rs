@@ -17,7 +17,7 @@ use crate::client::config::{MAX_LEASE, proven};
 use crate::client::store::key::LockName;
 use crate::client::wait::{Turn, wait_for_turn};
 use crate::error::LockError;
-use crate::metrics::{self, Acquired};
+use crate::metrics::{self, Acquired, Series};
 use crate::owner::FencingToken;
 
 /// What a granted attempt brings back.
@@ -70,7 +70,11 @@ impl<B: Backend> Core<B> {
         let mut reentered = false;
         let result = self.enter_or_take(req, wait, started, &mut reentered).await;
         let outcome = Acquired::of(&result, reentered);
-        metrics::acquired(self.backend.kind(), outcome, started);
+        let series = Series {
+            store: self.backend.kind(),
+            primitive: req.primitive,
+        };
+        metrics::acquired(series, outcome, started);
         result
     }
 
@@ -150,6 +154,7 @@ impl<B: Backend> Core<B> {
                     g.token,
                     g.seq,
                     valid,
+                    req.primitive,
                 ));
                 if req.watchdog && !grant.kept {
                     let mut st = grant.state();

@@ -244,6 +244,7 @@ impl<B: Backend> LockGuard<B> {
             max_hold: None,
             fenced: false,
             value: None,
+            primitive: self.grant.primitive,
         };
         self.core.acquire(&request, Duration::ZERO).await
     }

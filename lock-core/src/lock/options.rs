@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::client::config::Lease;
 use crate::client::store::key::LockMode;
+use crate::metrics::Primitive;
 use crate::owner::LockScope;
 
 /// Per-call choices for [`LockClient::acquire`](crate::LockClient::acquire); anything not
@@ -29,6 +30,9 @@ pub struct LockOptions {
     pub(crate) fenced: bool,
     pub(crate) mode: LockMode,
     pub(crate) value: Option<Arc<[u8]>>,
+    /// What the hold is for, when not a lock of its mode (an election's campaign): the
+    /// metrics' label.
+    pub(crate) primitive: Option<Primitive>,
 }
 
 impl LockOptions {

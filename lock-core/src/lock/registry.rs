@@ -26,7 +26,7 @@ use super::seam::Seam;
 use crate::client::store::key::{LockKeys, LockMode};
 use crate::error::LockError;
 use crate::lock::release_outcome;
-use crate::metrics::{self, StoreKind};
+use crate::metrics::{self, Primitive, Series, StoreKind};
 use crate::owner::FencingToken;
 
 /// Why a grant was lost, as far as this client knows.
@@ -62,6 +62,8 @@ pub(crate) struct Grant<B: Seam> {
     pub(crate) seq: u64,
     /// When it was granted, for the hold time (`None` when metrics are not recorded).
     pub(crate) granted: Option<Instant>,
+    /// What it is for: the metrics' label.
+    pub(crate) primitive: Primitive,
     /// Woken when the grant is lost (its guards' `lost()` wait on it).
     pub(crate) lost_wake: Notify,
     state: Mutex<GrantState>,
@@ -108,6 +110,7 @@ impl<B: Seam> Grant<B> {
         token: Option<FencingToken>,
         seq: u64,
         valid: (Instant, bool),
+        primitive: Primitive,
     ) -> Self {
         let (valid_until, kept) = valid;
         Self {
@@ -118,6 +121,7 @@ impl<B: Seam> Grant<B> {
             token: token.map(std::sync::OnceLock::from).unwrap_or_default(),
             seq,
             granted: metrics::granted_now(),
+            primitive,
             lost_wake: Notify::new(),
             state: Mutex::new(GrantState {
                 holds: 1,
@@ -147,8 +151,12 @@ impl<B: Seam> Grant<B> {
         result: &Result<crate::Released, LockError>,
         last: bool,
     ) {
-        metrics::release(
+        let series = Series {
             store,
+            primitive: self.primitive,
+        };
+        metrics::release(
+            series,
             release_outcome(result),
             self.granted.filter(|_| last),
         );
@@ -472,7 +480,10 @@ impl<B: Seam> Registry<B> {
         }
         drop(maps);
         grant.lost_wake.notify_waiters();
-        metrics::lost(self.kind);
+        metrics::lost(Series {
+            store: self.kind,
+            primitive: grant.primitive,
+        });
         true
     }
 
@@ -564,6 +575,7 @@ mod tests {
             Some(FencingToken::new(1, 1)),
             1,
             (until, false),
+            Primitive::Lock,
         ));
         ticket.fulfil(g.clone());
         g
@@ -656,6 +668,7 @@ mod tests {
             None,
             2,
             (Instant::now(), true),
+            Primitive::Lock,
         ));
         ticket.fulfil(kept.clone());
         assert!(matches!(

@@ -9,6 +9,7 @@ use crate::client::config::Lease;
 use crate::client::config::{LockConfig, check_lease};
 use crate::client::store::key::{self, LockKeys, LockMode, LockName};
 use crate::error::LockError;
+use crate::metrics::Primitive;
 use crate::owner::LockScope;
 
 /// What the caller wants, resolved against the config.
@@ -23,6 +24,8 @@ pub(crate) struct Request {
     pub(crate) fenced: bool,
     /// What the store keeps beside the hold ([`LockOptions::value`]).
     pub(crate) value: Option<Arc<[u8]>>,
+    /// What the hold is for: the metrics' label.
+    pub(crate) primitive: Primitive,
 }
 
 /// Options resolved once per call (the scope above all: every node of a Redlock must
@@ -36,6 +39,7 @@ pub(crate) struct Resolved<'c> {
     pub(crate) fenced: bool,
     pub(crate) mode: LockMode,
     pub(crate) value: Option<Arc<[u8]>>,
+    pub(crate) primitive: Primitive,
     /// The wait budget.
     pub(crate) wait: Duration,
 }
@@ -74,6 +78,11 @@ impl<'c> Resolved<'c> {
             fenced: options.fenced,
             mode: options.mode,
             value: options.value,
+            primitive: options.primitive.unwrap_or(match options.mode {
+                LockMode::Exclusive => Primitive::Lock,
+                LockMode::Read => Primitive::ReadLock,
+                LockMode::Write => Primitive::WriteLock,
+            }),
             wait: options.wait.unwrap_or(config.wait),
         })
     }
@@ -92,6 +101,7 @@ impl<'c> Resolved<'c> {
             max_hold: self.max_hold,
             fenced: self.fenced,
             value: self.value.clone(),
+            primitive: self.primitive,
         })
     }
 }

@@ -243,6 +243,102 @@ async fn a_redlock_and_the_memory_store_are_counted_under_their_own_store() {
     assert_eq!(tally.counter(REL, &mem("result", "unlocked")), 1);
 }
 
+/// Each lock metric says what the hold was for: a plain lock, a read or write hold of
+/// a read-write lock, or an election's campaign and leadership; a loss under the
+/// primitive that lost it, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_primitive_is_counted_under_its_own_label() {
+    let mut tally = Tally::start().await;
+    let memory = lock_core::MemoryLocks::new();
+    let plain = memory.try_lock("p").await.unwrap();
+    let read = memory
+        .acquire("rw", LockOptions::new().read())
+        .await
+        .unwrap();
+    let busy = memory
+        .acquire("rw", LockOptions::new().write().wait(Duration::ZERO))
+        .await;
+    assert!(busy.unwrap_err().is_busy());
+    read.release().await.unwrap();
+    let write = memory
+        .acquire("rw", LockOptions::new().write())
+        .await
+        .unwrap();
+    write.release().await.unwrap();
+    plain.release().await.unwrap();
+    let election = lock_core::Election::new(memory.clone(), "leader");
+    election
+        .campaign(Duration::ZERO)
+        .await
+        .unwrap()
+        .resign()
+        .await
+        .unwrap();
+
+    let of = |p: &'static str, k: &'static str, v: &'static str| {
+        [("store", "memory"), ("primitive", p), (k, v)]
+    };
+    for p in ["lock", "read_lock", "election"] {
+        assert_eq!(tally.counter(ACQ, &of(p, "outcome", "granted")), 1, "{p}");
+        assert_eq!(tally.counter(REL, &of(p, "result", "unlocked")), 1, "{p}");
+        let held = tally.observed("lock_hold_seconds", &[("primitive", p)]);
+        assert_eq!(held.len(), 1, "{p}");
+    }
+    assert_eq!(tally.counter(ACQ, &of("write_lock", "outcome", "busy")), 1);
+    assert_eq!(
+        tally.counter(ACQ, &of("write_lock", "outcome", "granted")),
+        1
+    );
+    assert_eq!(tally.counter(ACQ, &[("store", "memory")]), 5);
+
+    let server = RedisServer::start();
+    let config = LockConfig::new().with_watchdog_lease(Duration::from_millis(300));
+    let a = client(&server, config).await;
+    let g = a.acquire("rw", LockOptions::new().write()).await.unwrap();
+    // Taken over by hand: the watchdog's renewal finds it lost.
+    let mut admin = server.connection().await;
+    let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), g.lost())
+        .await
+        .expect("the loss is seen");
+    let mut lost = |p: &'static str| tally.counter("lock_lost_total", &[("primitive", p)]);
+    eventually(Duration::from_secs(5), "the loss counted", || {
+        let n = lost("write_lock");
+        async move { n == 1 }
+    })
+    .await;
+    assert_eq!(lost("lock") + lost("read_lock") + lost("election"), 0);
+}
+
+/// A loss a store reports itself (ZooKeeper: the node deleted) counts once too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loss_the_store_reports_is_counted_once() {
+    use lock_core::zookeeper_client as zk;
+    let mut tally = Tally::start().await;
+    let server = lock_tests::ZooKeeperServer::start();
+    let locks = lock_core::ZkLocks::connect(&server.connect_string(), LockConfig::new())
+        .await
+        .unwrap();
+    let g = locks.lock("job").await.unwrap();
+    let dir = locks.lock_path("job").unwrap();
+    let admin = zk::Client::connect(&server.connect_string()).await.unwrap();
+    let node = admin.list_children(&dir).await.unwrap().remove(0);
+    admin.delete(&format!("{dir}/{node}"), None).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), g.lost())
+        .await
+        .expect("the deletion is reported");
+    assert!(g.release().await.unwrap_err().is_lost());
+    let lost = [("store", "zookeeper"), ("primitive", "lock")];
+    assert_eq!(
+        tally.counter("lock_lost_total", &lost),
+        1,
+        "a loss counts once"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rate_limit_decisions_are_counted_and_a_peek_is_not() {
     let mut tally = Tally::start().await;
@@ -369,14 +465,15 @@ async fn no_label_carries_a_lock_name() {
     let allowed: Vec<&str> = concat!(
         "redis redis_cluster redlock zookeeper mysql postgres memory ",
         "granted reentered busy timed_out error unlocked still_held expired not_owner renewed ",
-        "allowed limited failed_open failed_closed new replayed in_flight mismatch unavailable",
+        "allowed limited failed_open failed_closed new replayed in_flight mismatch unavailable ",
+        "lock read_lock write_lock election",
     )
     .split(' ')
     .collect();
     for (key, _) in &tally.seen {
         for label in key.key().labels() {
             assert!(
-                ["store", "outcome", "result"].contains(&label.key()),
+                ["store", "primitive", "outcome", "result"].contains(&label.key()),
                 "unexpected label {label:?} on {}",
                 key.key().name()
             );

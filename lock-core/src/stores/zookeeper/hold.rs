@@ -13,7 +13,6 @@ use crate::client::cleanup;
 use crate::error::LockError;
 use crate::lock::registry::Loss;
 use crate::lock::seam::Held;
-use crate::metrics::{self, StoreKind};
 
 /// A boxed `Send` future.
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -83,9 +82,9 @@ fn standing_in(state: zk::SessionState, was: Standing, grace: Duration) -> Stand
     }
 }
 
+/// Says why (the engine counts the loss once it hears of it).
 fn lost(lock: &str, why: &str) {
     tracing::warn!(lock = %lock, "lock lost: {why}");
-    metrics::lost(StoreKind::Zookeeper);
 }
 
 type StatWatch = BoxFuture<Result<(Option<zk::Stat>, zk::OneshotWatcher), zk::Error>>;
