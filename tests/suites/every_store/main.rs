@@ -6,6 +6,7 @@ mod common;
 
 mod across_processes;
 mod any_locks;
+mod arrival_order;
 mod election;
 mod model;
 mod read_write;

@@ -1,0 +1,146 @@
+//! The stores whose waiters queue in the server grant a lock in arrival order:
+//! ZooKeeper (sequential nodes), etcd (create revisions), PostgreSQL (the lock
+//! manager's wait queue) and MySQL/MariaDB (`GET_LOCK`'s metadata-lock queue). Each
+//! waiter is started only once the store shows the one before it queued, so the order
+//! of arrival is the store's own, not a guess.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::common::eventually;
+
+use lock_core::etcd_client as etcd;
+use lock_core::zookeeper_client as zk;
+use lock_core::{DistributedLock, HeldLock, LockConfig, LockOptions};
+use lock_tests::{EtcdCluster, MariaDbServer, PostgresServer, ZooKeeperServer};
+
+const WAITERS: usize = 6;
+
+/// How many waiters the store shows queued for the lock now.
+type Queued = Box<dyn Fn() -> Pin<Box<dyn Future<Output = usize> + Send>> + Send + Sync>;
+
+fn config() -> LockConfig {
+    LockConfig::new()
+        .with_watchdog_lease(Duration::from_millis(1_500))
+        .with_command_timeout(Duration::from_secs(2))
+        .with_wait(Duration::from_secs(30))
+}
+
+/// One holder on the first handle and a waiter on each of the others (handles are
+/// clients, pools or sessions of their own: a client's scopes may take turns before
+/// they queue in the store), each started once `queued` shows the ones before it.
+/// Released, they must be granted in the order they queued.
+async fn granted_in_arrival_order<L, F, Fut>(open: F, queued: Queued)
+where
+    L: DistributedLock + 'static,
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<L, lock_core::LockError>>,
+{
+    let holder_locks = open().await.unwrap();
+    let holder = holder_locks.lock_named("fifo").await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..WAITERS {
+        let (locks, order) = (open().await.unwrap(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let g = locks
+                .acquire("fifo", LockOptions::new().wait(Duration::from_secs(30)))
+                .await
+                .unwrap();
+            order.lock().unwrap().push(i);
+            g.release().await.unwrap();
+        }));
+        eventually(Duration::from_secs(10), "the waiter queued", || {
+            let shown = queued();
+            async move { shown.await == i + 1 }
+        })
+        .await;
+    }
+    holder.release().await.unwrap();
+    for w in waiters {
+        w.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    assert_eq!(order, (0..WAITERS).collect::<Vec<_>>(), "grant order");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_grants_in_arrival_order() {
+    let server = ZooKeeperServer::start();
+    let at = server.connect_string();
+    let open = || lock_core::ZkLocks::connect(&at, config());
+    let dir = open().await.unwrap().lock_path("fifo").unwrap();
+    let raw = zk::Client::connect(&server.connect_string()).await.unwrap();
+    let queued: Queued = Box::new(move || {
+        let (raw, dir) = (raw.clone(), dir.clone());
+        Box::pin(async move {
+            let children = raw.list_children(&dir).await.unwrap_or_default();
+            children.len().saturating_sub(1)
+        })
+    });
+    granted_in_arrival_order(open, queued).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_grants_in_arrival_order() {
+    let cluster = EtcdCluster::start(3);
+    let url = cluster.url("fifo");
+    let open = || lock_core::EtcdLocks::connect(&url, config());
+    let prefix = format!("{}/", open().await.unwrap().lock_prefix("fifo").unwrap());
+    let raw = etcd::Client::connect(cluster.endpoints(), None)
+        .await
+        .unwrap();
+    let queued: Queued = Box::new(move || {
+        let (mut raw, prefix) = (raw.clone(), prefix.clone());
+        Box::pin(async move {
+            let options = etcd::GetOptions::new().with_prefix().with_count_only();
+            let n = raw.get(prefix, Some(options)).await.unwrap().count();
+            usize::try_from(n).unwrap().saturating_sub(1)
+        })
+    });
+    granted_in_arrival_order(open, queued).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_grants_in_arrival_order() {
+    let server = PostgresServer::start();
+    let url = server.url();
+    let open = || lock_core::PostgresLocks::connect(&url, config());
+    let raw = sqlx::PgPool::connect(&server.url()).await.unwrap();
+    let queued: Queued = Box::new(move || {
+        let raw = raw.clone();
+        Box::pin(async move {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+            )
+            .fetch_one(&raw)
+            .await
+            .unwrap();
+            usize::try_from(n).unwrap()
+        })
+    });
+    granted_in_arrival_order(open, queued).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_grants_in_arrival_order() {
+    let server = MariaDbServer::start();
+    let url = server.url();
+    let open = || lock_core::MysqlLocks::connect(&url, config());
+    let raw = sqlx::MySqlPool::connect(&server.url()).await.unwrap();
+    let queued: Queued = Box::new(move || {
+        let raw = raw.clone();
+        Box::pin(async move {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock'",
+            )
+            .fetch_one(&raw)
+            .await
+            .unwrap();
+            usize::try_from(n).unwrap()
+        })
+    });
+    granted_in_arrival_order(open, queued).await;
+}
