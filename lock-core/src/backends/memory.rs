@@ -54,25 +54,19 @@ struct Shared {
     writer_waits: Option<Instant>,
 }
 
+/// One hold of a read-write lock: a grant as a plain lock's entry records it, of
+/// `scope`, reading or writing.
 #[derive(Debug)]
 struct Holder {
-    grant: u64,
+    entry: Entry,
     scope: u64,
     write: bool,
-    /// `None`: held until given back.
-    until: Option<Instant>,
-}
-
-impl Holder {
-    fn live(&self, now: Instant) -> bool {
-        self.until.is_none_or(|u| u > now)
-    }
 }
 
 impl Shared {
     /// Whether anything in it still matters at `now`.
     fn live(&self, now: Instant) -> bool {
-        self.holders.iter().any(|h| h.live(now)) || self.writer_waits.is_some_and(|w| w > now)
+        self.holders.iter().any(|h| h.entry.live(now)) || self.writer_waits.is_some_and(|w| w > now)
     }
 
     /// How long until the holders `blocking` may be gone (a kept one: `kept`).
@@ -82,7 +76,7 @@ impl Shared {
         kept: Duration,
     ) -> Duration {
         blocking
-            .map(|h| h.until.map_or(kept, |u| u - now))
+            .map(|h| h.entry.until.map_or(kept, |u| u - now))
             .min()
             .unwrap_or(kept)
     }
@@ -97,7 +91,7 @@ impl Shared {
         now: Instant,
         (kept, linger): (Duration, Option<Duration>),
     ) -> Result<(), Duration> {
-        self.holders.retain(|h| h.live(now));
+        self.holders.retain(|h| h.entry.live(now));
         if write {
             if !self.holders.is_empty() {
                 let mut wait = Self::retry_after(self.holders.iter(), now, kept);
@@ -126,18 +120,17 @@ impl Shared {
             }
         }
         self.holders.push(Holder {
-            grant,
+            entry: Entry { grant, until },
             scope,
             write,
-            until,
         });
         Ok(())
     }
 
-    /// The hold `grant` if it is live; else how it was lost.
-    fn own(&mut self, grant: u64, now: Instant) -> Held<&mut Holder> {
-        match self.holders.iter_mut().find(|h| h.grant == grant) {
-            Some(h) if h.live(now) => Ok(h),
+    /// The entry of the hold `grant` if it is live; else how it was lost.
+    fn own(&mut self, grant: u64, now: Instant) -> Held<&mut Entry> {
+        match self.holders.iter_mut().find(|h| h.entry.grant == grant) {
+            Some(h) if h.entry.live(now) => Ok(&mut h.entry),
             _ => Err(Loss::Expired),
         }
     }
@@ -235,7 +228,7 @@ impl MemoryBackend {
                 return Err(Loss::Expired);
             };
             let outcome = shared.own(grant, now).map(drop);
-            shared.holders.retain(|h| h.grant != grant);
+            shared.holders.retain(|h| h.entry.grant != grant);
             if !shared.live(now) {
                 table.shared.remove(key);
             }
@@ -308,8 +301,7 @@ impl Seam for MemoryBackend {
                 {
                     Ok(()) => Taken::Granted {
                         grant,
-                        // Readers write nothing: only a writer is fenced.
-                        token: write.then(|| FencingToken::new(grant, grant)),
+                        token: Some(FencingToken::new(grant, grant)),
                         valid: until.map_or(Validity::Kept, Validity::Until),
                     },
                     Err(retry_after) => Taken::Busy {

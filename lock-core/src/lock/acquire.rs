@@ -226,7 +226,8 @@ impl<B: Backend> Core<B> {
                 Ok(Turn::Done(Granted {
                     grant,
                     seq,
-                    token,
+                    // Whatever the store numbered a read hold with, it is no token.
+                    token: token.filter(|_| req.keys.mode.is_fenced()),
                     valid,
                 }))
             }

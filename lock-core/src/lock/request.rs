@@ -61,7 +61,7 @@ impl<'c> Resolved<'c> {
             }
             Lease::Watchdog => (config.watchdog_lease, true),
         };
-        if options.mode == LockMode::Read && options.fenced {
+        if options.fenced && !options.mode.is_fenced() {
             return Err(LockError::InvalidConfig(
                 "a read hold has no fencing token: take the write hold to write fenced".into(),
             ));

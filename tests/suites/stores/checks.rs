@@ -151,3 +151,45 @@ where
         .expect("hold_until_expiry gives a session lock back");
     assert_eq!(again.release().await.unwrap(), Released::Unlocked);
 }
+
+/// Neither a read hold nor the write hold of `name` is to be had now (a writer holds
+/// it).
+pub async fn read_and_write_busy<L: DistributedLock>(locks: &L, name: &str) {
+    for options in [LockOptions::new().read(), LockOptions::new().write()] {
+        let err = locks
+            .acquire(name, options.wait(Duration::ZERO))
+            .await
+            .map(drop)
+            .unwrap_err();
+        assert!(err.is_busy(), "{err}");
+    }
+}
+
+/// `locks` waiting up to 10 s for `name` with `options`, in a task of its own.
+pub fn waiting<L>(
+    locks: &L,
+    name: &'static str,
+    options: LockOptions,
+) -> tokio::task::JoinHandle<Result<L::Guard, lock_core::LockError>>
+where
+    L: DistributedLock + Clone + 'static,
+    L::Guard: Send,
+{
+    let locks = locks.clone();
+    tokio::spawn(async move {
+        let options = options.wait(Duration::from_secs(10));
+        locks.acquire(name, options).await
+    })
+}
+
+/// The guard `waiter` is granted within 5 s of what should wake it (`why`).
+pub async fn granted<G>(
+    waiter: tokio::task::JoinHandle<Result<G, lock_core::LockError>>,
+    why: &str,
+) -> G {
+    tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect(why)
+        .unwrap()
+        .unwrap()
+}

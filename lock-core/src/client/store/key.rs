@@ -301,6 +301,12 @@ impl LockMode {
     pub fn is_read_write(self) -> bool {
         !matches!(self, Self::Exclusive)
     }
+
+    /// Whether a hold of this kind has a fencing token: readers write nothing, so only
+    /// a writer (or a plain lock) is fenced.
+    pub(crate) fn is_fenced(self) -> bool {
+        self != Self::Read
+    }
 }
 
 /// Suffix of a read-write lock's key (its holders' hash).

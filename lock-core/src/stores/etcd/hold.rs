@@ -58,10 +58,11 @@ impl EtcdHold {
 /// or with its lease), or with `None` once we give it back or drop it.
 ///
 /// It starts watching only `after` the grant (a hold given back sooner costs no watch),
-/// from the key's creation on, so a deletion meanwhile is found then. The watch is
-/// made again whenever it ends; a look at the key every `recheck` backs it up (its
-/// member may have stopped answering), and rounds are at least `recheck / 4` apart
-/// when the store fails.
+/// from the key's creation on, so a deletion meanwhile is found then. One watch lasts
+/// as long as it answers, looked at by one read only when it ends, and made again
+/// then (at least `recheck / 4` apart); every `recheck` the task only asks whether the
+/// hold is still ours. A watch whose member stopped answering reports nothing: the
+/// watchdog's renewal, which reads the key anyway, finds the deletion then.
 pub(super) fn deletion(
     members: Arc<Members>,
     hold: &Arc<EtcdHold>,
@@ -74,20 +75,28 @@ pub(super) fn deletion(
         loop {
             let started = Instant::now();
             let (key, created) = still_ours(&hold)?;
-            let watched = tokio::time::timeout(
-                recheck,
-                contender::await_deletion(&members, (key.as_bytes(), created), created),
-            )
-            .await;
+            let watch = contender::await_deletion(&members, (key.as_bytes(), created), created);
+            tokio::pin!(watch);
+            let watched = loop {
+                tokio::select! {
+                    watched = &mut watch => break watched,
+                    () = tokio::time::sleep(recheck) => {
+                        still_ours(&hold)?;
+                    }
+                }
+            };
             still_ours(&hold)?;
-            let there = contender::is_there(&members, key.as_bytes(), created).await;
-            match (watched, there) {
-                (_, Ok(false)) => return still_ours(&hold).map(|_| Loss::Expired),
-                // Watched out its time, the key still there: watch again at once.
-                (Err(_), Ok(true)) => {}
-                // The watch ended early or the store failed: not in a tight loop.
-                _ => tokio::time::sleep_until(started + recheck / 4).await,
+            let gone = match watched {
+                Ok(()) => contender::is_there(&members, key.as_bytes(), created)
+                    .await
+                    .is_ok_and(|there| !there),
+                Err(_) => false,
+            };
+            if gone {
+                return still_ours(&hold).map(|_| Loss::Expired);
             }
+            // The watch ended with the key there, or the store failed: not in a tight loop.
+            tokio::time::sleep_until(started + recheck / 4).await;
         }
     }
 }

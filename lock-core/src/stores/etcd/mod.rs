@@ -434,11 +434,10 @@ impl Seam for EtcdBackend {
                 .await?
             {
                 Some(hold) => Taken::Granted {
-                    // Readers write nothing: only a writer (or a plain lock) is fenced.
-                    token: (mode != LockMode::Read).then(|| {
+                    token: {
                         let rev = u64::try_from(hold.token).unwrap_or_default();
-                        FencingToken::new(rev, rev)
-                    }),
+                        Some(FencingToken::new(rev, rev))
+                    },
                     valid: Validity::Until(hold.lease.valid_until),
                     grant: Arc::new(hold),
                 },

@@ -19,7 +19,7 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 use crate::client::config::LockConfig;
-use crate::client::store::key::{LockKeys, LockMode};
+use crate::client::store::key::LockKeys;
 use crate::client::wait::Listen;
 use crate::error::LockError;
 use crate::lock::Request;
@@ -280,8 +280,7 @@ impl<S: SqlStore> Seam for SqlBackend<S> {
                 dialect,
                 conn: Mutex::new(Some(conn)),
             }),
-            // Readers write nothing: only a writer (or a plain lock) is fenced.
-            token: (req.keys.mode != LockMode::Read).then(|| FencingToken::new(token, token)),
+            token: Some(FencingToken::new(token, token)),
             valid: Validity::Until(Instant::now() + config.watchdog_lease()),
         })
     }

@@ -114,13 +114,19 @@ impl Locks<PostgresBackend> {
     pub fn advisory_key<N: LockName>(&self, name: N) -> Result<i64, LockError> {
         let config = self.config();
         let name = key::escaped_name(&config.delimiter, &name)?;
-        Ok(advisory_key(&config.namespace, &name))
+        Ok(advisory_key(&config.namespace, &name, LockMode::Exclusive))
     }
 }
 
-/// FNV-1a 64 of `<namespace>:<name>`, as a signed advisory key.
-fn advisory_key(namespace: &str, name: &str) -> i64 {
-    super::fnv1a64(FNV_OFFSET, &[namespace, ":", name]) as i64
+/// FNV-1a 64 of `<namespace>:<name>` (of a read-write lock: `<namespace>:{<name>}:rw`,
+/// which no plain name hashes, a name having no braces), as a signed advisory key.
+fn advisory_key(namespace: &str, name: &str, mode: LockMode) -> i64 {
+    let parts: &[&str] = if mode.is_read_write() {
+        &[namespace, ":{", name, "}:rw"]
+    } else {
+        &[namespace, ":", name]
+    };
+    super::fnv1a64(FNV_OFFSET, parts) as i64
 }
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -163,15 +169,8 @@ impl SqlStore for PgStore {
     const SHARED: bool = true;
 
     fn target(&self, keys: &LockKeys) -> Advisory {
-        let (namespace, name) = (self.config.namespace.as_str(), keys.name.as_str());
         Advisory {
-            key: if keys.mode.is_read_write() {
-                // A read-write lock is another lock than the plain one of its name: its
-                // key hashes what no plain name's can (a name has no braces).
-                super::fnv1a64(FNV_OFFSET, &[namespace, ":{", name, "}:rw"]) as i64
-            } else {
-                advisory_key(namespace, name)
-            },
+            key: advisory_key(&self.config.namespace, &keys.name, keys.mode),
             shared: keys.mode == LockMode::Read,
         }
     }

@@ -320,9 +320,7 @@ impl Seam for ZkBackend {
         let mode = req.keys.mode;
         Ok(match self.queue(&req.keys.name, (dir, mode), wait).await? {
             Some(hold) => Taken::Granted {
-                // Readers write nothing: only a writer (or a plain lock) is fenced.
-                token: (mode != LockMode::Read)
-                    .then(|| FencingToken::new(hold.token(), hold.token())),
+                token: Some(FencingToken::new(hold.token(), hold.token())),
                 grant: Arc::new(hold),
                 valid: Validity::Kept,
             },

@@ -6,8 +6,9 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::checks;
+use lock_core::LockOptions;
 use lock_core::etcd_client::{self as etcd, GetOptions, SortOrder, SortTarget};
-use lock_core::{LockOptions, LockScope};
 
 use super::{go_put, locks, raw, shared};
 
@@ -71,40 +72,15 @@ async fn a_go_writer_excludes_us_and_wakes_our_reader() {
     let go = raw(cluster).await;
     let (writer, _) = go_key(&go, &prefix, "write").await;
 
-    assert!(
-        locks
-            .acquire("catalog", read())
-            .await
-            .unwrap_err()
-            .is_busy()
-    );
-    assert!(
-        locks
-            .acquire("catalog", write())
-            .await
-            .unwrap_err()
-            .is_busy()
-    );
-    let reader = {
-        let locks = locks.clone();
-        tokio::spawn(async move {
-            let wait = Duration::from_secs(10);
-            locks
-                .acquire("catalog", LockOptions::new().read().wait(wait))
-                .await
-        })
-    };
+    checks::read_and_write_busy(&locks, "catalog").await;
+    let reader = checks::waiting(&locks, "catalog", LockOptions::new().read());
     crate::common::eventually(Duration::from_secs(5), "our reader queued", || async {
         !keys(&go, &format!("{prefix}/read/")).await.is_empty()
     })
     .await;
     assert!(!reader.is_finished(), "granted beside a Go writer");
     go.kv_client().delete(writer.as_str(), None).await.unwrap();
-    let g = tokio::time::timeout(Duration::from_secs(5), reader)
-        .await
-        .expect("woken by the writer's deletion")
-        .unwrap()
-        .unwrap();
+    let g = checks::granted(reader, "woken by the writer's deletion").await;
     assert!(g.is_held());
     assert!(g.fencing_token().is_none(), "readers are not fenced");
     g.release().await.unwrap();
@@ -123,23 +99,15 @@ async fn a_go_reader_shares_with_ours_and_our_waiting_writer_holds_go_readers_ba
         .acquire("catalog", read())
         .await
         .expect("readers share");
-    assert!(
-        locks
-            .acquire("catalog", write())
-            .await
-            .unwrap_err()
-            .is_busy()
-    );
+    let err = locks
+        .acquire("catalog", write())
+        .await
+        .map(drop)
+        .unwrap_err();
+    assert!(err.is_busy(), "{err}");
     ours.release().await.unwrap();
 
-    let writer = {
-        let locks = locks.clone();
-        tokio::spawn(async move {
-            let (wait, scope) = (Duration::from_secs(10), LockScope::new());
-            let options = LockOptions::new().write().wait(wait).scope(&scope);
-            locks.acquire("catalog", options).await
-        })
-    };
+    let writer = checks::waiting(&locks, "catalog", LockOptions::new().write());
     let writers = format!("{prefix}/write/");
     crate::common::eventually(Duration::from_secs(5), "our writer queued", || async {
         !keys(&go, &writers).await.is_empty()
@@ -155,11 +123,7 @@ async fn a_go_reader_shares_with_ours_and_our_waiting_writer_holds_go_readers_ba
         .delete(go_reader.as_str(), None)
         .await
         .unwrap();
-    let w = tokio::time::timeout(Duration::from_secs(5), writer)
-        .await
-        .expect("woken by the reader's deletion")
-        .unwrap()
-        .unwrap();
+    let w = checks::granted(writer, "woken by the reader's deletion").await;
     assert!(
         w.fencing_token().is_some(),
         "a writer is fenced by its key's revision"

@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
+use crate::checks;
+use lock_core::LockOptions;
 use lock_core::zookeeper_client as zk;
-use lock_core::{LockOptions, LockScope};
 use lock_tests::ZooKeeperServer;
 
 use super::{locks, raw};
@@ -49,29 +50,8 @@ async fn a_curator_writer_excludes_us_and_wakes_our_reader() {
     let java = raw(&server).await;
     let writer = java_node(&java, &dir, "__WRIT__").await;
 
-    assert!(
-        locks
-            .acquire("catalog", read())
-            .await
-            .unwrap_err()
-            .is_busy()
-    );
-    assert!(
-        locks
-            .acquire("catalog", write())
-            .await
-            .unwrap_err()
-            .is_busy()
-    );
-    let reader = {
-        let locks = locks.clone();
-        tokio::spawn(async move {
-            let wait = Duration::from_secs(10);
-            locks
-                .acquire("catalog", LockOptions::new().read().wait(wait))
-                .await
-        })
-    };
+    checks::read_and_write_busy(&locks, "catalog").await;
+    let reader = checks::waiting(&locks, "catalog", LockOptions::new().read());
     crate::common::eventually(Duration::from_secs(5), "our reader queued", || async {
         let children = java.list_children(&dir).await.unwrap();
         children.iter().any(|c| c.contains("__READ__"))
@@ -85,11 +65,7 @@ async fn a_curator_writer_excludes_us_and_wakes_our_reader() {
     );
     assert!(!reader.is_finished(), "granted beside a Curator writer");
     java.delete(&writer, None).await.unwrap();
-    let g = tokio::time::timeout(Duration::from_secs(5), reader)
-        .await
-        .expect("woken by the writer's deletion")
-        .unwrap()
-        .unwrap();
+    let g = checks::granted(reader, "woken by the writer's deletion").await;
     assert!(g.is_held());
     assert!(g.fencing_token().is_none(), "readers are not fenced");
     g.release().await.unwrap();
@@ -108,29 +84,16 @@ async fn a_curator_reader_shares_with_ours_and_our_waiting_writer_holds_curator_
         .acquire("catalog", read())
         .await
         .expect("readers share");
-    assert!(
-        locks
-            .acquire("catalog", write())
-            .await
-            .unwrap_err()
-            .is_busy()
-    );
+    let err = locks
+        .acquire("catalog", write())
+        .await
+        .map(drop)
+        .unwrap_err();
+    assert!(err.is_busy(), "{err}");
     ours.release().await.unwrap();
 
     // Our writer queues behind the Java reader...
-    let writer = {
-        let locks = locks.clone();
-        tokio::spawn(async move {
-            let wait = Duration::from_secs(10);
-            let scope = LockScope::new();
-            locks
-                .acquire(
-                    "catalog",
-                    LockOptions::new().write().wait(wait).scope(&scope),
-                )
-                .await
-        })
-    };
+    let writer = checks::waiting(&locks, "catalog", LockOptions::new().write());
     crate::common::eventually(Duration::from_secs(5), "our writer queued", || async {
         let children = java.list_children(&dir).await.unwrap();
         children.iter().any(|c| c.contains("__WRIT__"))
@@ -144,11 +107,7 @@ async fn a_curator_reader_shares_with_ours_and_our_waiting_writer_holds_curator_
 
     assert!(!writer.is_finished(), "granted beside a Curator reader");
     java.delete(&java_reader, None).await.unwrap();
-    let w = tokio::time::timeout(Duration::from_secs(5), writer)
-        .await
-        .expect("woken by the reader's deletion")
-        .unwrap()
-        .unwrap();
+    let w = checks::granted(writer, "woken by the reader's deletion").await;
     assert!(
         w.fencing_token().is_some(),
         "a writer is fenced by its node's zxid"
