@@ -3,22 +3,24 @@
 -- per grant, in one call: a batch of one is the plain call. Entries are independent:
 -- each gets its own reply, in order, as if called alone.
 --
--- Entry i (i = 1 .. #KEYS / 3) uses KEYS[3i-2 .. 3i] and ARGV[2i-1 .. 2i]:
--- KEYS[3i-2]  the lock
--- KEYS[3i-1]  the waiter marker of the lock
--- KEYS[3i]    the release channel of the lock (waiters subscribe to it)
+-- Entry i (i = 1 .. #KEYS / 4) uses KEYS[4i-3 .. 4i] and ARGV[2i-1 .. 2i]:
+-- KEYS[4i-3]  the lock
+-- KEYS[4i-2]  the waiter marker of the lock
+-- KEYS[4i-1]  the release channel of the lock (waiters subscribe to it)
+-- KEYS[4i]    the lock's fair queue (fair.lua): its head listens on '<channel>:<owner>'
 -- ARGV[2i-1]  the grant's value
 -- ARGV[2i]    payload published on KEYS[3i] (the releasing client's id)
 --
 -- Returns an array with one reply per entry, or for a batch of one that reply alone (the
 -- reply convention of every batched script):
---   1    released: the lock was deleted; if someone waited, a message was published
+--   1    released: the lock was deleted; if someone waited, a message was published (and
+--        one to the head of the fair queue, if any)
 --   -1   expired: the lock no longer exists
 --   -2   not owner: another grant holds the lock now
 --   {'error', message}  this entry failed (the lock's key holds another type); the others stand
 local out = {}
-for i = 1, #KEYS / 3 do
-  local lock, waiters, channel = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+for i = 1, #KEYS / 4 do
+  local lock, waiters, channel, queue = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
   local value = redis.pcall('GET', lock)
   if type(value) == 'table' then
     out[i] = {'error', value.err}
@@ -26,6 +28,10 @@ for i = 1, #KEYS / 3 do
     -- The lock exists (just read): a count of 2 means someone waited.
     if redis.call('DEL', lock, waiters) == 2 then
       redis.call('PUBLISH', channel, ARGV[2 * i])
+      local head = redis.call('LINDEX', queue, 0)
+      if head then
+        redis.call('PUBLISH', channel .. ':' .. head, ARGV[2 * i])
+      end
     end
     out[i] = 1
   elseif value then

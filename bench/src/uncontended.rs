@@ -161,6 +161,7 @@ fn raw(conn: ConnectionManager) -> Result<Cycle, BoxError> {
                 .key(&key)
                 .key(format!("{key}:waiters"))
                 .key(format!("{key}:released"))
+                .key(format!("{key}:queue"))
                 .arg(&value)
                 .arg("x")
                 .invoke_async(&mut conn)

@@ -165,6 +165,7 @@ impl StoreKind {
 pub(crate) enum Primitive {
     #[default]
     Lock,
+    FairLock,
     ReadLock,
     WriteLock,
     Election,
@@ -172,12 +173,19 @@ pub(crate) enum Primitive {
 
 impl Primitive {
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-    const ALL: [Self; 4] = [Self::Lock, Self::ReadLock, Self::WriteLock, Self::Election];
+    const ALL: [Self; 5] = [
+        Self::Lock,
+        Self::FairLock,
+        Self::ReadLock,
+        Self::WriteLock,
+        Self::Election,
+    ];
 
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     const fn label(self) -> &'static str {
         match self {
             Self::Lock => "lock",
+            Self::FairLock => "fair_lock",
             Self::ReadLock => "read_lock",
             Self::WriteLock => "write_lock",
             Self::Election => "election",

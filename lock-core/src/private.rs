@@ -47,10 +47,13 @@ pub async fn acquire<L: DistributedLock>(
     parts: &[&(dyn KeyPart + Sync)],
     lease: Option<Duration>,
     wait: Duration,
-    mode: LockMode,
+    (mode, fair): (LockMode, bool),
 ) -> Result<L::Guard, LockError> {
     let lease = lease.map_or(Lease::Watchdog, Lease::Fixed);
     let mut options = LockOptions::new().lease(lease).wait(wait).mode(mode);
+    if fair {
+        options = options.fair();
+    }
     if let Some(delimiter) = delimiter {
         options = options.delimiter(delimiter);
     }

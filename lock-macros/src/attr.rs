@@ -23,6 +23,7 @@ const ARGUMENTS: &str = "prefix, key, expire, wait, release, delimiter, client, 
 #[derive(Clone, Copy)]
 pub(crate) enum Hold {
     Exclusive,
+    Fair,
     Read,
     Write,
 }
@@ -140,6 +141,7 @@ impl Parse for Args {
                 let lit: LitStr = input.parse()?;
                 let hold = match lit.value().as_str() {
                     "exclusive" => Hold::Exclusive,
+                    "fair" => Hold::Fair,
                     "read" => Hold::Read,
                     "write" => Hold::Write,
                     other => {
@@ -147,7 +149,8 @@ impl Parse for Args {
                             lit.span(),
                             format!(
                                 "unknown `hold` value {other:?}: use \"exclusive\" (the \
-                                 default), \"read\" or \"write\" (a read-write lock)"
+                                 default), \"fair\" (granted in arrival order), \"read\" \
+                                 or \"write\" (a read-write lock)"
                             ),
                         ));
                     }

@@ -98,9 +98,10 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
     };
     let wait_ms = args.wait.as_ref().map_or(0, |m| m.ms);
     let mode = match args.hold.unwrap_or(Hold::Exclusive) {
-        Hold::Exclusive => quote!(::lock_core::LockMode::Exclusive),
-        Hold::Read => quote!(::lock_core::LockMode::Read),
-        Hold::Write => quote!(::lock_core::LockMode::Write),
+        Hold::Exclusive => quote!((::lock_core::LockMode::Exclusive, false)),
+        Hold::Fair => quote!((::lock_core::LockMode::Exclusive, true)),
+        Hold::Read => quote!((::lock_core::LockMode::Read, false)),
+        Hold::Write => quote!((::lock_core::LockMode::Write, false)),
     };
     let keep = matches!(args.release, Some((true, _)));
     let block = &func.block;

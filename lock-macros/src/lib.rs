@@ -44,6 +44,7 @@
 //! | `wait = "2s"` | how long to wait for a busy lock | `0`: reject a concurrent duplicate at once |
 //! | `release = "on_expiry"` | keep the lock until `expire` passes (an anti-resubmit window) | `"on_return"`: release when the body ends |
 //! | `delimiter = "-"` | joins prefix and key parts (escaped inside parts) | the client's configured delimiter (`":"` unless changed) |
+//! | `hold = "fair"` | a fair lock: callers that wait get it in the order they asked (see lock-core's `LockOptions::fair`) | `"exclusive"`: a plain lock |
 //! | `hold = "read"`, `hold = "write"` | a read or the write hold of the name's read-write lock (many readers or one writer; see lock-core's `LockOptions::read`) | `"exclusive"`: a plain lock |
 //! | `client = app.locks` | an expression giving any lock store (`LockClient`, `Redlock`, `MemoryLocks`, `AnyLocks`, a database or ZooKeeper store, or a reference or smart pointer to one) | the store installed with `lock_core::install_global` (any store) |
 //!

@@ -5,7 +5,7 @@
 //! given back (or until its max-hold, taken as its lease), and the engine reports the
 //! watchdog lease as its validity.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -42,6 +42,8 @@ struct Table {
     locks: HashMap<String, Entry>,
     /// Read-write locks, by key.
     shared: HashMap<String, Shared>,
+    /// The waiters of fair locks, by key: scope and when its place lapses, oldest first.
+    lines: HashMap<String, VecDeque<(u64, Instant)>>,
     /// Entries left after the last sweep of expired ones.
     after_sweep: usize,
 }
@@ -158,10 +160,11 @@ impl Table {
     /// Expired entries nobody took again go in sweeps, so memory stays within twice
     /// what is held.
     fn sweep(&mut self, now: Instant) {
-        if self.locks.len() + self.shared.len() > 2 * self.after_sweep + 64 {
+        if self.locks.len() + self.shared.len() + self.lines.len() > 2 * self.after_sweep + 64 {
             self.locks.retain(|_, e| e.live(now));
             self.shared.retain(|_, e| e.live(now));
-            self.after_sweep = self.locks.len() + self.shared.len();
+            self.lines.retain(|_, line| line.iter().any(|w| w.1 > now));
+            self.after_sweep = self.locks.len() + self.shared.len() + self.lines.len();
         }
     }
 
@@ -216,7 +219,54 @@ impl MemoryBackend {
     /// Entries in the table: held locks, plus expired ones not swept yet.
     pub(crate) fn entries(&self) -> usize {
         let table = self.table();
-        table.locks.len() + table.shared.len()
+        table.locks.len() + table.shared.len() + table.lines.len()
+    }
+
+    /// Waiters in the line of the fair lock `key`.
+    pub(crate) fn in_line(&self, key: &str) -> usize {
+        self.table().lines.get(key).map_or(0, VecDeque::len)
+    }
+
+    /// One attempt of a fair waiter `scope` at `key`, free unless `held` says how long
+    /// it stays held: `Ok` if it may take the lock now (nobody queues before it; it left
+    /// the line), else how long until it should ask again. `place`: how long its place
+    /// lasts from now (`None`: it does not wait, and takes no place).
+    fn line_up(
+        lines: &mut HashMap<String, VecDeque<(u64, Instant)>>,
+        key: &str,
+        (scope, place): (u64, Option<Duration>),
+        held: Option<Duration>,
+        now: Instant,
+    ) -> Result<(), Duration> {
+        let line = match lines.get_mut(key) {
+            Some(line) => line,
+            None if held.is_none() => return Ok(()),
+            None if place.is_none() => return Err(held.unwrap_or_default()),
+            None => lines.entry(key.to_owned()).or_default(),
+        };
+        line.retain(|w| w.1 > now);
+        let first = line.front().copied();
+        let answer = match (held, first) {
+            (None, None) => Ok(()),
+            (None, Some((s, _))) if s == scope => {
+                line.pop_front();
+                Ok(())
+            }
+            (None, Some((_, lapses))) => Err(lapses - now),
+            (Some(held), _) => Err(held),
+        };
+        if answer.is_err()
+            && let Some(place) = place
+        {
+            match line.iter_mut().find(|w| w.0 == scope) {
+                Some(w) => w.1 = now + place,
+                None => line.push_back((scope, now + place)),
+            }
+        }
+        if line.is_empty() {
+            lines.remove(key);
+        }
+        answer
     }
 
     /// Removes `keys`' grant `grant` if it holds the lock, and wakes the waiters.
@@ -311,10 +361,19 @@ impl Seam for MemoryBackend {
                 },
             );
         }
-        if let Some(e) = table.locks.get(&req.keys.key)
-            && e.live(now)
-        {
-            let retry_after = e.until.map_or(self.config.watchdog_lease(), |u| u - now);
+        let held = table
+            .locks
+            .get(&req.keys.key)
+            .filter(|e| e.live(now))
+            .map(|e| e.until.map_or(self.config.watchdog_lease(), |u| u - now));
+        let turn = if req.fair {
+            let place = (!wait.is_zero()).then(|| self.config.waiter_linger());
+            let who = (req.scope.id(), place);
+            Self::line_up(&mut table.lines, &req.keys.key, who, held, now)
+        } else {
+            held.map_or(Ok(()), Err)
+        };
+        if let Err(retry_after) = turn {
             return Ok(Taken::Busy {
                 retry_after,
                 failure: None,
@@ -360,5 +419,23 @@ impl Seam for MemoryBackend {
 
     fn listen<'a>(&'a self, _keys: &LockKeys, _channel: &'a str) -> Option<Listen<'a>> {
         Some(Listen::Local(self.released.clone()))
+    }
+
+    async fn leave(&self, req: &Request) -> Result<(), LockError> {
+        let mut table = self.table();
+        let Some(line) = table.lines.get_mut(&req.keys.key) else {
+            return Ok(());
+        };
+        let was_first = line.front().is_some_and(|w| w.0 == req.scope.id());
+        line.retain(|w| w.0 != req.scope.id());
+        if line.is_empty() {
+            table.lines.remove(&req.keys.key);
+        }
+        drop(table);
+        if was_first {
+            // The next in line may take a free lock now.
+            self.released.notify_waiters();
+        }
+        Ok(())
     }
 }

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::core::Core;
 use super::guard::LockGuard;
 use super::registry::{Enter, Grant};
-use super::seam::{Backend, Taken, Validity};
+use super::seam::{Backend, Order, Taken, Validity};
 use super::{LockOptions, Request, Resolved};
 use crate::client::cleanup::OnDrop;
 use crate::client::config::{MAX_LEASE, proven};
@@ -105,6 +105,14 @@ impl<B: Backend> Core<B> {
                          `LockOptions::value`, or use a store that keeps one (etcd)",
             });
         }
+        if req.fair && !B::CAPABILITIES.fair(req.keys.mode) {
+            return Err(LockError::Unsupported {
+                key: req.keys.name.clone(),
+                reason: "this store keeps no line for this lock: leave out \
+                         `LockOptions::fair`, or use a store that grants it in arrival \
+                         order (see the README's fair lock section)",
+            });
+        }
         let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
         let scope = req.scope.id();
         let ticket = loop {
@@ -132,16 +140,28 @@ impl<B: Backend> Core<B> {
         // Built only if the lock is busy: an uncontended acquisition never listens.
         let channel = std::sync::OnceLock::new();
         let listen = || {
-            let channel = channel.get_or_init(|| self.backend.channel(&req.keys));
+            let channel = channel.get_or_init(|| self.backend.channel(req));
             self.backend.listen(&req.keys, channel)
         };
         // Why the last attempt failed, if not for a holder: reported if the wait ends.
         let failure = std::sync::Mutex::new(None);
+        // A fair waiter that goes without the lock leaves its line; if the acquisition
+        // is dropped, in the background.
+        let in_line = req.fair && B::CAPABILITIES.order == Order::Line && !wait.is_zero();
+        let leave = in_line.then(|| OnDrop::new(|| self.leave_in_background(req)));
         let turn = wait_for_turn(&self.config().backoff, listen, deadline, |_| {
             self.attempt(req, deadline, &failure)
         })
-        .await?;
-        match turn {
+        .await;
+        if let Some(leave) = leave {
+            if !matches!(turn, Ok(Ok(_)))
+                && let Err(e) = self.backend.leave(req).await
+            {
+                tracing::debug!(lock = %req.keys.name, error = %e, "leaving the line failed; the place lapses");
+            }
+            leave.disarm();
+        }
+        match turn? {
             Ok(g) => {
                 let valid = match g.valid {
                     Validity::Until(until) => (until, false),
@@ -239,6 +259,15 @@ impl<B: Backend> Core<B> {
                 Ok(Turn::Retry(retry_after))
             }
         }
+    }
+
+    /// Takes a fair waiter out of its line in the background.
+    fn leave_in_background(self: &Arc<Self>, req: &Request) {
+        let (core, req) = (self.clone(), req.clone());
+        let name = req.keys.name.clone();
+        crate::client::cleanup::spawn("leaving a fair lock's line", name, async move {
+            core.backend.leave(&req).await
+        });
     }
 
     /// Gives back a grant nobody holds (an interrupted undo) in the background.

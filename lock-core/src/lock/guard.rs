@@ -243,6 +243,7 @@ impl<B: Backend> LockGuard<B> {
             watchdog: self.watched,
             max_hold: None,
             fenced: false,
+            fair: false,
             value: None,
             primitive: self.grant.primitive,
         };

@@ -28,6 +28,7 @@ pub struct LockOptions {
     pub(crate) max_hold: Option<Duration>,
     pub(crate) delimiter: Option<&'static str>,
     pub(crate) fenced: bool,
+    pub(crate) fair: bool,
     pub(crate) mode: LockMode,
     pub(crate) value: Option<Arc<[u8]>>,
     /// What the hold is for, when not a lock of its mode (an election's campaign): the
@@ -80,6 +81,33 @@ impl LockOptions {
     /// more round trip); ask here when every holder writes with a token.
     pub fn fenced(mut self) -> Self {
         self.fenced = true;
+        self
+    }
+
+    /// Waits in line: the lock goes to its waiters in the order they first asked, not
+    /// to whichever asks first after a release. A waiter that leaves (a timeout, a
+    /// cancelled future) gives up its place at once; one that vanishes (a crash, a
+    /// partition) holds the line up for at most one place lease after its last attempt
+    /// (the backoff's longest sleep plus the command timeout: 3 s by default).
+    ///
+    /// ```no_run
+    /// # async fn f(locks: &lock_core::MemoryLocks) -> Result<(), lock_core::LockError> {
+    /// use lock_core::LockOptions;
+    ///
+    /// let turn = locks.acquire("printer", LockOptions::new().fair()).await?;
+    /// // ... the next waiter in line gets it when this guard goes ...
+    /// turn.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// On Redis and in memory a fair lock is the plain lock of its name with a queue
+    /// beside it: an acquisition without `fair` does not queue and may take the lock
+    /// before the waiters in line, so take a name fair everywhere or nowhere.
+    /// ZooKeeper, etcd, PostgreSQL and MySQL grant every lock in arrival order, fair or
+    /// not. Redlock, and read-write locks on Redis and in memory, have no line
+    /// ([`LockError::Unsupported`](crate::LockError::Unsupported)).
+    pub fn fair(mut self) -> Self {
+        self.fair = true;
         self
     }
 

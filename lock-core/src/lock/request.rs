@@ -22,6 +22,8 @@ pub(crate) struct Request {
     pub(crate) max_hold: Option<Duration>,
     /// Take the fencing token with the grant.
     pub(crate) fenced: bool,
+    /// Wait in line ([`LockOptions::fair`]).
+    pub(crate) fair: bool,
     /// What the store keeps beside the hold ([`LockOptions::value`]).
     pub(crate) value: Option<Arc<[u8]>>,
     /// What the hold is for: the metrics' label.
@@ -37,6 +39,7 @@ pub(crate) struct Resolved<'c> {
     pub(crate) scope: LockScope,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) fenced: bool,
+    pub(crate) fair: bool,
     pub(crate) mode: LockMode,
     pub(crate) value: Option<Arc<[u8]>>,
     pub(crate) primitive: Primitive,
@@ -76,9 +79,11 @@ impl<'c> Resolved<'c> {
                 .unwrap_or_default(),
             max_hold: options.max_hold.or(config.max_hold),
             fenced: options.fenced,
+            fair: options.fair,
             mode: options.mode,
             value: options.value,
             primitive: options.primitive.unwrap_or(match options.mode {
+                LockMode::Exclusive if options.fair => Primitive::FairLock,
                 LockMode::Exclusive => Primitive::Lock,
                 LockMode::Read => Primitive::ReadLock,
                 LockMode::Write => Primitive::WriteLock,
@@ -100,6 +105,7 @@ impl<'c> Resolved<'c> {
             watchdog: self.watchdog,
             max_hold: self.max_hold,
             fenced: self.fenced,
+            fair: self.fair,
             value: self.value.clone(),
             primitive: self.primitive,
         })

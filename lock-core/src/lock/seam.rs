@@ -18,7 +18,7 @@ use super::Request;
 use super::registry::Loss;
 use crate::client::cleanup;
 use crate::client::config::LockConfig;
-use crate::client::store::key::LockKeys;
+use crate::client::store::key::{LockKeys, LockMode};
 use crate::client::wait::Listen;
 use crate::error::LockError;
 use crate::metrics::StoreKind;
@@ -77,6 +77,20 @@ impl<G> Taken<G> {
     }
 }
 
+/// In what order a store grants a lock to its waiters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Order {
+    /// To whichever asks first after a release; no fair locks.
+    Unordered,
+    /// Every lock in arrival order: the server queues its waiters (a fair lock is any
+    /// lock).
+    Arrival,
+    /// In arrival order for fair plain locks ([`Request::fair`]): the store keeps a
+    /// line of their waiters, each place kept by the waiter's attempts; the waiter is
+    /// asked to [`leave`](Seam::leave) when its acquisition ends without a grant.
+    Line,
+}
+
 /// What a store can and cannot do, checked by the engine before it asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Capabilities {
@@ -96,6 +110,8 @@ pub(crate) struct Capabilities {
     /// The store keeps a value beside a hold ([`LockOptions::value`](crate::LockOptions::value);
     /// `false`: the engine refuses one before any call).
     pub(crate) values: bool,
+    /// In what order waiters are granted, and whether fair locks are offered.
+    pub(crate) order: Order,
 }
 
 impl Capabilities {
@@ -106,6 +122,7 @@ impl Capabilities {
         shared: false,
         downgrade: false,
         values: false,
+        order: Order::Line,
     };
     /// Leases on the local clock; watched grants kept until given back (memory).
     pub(crate) const LOCAL_LEASES: Self = Self {
@@ -114,6 +131,7 @@ impl Capabilities {
         shared: false,
         downgrade: false,
         values: false,
+        order: Order::Line,
     };
     /// A session per grant, checked by the watchdog (PostgreSQL, MySQL), or a session
     /// lease the watchdog keeps alive (etcd).
@@ -127,6 +145,7 @@ impl Capabilities {
         shared: false,
         downgrade: false,
         values: false,
+        order: Order::Arrival,
     };
     /// A session that keeps its grants and reports their loss (ZooKeeper).
     #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
@@ -136,6 +155,7 @@ impl Capabilities {
         shared: false,
         downgrade: false,
         values: false,
+        order: Order::Arrival,
     };
 }
 
@@ -146,6 +166,23 @@ impl Capabilities {
             shared: true,
             downgrade,
             ..self
+        }
+    }
+
+    /// These, without fair locks (a store made of stores that each keep their own line).
+    pub(crate) const fn unordered(self) -> Self {
+        Self {
+            order: Order::Unordered,
+            ..self
+        }
+    }
+
+    /// Whether a fair request in `mode` is granted in arrival order here.
+    pub(crate) fn fair(self, mode: LockMode) -> bool {
+        match self.order {
+            Order::Arrival => true,
+            Order::Line => mode == LockMode::Exclusive,
+            Order::Unordered => false,
         }
     }
 
@@ -294,13 +331,22 @@ pub(crate) trait Seam: Send + Sync + Sized + 'static {
         }))
     }
 
-    /// Where a waiter for `keys` listens (`channel`: the lock's channel name, built by
-    /// the caller only when it first waits); `None`: between attempts it sleeps its
+    /// Where a waiter for `keys` listens (`channel`: the waiter's channel name, built
+    /// by the caller only when it first waits); `None`: between attempts it sleeps its
     /// backoff (a store that waits inside the server, in `take`).
     fn listen<'a>(&'a self, keys: &LockKeys, channel: &'a str) -> Option<Listen<'a>>;
 
-    /// The lock's channel name, where [`listen`](Self::listen) needs one.
-    fn channel(&self, _keys: &LockKeys) -> String {
+    /// The channel name a waiter for `req` listens on, where [`listen`](Self::listen)
+    /// needs one (a fair waiter: its own, where the line wakes its head).
+    fn channel(&self, _req: &Request) -> String {
         String::new()
+    }
+
+    /// Takes `req`'s waiter out of the lock's line (its acquisition ended without a
+    /// grant), waking the next waiter if it is now first; nothing if it never queued.
+    /// Asked only for fair requests on stores with [`Order::Line`]; a waiter that
+    /// never leaves lapses after its place lease.
+    fn leave(&self, _req: &Request) -> impl Future<Output = Result<(), LockError>> + Send {
+        std::future::ready(Ok(()))
     }
 }

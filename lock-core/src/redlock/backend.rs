@@ -206,7 +206,7 @@ impl Seam for RedlockBackend {
         &self.config
     }
 
-    const CAPABILITIES: Capabilities = Capabilities::RENEWED_LEASES;
+    const CAPABILITIES: Capabilities = Capabilities::RENEWED_LEASES.unordered();
 
     async fn take(
         &self,
@@ -486,11 +486,11 @@ impl Seam for RedlockBackend {
         Some(Listen::Hub(node.client().hub(), channel))
     }
 
-    fn channel(&self, keys: &LockKeys) -> String {
+    fn channel(&self, req: &Request) -> String {
         let i = self
             .answered
             .load(Ordering::Relaxed)
             .min(self.nodes.len() - 1);
-        self.node_keys(i, &keys.name).channel()
+        self.node_keys(i, &req.keys.name).channel()
     }
 }

@@ -4,6 +4,8 @@
 use super::locks::Locks;
 use crate::backends::MemoryBackend;
 use crate::client::config::LockConfig;
+use crate::client::store::key::{self, LockName};
+use crate::error::LockError;
 use crate::lock::LockGuard;
 
 /// The guard of a [`MemoryLocks`] lock: the engine's guard on the memory backend.
@@ -65,5 +67,18 @@ impl Locks<MemoryBackend> {
     /// the held ones, plus 64).
     pub fn entries(&self) -> usize {
         self.backend().entries()
+    }
+
+    /// How many waiters of the fair lock `name` ([`LockOptions::fair`](crate::LockOptions::fair))
+    /// stand in its line now, places that lapsed included until the next attempt.
+    ///
+    /// ```
+    /// let locks = lock_core::MemoryLocks::new();
+    /// assert_eq!(locks.in_line("printer").unwrap(), 0);
+    /// ```
+    pub fn in_line<N: LockName>(&self, name: N) -> Result<usize, LockError> {
+        let config = self.config();
+        let keys = key::lock_keys(&config.namespace, &config.delimiter, &name)?;
+        Ok(self.backend().in_line(&keys.key))
     }
 }

@@ -82,3 +82,38 @@ async fn read_holds_share_and_the_write_hold_is_alone() {
     second.await.unwrap().unwrap();
     restock(3).await.expect("free once the readers left");
 }
+
+#[cache_lock(prefix = "counter", key = id, hold = "fair", wait = "30s")]
+async fn serve(
+    id: u64,
+    who: usize,
+    served: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
+) -> Result<(), LockError> {
+    served.lock().unwrap().push(who);
+    Ok(())
+}
+
+/// `hold = "fair"` bodies run in the order their callers started waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_holds_run_in_arrival_order() {
+    let locks = installed();
+    let held = locks.try_lock_named(("counter", 1_u64)).await.unwrap();
+    let served = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut callers = Vec::new();
+    for who in 0..4 {
+        callers.push(tokio::spawn(serve(1, who, served.clone())));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while locks.in_line(("counter", 1_u64)).unwrap() < who + 1 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "caller {who} never queued"
+            );
+            tokio::task::yield_now().await;
+        }
+    }
+    held.release().await.unwrap();
+    for c in callers {
+        c.await.unwrap().unwrap();
+    }
+    assert_eq!(*served.lock().unwrap(), vec![0, 1, 2, 3]);
+}

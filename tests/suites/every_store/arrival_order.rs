@@ -1,8 +1,13 @@
-//! The stores whose waiters queue in the server grant a lock in arrival order:
-//! ZooKeeper (sequential nodes), etcd (create revisions), PostgreSQL (the lock
-//! manager's wait queue) and MySQL/MariaDB (`GET_LOCK`'s metadata-lock queue). Each
-//! waiter is started only once the store shows the one before it queued, so the order
-//! of arrival is the store's own, not a guess.
+//! A fair lock is granted in arrival order on every store that offers one. The stores
+//! whose waiters queue in the server grant any lock so: ZooKeeper (sequential nodes),
+//! etcd (create revisions), PostgreSQL (the lock manager's wait queue) and
+//! MySQL/MariaDB (`GET_LOCK`'s metadata-lock queue); Redis (node and Cluster) and
+//! memory keep a line for fair locks. Each waiter is started only once the store shows
+//! the one before it queued, so the order of arrival is the store's own, not a guess.
+//!
+//! The line on Redis and memory also lets a waiter go: one that leaves (a timeout, a
+//! cancelled future) gives up its place at once, one that vanished holds the line up
+//! until its place lapses and no longer.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -14,7 +19,9 @@ use crate::common::eventually;
 use lock_core::etcd_client as etcd;
 use lock_core::zookeeper_client as zk;
 use lock_core::{DistributedLock, HeldLock, LockConfig, LockOptions};
-use lock_tests::{EtcdCluster, MariaDbServer, PostgresServer, ZooKeeperServer};
+use lock_tests::{
+    EtcdCluster, MariaDbServer, PostgresServer, RedisCluster, RedisServer, ZooKeeperServer,
+};
 
 const WAITERS: usize = 6;
 
@@ -28,7 +35,7 @@ fn config() -> LockConfig {
         .with_wait(Duration::from_secs(30))
 }
 
-/// One holder on the first handle and a waiter on each of the others (handles are
+/// One holder on the first handle and a fair waiter on each of the others (handles are
 /// clients, pools or sessions of their own: a client's scopes may take turns before
 /// they queue in the store), each started once `queued` shows the ones before it.
 /// Released, they must be granted in the order they queued.
@@ -46,7 +53,10 @@ where
         let (locks, order) = (open().await.unwrap(), order.clone());
         waiters.push(tokio::spawn(async move {
             let g = locks
-                .acquire("fifo", LockOptions::new().wait(Duration::from_secs(30)))
+                .acquire(
+                    "fifo",
+                    LockOptions::new().fair().wait(Duration::from_secs(30)),
+                )
                 .await
                 .unwrap();
             order.lock().unwrap().push(i);
@@ -141,6 +151,66 @@ async fn mysql_grants_in_arrival_order() {
             .unwrap();
             usize::try_from(n).unwrap()
         })
+    });
+    granted_in_arrival_order(open, queued).await;
+}
+
+/// Waiters in the line of the fair lock `lock:{fifo}` on Redis.
+fn redis_line(raw: redis::aio::MultiplexedConnection) -> Queued {
+    Box::new(move || {
+        let mut raw = raw.clone();
+        Box::pin(async move {
+            let n: usize = redis::cmd("LLEN")
+                .arg("lock:{fifo}:queue")
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            n
+        })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_fair_lock_grants_in_arrival_order() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let open = || lock_core::LockClient::open_with_config(url.as_str(), config());
+    granted_in_arrival_order(open, redis_line(server.connection().await)).await;
+}
+
+/// One client's waiters each stand in the line as their own scope, and a release
+/// wakes the head of the line among them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_fair_lock_orders_the_scopes_of_one_client() {
+    let server = RedisServer::start();
+    let client = lock_core::LockClient::open_with_config(server.url(), config())
+        .await
+        .unwrap();
+    let open = || std::future::ready(Ok(client.clone()));
+    granted_in_arrival_order(open, redis_line(server.connection().await)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_fair_lock_grants_in_arrival_order() {
+    let cluster = RedisCluster::start(3, 0);
+    let seeds: Vec<String> = (0..cluster.len())
+        .map(|i| format!("127.0.0.1:{}", cluster.node(i).port()))
+        .collect();
+    let url = format!("redis+cluster://{}", seeds.join(","));
+    let open = || lock_core::AnyLocks::open(&url, config());
+    let node = cluster.master_for_key("lock:{fifo}:queue");
+    let raw = cluster.node(node).connection().await;
+    granted_in_arrival_order(open, redis_line(raw)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_fair_lock_grants_in_arrival_order() {
+    let locks = lock_core::MemoryLocks::with_config(config());
+    let open = || std::future::ready(Ok(locks.clone()));
+    let probe = locks.clone();
+    let queued: Queued = Box::new(move || {
+        let n = probe.in_line("fifo").unwrap();
+        Box::pin(std::future::ready(n))
     });
     granted_in_arrival_order(open, queued).await;
 }

@@ -8,5 +8,6 @@ mod across_processes;
 mod any_locks;
 mod arrival_order;
 mod election;
+mod fair_line;
 mod model;
 mod read_write;

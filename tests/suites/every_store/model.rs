@@ -1,6 +1,6 @@
 //! A seeded randomized test against a model, on every lock store: many tasks in a few
-//! scopes on two handles of one store interleave lock / re-enter / drop / release /
-//! cancel / timeout on a few names, with short leases. A checker looks at every guard
+//! scopes on two handles of one store interleave lock (plain or fair) / re-enter / drop /
+//! release / cancel / timeout on a few names, with short leases. A checker looks at every guard
 //! alive, over and over, and fails on any instant where
 //! - two different grants of one name both believe they hold it (`valid_for()` left), or
 //! - on one Redis node and a Redis Cluster, a guard believes it holds a name while the server
@@ -272,7 +272,11 @@ async fn walk(
         let name = NAMES[rng.usize(0..NAMES.len())];
         match rng.u8(0..10) {
             0..=2 => {
-                let options = options(&mut rng, fixed_leases).scope(&scope);
+                let mut options = options(&mut rng, fixed_leases).scope(&scope);
+                // Fair waiters stand in a line beside the others (Redlock keeps none).
+                if !matches!(locks, AnyLocks::Redlock(_)) && rng.bool() {
+                    options = options.fair();
+                }
                 if let Ok(g) = locks.acquire(name, options).await {
                     lock(&held).push(g);
                 }
@@ -280,7 +284,10 @@ async fn walk(
             3 => {
                 // An acquisition cancelled somewhere in its request.
                 let cut = Duration::from_micros(rng.u64(0..3000));
-                let options = options(&mut rng, fixed_leases).scope(&scope);
+                let mut options = options(&mut rng, fixed_leases).scope(&scope);
+                if !matches!(locks, AnyLocks::Redlock(_)) && rng.bool() {
+                    options = options.fair();
+                }
                 if let Ok(Ok(g)) = tokio::time::timeout(cut, locks.acquire(name, options)).await {
                     lock(&held).push(g);
                 }

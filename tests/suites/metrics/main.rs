@@ -243,7 +243,7 @@ async fn a_redlock_and_the_memory_store_are_counted_under_their_own_store() {
     assert_eq!(tally.counter(REL, &mem("result", "unlocked")), 1);
 }
 
-/// Each lock metric says what the hold was for: a plain lock, a read or write hold of
+/// Each lock metric says what the hold was for: a plain or fair lock, a read or write hold of
 /// a read-write lock, or an election's campaign and leadership; a loss under the
 /// primitive that lost it, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -266,6 +266,11 @@ async fn each_primitive_is_counted_under_its_own_label() {
         .unwrap();
     write.release().await.unwrap();
     plain.release().await.unwrap();
+    let fair = memory
+        .acquire("f", LockOptions::new().fair())
+        .await
+        .unwrap();
+    fair.release().await.unwrap();
     let election = lock_core::Election::new(memory.clone(), "leader");
     election
         .campaign(Duration::ZERO)
@@ -278,7 +283,7 @@ async fn each_primitive_is_counted_under_its_own_label() {
     let of = |p: &'static str, k: &'static str, v: &'static str| {
         [("store", "memory"), ("primitive", p), (k, v)]
     };
-    for p in ["lock", "read_lock", "election"] {
+    for p in ["lock", "fair_lock", "read_lock", "election"] {
         assert_eq!(tally.counter(ACQ, &of(p, "outcome", "granted")), 1, "{p}");
         assert_eq!(tally.counter(REL, &of(p, "result", "unlocked")), 1, "{p}");
         let held = tally.observed("lock_hold_seconds", &[("primitive", p)]);
@@ -289,7 +294,7 @@ async fn each_primitive_is_counted_under_its_own_label() {
         tally.counter(ACQ, &of("write_lock", "outcome", "granted")),
         1
     );
-    assert_eq!(tally.counter(ACQ, &[("store", "memory")]), 5);
+    assert_eq!(tally.counter(ACQ, &[("store", "memory")]), 6);
 
     let server = RedisServer::start();
     let config = LockConfig::new().with_watchdog_lease(Duration::from_millis(300));
@@ -466,7 +471,7 @@ async fn no_label_carries_a_lock_name() {
         "redis redis_cluster redlock zookeeper mysql postgres memory ",
         "granted reentered busy timed_out error unlocked still_held expired not_owner renewed ",
         "allowed limited failed_open failed_closed new replayed in_flight mismatch unavailable ",
-        "lock read_lock write_lock election",
+        "lock fair_lock read_lock write_lock election",
     )
     .split(' ')
     .collect();

@@ -336,6 +336,10 @@ impl LockKeys {
 pub(crate) const WAITERS: &str = ":waiters";
 /// Suffix of a lock's release channel.
 pub(crate) const RELEASED: &str = ":released";
+/// Suffix of a fair lock's line (a list of waiting owners).
+pub(crate) const QUEUE: &str = ":queue";
+/// Suffix of a fair lock's deadlines (a sorted set: owner -> when its place lapses).
+pub(crate) const TIMEOUTS: &str = ":timeouts";
 
 /// `key` followed by `suffix`, in one allocation.
 pub(crate) fn suffixed(key: &str, suffix: &str) -> String {

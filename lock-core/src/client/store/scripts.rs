@@ -70,7 +70,9 @@ pub(crate) static ACQUIRE: Lua =
     Lua::batched("acquire", include_str!("../../../lua/acquire.lua"), 3);
 /// Give back one grant. See `lua/release.lua`.
 pub(crate) static RELEASE: Lua =
-    Lua::batched("release", include_str!("../../../lua/release.lua"), 3);
+    Lua::batched("release", include_str!("../../../lua/release.lua"), 4);
+/// Take a fair lock in its line's order, or leave the line. See `lua/fair.lua`.
+pub(crate) static FAIR: Lua = Lua::new("fair", include_str!("../../../lua/fair.lua"));
 /// The token of a grant taken without one. See `lua/fence.lua`.
 pub(crate) static FENCE: Lua = Lua::new("fence", include_str!("../../../lua/fence.lua"));
 /// Renew one or many leases. See `lua/renew.lua`.
@@ -303,6 +305,7 @@ pub(crate) static IDEMPOTENCY_EXTEND: LazyLock<Script> =
 pub const SOURCES: &[(&str, &str)] = &[
     ("acquire.lua", include_str!("../../../lua/acquire.lua")),
     ("release.lua", include_str!("../../../lua/release.lua")),
+    ("fair.lua", include_str!("../../../lua/fair.lua")),
     ("fence.lua", include_str!("../../../lua/fence.lua")),
     ("renew.lua", include_str!("../../../lua/renew.lua")),
     (

@@ -4,7 +4,11 @@
 //!
 //! A grant is a value (`<client id>:<scope>:<grant number>`) written to the lock's key
 //! with the lease as its expiry; every call on a grant compares that value first, so
-//! it can only touch its own grant. See `lua/` for the scripts.
+//! it can only touch its own grant. See `lua/` for the scripts. Read-write locks are in
+//! `shared.rs`, the line of a fair lock in `fair.rs`.
+
+mod fair;
+mod shared;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,10 +20,9 @@ use crate::client::Client;
 use crate::client::cleanup::{self, OnDrop};
 use crate::client::config::{LockConfig, proven};
 use crate::client::store::batch::{Command, Entry, Turn as LaneTurn};
-use crate::client::store::key::{LockKeys, LockMode, RELEASED, WAITERS};
+use crate::client::store::key::{LockKeys, QUEUE, RELEASED, WAITERS};
 use crate::client::store::scripts::{
-    ACQUIRE, AcquireReply, Code, FENCE, FenceReply, GrantReply, READ_WRITE, RELEASE, RENEW,
-    code_value, codes,
+    ACQUIRE, AcquireReply, Code, FENCE, FenceReply, GrantReply, RELEASE, RENEW, codes,
 };
 use crate::client::wait::Listen;
 use crate::error::LockError;
@@ -198,6 +201,7 @@ impl RedisBackend {
                 e.key(&keys.key)
                     .key_suffixed(&keys.key, WAITERS)
                     .key_suffixed(&keys.key, RELEASED)
+                    .key_suffixed(&keys.key, QUEUE)
                     .arg(value)
                     .arg(self.client.id_hex())
             })
@@ -280,6 +284,9 @@ impl Seam for RedisBackend {
     ) -> Result<Taken<String>, LockError> {
         if req.keys.mode.is_read_write() {
             return self.take_shared(req, seq, wait).await;
+        }
+        if req.fair {
+            return self.take_fair(req, seq, wait).await;
         }
         let linger = if !wait.is_zero() {
             // The waiter marker outlives the holder's lease by the longest sleep
@@ -370,8 +377,16 @@ impl Seam for RedisBackend {
         Some(Listen::Hub(self.client.hub(), channel))
     }
 
-    fn channel(&self, keys: &LockKeys) -> String {
-        keys.channel()
+    fn channel(&self, req: &Request) -> String {
+        if req.fair {
+            self.fair_channel(req)
+        } else {
+            req.keys.channel()
+        }
+    }
+
+    async fn leave(&self, req: &Request) -> Result<(), LockError> {
+        self.leave_fair(req).await
     }
 }
 
@@ -404,142 +419,9 @@ impl RedisBackend {
     }
 }
 
-/// Read-write locks: one script (`lua/read_write.lua`) over a hash of holders, beside
-/// the plain lock's `SET NX PX`.
-impl RedisBackend {
-    async fn take_shared(
-        &self,
-        req: &Request,
-        seq: u64,
-        wait: Duration,
-    ) -> Result<Taken<String>, LockError> {
-        let keys = &req.keys;
-        let write = keys.mode == LockMode::Write;
-        // A waiting writer marks the lock for as long as it still waits, at most one
-        // linger (it asks again within that); a reader leaves no mark.
-        let linger = if write {
-            wait.min(self.client.config().waiter_linger()).as_millis() as u64
-        } else {
-            0
-        };
-        let value = self.grant_value(&req.scope, seq);
-        let sent = Instant::now();
-        // Until the reply is in, the hold may exist.
-        let undo = OnDrop::new(|| self.give_back_in_background(keys, &value));
-        let conn = self.client.conn();
-        let reply = conn
-            .eval(&READ_WRITE, conn.timeout(), |c| {
-                c.arg(3)
-                    .arg(&keys.key)
-                    .arg(keys.waiters())
-                    .arg(keys.fence())
-                    .arg("acquire")
-                    .arg(if write { "w" } else { "r" })
-                    .arg(&value)
-                    .arg(req.lease.as_millis() as u64)
-                    .arg(linger);
-            })
-            .await?;
-        undo.disarm();
-        Ok(match code_value("read_write", reply)? {
-            (Code::Done, token) => Taken::Granted {
-                grant: value,
-                token: write.then(|| self.token(seq, token as u64)),
-                valid: Validity::Until(proven(sent, req.lease)),
-            },
-            (Code::Busy, ms) => Taken::Busy {
-                retry_after: Duration::from_millis(ms.max(0) as u64),
-                failure: None,
-            },
-            (code, _) => {
-                return Err(LockError::UnexpectedReply(format!(
-                    "read_write.lua acquire answered {code:?}"
-                )));
-            }
-        })
-    }
-
-    async fn give_back_shared(&self, keys: &LockKeys, value: &str) -> Result<Held, LockError> {
-        let conn = self.client.conn();
-        let reply = conn
-            .eval(&READ_WRITE, conn.timeout(), |c| {
-                c.arg(2)
-                    .arg(&keys.key)
-                    .arg(keys.channel())
-                    .arg("release")
-                    .arg(value)
-                    .arg(self.client.id_hex());
-            })
-            .await?;
-        let (code, _) = code_value("read_write", reply)?;
-        self.wake_local_waiters(keys);
-        Ok(shared_held(code))
-    }
-
-    async fn extend_shared(
-        &self,
-        keys: &LockKeys,
-        value: &str,
-        lease: Duration,
-        within: Duration,
-    ) -> Result<Held<Instant>, LockError> {
-        let sent = Instant::now();
-        let reply = self
-            .client
-            .conn()
-            .eval(&READ_WRITE, within, |c| {
-                c.arg(1)
-                    .arg(&keys.key)
-                    .arg("extend")
-                    .arg(value)
-                    .arg(lease.as_millis() as u64);
-            })
-            .await?;
-        let (code, _) = code_value("read_write", reply)?;
-        Ok(shared_held(code).map(|()| proven(sent, lease)))
-    }
-
-    /// Renews plain grants in one call, and read-write holds one call each, at once.
-    async fn renew_mixed(
-        &self,
-        grants: &[(&LockKeys, &String)],
-        lease: Duration,
-        within: Duration,
-    ) -> Result<Vec<Held<Instant>>, LockError> {
-        let (shared, plain): (Vec<_>, Vec<_>) = grants
-            .iter()
-            .partition(|(keys, _)| keys.mode.is_read_write());
-        let sent = Instant::now();
-        let plain_renewal = async {
-            if plain.is_empty() {
-                return Ok(Vec::new());
-            }
-            renewed(self.renew_values(&plain, lease, within).await?, sent, lease)
-        };
-        let shared_renewals = futures_util::future::join_all(
-            shared
-                .iter()
-                .map(|(keys, value)| self.extend_shared(keys, value, lease, within)),
-        );
-        let (plain_held, shared_held) = tokio::join!(plain_renewal, shared_renewals);
-        let mut plain_held = plain_held?.into_iter();
-        let mut shared_held = shared_held.into_iter();
-        grants
-            .iter()
-            .map(|(keys, _)| {
-                if keys.mode.is_read_write() {
-                    shared_held.next().unwrap_or(Ok(Err(Loss::Expired)))
-                } else {
-                    Ok(plain_held.next().unwrap_or(Err(Loss::Expired)))
-                }
-            })
-            .collect()
-    }
-}
-
 /// The renew script's `codes` as the engine reads them: each renewed grant is proven
 /// for `lease` from `sent`.
-fn renewed(
+pub(super) fn renewed(
     codes: Vec<Code>,
     sent: Instant,
     lease: Duration,
@@ -548,12 +430,4 @@ fn renewed(
         .into_iter()
         .map(|code| Ok(held(GrantReply::from_code("renew", code)?).map(|()| proven(sent, lease))))
         .collect()
-}
-
-/// A read-write script's answer on one hold.
-fn shared_held(code: Code) -> Held {
-    match code {
-        Code::Done => Ok(()),
-        _ => Err(Loss::Expired),
-    }
 }

@@ -1,0 +1,124 @@
+//! The line of a fair lock on Redis (`lua/fair.lua`): the plain lock's key, granted to
+//! the waiters of a list (`<key>:queue`) in order, each place kept by a deadline in a
+//! sorted set (`<key>:timeouts`) that each attempt pushes back by one place lease.
+//!
+//! A waiter is its owner (client id and scope: the same for every attempt of one
+//! acquisition, as Redisson's `<uuid>:<threadId>`), and listens on its own channel
+//! (`<key>:released:<owner>`): a release wakes the head of the line, not the herd.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::RedisBackend;
+use crate::client::cleanup::OnDrop;
+use crate::client::config::proven;
+use crate::client::store::key::{QUEUE, RELEASED, TIMEOUTS, WAITERS, suffixed};
+use crate::client::store::scripts::{Code, FAIR, code_value};
+use crate::error::LockError;
+use crate::lock::Request;
+use crate::lock::seam::{Taken, Validity};
+
+impl RedisBackend {
+    /// The owner of `req`'s waiter in a line: `<client id>:<scope>`.
+    fn owner(&self, req: &Request) -> String {
+        let mut owner = String::with_capacity(64);
+        req.scope.write_owner(self.client.id_hex(), &mut owner);
+        owner
+    }
+
+    /// The channel where `req`'s waiter is woken once it heads the line.
+    pub(super) fn fair_channel(&self, req: &Request) -> String {
+        let owner = self.owner(req);
+        let key = &req.keys.key;
+        let mut channel = String::with_capacity(key.len() + RELEASED.len() + 1 + owner.len());
+        channel.push_str(key);
+        channel.push_str(RELEASED);
+        channel.push(':');
+        channel.push_str(&owner);
+        channel
+    }
+
+    /// One attempt in the line: granted if the lock is free and nobody queues before
+    /// this waiter; otherwise its place is taken or kept (`wait` zero: none is taken).
+    pub(super) async fn take_fair(
+        &self,
+        req: &Request,
+        seq: u64,
+        wait: Duration,
+    ) -> Result<Taken<String>, LockError> {
+        let keys = &req.keys;
+        // The place outlives the longest sleep between two attempts and one call.
+        let place = if wait.is_zero() {
+            0
+        } else {
+            self.client.config().waiter_linger().as_millis() as u64
+        };
+        let value = self.grant_value(&req.scope, seq);
+        let owner = self.owner(req);
+        let sent = Instant::now();
+        // Until the reply is in, the grant may exist.
+        let undo = OnDrop::new(|| self.give_back_in_background(keys, &value));
+        let conn = self.client.conn();
+        let reply = conn
+            .eval(&FAIR, conn.timeout(), |c| {
+                c.arg(5)
+                    .arg(&keys.key)
+                    .arg(suffixed(&keys.key, QUEUE))
+                    .arg(suffixed(&keys.key, TIMEOUTS))
+                    .arg(suffixed(&keys.key, WAITERS))
+                    .arg(keys.fence())
+                    .arg("acquire")
+                    .arg(&owner)
+                    .arg(suffixed(&keys.key, RELEASED))
+                    .arg(&value)
+                    .arg(req.lease.as_millis() as u64)
+                    .arg(place)
+                    .arg(u8::from(req.fenced));
+            })
+            .await?;
+        undo.disarm();
+        Ok(match code_value("fair", reply)? {
+            (Code::Done, token) => Taken::Granted {
+                grant: value,
+                token: req.fenced.then(|| self.token(seq, token as u64)),
+                valid: Validity::Until(proven(sent, req.lease)),
+            },
+            (Code::Busy, ms) => Taken::Busy {
+                retry_after: Duration::from_millis(ms.max(1) as u64),
+                failure: None,
+            },
+            (code, _) => {
+                return Err(LockError::UnexpectedReply(format!(
+                    "fair.lua acquire answered {code:?}"
+                )));
+            }
+        })
+    }
+
+    /// Takes `req`'s waiter out of the line, waking the next one if it heads it now.
+    pub(super) async fn leave_fair(&self, req: &Request) -> Result<(), LockError> {
+        let keys = &req.keys;
+        let owner = self.owner(req);
+        let conn = self.client.conn();
+        let reply = conn
+            .eval(&FAIR, conn.timeout(), |c| {
+                c.arg(5)
+                    .arg(&keys.key)
+                    .arg(suffixed(&keys.key, QUEUE))
+                    .arg(suffixed(&keys.key, TIMEOUTS))
+                    .arg(suffixed(&keys.key, WAITERS))
+                    .arg(keys.fence())
+                    .arg("leave")
+                    .arg(&owner)
+                    .arg(suffixed(&keys.key, RELEASED));
+            })
+            .await?;
+        match code_value("fair", reply)? {
+            (Code::Done, _) => Ok(()),
+            (code, _) => Err(LockError::UnexpectedReply(format!(
+                "fair.lua leave answered {code:?}"
+            ))),
+        }
+    }
+}
