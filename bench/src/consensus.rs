@@ -17,7 +17,7 @@
 //! together (idle ones add their heartbeats).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lock_core::etcd_client::{
     self as etcd, Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget,
@@ -231,7 +231,7 @@ fn raw_hot(contenders: Vec<Raw>) -> HotCycle {
     Arc::new(move |t, stats| {
         let raw = contenders[t % contenders.len()].clone();
         Box::pin(async move {
-            let called = Instant::now();
+            let called = stats.calling();
             let key = raw.lock("/bench/raw/hot/").await?;
             stats.granted(t, called);
             stats.releasing(t);
@@ -252,7 +252,7 @@ where
         let (contenders, wait) = (contenders.clone(), wait.clone());
         Box::pin(async move {
             let locks = &contenders[t % contenders.len()];
-            let called = Instant::now();
+            let called = stats.calling();
             let g = locks.acquire(("bench", "hot"), wait).await?;
             stats.granted(t, called);
             stats.releasing(t);

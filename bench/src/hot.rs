@@ -1,8 +1,12 @@
 //! Hot key: 64 tasks on one key, so every release hands the lock to a waiter. Measures
 //! handoffs per second, the time from one holder's release to the next grant, how often
-//! the lock goes to a different task than the one that just released it, and the
-//! longest any single acquisition waited.
+//! the lock goes to a different task than the one that just released it, how long
+//! acquisitions waited (p99 and longest), and how many grants went in arrival order:
+//! to a waiter with nobody still waiting who had called lock more than
+//! [`ARRIVAL_SLACK`] before it (the slack covers a round trip: a line orders waiters by
+//! when their first attempt reached the server, not by when they called).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -18,7 +22,12 @@ const TASKS: usize = 64;
 /// Indices into `run`'s implementations.
 const ONE: usize = 0;
 const FOUR: usize = 1;
-const PEER: usize = 2;
+const FAIR: usize = 2;
+const PEER: usize = 3;
+
+/// How much earlier than a granted waiter another must have called lock to count as
+/// overtaken.
+pub const ARRIVAL_SLACK: Duration = Duration::from_millis(1);
 
 /// [`Handoffs::last_releaser`] when no release is pending.
 const NO_TASK: usize = usize::MAX;
@@ -36,6 +45,13 @@ pub struct Handoffs {
     to_other_task: AtomicU64,
     /// The longest single acquisition, from calling lock to the grant.
     longest_wait_ns: AtomicU64,
+    /// Every acquisition's wait, calling lock to the grant.
+    waits_ns: Mutex<Vec<u64>>,
+    /// When each acquisition still waiting called lock (how many called then).
+    waiting: Mutex<BTreeMap<Instant, usize>>,
+    /// Grants with a waiter left behind that had called lock more than
+    /// [`ARRIVAL_SLACK`] earlier.
+    overtaking: AtomicU64,
 }
 
 impl Default for Handoffs {
@@ -48,15 +64,43 @@ impl Default for Handoffs {
             after_release: AtomicU64::new(0),
             to_other_task: AtomicU64::new(0),
             longest_wait_ns: AtomicU64::new(0),
+            waits_ns: Mutex::default(),
+            waiting: Mutex::default(),
+            overtaking: AtomicU64::new(0),
         }
     }
 }
 
 impl Handoffs {
-    /// Task `task`, which called lock at `called`, now holds the lock.
+    /// A task calls lock now: the instant to hand to [`granted`](Self::granted).
+    pub fn calling(&self) -> Instant {
+        let called = Instant::now();
+        *self.waiting.lock().unwrap().entry(called).or_default() += 1;
+        called
+    }
+
+    /// Task `task`, which called lock at `called` ([`calling`](Self::calling)), now
+    /// holds the lock.
     pub fn granted(&self, task: usize, called: Instant) {
         let waited_ns = called.elapsed().as_nanos() as u64;
         self.longest_wait_ns.fetch_max(waited_ns, Ordering::Relaxed);
+        self.waits_ns.lock().unwrap().push(waited_ns);
+        {
+            let mut waiting = self.waiting.lock().unwrap();
+            if let Some(n) = waiting.get_mut(&called) {
+                *n -= 1;
+                if *n == 0 {
+                    waiting.remove(&called);
+                }
+            }
+            if waiting
+                .keys()
+                .next()
+                .is_some_and(|first| *first + ARRIVAL_SLACK < called)
+            {
+                self.overtaking.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         self.grants.fetch_add(1, Ordering::Relaxed);
         let releaser = self.last_releaser.swap(NO_TASK, Ordering::AcqRel);
         if releaser != NO_TASK {
@@ -85,6 +129,9 @@ impl Handoffs {
                 .map_or(0.0, |&ns| ns as f64 / 1e3)
         };
         let after_release = self.after_release.load(Ordering::Relaxed);
+        let mut waits = self.waits_ns.lock().unwrap().clone();
+        waits.sort_unstable();
+        let grants = self.grants.load(Ordering::Relaxed);
         HotSample {
             handoffs_per_s: self.grants.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64(),
             p50_us: pct_us(0.5),
@@ -92,6 +139,11 @@ impl Handoffs {
             to_other_task_pct: self.to_other_task.load(Ordering::Relaxed) as f64 * 100.0
                 / after_release.max(1) as f64,
             longest_wait_ms: self.longest_wait_ns.load(Ordering::Relaxed) as f64 / 1e6,
+            wait_p99_ms: waits
+                .get(((waits.len() as f64 - 1.0) * 0.99) as usize)
+                .map_or(0.0, |&ns| ns as f64 / 1e6),
+            in_arrival_order_pct: 100.0
+                - self.overtaking.load(Ordering::Relaxed) as f64 * 100.0 / grants.max(1) as f64,
         }
     }
 }
@@ -106,6 +158,10 @@ pub struct HotSample {
     pub to_other_task_pct: f64,
     /// The longest single acquisition of the round, calling lock to grant.
     pub longest_wait_ms: f64,
+    /// The 99th percentile of the round's acquisitions, calling lock to grant.
+    pub wait_p99_ms: f64,
+    /// Percentage of grants that overtook no waiter (see the module docs).
+    pub in_arrival_order_pct: f64,
 }
 
 impl HotSample {
@@ -118,6 +174,8 @@ impl HotSample {
             p99_us: m(|s| s.p99_us),
             to_other_task_pct: m(|s| s.to_other_task_pct),
             longest_wait_ms: m(|s| s.longest_wait_ms),
+            wait_p99_ms: m(|s| s.wait_p99_ms),
+            in_arrival_order_pct: m(|s| s.in_arrival_order_pct),
         }
     }
 }
@@ -183,7 +241,14 @@ pub fn print(name: &str, m: &HotSample, rounds: &[HotSample]) {
         "hot_key {name} handoffs_to_other_task_pct {:.1}",
         m.to_other_task_pct
     );
-    println!("hot_key {name} longest_wait_ms {:.1}", m.longest_wait_ms);
+    println!(
+        "hot_key {name} longest_wait_ms {:.1} wait_p99_ms {:.1}",
+        m.longest_wait_ms, m.wait_p99_ms
+    );
+    println!(
+        "hot_key {name} in_arrival_order_pct {:.1}",
+        m.in_arrival_order_pct
+    );
     println!(
         "hot_key {name} handoffs_per_s_rounds {}",
         rounds_list(rounds.iter().map(|s| s.handoffs_per_s))
@@ -191,20 +256,25 @@ pub fn print(name: &str, m: &HotSample, rounds: &[HotSample]) {
 }
 
 /// lock-core with the tasks spread over `clients` LockClients (more than one client
-/// means some handoffs cross the pub/sub connection instead of the in-process wake-up).
-async fn ours(url: &str, clients: usize) -> Result<HotCycle, BoxError> {
+/// means some handoffs cross the pub/sub connection instead of the in-process wake-up);
+/// `fair`: a fair lock, granted in arrival order.
+async fn ours(url: &str, clients: usize, fair: bool) -> Result<HotCycle, BoxError> {
     let mut pool = Vec::new();
     for _ in 0..clients {
         pool.push(LockClient::open_with_config(url, LockConfig::new()).await?);
     }
-    let opts = LockOptions::new()
+    let mut opts = LockOptions::new()
         .wait(Duration::from_secs(30))
         .lease(Lease::Fixed(Duration::from_secs(10)));
+    if fair {
+        opts = opts.fair();
+    }
+    let kind = if fair { "fair" } else { "hot" };
     Ok(Arc::new(move |t, stats: Arc<Handoffs>| {
         let (client, opts) = (pool[t % clients].clone(), opts.clone());
         Box::pin(async move {
-            let called = Instant::now();
-            let g = client.acquire(("bench", "hot", clients), opts).await?;
+            let called = stats.calling();
+            let g = client.acquire(("bench", kind, clients), opts).await?;
             stats.granted(t, called);
             stats.releasing(t);
             g.release().await?;
@@ -218,7 +288,7 @@ fn rslock(url: &str) -> HotCycle {
     Arc::new(move |t, stats: Arc<Handoffs>| {
         let rslock = rslock.clone();
         Box::pin(async move {
-            let called = Instant::now();
+            let called = stats.calling();
             let lock = rslock
                 .acquire_no_guard(&b"bench:rslock:hot"[..], Duration::from_secs(10))
                 .await
@@ -238,11 +308,15 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
     let impls = [
         Impl {
             name: "ours_1_clients",
-            cycle: ours(url, 1).await?,
+            cycle: ours(url, 1, false).await?,
         },
         Impl {
             name: "ours_4_clients",
-            cycle: ours(url, 4).await?,
+            cycle: ours(url, 4, false).await?,
+        },
+        Impl {
+            name: "ours_fair_4_clients",
+            cycle: ours(url, 4, true).await?,
         },
         Impl {
             name: "rslock",
@@ -277,16 +351,34 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
         handoffs("hot_handoffs_ours_4_clients_vs_rslock", FOUR),
     ];
     let p50 = |s: &HotSample| s.p50_us;
-    let printed = Figure::lower_is_better(
-        "hot_handoff_p50_ours_1_client_vs_rslock",
-        "us",
-        &per_round(ONE, p50),
-        &per_round(PEER, p50),
-    );
-    for f in table.iter().chain([&printed]) {
+    let wait_p99 = |s: &HotSample| s.wait_p99_ms;
+    let rate = |s: &HotSample| s.handoffs_per_s;
+    let printed = [
+        Figure::lower_is_better(
+            "hot_handoff_p50_ours_1_client_vs_rslock",
+            "us",
+            &per_round(ONE, p50),
+            &per_round(PEER, p50),
+        ),
+        // What the line costs and gives against the plain lock on the same 4 clients.
+        Figure::rounds(
+            "hot_handoffs_fair_vs_plain_4_clients",
+            "handoffs/s",
+            &per_round(FAIR, rate),
+            &per_round(FOUR, rate),
+        ),
+        Figure::lower_is_better(
+            "hot_wait_p99_fair_vs_plain_4_clients",
+            "ms",
+            &per_round(FAIR, wait_p99),
+            &per_round(FOUR, wait_p99),
+        ),
+    ];
+    for f in table.iter().chain(&printed) {
         println!("{}", f.ratio_line());
     }
     let mut figures = table.to_vec();
+    figures.extend(printed.iter().skip(1).cloned());
     // Fairness has no baseline to compare with: shown, not judged.
     for (imp, m) in impls.iter().zip(&medians) {
         let name = imp.name;
@@ -299,6 +391,16 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
             format!("hot_{name}_longest_wait_ms"),
             m.longest_wait_ms,
             "ms",
+        ));
+        figures.push(Figure::alone(
+            format!("hot_{name}_wait_p99_ms"),
+            m.wait_p99_ms,
+            "ms",
+        ));
+        figures.push(Figure::alone(
+            format!("hot_{name}_in_arrival_order_pct"),
+            m.in_arrival_order_pct,
+            "%",
         ));
     }
     Ok(figures)

@@ -23,15 +23,18 @@
 //!   [Ratios and disturbed runs](#ratios-and-disturbed-runs)).
 //! * **Hot key** (`hot_key <impl> ...`): 64 tasks on one key, so every release hands
 //!   the lock over to a waiter; `ours_1_clients` and `ours_4_clients` share the tasks
-//!   over 1 or 4 `LockClient`s, `rslock` retries on its own. Figures: `handoffs_per_s`
+//!   over 1 or 4 `LockClient`s, `ours_fair_4_clients` is a fair lock
+//!   (`LockOptions::fair`) on 4 clients, `rslock` retries on its own. Figures: `handoffs_per_s`
 //!   (and `handoffs_per_s_rounds`, each round's rate);
 //!   `handoff_p50_us`/`handoff_p99_us`, the time from a holder's release to the next
 //!   grant; `handoffs_to_other_task_pct`, of the grants that follow a release, the
 //!   percentage that went to a different task than the one that just released (low =
 //!   the releaser tends to win the lock straight back); and `longest_wait_ms`, the
 //!   longest any single acquisition waited in the round, from calling lock to the
-//!   grant. The last two join the figures as `hot_<impl>_handoffs_to_other_task_pct`
-//!   and `hot_<impl>_longest_wait_ms`, without a baseline.
+//!   grant, `wait_p99_ms` the 99th percentile of those waits, and
+//!   `in_arrival_order_pct`, the grants that overtook no waiter which had called lock
+//!   more than 1 ms before (see [`hot`]). The last four join the figures as
+//!   `hot_<impl>_<figure>`, without a baseline.
 //!
 //! # Rounds and medians
 //!
@@ -70,6 +73,9 @@
 //! disturbed. The per-round rates of every implementation are printed for the reader
 //! and judge nothing.
 //!
+//! * **Leader failover** (`scripts/bench failover`, [`failover`]): per store, the time
+//!   from a leader's resignation to the next leader's start, p50 and p99, without a
+//!   baseline.
 //! * **etcd and ZooKeeper** ([`consensus`], on a 3-member etcd cluster and a ZooKeeper
 //!   started for the run): uncontended cycles at 1 and 16 tasks and handoffs on one
 //!   hot name between 8 clients, lock-core on etcd (`etcd_ours`) against the raw etcd
@@ -87,6 +93,9 @@
 //!   hot key against rslock;
 //! * `hot_handoff_p50_ours_1_client_vs_rslock`: rslock's median handoff time over ours
 //!   (above 1 = ours hands over faster);
+//! * `hot_handoffs_fair_vs_plain_4_clients`, `hot_wait_p99_fair_vs_plain_4_clients`:
+//!   what a fair lock's line costs in handoffs per second and gives in p99 wait (the
+//!   plain lock's over the fair one's) against the plain lock on the same 4 clients;
 //! * `etcd_ours_vs_raw_{1,16}_tasks`, `etcd_ours_vs_zookeeper_ours_{1,16}_tasks`:
 //!   uncontended cycles on etcd against the raw client, and against ours on ZooKeeper;
 //! * `hot_etcd_handoffs_ours_vs_raw`, `hot_etcd_handoff_{p50,p99}_ours_vs_raw` and
@@ -137,6 +146,7 @@
 mod callgrind;
 mod cli;
 mod consensus;
+mod failover;
 mod figure;
 mod hot;
 mod idempotency;
@@ -217,6 +227,13 @@ const BENCHES: &[Bench] = &[
         run: |url, t, r| Box::pin(async move { redlock::run(&url, t, r).await }),
     },
     Bench {
+        name: "failover",
+        about: "leader election: time from a leader's resignation to the next leader, per \
+                store (memory, Redis, PostgreSQL, MySQL, ZooKeeper, etcd)",
+        measurements: failover::STORES.len(),
+        run: |url, t, r| Box::pin(async move { failover::run(&url, t, r).await }),
+    },
+    Bench {
         name: "seckill",
         about: "the demo's flash sale (2 instances, 2000 buyers): requests/s, p99",
         measurements: seckill::NAMES.len(),
@@ -226,7 +243,7 @@ const BENCHES: &[Bench] = &[
 
 /// Uncontended implementations times concurrencies, plus the hot-key implementations,
 /// plus the consensus stores'.
-const MEASUREMENTS: usize = 6 * 2 + 3 + consensus::MEASUREMENTS;
+const MEASUREMENTS: usize = 6 * 2 + 4 + consensus::MEASUREMENTS;
 /// `macro`: two implementations times two concurrencies.
 const MACRO_MEASUREMENTS: usize = 2 * 2;
 
