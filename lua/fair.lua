@@ -68,6 +68,10 @@ if pttl == -2 and (not head or head == owner) then
   if head then
     redis.call('LPOP', queue)
     redis.call('ZREM', deadlines, owner)
+    if redis.call('EXISTS', queue) == 1 then
+      -- The release that woke us took the mark: our release must wake the next head.
+      redis.call('SET', waiters, '1', 'PX', tonumber(lease) + place)
+    end
   end
   if ARGV[7] == '1' then
     return {1, redis.call('INCR', fence)}

@@ -14,7 +14,7 @@
 -- Returns an array with one reply per entry, or for a batch of one that reply alone (the
 -- reply convention of every batched script):
 --   1    released: the lock was deleted; if someone waited, a message was published (and
---        one to the head of the fair queue, if any)
+--        the head of the fair queue, if any, was sent its own owner on its channel)
 --   -1   expired: the lock no longer exists
 --   -2   not owner: another grant holds the lock now
 --   {'error', message}  this entry failed (the lock's key holds another type); the others stand
@@ -30,7 +30,9 @@ for i = 1, #KEYS / 4 do
       redis.call('PUBLISH', channel, ARGV[2 * i])
       local head = redis.call('LINDEX', queue, 0)
       if head then
-        redis.call('PUBLISH', channel .. ':' .. head, ARGV[2 * i])
+        -- Not the releaser's id: a client skips its own releases' messages, but it
+        -- cannot wake the head of the line itself (it does not know who heads it).
+        redis.call('PUBLISH', channel .. ':' .. head, head)
       end
     end
     out[i] = 1

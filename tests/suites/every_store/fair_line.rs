@@ -241,3 +241,59 @@ async fn redlock_and_read_write_locks_refuse_fair() {
         );
     }
 }
+
+/// A release wakes only the head of the line, so each grant out of the line marks the
+/// lock as waited for again while others stand in it: the next release then wakes
+/// the next head at once, not after its backoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_each_grant_from_the_line_keeps_the_next_head_woken() {
+    let server = RedisServer::start();
+    // Backoff sleeps of up to 10 s from the first: a waiter nobody wakes stays asleep.
+    let config = LockConfig::new().with_backoff(Backoff {
+        initial: Duration::from_secs(10),
+        max: Duration::from_secs(10),
+    });
+    let locks = lock_core::LockClient::open_with_config(server.url(), config)
+        .await
+        .unwrap();
+    let mut raw = server.connection().await;
+    let held = locks.lock_named("relay").await.unwrap();
+    let mut waiters = Vec::new();
+    for queued in 1..=3 {
+        let locks = locks.clone();
+        waiters.push(tokio::spawn(async move {
+            locks
+                .acquire("relay", fair(Duration::from_secs(60)))
+                .await
+                .unwrap()
+        }));
+        eventually(Duration::from_secs(5), "the waiter queued", || {
+            let mut raw = raw.clone();
+            async move {
+                let n: usize = redis::cmd("LLEN")
+                    .arg("lock:{relay}:queue")
+                    .query_async(&mut raw)
+                    .await
+                    .unwrap();
+                n == queued
+            }
+        })
+        .await;
+    }
+    held.release().await.unwrap();
+    for (i, w) in waiters.into_iter().enumerate() {
+        let g = tokio::time::timeout(Duration::from_secs(5), w)
+            .await
+            .unwrap_or_else(|_| panic!("waiter {i} was not woken"))
+            .unwrap();
+        if i < 2 {
+            let marked: bool = redis::cmd("EXISTS")
+                .arg("lock:{relay}:waiters")
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            assert!(marked, "waiter {i} holds with others in line, unmarked");
+        }
+        g.release().await.unwrap();
+    }
+}
