@@ -59,19 +59,9 @@ impl RedisBackend {
         let sent = Instant::now();
         // Until the reply is in, the grant may exist.
         let undo = OnDrop::new(|| self.give_back_in_background(keys, &value));
-        let conn = self.client.conn();
-        let reply = conn
-            .eval(&FAIR, conn.timeout(), |c| {
-                c.arg(5)
-                    .arg(&keys.key)
-                    .arg(suffixed(&keys.key, QUEUE))
-                    .arg(suffixed(&keys.key, TIMEOUTS))
-                    .arg(suffixed(&keys.key, WAITERS))
-                    .arg(keys.fence())
-                    .arg("acquire")
-                    .arg(&owner)
-                    .arg(suffixed(&keys.key, RELEASED))
-                    .arg(&value)
+        let reply = self
+            .fair_call(req, "acquire", &owner, |c| {
+                c.arg(&value)
                     .arg(req.lease.as_millis() as u64)
                     .arg(place)
                     .arg(u8::from(req.fenced));
@@ -98,27 +88,38 @@ impl RedisBackend {
 
     /// Takes `req`'s waiter out of the line, waking the next one if it heads it now.
     pub(super) async fn leave_fair(&self, req: &Request) -> Result<(), LockError> {
-        let keys = &req.keys;
         let owner = self.owner(req);
-        let conn = self.client.conn();
-        let reply = conn
-            .eval(&FAIR, conn.timeout(), |c| {
-                c.arg(5)
-                    .arg(&keys.key)
-                    .arg(suffixed(&keys.key, QUEUE))
-                    .arg(suffixed(&keys.key, TIMEOUTS))
-                    .arg(suffixed(&keys.key, WAITERS))
-                    .arg(keys.fence())
-                    .arg("leave")
-                    .arg(&owner)
-                    .arg(suffixed(&keys.key, RELEASED));
-            })
-            .await?;
+        let reply = self.fair_call(req, "leave", &owner, |_| {}).await?;
         match code_value("fair", reply)? {
             (Code::Done, _) => Ok(()),
             (code, _) => Err(LockError::UnexpectedReply(format!(
                 "fair.lua leave answered {code:?}"
             ))),
         }
+    }
+
+    /// `fair.lua` on `req`'s lock: `action` for `owner`, then the action's own arguments.
+    async fn fair_call(
+        &self,
+        req: &Request,
+        action: &str,
+        owner: &str,
+        args: impl Fn(&mut redis::Cmd),
+    ) -> Result<redis::Value, LockError> {
+        let keys = &req.keys;
+        let conn = self.client.conn();
+        conn.eval(&FAIR, conn.timeout(), |c| {
+            c.arg(5)
+                .arg(&keys.key)
+                .arg(suffixed(&keys.key, QUEUE))
+                .arg(suffixed(&keys.key, TIMEOUTS))
+                .arg(suffixed(&keys.key, WAITERS))
+                .arg(keys.fence())
+                .arg(action)
+                .arg(owner)
+                .arg(suffixed(&keys.key, RELEASED));
+            args(c);
+        })
+        .await
     }
 }
