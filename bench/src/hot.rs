@@ -381,27 +381,16 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
     figures.extend(printed.iter().skip(1).cloned());
     // Fairness has no baseline to compare with: shown, not judged.
     for (imp, m) in impls.iter().zip(&medians) {
-        let name = imp.name;
-        figures.push(Figure::alone(
-            format!("hot_{name}_handoffs_to_other_task_pct"),
-            m.to_other_task_pct,
-            "%",
-        ));
-        figures.push(Figure::alone(
-            format!("hot_{name}_longest_wait_ms"),
-            m.longest_wait_ms,
-            "ms",
-        ));
-        figures.push(Figure::alone(
-            format!("hot_{name}_wait_p99_ms"),
-            m.wait_p99_ms,
-            "ms",
-        ));
-        figures.push(Figure::alone(
-            format!("hot_{name}_in_arrival_order_pct"),
-            m.in_arrival_order_pct,
-            "%",
-        ));
+        let unbased = [
+            ("handoffs_to_other_task_pct", m.to_other_task_pct, "%"),
+            ("longest_wait_ms", m.longest_wait_ms, "ms"),
+            ("wait_p99_ms", m.wait_p99_ms, "ms"),
+            ("in_arrival_order_pct", m.in_arrival_order_pct, "%"),
+        ];
+        for (figure, value, unit) in unbased {
+            let name = format!("hot_{}_{figure}", imp.name);
+            figures.push(Figure::alone(name, value, unit));
+        }
     }
     Ok(figures)
 }

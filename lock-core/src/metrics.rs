@@ -18,8 +18,8 @@
 //!
 //! `store` is one of `redis`, `redis_cluster`, `redlock`, `zookeeper`, `mysql`,
 //! `postgres`, `etcd`, `memory`. `primitive` is what the hold is for: `lock` (a plain
-//! lock), `read_lock` and `write_lock` (the holds of a read-write lock), `election` (a
-//! candidate's campaign and leadership). Renewals are batched across primitives, so
+//! lock), `fair_lock` (a fair lock), `read_lock` and `write_lock` (the holds of a
+//! read-write lock), `election` (a candidate's campaign and leadership). Renewals are batched across primitives, so
 //! they are counted by store alone.
 //!
 //! What counts as one event:

@@ -26,7 +26,7 @@ use lock_tests::{
 const WAITERS: usize = 6;
 
 /// How many waiters the store shows queued for the lock now.
-type Queued = Box<dyn Fn() -> Pin<Box<dyn Future<Output = usize> + Send>> + Send + Sync>;
+pub(super) type Queued = Box<dyn Fn() -> Pin<Box<dyn Future<Output = usize> + Send>> + Send + Sync>;
 
 fn config() -> LockConfig {
     LockConfig::new()
@@ -155,13 +155,14 @@ async fn mysql_grants_in_arrival_order() {
     granted_in_arrival_order(open, queued).await;
 }
 
-/// Waiters in the line of the fair lock `lock:{fifo}` on Redis.
-fn redis_line(raw: redis::aio::MultiplexedConnection) -> Queued {
+/// Waiters in the line of the fair lock `lock:{<name>}` on Redis.
+pub(super) fn redis_line(raw: redis::aio::MultiplexedConnection, name: &'static str) -> Queued {
+    let line = format!("lock:{{{name}}}:queue");
     Box::new(move || {
-        let mut raw = raw.clone();
+        let (mut raw, line) = (raw.clone(), line.clone());
         Box::pin(async move {
             let n: usize = redis::cmd("LLEN")
-                .arg("lock:{fifo}:queue")
+                .arg(line)
                 .query_async(&mut raw)
                 .await
                 .unwrap();
@@ -175,7 +176,7 @@ async fn redis_fair_lock_grants_in_arrival_order() {
     let server = RedisServer::start();
     let url = server.url();
     let open = || lock_core::LockClient::open_with_config(url.as_str(), config());
-    granted_in_arrival_order(open, redis_line(server.connection().await)).await;
+    granted_in_arrival_order(open, redis_line(server.connection().await, "fifo")).await;
 }
 
 /// One client's waiters each stand in the line as their own scope, and a release
@@ -187,7 +188,7 @@ async fn redis_fair_lock_orders_the_scopes_of_one_client() {
         .await
         .unwrap();
     let open = || std::future::ready(Ok(client.clone()));
-    granted_in_arrival_order(open, redis_line(server.connection().await)).await;
+    granted_in_arrival_order(open, redis_line(server.connection().await, "fifo")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,7 +201,7 @@ async fn cluster_fair_lock_grants_in_arrival_order() {
     let open = || lock_core::AnyLocks::open(&url, config());
     let node = cluster.master_for_key("lock:{fifo}:queue");
     let raw = cluster.node(node).connection().await;
-    granted_in_arrival_order(open, redis_line(raw)).await;
+    granted_in_arrival_order(open, redis_line(raw, "fifo")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,6 +10,7 @@ use std::time::Duration;
 use lock_core::{Backoff, DistributedLock, HeldLock, LockConfig, LockError, LockOptions};
 use lock_tests::RedisServer;
 
+use super::arrival_order::redis_line;
 use crate::common::eventually;
 
 /// A place lease (the backoff's longest sleep plus the command timeout) of 12 s: far
@@ -257,6 +258,7 @@ async fn redis_each_grant_from_the_line_keeps_the_next_head_woken() {
         .await
         .unwrap();
     let mut raw = server.connection().await;
+    let in_line = redis_line(raw.clone(), "relay");
     let held = locks.lock_named("relay").await.unwrap();
     let mut waiters = Vec::new();
     for queued in 1..=3 {
@@ -268,15 +270,8 @@ async fn redis_each_grant_from_the_line_keeps_the_next_head_woken() {
                 .unwrap()
         }));
         eventually(Duration::from_secs(5), "the waiter queued", || {
-            let mut raw = raw.clone();
-            async move {
-                let n: usize = redis::cmd("LLEN")
-                    .arg("lock:{relay}:queue")
-                    .query_async(&mut raw)
-                    .await
-                    .unwrap();
-                n == queued
-            }
+            let shown = in_line();
+            async move { shown.await == queued }
         })
         .await;
     }

@@ -255,6 +255,16 @@ pub(super) fn options(rng: &mut fastrand::Rng, fixed_leases: bool) -> LockOption
     LockOptions::new().lease(lease).wait(wait)
 }
 
+/// `options` as they are or, half the time, for a fair lock: fair waiters stand in a
+/// line beside the others (Redlock keeps none).
+fn plain_or_fair(rng: &mut fastrand::Rng, locks: &AnyLocks, options: LockOptions) -> LockOptions {
+    if !matches!(locks, AnyLocks::Redlock(_)) && rng.bool() {
+        options.fair()
+    } else {
+        options
+    }
+}
+
 /// One task's random walk for `run_for`.
 async fn walk(
     locks: AnyLocks,
@@ -272,11 +282,8 @@ async fn walk(
         let name = NAMES[rng.usize(0..NAMES.len())];
         match rng.u8(0..10) {
             0..=2 => {
-                let mut options = options(&mut rng, fixed_leases).scope(&scope);
-                // Fair waiters stand in a line beside the others (Redlock keeps none).
-                if !matches!(locks, AnyLocks::Redlock(_)) && rng.bool() {
-                    options = options.fair();
-                }
+                let options = options(&mut rng, fixed_leases).scope(&scope);
+                let options = plain_or_fair(&mut rng, &locks, options);
                 if let Ok(g) = locks.acquire(name, options).await {
                     lock(&held).push(g);
                 }
@@ -284,10 +291,8 @@ async fn walk(
             3 => {
                 // An acquisition cancelled somewhere in its request.
                 let cut = Duration::from_micros(rng.u64(0..3000));
-                let mut options = options(&mut rng, fixed_leases).scope(&scope);
-                if !matches!(locks, AnyLocks::Redlock(_)) && rng.bool() {
-                    options = options.fair();
-                }
+                let options = options(&mut rng, fixed_leases).scope(&scope);
+                let options = plain_or_fair(&mut rng, &locks, options);
                 if let Ok(Ok(g)) = tokio::time::timeout(cut, locks.acquire(name, options)).await {
                     lock(&held).push(g);
                 }

@@ -152,6 +152,22 @@ where
     assert_eq!(again.release().await.unwrap(), Released::Unlocked);
 }
 
+/// A read hold of `name` is had beside the readers that hold it now, and the write hold
+/// is not; the read hold is given back.
+pub async fn a_reader_shares_and_the_writer_is_busy<L: DistributedLock>(locks: &L, name: &str) {
+    let ours = locks
+        .acquire(name, LockOptions::new().read().wait(Duration::ZERO))
+        .await
+        .expect("readers share");
+    let err = locks
+        .acquire(name, LockOptions::new().write().wait(Duration::ZERO))
+        .await
+        .map(drop)
+        .unwrap_err();
+    assert!(err.is_busy(), "{err}");
+    ours.release().await.unwrap();
+}
+
 /// Neither a read hold nor the write hold of `name` is to be had now (a writer holds
 /// it).
 pub async fn read_and_write_busy<L: DistributedLock>(locks: &L, name: &str) {

@@ -8,16 +8,11 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::RedisBackend;
-use crate::client::cleanup::OnDrop;
-use crate::client::config::proven;
 use crate::client::store::key::{QUEUE, RELEASED, TIMEOUTS, WAITERS, suffixed};
-use crate::client::store::scripts::{Code, FAIR, code_value};
+use crate::client::store::scripts::{AcquireReply, Code, FAIR, code_value};
 use crate::error::LockError;
 use crate::lock::Request;
-use crate::lock::seam::{Taken, Validity};
 
 impl RedisBackend {
     /// The owner of `req`'s waiter in a line: `<client id>:<scope>`.
@@ -39,51 +34,29 @@ impl RedisBackend {
         channel
     }
 
-    /// One attempt in the line: granted if the lock is free and nobody queues before
-    /// this waiter; otherwise its place is taken or kept (`wait` zero: none is taken).
+    /// One attempt in the line, as the grant `value`: granted if the lock is free and
+    /// nobody queues before this waiter; otherwise its place is taken or kept (`wait`
+    /// zero: none is taken).
     pub(super) async fn take_fair(
         &self,
         req: &Request,
-        seq: u64,
+        value: &str,
         wait: Duration,
-    ) -> Result<Taken<String>, LockError> {
-        let keys = &req.keys;
+    ) -> Result<AcquireReply, LockError> {
         // The place outlives the longest sleep between two attempts and one call.
         let place = if wait.is_zero() {
             0
         } else {
             self.client.config().waiter_linger().as_millis() as u64
         };
-        let value = self.grant_value(&req.scope, seq);
         let owner = self.owner(req);
-        let sent = Instant::now();
-        // Until the reply is in, the grant may exist.
-        let undo = OnDrop::new(|| self.give_back_in_background(keys, &value));
-        let reply = self
-            .fair_call(req, "acquire", &owner, |c| {
-                c.arg(&value)
-                    .arg(req.lease.as_millis() as u64)
-                    .arg(place)
-                    .arg(u8::from(req.fenced));
-            })
-            .await?;
-        undo.disarm();
-        Ok(match code_value("fair", reply)? {
-            (Code::Done, token) => Taken::Granted {
-                grant: value,
-                token: req.fenced.then(|| self.token(seq, token as u64)),
-                valid: Validity::Until(proven(sent, req.lease)),
-            },
-            (Code::Busy, ms) => Taken::Busy {
-                retry_after: Duration::from_millis(ms.max(1) as u64),
-                failure: None,
-            },
-            (code, _) => {
-                return Err(LockError::UnexpectedReply(format!(
-                    "fair.lua acquire answered {code:?}"
-                )));
-            }
-        })
+        let call = self.fair_call(req, "acquire", &owner, |c| {
+            c.arg(value)
+                .arg(req.lease.as_millis() as u64)
+                .arg(place)
+                .arg(u8::from(req.fenced));
+        });
+        self.take_by_script(&req.keys, value, call).await
     }
 
     /// Takes `req`'s waiter out of the line, waking the next one if it heads it now.

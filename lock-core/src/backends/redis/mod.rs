@@ -10,6 +10,7 @@
 mod fair;
 mod shared;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -131,6 +132,21 @@ impl RedisBackend {
         let reply = AcquireReply::decode(reply)?;
         undo.disarm();
         Ok(reply)
+    }
+
+    /// The answer of an acquire script `call` that may grant `value` of `keys`: until
+    /// the reply is in, the grant may exist, so a cancelled or failed call is given
+    /// back in the background.
+    async fn take_by_script(
+        &self,
+        keys: &Arc<LockKeys>,
+        value: &str,
+        call: impl Future<Output = Result<Value, LockError>>,
+    ) -> Result<AcquireReply, LockError> {
+        let undo = OnDrop::new(|| self.give_back_in_background(keys, value));
+        let reply = call.await?;
+        undo.disarm();
+        AcquireReply::decode(reply)
     }
 
     /// `SET key value NX PX lease`, what the raw recipe costs: whether it granted.
@@ -282,22 +298,23 @@ impl Seam for RedisBackend {
         seq: u64,
         wait: Duration,
     ) -> Result<Taken<String>, LockError> {
-        if req.keys.mode.is_read_write() {
-            return self.take_shared(req, seq, wait).await;
-        }
-        if req.fair {
-            return self.take_fair(req, seq, wait).await;
-        }
-        let linger = if !wait.is_zero() {
-            // The waiter marker outlives the holder's lease by the longest sleep
-            // between two attempts, so a waiter is always marked while it waits.
-            self.client.config().waiter_linger().as_millis() as u64
-        } else {
-            0
-        };
         let value = self.grant_value(&req.scope, seq);
         let sent = Instant::now();
-        Ok(match self.take_value(req, &value, linger).await? {
+        let reply = if req.keys.mode.is_read_write() {
+            self.take_shared(req, &value, wait).await?
+        } else if req.fair {
+            self.take_fair(req, &value, wait).await?
+        } else {
+            let linger = if !wait.is_zero() {
+                // The waiter marker outlives the holder's lease by the longest sleep
+                // between two attempts, so a waiter is always marked while it waits.
+                self.client.config().waiter_linger().as_millis() as u64
+            } else {
+                0
+            };
+            self.take_value(req, &value, linger).await?
+        };
+        Ok(match reply {
             AcquireReply::Granted { token } => Taken::Granted {
                 grant: value,
                 token: token.map(|t| self.token(seq, t)),
@@ -323,16 +340,9 @@ impl Seam for RedisBackend {
         grant: &String,
         lease: Duration,
     ) -> Result<Held<Instant>, LockError> {
-        if keys.mode.is_read_write() {
-            let within = self.client.conn().timeout();
-            return self.extend_shared(keys, grant, lease, within).await;
-        }
-        let sent = Instant::now();
-        let one = [(keys, grant)];
-        let codes = self
-            .renew_values(&one, lease, self.client.conn().timeout())
-            .await?;
-        renewed(codes, sent, lease)?
+        let within = self.client.conn().timeout();
+        self.renew(&[(keys, grant)], lease, within)
+            .await?
             .pop()
             .ok_or_else(|| LockError::UnexpectedReply("renew.lua answered nothing".into()))
     }

@@ -6,22 +6,22 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{RedisBackend, renewed};
-use crate::client::cleanup::OnDrop;
 use crate::client::config::proven;
 use crate::client::store::key::{LockKeys, LockMode};
-use crate::client::store::scripts::{Code, READ_WRITE, code_value};
+use crate::client::store::scripts::{AcquireReply, Code, READ_WRITE, code_value};
 use crate::error::LockError;
 use crate::lock::Request;
 use crate::lock::registry::Loss;
-use crate::lock::seam::{Held, Taken, Validity};
+use crate::lock::seam::Held;
 
 impl RedisBackend {
+    /// One attempt at a read or write hold, as the grant `value`.
     pub(super) async fn take_shared(
         &self,
         req: &Request,
-        seq: u64,
+        value: &str,
         wait: Duration,
-    ) -> Result<Taken<String>, LockError> {
+    ) -> Result<AcquireReply, LockError> {
         let keys = &req.keys;
         let write = keys.mode == LockMode::Write;
         // A waiting writer marks the lock for as long as it still waits, at most one
@@ -31,41 +31,19 @@ impl RedisBackend {
         } else {
             0
         };
-        let value = self.grant_value(&req.scope, seq);
-        let sent = Instant::now();
-        // Until the reply is in, the hold may exist.
-        let undo = OnDrop::new(|| self.give_back_in_background(keys, &value));
         let conn = self.client.conn();
-        let reply = conn
-            .eval(&READ_WRITE, conn.timeout(), |c| {
-                c.arg(3)
-                    .arg(&keys.key)
-                    .arg(keys.waiters())
-                    .arg(keys.fence())
-                    .arg("acquire")
-                    .arg(if write { "w" } else { "r" })
-                    .arg(&value)
-                    .arg(req.lease.as_millis() as u64)
-                    .arg(linger);
-            })
-            .await?;
-        undo.disarm();
-        Ok(match code_value("read_write", reply)? {
-            (Code::Done, token) => Taken::Granted {
-                grant: value,
-                token: write.then(|| self.token(seq, token as u64)),
-                valid: Validity::Until(proven(sent, req.lease)),
-            },
-            (Code::Busy, ms) => Taken::Busy {
-                retry_after: Duration::from_millis(ms.max(0) as u64),
-                failure: None,
-            },
-            (code, _) => {
-                return Err(LockError::UnexpectedReply(format!(
-                    "read_write.lua acquire answered {code:?}"
-                )));
-            }
-        })
+        let call = conn.eval(&READ_WRITE, conn.timeout(), |c| {
+            c.arg(3)
+                .arg(&keys.key)
+                .arg(keys.waiters())
+                .arg(keys.fence())
+                .arg("acquire")
+                .arg(if write { "w" } else { "r" })
+                .arg(value)
+                .arg(req.lease.as_millis() as u64)
+                .arg(linger);
+        });
+        self.take_by_script(keys, value, call).await
     }
 
     pub(super) async fn give_back_shared(

@@ -39,6 +39,13 @@ pub type EtcdGuard = LockGuard<EtcdBackend>;
 
 const STORE: &str = "etcd";
 
+/// The fencing token of a contender key created at revision `created`: revisions only
+/// grow across the cluster.
+fn token(created: i64) -> FencingToken {
+    let rev = u64::try_from(created).unwrap_or_default();
+    FencingToken::new(rev, rev)
+}
+
 /// How long a grant is held before a watch reports its key's deletion: a hold given
 /// back sooner costs no watch, and a deletion within it is reported at its end.
 const DELETION_WATCH_AFTER: Duration = Duration::from_millis(250);
@@ -426,24 +433,16 @@ impl Seam for EtcdBackend {
         seq: u64,
         wait: Duration,
     ) -> Result<Taken<Self::Grant>, LockError> {
-        let mode = req.keys.mode;
         let value = req.value.as_deref().unwrap_or_default();
-        Ok(
-            match self
-                .contend((&req.keys.name, mode, seq), value, wait)
-                .await?
-            {
-                Some(hold) => Taken::Granted {
-                    token: {
-                        let rev = u64::try_from(hold.token).unwrap_or_default();
-                        Some(FencingToken::new(rev, rev))
-                    },
-                    valid: Validity::Until(hold.lease.valid_until),
-                    grant: Arc::new(hold),
-                },
-                None => Taken::busy_without_lease(&self.config),
+        let contender = (req.keys.name.as_str(), req.keys.mode, seq);
+        Ok(match self.contend(contender, value, wait).await? {
+            Some(hold) => Taken::Granted {
+                token: Some(token(hold.token)),
+                valid: Validity::Until(hold.lease.valid_until),
+                grant: Arc::new(hold),
             },
-        )
+            None => Taken::busy_without_lease(&self.config),
+        })
     }
 
     async fn give_back(&self, _keys: &LockKeys, grant: &Self::Grant) -> Result<Held, LockError> {

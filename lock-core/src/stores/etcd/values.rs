@@ -97,13 +97,10 @@ impl Locks<EtcdBackend> {
                 async move { c.kv_client().get(start, Some(options)).await }
             })
             .await?;
-        Ok(answer.kvs().first().map(|kv| {
-            let rev = u64::try_from(kv.create_revision()).unwrap_or_default();
-            EtcdHolder {
-                key: String::from_utf8_lossy(kv.key()).into_owned(),
-                value: kv.value().to_vec(),
-                token: FencingToken::new(rev, rev),
-            }
+        Ok(answer.kvs().first().map(|kv| EtcdHolder {
+            key: String::from_utf8_lossy(kv.key()).into_owned(),
+            value: kv.value().to_vec(),
+            token: super::token(kv.create_revision()),
         }))
     }
 }

@@ -56,14 +56,6 @@ async fn keys(client: &etcd::Client, prefix: &str) -> Vec<String> {
         .collect()
 }
 
-fn read() -> LockOptions {
-    LockOptions::new().read().wait(Duration::ZERO)
-}
-
-fn write() -> LockOptions {
-    LockOptions::new().write().wait(Duration::ZERO)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_go_writer_excludes_us_and_wakes_our_reader() {
     let cluster = shared();
@@ -95,17 +87,7 @@ async fn a_go_reader_shares_with_ours_and_our_waiting_writer_holds_go_readers_ba
     let go = raw(cluster).await;
     let (go_reader, _) = go_key(&go, &prefix, "read").await;
 
-    let ours = locks
-        .acquire("catalog", read())
-        .await
-        .expect("readers share");
-    let err = locks
-        .acquire("catalog", write())
-        .await
-        .map(drop)
-        .unwrap_err();
-    assert!(err.is_busy(), "{err}");
-    ours.release().await.unwrap();
+    checks::a_reader_shares_and_the_writer_is_busy(&locks, "catalog").await;
 
     let writer = checks::waiting(&locks, "catalog", LockOptions::new().write());
     let writers = format!("{prefix}/write/");

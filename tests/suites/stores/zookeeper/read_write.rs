@@ -34,14 +34,6 @@ async fn java_reader_granted(java: &zk::Client, dir: &str, node: &str) -> bool {
         .any(|c| c.contains("__WRIT__") && seq(c) < seq(node))
 }
 
-fn read() -> LockOptions {
-    LockOptions::new().read().wait(Duration::ZERO)
-}
-
-fn write() -> LockOptions {
-    LockOptions::new().write().wait(Duration::ZERO)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_curator_writer_excludes_us_and_wakes_our_reader() {
     let server = ZooKeeperServer::start();
@@ -80,17 +72,7 @@ async fn a_curator_reader_shares_with_ours_and_our_waiting_writer_holds_curator_
     let java = raw(&server).await;
     let java_reader = java_node(&java, &dir, "__READ__").await;
 
-    let ours = locks
-        .acquire("catalog", read())
-        .await
-        .expect("readers share");
-    let err = locks
-        .acquire("catalog", write())
-        .await
-        .map(drop)
-        .unwrap_err();
-    assert!(err.is_busy(), "{err}");
-    ours.release().await.unwrap();
+    checks::a_reader_shares_and_the_writer_is_busy(&locks, "catalog").await;
 
     // Our writer queues behind the Java reader...
     let writer = checks::waiting(&locks, "catalog", LockOptions::new().write());

@@ -3,9 +3,13 @@
 //! Leases follow tokio's clock, so a paused test runtime can jump past them. A
 //! watched grant needs no renewal in one process: the table keeps it until it is
 //! given back (or until its max-hold, taken as its lease), and the engine reports the
-//! watchdog lease as its validity.
+//! watchdog lease as its validity. Read-write locks are in `shared.rs`, the line of a
+//! fair lock in `line.rs`.
 
-use std::collections::{HashMap, VecDeque};
+mod line;
+mod shared;
+
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -13,6 +17,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use self::line::Line;
+use self::shared::Shared;
 use crate::client::config::LockConfig;
 use crate::client::store::key::{LockKeys, LockMode};
 use crate::client::wait::Listen;
@@ -42,100 +48,10 @@ struct Table {
     locks: HashMap<String, Entry>,
     /// Read-write locks, by key.
     shared: HashMap<String, Shared>,
-    /// The waiters of fair locks, by key: scope and when its place lapses, oldest first.
-    lines: HashMap<String, VecDeque<(u64, Instant)>>,
+    /// The waiters of fair locks, by key.
+    lines: HashMap<String, Line>,
     /// Entries left after the last sweep of expired ones.
     after_sweep: usize,
-}
-
-/// One read-write lock: its holders (readers, or one writer and its own scope's
-/// readers), and until when a waiting writer holds new readers back.
-#[derive(Debug, Default)]
-struct Shared {
-    holders: Vec<Holder>,
-    writer_waits: Option<Instant>,
-}
-
-/// One hold of a read-write lock: a grant as a plain lock's entry records it, of
-/// `scope`, reading or writing.
-#[derive(Debug)]
-struct Holder {
-    entry: Entry,
-    scope: u64,
-    write: bool,
-}
-
-impl Shared {
-    /// Whether anything in it still matters at `now`.
-    fn live(&self, now: Instant) -> bool {
-        self.holders.iter().any(|h| h.entry.live(now)) || self.writer_waits.is_some_and(|w| w > now)
-    }
-
-    /// How long until the holders `blocking` may be gone (a kept one: `kept`).
-    fn retry_after<'a>(
-        blocking: impl Iterator<Item = &'a Holder>,
-        now: Instant,
-        kept: Duration,
-    ) -> Duration {
-        blocking
-            .map(|h| h.entry.until.map_or(kept, |u| u - now))
-            .min()
-            .unwrap_or(kept)
-    }
-
-    /// One attempt to take a `write` (else read) hold as `grant` of `scope` until
-    /// `until`; `linger`: how long a busy writer that waits holds new readers back
-    /// (`None`: it does not wait). `Err`: busy, for at most this long.
-    fn take(
-        &mut self,
-        (grant, scope, write): (u64, u64, bool),
-        until: Option<Instant>,
-        now: Instant,
-        (kept, linger): (Duration, Option<Duration>),
-    ) -> Result<(), Duration> {
-        self.holders.retain(|h| h.entry.live(now));
-        if write {
-            if !self.holders.is_empty() {
-                let mut wait = Self::retry_after(self.holders.iter(), now, kept);
-                if let Some(linger) = linger {
-                    // Asked again before the mark runs out, so it stays marked.
-                    // Another waiting writer's longer mark stands.
-                    self.writer_waits = self.writer_waits.max(Some(now + linger));
-                    wait = wait.min(linger / 2);
-                }
-                return Err(wait);
-            }
-            self.writer_waits = None;
-        } else {
-            let writer = |h: &&Holder| h.write;
-            if let Some(w) = self.holders.iter().find(writer) {
-                // Only the writer's own scope reads beside it (a downgrade).
-                if w.scope != scope {
-                    return Err(Self::retry_after(
-                        self.holders.iter().filter(writer),
-                        now,
-                        kept,
-                    ));
-                }
-            } else if let Some(waits) = self.writer_waits.filter(|w| *w > now) {
-                return Err(waits - now);
-            }
-        }
-        self.holders.push(Holder {
-            entry: Entry { grant, until },
-            scope,
-            write,
-        });
-        Ok(())
-    }
-
-    /// The entry of the hold `grant` if it is live; else how it was lost.
-    fn own(&mut self, grant: u64, now: Instant) -> Held<&mut Entry> {
-        match self.holders.iter_mut().find(|h| h.entry.grant == grant) {
-            Some(h) if h.entry.live(now) => Ok(&mut h.entry),
-            _ => Err(Loss::Expired),
-        }
-    }
 }
 
 #[derive(Debug)]
@@ -163,7 +79,7 @@ impl Table {
         if self.locks.len() + self.shared.len() + self.lines.len() > 2 * self.after_sweep + 64 {
             self.locks.retain(|_, e| e.live(now));
             self.shared.retain(|_, e| e.live(now));
-            self.lines.retain(|_, line| line.iter().any(|w| w.1 > now));
+            self.lines.retain(|_, line| line.live(now));
             self.after_sweep = self.locks.len() + self.shared.len() + self.lines.len();
         }
     }
@@ -174,6 +90,29 @@ impl Table {
             self.sweep(now);
         }
         self.shared.entry(key.to_owned()).or_default()
+    }
+
+    /// One attempt of fair waiter `scope` at `key` (see [`Line::attempt`]); a line is
+    /// made only for a waiter that finds the lock held, and goes once empty.
+    fn fair_turn(
+        &mut self,
+        key: &str,
+        (scope, place): (u64, Option<Duration>),
+        held: Option<Duration>,
+        now: Instant,
+    ) -> Result<(), Duration> {
+        if !self.lines.contains_key(key) {
+            if held.is_none() || place.is_none() {
+                return held.map_or(Ok(()), Err);
+            }
+            self.sweep(now);
+        }
+        let line = self.lines.entry(key.to_owned()).or_default();
+        let answer = line.attempt(scope, place, held, now);
+        if line.is_empty() {
+            self.lines.remove(key);
+        }
+        answer
     }
 
     /// Where the lease of `keys`' live grant `grant` ends (`None`: kept until given
@@ -224,73 +163,30 @@ impl MemoryBackend {
 
     /// Waiters in the line of the fair lock `key`.
     pub(crate) fn in_line(&self, key: &str) -> usize {
-        self.table().lines.get(key).map_or(0, VecDeque::len)
-    }
-
-    /// One attempt of a fair waiter `scope` at `key`, free unless `held` says how long
-    /// it stays held: `Ok` if it may take the lock now (nobody queues before it; it left
-    /// the line), else how long until it should ask again. `place`: how long its place
-    /// lasts from now (`None`: it does not wait, and takes no place).
-    fn line_up(
-        lines: &mut HashMap<String, VecDeque<(u64, Instant)>>,
-        key: &str,
-        (scope, place): (u64, Option<Duration>),
-        held: Option<Duration>,
-        now: Instant,
-    ) -> Result<(), Duration> {
-        let line = match lines.get_mut(key) {
-            Some(line) => line,
-            None if held.is_none() => return Ok(()),
-            None if place.is_none() => return Err(held.unwrap_or_default()),
-            None => lines.entry(key.to_owned()).or_default(),
-        };
-        line.retain(|w| w.1 > now);
-        let first = line.front().copied();
-        let answer = match (held, first) {
-            (None, None) => Ok(()),
-            (None, Some((s, _))) if s == scope => {
-                line.pop_front();
-                Ok(())
-            }
-            (None, Some((_, lapses))) => Err(lapses - now),
-            (Some(held), _) => Err(held),
-        };
-        if answer.is_err()
-            && let Some(place) = place
-        {
-            match line.iter_mut().find(|w| w.0 == scope) {
-                Some(w) => w.1 = now + place,
-                None => line.push_back((scope, now + place)),
-            }
-        }
-        if line.is_empty() {
-            lines.remove(key);
-        }
-        answer
+        self.table().lines.get(key).map_or(0, Line::len)
     }
 
     /// Removes `keys`' grant `grant` if it holds the lock, and wakes the waiters.
     fn remove(&self, keys: &LockKeys, grant: u64) -> Held {
         let (key, now) = (keys.key.as_str(), Instant::now());
         let mut table = self.table();
-        if keys.mode.is_read_write() {
+        let outcome = if keys.mode.is_read_write() {
             let Some(shared) = table.shared.get_mut(key) else {
                 return Err(Loss::Expired);
             };
-            let outcome = shared.own(grant, now).map(drop);
-            shared.holders.retain(|h| h.entry.grant != grant);
+            let outcome = shared.remove(grant, now);
             if !shared.live(now) {
                 table.shared.remove(key);
             }
-            drop(table);
-            self.released.notify_waiters();
-            return outcome;
-        }
-        let outcome = table.own(key, grant, now).map(drop);
-        // Ours, live or not: gone now.
-        if table.locks.get(key).is_some_and(|e| e.grant == grant) {
-            table.locks.remove(key);
-        }
+            outcome
+        } else {
+            let outcome = table.own(key, grant, now).map(drop);
+            // Ours, live or not: gone now.
+            if table.locks.get(key).is_some_and(|e| e.grant == grant) {
+                table.locks.remove(key);
+            }
+            outcome
+        };
         drop(table);
         self.released.notify_waiters();
         outcome
@@ -369,7 +265,7 @@ impl Seam for MemoryBackend {
         let turn = if req.fair {
             let place = (!wait.is_zero()).then(|| self.config.waiter_linger());
             let who = (req.scope.id(), place);
-            Self::line_up(&mut table.lines, &req.keys.key, who, held, now)
+            table.fair_turn(&req.keys.key, who, held, now)
         } else {
             held.map_or(Ok(()), Err)
         };
@@ -426,8 +322,7 @@ impl Seam for MemoryBackend {
         let Some(line) = table.lines.get_mut(&req.keys.key) else {
             return Ok(());
         };
-        let was_first = line.front().is_some_and(|w| w.0 == req.scope.id());
-        line.retain(|w| w.0 != req.scope.id());
+        let was_first = line.leave(req.scope.id());
         if line.is_empty() {
             table.lines.remove(&req.keys.key);
         }
