@@ -9,7 +9,7 @@
 -- KEYS[4i-1]  the release channel of the lock (waiters subscribe to it)
 -- KEYS[4i]    the lock's fair queue (fair.lua): its head listens on '<channel>:<owner>'
 -- ARGV[2i-1]  the grant's value
--- ARGV[2i]    payload published on KEYS[3i] (the releasing client's id)
+-- ARGV[2i]    payload published on KEYS[4i-1] (the releasing client's id)
 --
 -- Returns an array with one reply per entry, or for a batch of one that reply alone (the
 -- reply convention of every batched script):

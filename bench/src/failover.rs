@@ -17,7 +17,7 @@ use lock_core::{AnyLocks, Election, LockConfig};
 use lock_tests::{EtcdCluster, MariaDbServer, PostgresServer, ZooKeeperServer};
 
 use crate::figure::Figure;
-use crate::measure::{BoxError, Timing, median, round_order, rounds_list};
+use crate::measure::{BoxError, Timing, median, percentile, round_order, rounds_list};
 
 /// The stores, in the order of their figures.
 pub const STORES: [&str; 6] = ["memory", "redis", "postgres", "mysql", "zookeeper", "etcd"];
@@ -53,13 +53,6 @@ async fn handovers(
     Ok(times)
 }
 
-fn percentile(mut v: Vec<f64>, q: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(((v.len() as f64 - 1.0) * q).round() as usize)
-        .copied()
-        .unwrap_or(f64::NAN)
-}
-
 /// Runs the benchmark on servers of its own, beside the redis-server `bench` started
 /// (`url`), and returns its figures.
 pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>, BoxError> {
@@ -93,11 +86,12 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
     let mut samples: Vec<Vec<(f64, f64)>> = vec![Vec::new(); STORES.len()];
     for round in 0..rounds {
         for i in round_order(STORES.len(), round) {
-            let times = handovers(&elections[i], timing.warm(round), timing.measure).await?;
+            let mut times = handovers(&elections[i], timing.warm(round), timing.measure).await?;
             if times.is_empty() {
                 return Err(format!("failover {}: no handover in a round", STORES[i]).into());
             }
-            samples[i].push((percentile(times.clone(), 0.5), percentile(times, 0.99)));
+            times.sort_by(f64::total_cmp);
+            samples[i].push((percentile(&times, 0.5), percentile(&times, 0.99)));
         }
     }
     let mut figures = Vec::new();

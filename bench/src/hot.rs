@@ -29,6 +29,13 @@ const PEER: usize = 3;
 /// overtaken.
 pub const ARRIVAL_SLACK: Duration = Duration::from_millis(1);
 
+/// The `q` quantile of `sorted` nanoseconds (the lower rank), as f64; 0 for none.
+fn ns_at(sorted: &[u64], q: f64) -> f64 {
+    sorted
+        .get(((sorted.len() as f64 - 1.0) * q) as usize)
+        .map_or(0.0, |&ns| ns as f64)
+}
+
 /// [`Handoffs::last_releaser`] when no release is pending.
 const NO_TASK: usize = usize::MAX;
 
@@ -122,26 +129,22 @@ impl Handoffs {
     }
 
     fn sample(&self, elapsed: Duration) -> HotSample {
-        let mut l = self.latencies_ns.lock().unwrap().clone();
-        l.sort_unstable();
-        let pct_us = |p: f64| {
-            l.get(((l.len() as f64 - 1.0) * p) as usize)
-                .map_or(0.0, |&ns| ns as f64 / 1e3)
+        let sorted = |ns: &Mutex<Vec<u64>>| {
+            let mut v = ns.lock().unwrap().clone();
+            v.sort_unstable();
+            v
         };
+        let (latencies, waits) = (sorted(&self.latencies_ns), sorted(&self.waits_ns));
         let after_release = self.after_release.load(Ordering::Relaxed);
-        let mut waits = self.waits_ns.lock().unwrap().clone();
-        waits.sort_unstable();
         let grants = self.grants.load(Ordering::Relaxed);
         HotSample {
-            handoffs_per_s: self.grants.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64(),
-            p50_us: pct_us(0.5),
-            p99_us: pct_us(0.99),
+            handoffs_per_s: grants as f64 / elapsed.as_secs_f64(),
+            p50_us: ns_at(&latencies, 0.5) / 1e3,
+            p99_us: ns_at(&latencies, 0.99) / 1e3,
             to_other_task_pct: self.to_other_task.load(Ordering::Relaxed) as f64 * 100.0
                 / after_release.max(1) as f64,
             longest_wait_ms: self.longest_wait_ns.load(Ordering::Relaxed) as f64 / 1e6,
-            wait_p99_ms: waits
-                .get(((waits.len() as f64 - 1.0) * 0.99) as usize)
-                .map_or(0.0, |&ns| ns as f64 / 1e6),
+            wait_p99_ms: ns_at(&waits, 0.99) / 1e6,
             in_arrival_order_pct: 100.0
                 - self.overtaking.load(Ordering::Relaxed) as f64 * 100.0 / grants.max(1) as f64,
         }

@@ -132,6 +132,15 @@ pub fn median(values: impl IntoIterator<Item = f64>) -> f64 {
     }
 }
 
+/// The `q` quantile of `sorted` (ascending): the value at the nearest rank, NaN for
+/// none.
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+    sorted
+        .get(((sorted.len() as f64 - 1.0) * q).round() as usize)
+        .copied()
+        .unwrap_or(f64::NAN)
+}
+
 /// `values` rounded and space-separated, for the per-round lines.
 pub fn rounds_list(values: impl IntoIterator<Item = f64>) -> String {
     values

@@ -21,8 +21,8 @@ use redis::aio::ConnectionManager;
 
 use crate::figure::Figure;
 use crate::measure::{
-    BoxError, Cycle, Timing, fixed_lease_cycle, measure_rounds, median, median_rates, rates,
-    round_order, rounds_list, rslock_cycle,
+    BoxError, Cycle, Timing, fixed_lease_cycle, measure_rounds, median, median_rates, percentile,
+    rates, round_order, rounds_list, rslock_cycle,
 };
 
 const NODES: usize = 5;
@@ -68,14 +68,7 @@ async fn latency(cycle: &Cycle, warm: Duration, measure: Duration) -> Result<(f6
         v.push(t.elapsed().as_secs_f64() * 1e6);
     }
     v.sort_by(f64::total_cmp);
-    let pick = |q: f64| {
-        v.get(((v.len() as f64 - 1.0) * q).round() as usize)
-            .copied()
-    };
-    Ok((
-        pick(0.5).unwrap_or(f64::NAN),
-        pick(0.99).unwrap_or(f64::NAN),
-    ))
+    Ok((percentile(&v, 0.5), percentile(&v, 0.99)))
 }
 
 /// Runs the benchmark on 5 masters of its own (`_url`, the server `bench` started, is

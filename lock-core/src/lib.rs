@@ -104,6 +104,7 @@ mod traits;
 
 pub use backends::memory::MemoryBackend;
 pub use backends::redis::RedisBackend;
+pub use backends::redisson::{DEFAULT_FAIR_WAIT, RedissonBackend};
 pub use classify::ErrorClass;
 pub use client::config::{Backoff, Lease, LockConfig, MAX_LEASE, MIN_LEASE};
 pub use client::store::scripts::SOURCES as SCRIPT_SOURCES;
@@ -125,7 +126,9 @@ pub use owner::{ClientId, FencingToken, LockScope};
 pub use rate::{Decision, LimitRule, RateLimit, RateLimiter, RuleDecision, RuleLimiter};
 pub use redlock::{DEFAULT_NODE_TIMEOUT, Redlock, RedlockBackend, RedlockGuard};
 pub use semaphore::{MAX_PERMITS_PER_ACQUIRE, Permits, Semaphore, SemaphoreOptions};
-pub use stores::{AnyGuard, AnyLocks, Locks, MemoryGuard, MemoryLocks};
+pub use stores::{
+    AnyGuard, AnyLocks, Locks, MemoryGuard, MemoryLocks, RedissonGuard, RedissonLocks,
+};
 #[cfg(feature = "etcd")]
 pub use stores::{EtcdBackend, EtcdGuard, EtcdHolder, EtcdLocks};
 #[cfg(feature = "mysql")]

@@ -26,6 +26,14 @@ impl ClientId {
         u64::from_le_bytes(b)
     }
 
+    /// Fencing token `token` of this client's grant number `seq`. Its holder id is
+    /// distinct for every grant of this client (an odd multiplier is a bijection) and
+    /// unrelated between clients (their ids are random).
+    pub(crate) fn grant_token(&self, seq: u64, token: u64) -> FencingToken {
+        let holder = self.low64() ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        FencingToken::new(token, holder)
+    }
+
     /// The id as 32 lowercase hex digits.
     pub fn to_hex(&self) -> String {
         use fmt::Write;

@@ -279,18 +279,27 @@ impl<N: LockName + ?Sized> LockName for Prefixed<'_, N> {
     }
 }
 
-/// `fut` inside `span`, or bare when no subscriber wants the span: the wrapper costs on
-/// every poll, so a call pays for it only when someone listens. (One future either
-/// way, as large as the larger of the two.)
+/// The span `make` makes, if a subscriber wants debug spans. When none does, the span
+/// is not even made: with `tracing`'s `log` feature on, a disabled span still formats
+/// its fields for `log`.
+pub(crate) fn wanted(make: impl FnOnce() -> tracing::Span) -> Option<tracing::Span> {
+    if !tracing::level_enabled!(tracing::Level::DEBUG) {
+        return None;
+    }
+    Some(make()).filter(|span| !span.is_disabled())
+}
+
+/// `fut` inside `span`, or bare without one: the wrapper costs on every poll, so a call
+/// pays for it only when someone listens. (One future either way, as large as the
+/// larger of the two.)
 pub(crate) fn in_span<F: std::future::Future>(
-    span: tracing::Span,
+    span: Option<tracing::Span>,
     fut: F,
 ) -> futures_util::future::Either<F, tracing::instrument::Instrumented<F>> {
     use futures_util::future::Either;
-    if span.is_disabled() {
-        Either::Left(fut)
-    } else {
-        Either::Right(tracing::Instrument::instrument(fut, span))
+    match span {
+        None => Either::Left(fut),
+        Some(span) => Either::Right(tracing::Instrument::instrument(fut, span)),
     }
 }
 
@@ -320,4 +329,26 @@ fn manager_config(t: Duration, retries: usize) -> ConnectionManagerConfig {
         .set_response_timeout(None)
         .set_number_of_retries(retries)
         .set_max_delay(Duration::from_secs(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wanted;
+    use tracing::Level;
+
+    fn subscriber(level: Level) -> impl tracing::Subscriber + Send + Sync {
+        tracing_subscriber::fmt().with_max_level(level).finish()
+    }
+
+    #[test]
+    fn a_span_is_made_only_when_a_subscriber_wants_debug_spans() {
+        let make = || tracing::debug_span!("lock.acquire", lock = "order:1");
+        assert!(wanted(make).is_none(), "no subscriber");
+        tracing::subscriber::with_default(subscriber(Level::DEBUG), || {
+            assert!(wanted(make).is_some(), "a subscriber at debug");
+        });
+        tracing::subscriber::with_default(subscriber(Level::INFO), || {
+            assert!(wanted(make).is_none(), "a subscriber at info");
+        });
+    }
 }

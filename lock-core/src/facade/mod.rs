@@ -13,7 +13,7 @@ use redis::aio::ConnectionManager;
 use crate::backends::RedisBackend;
 use crate::client::config::LockConfig;
 use crate::client::store::key::{LockKeys, LockName};
-use crate::client::{Client, in_span};
+use crate::client::{Client, in_span, wanted};
 use crate::error::LockError;
 use crate::lock::core::Core;
 use crate::lock::{LockGuard, LockOptions};
@@ -237,7 +237,8 @@ impl LockClient {
         options: LockOptions,
     ) -> Result<LockGuard, LockError> {
         let (request, wait) = self.inner.request(&name, options)?;
-        let span = tracing::debug_span!("lock.acquire", lock = %request.keys.name, ?wait);
+        let span =
+            wanted(|| tracing::debug_span!("lock.acquire", lock = %request.keys.name, ?wait));
         in_span(span, self.inner.acquire(&request, wait)).await
     }
 }

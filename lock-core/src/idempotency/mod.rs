@@ -18,7 +18,7 @@ use crate::client::store::batch::{Entry, Turn as BatchTurn};
 use crate::client::store::key::LockName;
 use crate::client::store::scripts::IDEMPOTENCY_BEGIN;
 use crate::client::wait::{Listen, Turn, wait_for_turn};
-use crate::client::{Client, in_span};
+use crate::client::{Client, in_span, wanted};
 use crate::error::LockError;
 use crate::metrics::{self, IdempotencyOutcome};
 
@@ -191,7 +191,7 @@ impl IdempotencyStore {
                 "idempotency keys must be claimed inside a tokio runtime".into(),
             ));
         }
-        let span = tracing::debug_span!("idempotency.begin", key = %keys.name, ?wait);
+        let span = wanted(|| tracing::debug_span!("idempotency.begin", key = %keys.name, ?wait));
         let found = in_span(span, self.begin_loop(keys, fingerprint, lease, wait)).await;
         if let Some(outcome) = outcome_of(&found) {
             metrics::idempotency(outcome);

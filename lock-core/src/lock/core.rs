@@ -43,9 +43,12 @@ impl<B: Seam> Core<B> {
         self.grants.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Puts `grant` under the watchdog, where the store needs one.
+    /// Puts `grant` under the watchdog, where the store needs one and the grant is
+    /// renewed. A grant left to its fixed lease needs no entry there: its end is read
+    /// off the clock by whoever asks (`valid_for`, `lost()`, and the registry, which
+    /// takes an overdue grant as lost on the scope's next acquisition or release).
     pub(crate) fn schedule(&self, grant: &Arc<Grant<B>>) {
-        if B::CAPABILITIES.renews && !grant.kept {
+        if B::CAPABILITIES.renews && !grant.kept && grant.state().next_renewal.is_some() {
             self.watchdog.schedule(grant);
         }
     }
@@ -169,6 +172,12 @@ impl<B: Seam> Core<B> {
     /// Takes the fencing token of `grant` now (it was granted without one), unless it
     /// has one already; a lost grant gets its loss.
     pub(crate) async fn fence(&self, grant: &Arc<Grant<B>>) -> Result<FencingToken, LockError> {
+        if !grant.keys.mode.is_fenced() {
+            return Err(LockError::NoFencingToken {
+                key: grant.keys.name.clone(),
+                reason: "a read hold has no fencing token: readers write nothing",
+            });
+        }
         if let Some(loss) = grant.state().lost {
             return Err(loss.error(&grant.keys.name));
         }

@@ -1,6 +1,7 @@
 //! One lease scheduler per client: renews every watched grant in batches (one script
-//! call per batch, per hash slot on a Cluster) and fires the lost signal of any grant
-//! whose lease ran out by the local clock.
+//! call per batch, per hash slot on a Cluster) and fires the lost signal of any of them
+//! whose lease ran out by the local clock. A grant left to its fixed lease is not
+//! queued: its end is read off the clock where it is asked for (`Core::schedule`).
 //!
 //! The scheduler never waits on Redis: renewals run as their own tasks, so a renewal
 //! stuck on a paused server or a silent network cannot delay the lost signal, which
@@ -8,8 +9,8 @@
 //! scheduler's own timer. Each renewal call is bounded by the time left on the leases
 //! it would extend.
 //!
-//! The queue holds one entry per grant (its next due time: the renewal, or the end of
-//! the lease); entries are removed when a grant is released, so the queue is bounded
+//! The queue holds one entry per renewed grant (its next due time: the renewal, or the
+//! end of the lease); entries are removed when a grant is released, so the queue is bounded
 //! by what is held. The task and its renewals run on the process's background runtime
 //! (`cleanup::background`), not on the caller's: a lock outlives the runtime it was
 //! taken on (a client shared by several runtimes), and its renewals and lost signal

@@ -14,7 +14,7 @@ use crate::client::config::{MAX_LEASE, check_lease, proven};
 use crate::client::store::key::LockName;
 use crate::client::store::scripts::SEMAPHORE_ACQUIRE;
 use crate::client::wait::{Listen, Turn, wait_for_turn};
-use crate::client::{Client, in_span};
+use crate::client::{Client, in_span, wanted};
 use crate::error::LockError;
 
 /// Most permits one [`Semaphore::acquire`] call may take (each is one member of the
@@ -216,7 +216,9 @@ impl Semaphore {
         let lease = options.lease.unwrap_or(SemaphoreOptions::DEFAULT_LEASE);
         check_lease("permit lease", lease)?;
         let wait = options.wait.unwrap_or(self.shared.client.config().wait);
-        let span = tracing::debug_span!("semaphore.acquire", semaphore = %self.name(), n, ?wait);
+        let span = wanted(
+            || tracing::debug_span!("semaphore.acquire", semaphore = %self.name(), n, ?wait),
+        );
         in_span(span, self.acquire_inner(n, lease, wait)).await
     }
 

@@ -16,6 +16,7 @@ use crate::owner::FencingToken;
 use crate::redlock::Redlock;
 use crate::redlock::RedlockGuard;
 use crate::stores::memory::{MemoryGuard, MemoryLocks};
+use crate::stores::redisson::{RedissonGuard, RedissonLocks};
 use crate::traits::DistributedLock;
 use crate::traits::HeldLock;
 
@@ -26,6 +27,7 @@ use crate::traits::HeldLock;
 /// | `redis://host:6379/0`, `rediss://...` | one Redis ([`LockClient`]) |
 /// | `redis+cluster://host1:6379,host2:6379`, `rediss+cluster://...` | a Redis Cluster (seed nodes) |
 /// | `redlock://host1:6379,host2:6379,host3:6379`, `redlock+tls://...` | [`Redlock`] over independent masters |
+/// | `redisson://host:6379/0`, `redisson+tls://...`, `redisson+cluster://h1:6379,h2:6379` | [`RedissonLocks`]: Redisson's layout on one Redis or a Cluster |
 /// | `memory://` | [`MemoryLocks`], this process only |
 /// | `postgres://user@host/db`, `postgresql://...` | `PostgresLocks` (cargo feature `postgres`) |
 /// | `mysql://user:pw@host/db`, `mariadb://...` | `MysqlLocks` (cargo feature `mysql`) |
@@ -65,6 +67,8 @@ pub enum AnyLocks {
     Redlock(Redlock),
     /// Locks in this process's memory.
     Memory(MemoryLocks),
+    /// Locks in Redisson's layout on one Redis node or a Redis Cluster.
+    Redisson(RedissonLocks),
     /// Session advisory locks on PostgreSQL.
     #[cfg(feature = "postgres")]
     Postgres(crate::PostgresLocks),
@@ -90,6 +94,8 @@ pub enum AnyGuard {
     Redlock(RedlockGuard),
     /// A lock in this process's memory.
     Memory(MemoryGuard),
+    /// A lock in Redisson's layout.
+    Redisson(RedissonGuard),
     /// A PostgreSQL lock.
     #[cfg(feature = "postgres")]
     Postgres(crate::PostgresGuard),
@@ -110,7 +116,7 @@ impl AnyLocks {
         let (scheme, rest) = url.split_once("://").ok_or_else(|| {
             LockError::InvalidConfig(format!(
                 "lock store URL {url:?} has no scheme; use redis://, redis+cluster://, \
-                 redlock://, memory://, postgres://, mysql://, zk:// or etcd://"
+                 redlock://, redisson://, memory://, postgres://, mysql://, zk:// or etcd://"
             ))
         })?;
         let hosts = |tls| {
@@ -135,6 +141,22 @@ impl AnyLocks {
                 config,
             )?)),
             "memory" => Ok(Self::Memory(MemoryLocks::with_config(config))),
+            "redisson" | "redisson+tls" => {
+                let url = format!(
+                    "{}://{rest}",
+                    if scheme == "redisson" {
+                        "redis"
+                    } else {
+                        "rediss"
+                    }
+                );
+                let client = LockClient::open_with_config(url.as_str(), config).await?;
+                Ok(Self::Redisson(RedissonLocks::new(&client)))
+            }
+            "redisson+cluster" => {
+                let client = LockClient::open_cluster(hosts(false)?, config).await?;
+                Ok(Self::Redisson(RedissonLocks::new(&client)))
+            }
             "postgres" | "postgresql" => Self::postgres(url, config).await,
             "mysql" | "mariadb" => Self::mysql(url, config).await,
             "zk" | "zookeeper" => Self::zookeeper(rest, config).await,
@@ -221,6 +243,7 @@ impl AnyLocks {
             Self::Redis(c) => AnyGuard::Redis(c.acquire(name, options).await?),
             Self::Redlock(r) => AnyGuard::Redlock(r.acquire(name, options).await?),
             Self::Memory(m) => AnyGuard::Memory(m.acquire(name, options).await?),
+            Self::Redisson(r) => AnyGuard::Redisson(r.acquire(name, options).await?),
             #[cfg(feature = "postgres")]
             Self::Postgres(p) => AnyGuard::Postgres(p.acquire(name, options).await?),
             #[cfg(feature = "mysql")]
@@ -274,6 +297,12 @@ impl From<Redlock> for AnyLocks {
 impl From<MemoryLocks> for AnyLocks {
     fn from(store: MemoryLocks) -> Self {
         Self::Memory(store)
+    }
+}
+
+impl From<RedissonLocks> for AnyLocks {
+    fn from(store: RedissonLocks) -> Self {
+        Self::Redisson(store)
     }
 }
 
@@ -366,6 +395,7 @@ impl AnyGuard {
             Self::Redis(g) => g,
             Self::Redlock(g) => g,
             Self::Memory(g) => g,
+            Self::Redisson(g) => g,
             #[cfg(feature = "postgres")]
             Self::Postgres(g) => g,
             #[cfg(feature = "mysql")]
@@ -382,6 +412,7 @@ impl AnyGuard {
             Self::Redis(g) => Box::new(g),
             Self::Redlock(g) => Box::new(g),
             Self::Memory(g) => Box::new(g),
+            Self::Redisson(g) => Box::new(g),
             #[cfg(feature = "postgres")]
             Self::Postgres(g) => Box::new(g),
             #[cfg(feature = "mysql")]

@@ -1,8 +1,8 @@
 //! A fair lock is granted in arrival order on every store that offers one. The stores
 //! whose waiters queue in the server grant any lock so: ZooKeeper (sequential nodes),
 //! etcd (create revisions), PostgreSQL (the lock manager's wait queue) and
-//! MySQL/MariaDB (`GET_LOCK`'s metadata-lock queue); Redis (node and Cluster) and
-//! memory keep a line for fair locks. Each waiter is started only once the store shows
+//! MySQL/MariaDB (`GET_LOCK`'s metadata-lock queue); Redis (node and Cluster, in this
+//! crate's layout and in Redisson's) and memory keep a line for fair locks. Each waiter is started only once the store shows
 //! the one before it queued, so the order of arrival is the store's own, not a guess.
 //!
 //! The line on Redis and memory also lets a waiter go: one that leaves (a timeout, a
@@ -157,7 +157,11 @@ async fn mysql_grants_in_arrival_order() {
 
 /// Waiters in the line of the fair lock `lock:{<name>}` on Redis.
 pub(super) fn redis_line(raw: redis::aio::MultiplexedConnection, name: &'static str) -> Queued {
-    let line = format!("lock:{{{name}}}:queue");
+    list_length(raw, format!("lock:{{{name}}}:queue"))
+}
+
+/// Waiters in the Redis list `line`.
+fn list_length(raw: redis::aio::MultiplexedConnection, line: String) -> Queued {
     Box::new(move || {
         let (mut raw, line) = (raw.clone(), line.clone());
         Box::pin(async move {
@@ -202,6 +206,19 @@ async fn cluster_fair_lock_grants_in_arrival_order() {
     let node = cluster.master_for_key("lock:{fifo}:queue");
     let raw = cluster.node(node).connection().await;
     granted_in_arrival_order(open, redis_line(raw, "fifo")).await;
+}
+
+/// Redisson's layout: the line is `RFairLock`'s queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redisson_fair_lock_grants_in_arrival_order() {
+    let server = RedisServer::start();
+    let url = format!("redisson://127.0.0.1:{}", server.port());
+    let open = || lock_core::AnyLocks::open(&url, config());
+    let queued = list_length(
+        server.connection().await,
+        "redisson_lock_queue:{fifo}".into(),
+    );
+    granted_in_arrival_order(open, queued).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,8 +3,9 @@
 //! release / cancel / timeout on a few names, with short leases. A checker looks at every guard
 //! alive, over and over, and fails on any instant where
 //! - two different grants of one name both believe they hold it (`valid_for()` left), or
-//! - on one Redis node and a Redis Cluster, a guard believes it holds a name while the server
-//!   shows another grant (or none).
+//! - on one Redis node and a Redis Cluster (our layout or Redisson's), a guard believes it
+//!   holds a name while the server shows another grant (or none), or (our layout) while
+//!   the key's expiry comes sooner than the guard's belief ends.
 //!
 //! Reproduce a failure with `MODEL_SEED=<seed> cargo test -p lock-tests --test
 //! every_store -- model::`; the seed is printed at the start of every run.
@@ -46,19 +47,40 @@ pub(super) struct Backend {
     _keep: Box<dyn Any>,
 }
 
-/// Where the grants of a Redis store can be read back.
-enum Server {
+/// Where the grants of a Redis store can be read back: a connection, and whether the
+/// store writes Redisson's layout (a hold is a field of the hash at the name) or ours
+/// (the grant's value at the key).
+struct Server {
+    conn: Conn,
+    redisson: bool,
+}
+
+enum Conn {
     Node(redis::aio::MultiplexedConnection),
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
 impl Server {
-    async fn get(&mut self, key: &str) -> Option<String> {
-        let get = redis::cmd("GET").arg(key).clone();
-        match self {
-            Self::Node(c) => get.query_async(c).await.unwrap(),
-            Self::Cluster(c) => get.query_async(c).await.unwrap(),
+    /// Whether `grant` holds `key` on the server, and the key's PTTL, read together.
+    async fn shows(&mut self, key: &str, grant: &str) -> (bool, i64) {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        if self.redisson {
+            pipe.cmd("HEXISTS").arg(key).arg(grant);
+        } else {
+            pipe.cmd("GET").arg(key);
         }
+        pipe.cmd("PTTL").arg(key);
+        let (holder, pttl): (redis::Value, i64) = match &mut self.conn {
+            Conn::Node(c) => pipe.query_async(c).await.unwrap(),
+            Conn::Cluster(c) => pipe.query_async(c).await.unwrap(),
+        };
+        let holds = match holder {
+            redis::Value::Int(n) => n == 1,
+            redis::Value::BulkString(v) => v == grant.as_bytes(),
+            _ => false,
+        };
+        (holds, pttl)
     }
 }
 
@@ -80,7 +102,10 @@ pub(super) async fn redis(batching: bool) -> Backend {
     let locks = open_two(&server.url(), &redis_config(batching)).await;
     Backend {
         locks,
-        server: Some(Server::Node(server.connection().await)),
+        server: Some(Server {
+            conn: Conn::Node(server.connection().await),
+            redisson: false,
+        }),
         fixed_leases: true,
         _keep: Box::new(server),
     }
@@ -95,9 +120,44 @@ pub(super) async fn cluster() -> Backend {
     let locks = open_two(&url, &redis_config(true)).await;
     Backend {
         locks,
-        server: Some(Server::Cluster(cluster.connection().await)),
+        server: Some(Server {
+            conn: Conn::Cluster(cluster.connection().await),
+            redisson: false,
+        }),
         fixed_leases: true,
         _keep: Box::new(cluster),
+    }
+}
+
+/// Redisson's layout on one Redis node, or (`cluster`) on a Cluster of 3 masters. The
+/// checker reads a hold back as its field in the hash at the name.
+pub(super) async fn redisson(cluster: bool) -> Backend {
+    let (url, conn, keep): (String, Conn, Box<dyn Any>) = if cluster {
+        let cluster = RedisCluster::start(3, 0);
+        let seeds: Vec<String> = (0..cluster.len())
+            .map(|i| format!("127.0.0.1:{}", cluster.node(i).port()))
+            .collect();
+        (
+            format!("redisson+cluster://{}", seeds.join(",")),
+            Conn::Cluster(cluster.connection().await),
+            Box::new(cluster),
+        )
+    } else {
+        let server = RedisServer::start();
+        (
+            format!("redisson://127.0.0.1:{}", server.port()),
+            Conn::Node(server.connection().await),
+            Box::new(server),
+        )
+    };
+    Backend {
+        locks: open_two(&url, &redis_config(true)).await,
+        server: Some(Server {
+            conn,
+            redisson: true,
+        }),
+        fixed_leases: true,
+        _keep: keep,
     }
 }
 
@@ -207,6 +267,8 @@ fn grant(handle: usize, g: &AnyGuard) -> Option<String> {
             .rsplit_once(':')
             .map(|(_, scope)| format!("{handle}/{scope}")),
         AnyGuard::Memory(g) => g.fencing_token().map(|t| format!("{handle}/{}", t.get())),
+        // A hold's field is its client's and scope's: one grant while any hold of it lives.
+        AnyGuard::Redisson(g) => Some(g.field().to_owned()),
         AnyGuard::Postgres(g) => g.fencing_token().map(|t| format!("{handle}/{}", t.get())),
         AnyGuard::Mysql(g) => g.fencing_token().map(|t| format!("{handle}/{}", t.get())),
         AnyGuard::Zookeeper(g) => g.fencing_token().map(|t| format!("{handle}/{}", t.get())),
@@ -220,6 +282,7 @@ pub(super) async fn reenter(g: &AnyGuard) -> Option<AnyGuard> {
         AnyGuard::Redis(g) => g.reenter().await.ok().map(AnyGuard::Redis),
         AnyGuard::Redlock(g) => g.reenter().await.ok().map(AnyGuard::Redlock),
         AnyGuard::Memory(g) => g.reenter().await.ok().map(AnyGuard::Memory),
+        AnyGuard::Redisson(g) => g.reenter().await.ok().map(AnyGuard::Redisson),
         AnyGuard::Postgres(g) => g.reenter().await.ok().map(AnyGuard::Postgres),
         AnyGuard::Mysql(g) => g.reenter().await.ok().map(AnyGuard::Mysql),
         AnyGuard::Zookeeper(g) => g.reenter().await.ok().map(AnyGuard::Zookeeper),
@@ -233,6 +296,7 @@ pub(super) fn held_count(locks: &AnyLocks) -> usize {
         AnyLocks::Redis(c) => c.held_count(),
         AnyLocks::Redlock(r) => r.held_count(),
         AnyLocks::Memory(m) => m.held_count(),
+        AnyLocks::Redisson(r) => r.held_count(),
         AnyLocks::Postgres(p) => p.held_count(),
         AnyLocks::Mysql(m) => m.held_count(),
         AnyLocks::Zookeeper(z) => z.held_count(),
@@ -372,23 +436,41 @@ async fn check(
                 "two grants of {name} both believe they hold it: {believers:?}"
             ));
         }
-        let Some(server) = server.as_mut().filter(|_| !believers.is_empty()) else {
+        let (Some(server), Some(grant)) = (server.as_mut(), grants.first()) else {
             continue;
         };
-        let value = server.get(key).await;
+        let (holds, pttl) = server.shows(key, grant).await;
         let t1 = Instant::now();
+        // The key ends no later than this (the PTTL was read before t1, in whole
+        // milliseconds; -1: never), so a guard believing past it is wrong however
+        // late the read was.
+        let ends = u64::try_from(pttl)
+            .ok()
+            .map(|ms| t1 + Duration::from_millis(ms + 1));
         for (grant, until, what) in &believers {
-            // A guard taken out and released between the look and the GET is no
-            // violation: count only grants some guard still holds after the GET (a
-            // grant is deleted only once its last guard is gone, and a value is never
-            // granted twice).
-            if t1 + MARGIN < *until
-                && value.as_deref() != Some(grant.as_str())
-                && still_held(tasks, grant)
+            // A guard taken out and released between the look and the read is no
+            // violation: count only grants some guard still holds after the read (a
+            // grant is given back only once its last guard is gone).
+            if t1 + MARGIN >= *until || !still_held(tasks, grant) {
+                continue;
+            }
+            if !holds {
+                return Some(format!(
+                    "{what} believes it holds {name} for {:?} more, the server shows \
+                     another holder or none",
+                    *until - t1
+                ));
+            }
+            // Our values are unique per grant, so the key's expiry is this grant's lease
+            // (a Redisson field is one scope's, and its next grant may lease less).
+            if !server.redisson
+                && let Some(ends) = ends.filter(|e| *e + MARGIN < *until)
             {
                 return Some(format!(
-                    "{what} believes it holds {name} for {:?} more, the server shows {value:?}",
-                    *until - t1
+                    "{what} believes it holds {name} for {:?} more, the server ends it \
+                     {:?} sooner",
+                    *until - t1,
+                    *until - ends
                 ));
             }
         }
@@ -412,7 +494,8 @@ async fn run_model(mut backend: Backend, seed: u64, run_for: Duration) {
             // The checker reads a grant back only on Redis, under the lock's key there.
             let key = match &backend.locks[0] {
                 AnyLocks::Redis(c) => c.keys(*n).unwrap().key,
-                _ => String::new(),
+                // Redisson's layout keeps a lock at its bare name.
+                _ => n.to_string(),
             };
             (n.to_string(), key)
         })
@@ -506,6 +589,16 @@ async fn redis_no_two_owners_without_batching() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_no_two_owners_ever_believe_they_hold_one_name() {
     run_model(cluster().await, seed(), Duration::from_secs(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redisson_no_two_owners_ever_believe_they_hold_one_name() {
+    run_model(redisson(false).await, seed(), Duration::from_secs(4)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redisson_on_a_cluster_no_two_owners_ever_believe_they_hold_one_name() {
+    run_model(redisson(true).await, seed(), Duration::from_secs(3)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -245,6 +245,11 @@ async fn cluster_never_a_writer_beside_anyone() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redisson_never_a_writer_beside_anyone() {
+    run_model(model::redisson(false).await, seed(), Duration::from_secs(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_never_a_writer_beside_anyone() {
     run_model(model::postgres().await, seed(), Duration::from_secs(3)).await;
 }
@@ -440,6 +445,11 @@ async fn memory_refuses_an_upgrade_and_downgrades() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_refuses_an_upgrade_and_downgrades() {
     upgrade_refused_and_downgrade(model::redis(false).await, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redisson_refuses_an_upgrade_and_downgrades() {
+    upgrade_refused_and_downgrade(model::redisson(false).await, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -81,9 +81,8 @@ async fn release_after_expiry_reports_expired() {
     assert!(e.is_expired(), "{e}");
 }
 
-/// The lease clock looks again no later than the end of the longest lease it was given,
-/// even with nothing held; a shorter lease taken after long ones were released must
-/// still be watched from its own end, not from theirs.
+/// A short fixed lease taken after long ones were released is lost at its own end, not
+/// at theirs: lost() fires, the guard stops believing, and the client stops counting it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_lease_after_long_ones_were_released_is_lost_on_time() {
     let server = RedisServer::start();
@@ -97,7 +96,6 @@ async fn a_short_lease_after_long_ones_were_released_is_lost_on_time() {
         .await
         .expect("lost() fires once the short lease has run out");
     assert!(!short.is_held());
-    // lost() also watches the lease on its own; the client's count is the lease clock's.
     eventually(
         Duration::from_secs(3),
         "the lease clock to end the hold, not a minute later",

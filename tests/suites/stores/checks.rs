@@ -182,13 +182,14 @@ pub async fn read_and_write_busy<L: DistributedLock>(locks: &L, name: &str) {
 }
 
 /// `locks` waiting up to 10 s for `name` with `options`, in a task of its own.
-pub fn waiting<L>(
+pub fn waiting<L, N>(
     locks: &L,
-    name: &'static str,
+    name: N,
     options: LockOptions,
 ) -> tokio::task::JoinHandle<Result<L::Guard, lock_core::LockError>>
 where
     L: DistributedLock + Clone + 'static,
+    N: lock_core::LockName + Send + Sync + 'static,
     L::Guard: Send,
 {
     let locks = locks.clone();

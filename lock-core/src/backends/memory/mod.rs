@@ -230,58 +230,50 @@ impl Seam for MemoryBackend {
             Some(req.lease)
         };
         let now = Instant::now();
+        let until = lease.and_then(|l| now.checked_add(l));
         let mut table = self.table();
-        if req.keys.mode.is_read_write() {
+        let turn = if req.keys.mode.is_read_write() {
+            // Numbered before the attempt: the holders' table records it on a grant.
             let grant = self.tokens.fetch_add(1, Ordering::Relaxed) + 1;
             let write = req.keys.mode == LockMode::Write;
-            let until = lease.and_then(|l| now.checked_add(l));
             // A waiting writer marks the lock for as long as it still waits, at most
             // one linger (it asks again within that).
             let linger = (!wait.is_zero()).then(|| wait.min(self.config.waiter_linger()));
             let kept = self.config.watchdog_lease();
             let who = (grant, req.scope.id(), write);
-            return Ok(
-                match table
-                    .shared(&req.keys.key, now)
-                    .take(who, until, now, (kept, linger))
-                {
-                    Ok(()) => Taken::Granted {
-                        grant,
-                        token: Some(FencingToken::new(grant, grant)),
-                        valid: until.map_or(Validity::Kept, Validity::Until),
-                    },
-                    Err(retry_after) => Taken::Busy {
-                        retry_after,
-                        failure: None,
-                    },
-                },
-            );
-        }
-        let held = table
-            .locks
-            .get(&req.keys.key)
-            .filter(|e| e.live(now))
-            .map(|e| e.until.map_or(self.config.watchdog_lease(), |u| u - now));
-        let turn = if req.fair {
-            let place = (!wait.is_zero()).then(|| self.config.waiter_linger());
-            let who = (req.scope.id(), place);
-            table.fair_turn(&req.keys.key, who, held, now)
+            table
+                .shared(&req.keys.key, now)
+                .take(who, until, now, (kept, linger))
+                .map(|()| grant)
         } else {
-            held.map_or(Ok(()), Err)
+            let held = table
+                .locks
+                .get(&req.keys.key)
+                .filter(|e| e.live(now))
+                .map(|e| e.until.map_or(self.config.watchdog_lease(), |u| u - now));
+            let turn = if req.fair {
+                let place = (!wait.is_zero()).then(|| self.config.waiter_linger());
+                let who = (req.scope.id(), place);
+                table.fair_turn(&req.keys.key, who, held, now)
+            } else {
+                held.map_or(Ok(()), Err)
+            };
+            turn.map(|()| {
+                let grant = self.tokens.fetch_add(1, Ordering::Relaxed) + 1;
+                table.insert(&req.keys.key, Entry { grant, until }, now);
+                grant
+            })
         };
-        if let Err(retry_after) = turn {
-            return Ok(Taken::Busy {
+        Ok(match turn {
+            Ok(grant) => Taken::Granted {
+                grant,
+                token: Some(FencingToken::new(grant, grant)),
+                valid: until.map_or(Validity::Kept, Validity::Until),
+            },
+            Err(retry_after) => Taken::Busy {
                 retry_after,
                 failure: None,
-            });
-        }
-        let grant = self.tokens.fetch_add(1, Ordering::Relaxed) + 1;
-        let until = lease.and_then(|l| now.checked_add(l));
-        table.insert(&req.keys.key, Entry { grant, until }, now);
-        Ok(Taken::Granted {
-            grant,
-            token: Some(FencingToken::new(grant, grant)),
-            valid: until.map_or(Validity::Kept, Validity::Until),
+            },
         })
     }
 

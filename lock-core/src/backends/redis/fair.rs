@@ -43,12 +43,7 @@ impl RedisBackend {
         value: &str,
         wait: Duration,
     ) -> Result<AcquireReply, LockError> {
-        // The place outlives the longest sleep between two attempts and one call.
-        let place = if wait.is_zero() {
-            0
-        } else {
-            self.client.config().waiter_linger().as_millis() as u64
-        };
+        let place = self.linger_ms(wait);
         let owner = self.owner(req);
         let call = self.fair_call(req, "acquire", &owner, |c| {
             c.arg(value)

@@ -75,14 +75,6 @@ impl RedisBackend {
         value
     }
 
-    /// Fencing token `token` of this client's grant number `seq`. Its holder id is
-    /// distinct for every grant of this client (an odd multiplier is a bijection) and
-    /// unrelated between clients (their ids are random).
-    fn token(&self, seq: u64, token: u64) -> FencingToken {
-        let holder = self.client.id().low64() ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        FencingToken::new(token, holder)
-    }
-
     /// One attempt to take `req`'s lock with the grant `value`; `linger` (ms): how long
     /// a waiter's marker outlives the holder's lease (0: the caller does not wait).
     ///
@@ -229,6 +221,17 @@ impl RedisBackend {
         Ok(r)
     }
 
+    /// How long (ms) a waiter's mark or place outlives what it waits for: the longest
+    /// sleep between two attempts and one call, so a waiter is marked while it waits;
+    /// 0 for a caller that does not wait (`wait` zero).
+    fn linger_ms(&self, wait: Duration) -> u64 {
+        if wait.is_zero() {
+            0
+        } else {
+            self.client.config().waiter_linger().as_millis() as u64
+        }
+    }
+
     /// Wakes this client's waiters for `keys` at once, without the pub/sub round trip.
     fn wake_local_waiters(&self, keys: &LockKeys) {
         let hub = self.client.hub();
@@ -270,12 +273,21 @@ fn not_set(reply: &Result<Value, LockError>) -> bool {
     }
 }
 
-/// A grant reply as the engine reads it.
-fn held(reply: GrantReply) -> Held {
+/// A lock script's answer on one grant, as the engine reads it (this crate's scripts
+/// and Redisson's layout answer alike).
+pub(crate) fn held(reply: GrantReply) -> Held {
     match reply {
         GrantReply::Done => Ok(()),
         GrantReply::Expired => Err(Loss::Expired),
         GrantReply::NotOwner => Err(Loss::TakenOver),
+    }
+}
+
+/// A fence script's answer, as the engine reads it: a token of grant `seq` of `client`.
+pub(crate) fn fenced(reply: FenceReply, client: &Client, seq: u64) -> Held<FencingToken> {
+    match reply {
+        FenceReply::Token(t) => Ok(client.id().grant_token(seq, t)),
+        FenceReply::Lost(reply) => Err(held(reply).err().unwrap_or(Loss::Expired)),
     }
 }
 
@@ -300,24 +312,18 @@ impl Seam for RedisBackend {
     ) -> Result<Taken<String>, LockError> {
         let value = self.grant_value(&req.scope, seq);
         let sent = Instant::now();
+        // The plain lock's future stays small: the others' larger ones are boxed.
         let reply = if req.keys.mode.is_read_write() {
-            self.take_shared(req, &value, wait).await?
+            Box::pin(self.take_shared(req, &value, wait)).await?
         } else if req.fair {
-            self.take_fair(req, &value, wait).await?
+            Box::pin(self.take_fair(req, &value, wait)).await?
         } else {
-            let linger = if !wait.is_zero() {
-                // The waiter marker outlives the holder's lease by the longest sleep
-                // between two attempts, so a waiter is always marked while it waits.
-                self.client.config().waiter_linger().as_millis() as u64
-            } else {
-                0
-            };
-            self.take_value(req, &value, linger).await?
+            self.take_value(req, &value, self.linger_ms(wait)).await?
         };
         Ok(match reply {
             AcquireReply::Granted { token } => Taken::Granted {
                 grant: value,
-                token: token.map(|t| self.token(seq, t)),
+                token: token.map(|t| self.client.id().grant_token(seq, t)),
                 valid: Validity::Until(proven(sent, req.lease)),
             },
             AcquireReply::Busy { pttl_ms } => Taken::Busy {
@@ -329,7 +335,7 @@ impl Seam for RedisBackend {
 
     async fn give_back(&self, keys: &LockKeys, grant: &String) -> Result<Held, LockError> {
         if keys.mode.is_read_write() {
-            return self.give_back_shared(keys, grant).await;
+            return Box::pin(self.give_back_shared(keys, grant)).await;
         }
         self.give_back_value(keys, grant).await.map(held)
     }
@@ -370,17 +376,12 @@ impl Seam for RedisBackend {
         grant: &String,
         seq: u64,
     ) -> Result<Held<FencingToken>, LockError> {
-        if keys.mode.is_read_write() {
-            // A writer's token comes with its grant; a reader has none.
-            return Err(LockError::NoFencingToken {
-                key: keys.name.clone(),
-                reason: "a read hold has no fencing token: readers write nothing",
-            });
-        }
-        Ok(match self.fence_value(keys, grant).await? {
-            FenceReply::Token(t) => Ok(self.token(seq, t)),
-            FenceReply::Lost(reply) => Err(held(reply).err().unwrap_or(Loss::Expired)),
-        })
+        // Only a plain lock comes here: a writer's token comes with its grant.
+        Ok(fenced(
+            self.fence_value(keys, grant).await?,
+            &self.client,
+            seq,
+        ))
     }
 
     fn listen<'a>(&'a self, _keys: &LockKeys, channel: &'a str) -> Option<Listen<'a>> {

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{RedisBackend, renewed};
+use super::{RedisBackend, held, renewed};
 use crate::client::config::proven;
 use crate::client::store::key::{LockKeys, LockMode};
-use crate::client::store::scripts::{AcquireReply, Code, READ_WRITE, code_value};
+use crate::client::store::scripts::{AcquireReply, GrantReply, READ_WRITE};
 use crate::error::LockError;
 use crate::lock::Request;
 use crate::lock::registry::Loss;
@@ -62,9 +62,9 @@ impl RedisBackend {
                     .arg(self.client.id_hex());
             })
             .await?;
-        let (code, _) = code_value("read_write", reply)?;
+        let reply = GrantReply::decode("read_write", reply)?;
         self.wake_local_waiters(keys);
-        Ok(shared_held(code))
+        Ok(held(reply))
     }
 
     pub(super) async fn extend_shared(
@@ -86,8 +86,7 @@ impl RedisBackend {
                     .arg(lease.as_millis() as u64);
             })
             .await?;
-        let (code, _) = code_value("read_write", reply)?;
-        Ok(shared_held(code).map(|()| proven(sent, lease)))
+        Ok(held(GrantReply::decode("read_write", reply)?).map(|()| proven(sent, lease)))
     }
 
     /// Renews plain grants in one call, and read-write holds one call each, at once.
@@ -125,13 +124,5 @@ impl RedisBackend {
                 }
             })
             .collect()
-    }
-}
-
-/// A read-write script's answer on one hold.
-fn shared_held(code: Code) -> Held {
-    match code {
-        Code::Done => Ok(()),
-        _ => Err(Loss::Expired),
     }
 }

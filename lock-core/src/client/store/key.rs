@@ -1,4 +1,6 @@
-//! Every Redis key and channel this crate touches is built here, and only here.
+//! Every Redis key and channel of this crate's own layout is built here, and only here
+//! (Redisson's layout, a foreign one, is built in `backends/redisson/layout.rs` from
+//! the escaped name made here).
 //!
 //! A lock name is one or more *parts* (user ids, order numbers, ...). Each part is
 //! percent-escaped so it can never contain the delimiter, `{`, `}` or `%`, then the parts

@@ -297,9 +297,21 @@ pub(crate) static IDEMPOTENCY_COMPLETE: Lua = Lua::batched(
 /// Free a claimed key. See `lua/idempotency_abandon.lua`.
 pub(crate) static IDEMPOTENCY_ABANDON: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/idempotency_abandon.lua")));
+
 /// Renew the in-flight lease of a claimed key. See `lua/idempotency_extend.lua`.
 pub(crate) static IDEMPOTENCY_EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/idempotency_extend.lua")));
+
+/// A plain or fair lock in Redisson's layout. See `lua/redisson_lock.lua`.
+pub(crate) static REDISSON_LOCK: Lua = Lua::new(
+    "redisson_lock",
+    include_str!("../../../lua/redisson_lock.lua"),
+);
+/// A read-write lock in Redisson's layout. See `lua/redisson_read_write.lua`.
+pub(crate) static REDISSON_READ_WRITE: Lua = Lua::new(
+    "redisson_read_write",
+    include_str!("../../../lua/redisson_read_write.lua"),
+);
 
 /// Source of every script, by file name, for tooling and tests.
 pub const SOURCES: &[(&str, &str)] = &[
@@ -315,6 +327,14 @@ pub const SOURCES: &[(&str, &str)] = &[
     (
         "fenced_write.lua",
         include_str!("../../../lua/fenced_write.lua"),
+    ),
+    (
+        "redisson_lock.lua",
+        include_str!("../../../lua/redisson_lock.lua"),
+    ),
+    (
+        "redisson_read_write.lua",
+        include_str!("../../../lua/redisson_read_write.lua"),
     ),
     ("gcra.lua", include_str!("../../../lua/gcra.lua")),
     (
