@@ -84,6 +84,7 @@ pub struct LockConfig {
     pub(crate) max_hold: Option<Duration>,
     pub(crate) command_timeout: Duration,
     pub(crate) batching: bool,
+    pub(crate) batches_in_flight: usize,
 }
 
 impl Default for LockConfig {
@@ -106,6 +107,7 @@ impl LockConfig {
             max_hold: None,
             command_timeout: Duration::from_secs(2),
             batching: true,
+            batches_in_flight: usize::MAX,
         }
     }
 
@@ -173,7 +175,9 @@ impl LockConfig {
     /// acquisitions that need the acquire script (fenced ones, and a lock found busy)
     /// that arrive while an earlier call of the same kind (on the same hash slot) is in
     /// flight on this client's connection are sent together, as one script call over all
-    /// their keys, once that call is back. The plain `SET NX PX` that takes a free lock
+    /// their keys, as soon as the tasks already running have had their turn (or, with
+    /// [`with_batches_in_flight`](Self::with_batches_in_flight) calls of that kind in
+    /// flight, once one of them is back). The plain `SET NX PX` that takes a free lock
     /// queues the same way on a lane of plain commands, and queued ones go as one
     /// pipeline (Redis still runs each native `SET`; the client pays one call for
     /// many). A lone call goes at once as before: nothing waits for a timer, so an idle
@@ -186,6 +190,31 @@ impl LockConfig {
     pub fn with_batching(mut self, on: bool) -> Self {
         self.batching = on;
         self
+    }
+
+    /// With batching on, the most batches of one kind (on one hash slot) in flight at
+    /// once. Default: no limit; 0 counts as 1.
+    ///
+    /// Without a limit a batch goes as soon as the tasks already running have queued
+    /// their calls, so Redis runs one batch while this client takes another's replies
+    /// and forms the next: under load neither waits on the other. With 1, a batch goes
+    /// only once the one before it is back: the fewest and biggest calls, but each side
+    /// idles while the other works.
+    ///
+    /// ```
+    /// use lock_core::LockConfig;
+    ///
+    /// let config = LockConfig::new().with_batches_in_flight(1);
+    /// assert_eq!(config.batches_in_flight(), 1);
+    /// ```
+    pub fn with_batches_in_flight(mut self, n: usize) -> Self {
+        self.batches_in_flight = n.max(1);
+        self
+    }
+
+    /// The most batches of one kind in flight at once.
+    pub fn batches_in_flight(&self) -> usize {
+        self.batches_in_flight
     }
 
     /// The key namespace.

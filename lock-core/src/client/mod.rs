@@ -62,7 +62,11 @@ impl Client {
         kind: StoreKind,
     ) -> Result<Self, LockError> {
         config.validate()?;
-        let conn = Conn::new(store, config.command_timeout, config.batching);
+        let conn = Conn::new(
+            store,
+            config.command_timeout,
+            config.batching.then_some(config.batches_in_flight),
+        );
         let id = ClientId::random()?;
         let id_hex = id.to_hex();
         Ok(Self {

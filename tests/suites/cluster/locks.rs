@@ -234,7 +234,7 @@ async fn a_lock_lost_in_a_failover_fires_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquisitions_on_one_slot_share_a_pipeline_each_with_its_own_reply() {
     let cluster = RedisCluster::start(3, 0);
-    let c = client(&cluster, config()).await;
+    let c = client(&cluster, config().with_batches_in_flight(1)).await;
     let other = client(&cluster, config()).await;
     // Five names whose keys share one slot.
     let slot_of = |i: u32| lock_tests::key_slot(c.keys(("p", i)).unwrap().key);

@@ -158,8 +158,14 @@ where
     tokio::spawn(attempt)
 }
 
+/// A client configuration whose batches of one kind go one at a time, so what a test
+/// starts while one call is in flight queues behind it and goes as the next batch.
+pub fn one_in_flight() -> lock_core::LockConfig {
+    lock_core::LockConfig::new().with_batches_in_flight(1)
+}
+
 /// `c.try_lock(first)` in flight on a paused server, then `c.try_lock(name)` for each
-/// of `names`, queued behind it.
+/// of `names`, queued behind it (`c` configured with [`one_in_flight`]).
 pub async fn queue_behind_one<N>(c: &LockClient, first: N, names: &[N]) -> (Attempt, Vec<Attempt>)
 where
     N: lock_core::LockName + Clone + Send + 'static,

@@ -6,7 +6,7 @@ use crate::common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{client, eventually};
+use common::{client, eventually, one_in_flight};
 use lock_core::{
     Begin, Lease, LockClient, LockConfig, LockError, LockOptions, RateLimit, Released,
 };
@@ -289,7 +289,7 @@ async fn in_one_batch<T: Send + 'static>(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_batch_carries_mixed_outcomes_to_their_own_callers() {
     let server = RedisServer::start();
-    let c = client(&server, LockConfig::new()).await;
+    let c = client(&server, one_in_flight()).await;
     let other = client(&server, LockConfig::new()).await;
     let busy = other.try_lock("busy").await.unwrap();
     let short = LockOptions::new().lease(Lease::Fixed(Duration::from_millis(100)));
@@ -400,7 +400,7 @@ async fn one_batch_carries_mixed_outcomes_to_their_own_callers() {
 async fn a_batch_that_times_out_fails_every_entry_and_leaves_no_lock() {
     let server = RedisServer::start();
     let timeout = Duration::from_millis(300);
-    let c = client(&server, LockConfig::new().with_command_timeout(timeout)).await;
+    let c = client(&server, one_in_flight().with_command_timeout(timeout)).await;
     // A script the server does not have yet is loaded by a second call, which a caller
     // that timed out never makes: a running service has its scripts loaded.
     warm_up(&c).await;

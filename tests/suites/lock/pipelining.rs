@@ -7,7 +7,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{client, eventually, exists, in_flight, queue_behind_one};
+use common::{client, eventually, exists, in_flight, one_in_flight, queue_behind_one};
 use lock_core::{LockClient, LockConfig, LockError};
 use lock_tests::{Monitor, RedisServer};
 
@@ -48,7 +48,7 @@ async fn one_pipeline_carries_each_callers_own_reply_and_error() {
         .await
         .unwrap();
     let url = format!("redis://limited:pw@127.0.0.1:{}/", server.port());
-    let c = LockClient::open_with_config(url.as_str(), LockConfig::new())
+    let c = LockClient::open_with_config(url.as_str(), one_in_flight())
         .await
         .unwrap();
     let other = client(&server, LockConfig::new()).await;
@@ -106,7 +106,7 @@ async fn one_pipeline_carries_each_callers_own_reply_and_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_acquisition_dropped_before_sending_sends_nothing() {
     let server = RedisServer::start();
-    let c = client(&server, LockConfig::new()).await;
+    let c = client(&server, one_in_flight()).await;
     c.try_lock("warm").await.unwrap().release().await.unwrap();
     let mut monitor = server.monitor().await;
     server.pause();
@@ -132,7 +132,7 @@ async fn a_queued_acquisition_dropped_before_sending_sends_nothing() {
 async fn a_queued_acquisition_dropped_after_sending_leaves_no_lock() {
     let server = RedisServer::start();
     let timeout = Duration::from_millis(500);
-    let c = client(&server, LockConfig::new().with_command_timeout(timeout)).await;
+    let c = client(&server, one_in_flight().with_command_timeout(timeout)).await;
     c.try_lock("warm").await.unwrap().release().await.unwrap();
     let mut monitor = server.monitor().await;
     server.pause();
@@ -182,4 +182,53 @@ async fn a_queued_acquisition_dropped_after_sending_leaves_no_lock() {
         "the pipeline was sent before its callers went away"
     );
     assert_eq!(c.held_count(), 0);
+}
+
+/// Calls that queue while one is in flight go as soon as the tasks already running have
+/// queued theirs, without waiting for its reply, up to the limit of batches in flight;
+/// at the limit they wait for a free place. Every caller then gets its own lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_acquisitions_go_while_earlier_ones_are_in_flight_up_to_the_limit() {
+    let server = RedisServer::start();
+    for (limit, left_queued) in [(None, 0), (Some(2), 3)] {
+        let config = limit.map_or(LockConfig::new(), |n| {
+            LockConfig::new().with_batches_in_flight(n)
+        });
+        let c = client(&server, config).await;
+        c.try_lock("warm").await.unwrap().release().await.unwrap();
+        server.pause();
+        let tag = limit.unwrap_or(0);
+        let first = {
+            let c = c.clone();
+            in_flight(async move { c.try_lock(("first", tag)).await }).await
+        };
+        let start = |name: &'static str| {
+            let c = c.clone();
+            tokio::spawn(async move { c.try_lock((name, tag)).await })
+        };
+        // A second call queues (polled once), then goes as a batch of its own while the
+        // first is still in flight.
+        let second = {
+            let c = c.clone();
+            in_flight(async move { c.try_lock(("second", tag)).await }).await
+        };
+        eventually(Duration::from_secs(5), "the second batch to go", || async {
+            c.queued_calls() == 0
+        })
+        .await;
+        let rest: Vec<_> = ["a", "b", "c"].into_iter().map(start).collect();
+        eventually(
+            Duration::from_secs(5),
+            "the rest to go or queue",
+            || async { c.queued_calls() == left_queued },
+        )
+        .await;
+        server.resume();
+        for attempt in [first, second].into_iter().chain(rest) {
+            let guard = attempt.await.unwrap().unwrap();
+            guard.release().await.unwrap();
+        }
+        assert_eq!(c.queued_calls(), 0, "limit {limit:?}");
+        assert_eq!(c.held_count(), 0, "limit {limit:?}");
+    }
 }

@@ -105,7 +105,8 @@ fn a_batch_lane_whose_call_was_in_flight_when_its_runtime_ended_serves_the_next_
     let proxy = TcpProxy::start(server.port());
     let config = LockConfig::new()
         .with_command_timeout(ms(500))
-        .with_batching(true);
+        .with_batching(true)
+        .with_batches_in_flight(1);
     let rt1 = runtime();
     let client = rt1
         .block_on(LockClient::open_with_config(proxy.url().as_str(), config))

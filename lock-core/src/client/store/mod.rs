@@ -59,11 +59,17 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    pub(crate) fn new(store: impl Store, timeout: Duration, batching: bool) -> Self {
+    /// `batches_in_flight`: `None` with batching off, else the most calls of one lane in
+    /// flight at once.
+    pub(crate) fn new(
+        store: impl Store,
+        timeout: Duration,
+        batches_in_flight: Option<usize>,
+    ) -> Self {
         Self {
             store: Arc::new(store),
             timeout,
-            lanes: batching.then(Default::default),
+            lanes: batches_in_flight.map(|depth| Arc::new(batch::Lanes::new(depth))),
         }
     }
 

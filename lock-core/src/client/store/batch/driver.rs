@@ -42,61 +42,87 @@ fn each(e: &LockError, op: &'static str) -> LockError {
         other => LockError::UnexpectedReply(other.to_string()),
     }
 }
-/// The lane's own call ended: hand what queued to a driver task, or mark it idle.
+/// A call in flight on the lane ended (alone or a batch): its place is free; schedules
+/// a driver for what queued, if none is on its way.
 pub(super) fn hand_over(conn: Conn, kind: Kind, group: u16) {
     let Some(lanes) = conn.lanes.clone() else {
         return;
     };
-    let lane = (kind.id(), group);
-    let mut all = lanes.lock();
-    let l = all.entry(lane).or_default();
-    if l.queue.is_empty() {
-        l.busy = false;
-        return;
-    }
-    drop(all);
-    let driving = Driving {
-        lanes,
-        lane,
-        in_flight: Vec::new(),
-        emptied: false,
+    let drive = {
+        let mut all = lanes.lock();
+        let l = all.entry((kind.id(), group)).or_default();
+        l.in_flight -= 1;
+        let drive = l.wants_driver(lanes.depth);
+        if drive {
+            l.scheduled = true;
+        }
+        drive
     };
-    crate::client::cleanup::spawn_task(drive(conn, driving, kind));
+    if drive {
+        schedule(conn, kind, group);
+    }
 }
 
-/// A lane's driver: while it lives the lane is busy. Dropped before it emptied the lane
-/// (its runtime ended mid-call), it fails the batch in flight, each entry to its
-/// cleanup as an unknown outcome, and frees the lane, failing what queued behind.
+/// Spawns a driver for what queued on the lane; the caller marked it scheduled.
+pub(super) fn schedule(conn: Conn, kind: Kind, group: u16) {
+    let Some(lanes) = conn.lanes.clone() else {
+        return;
+    };
+    let driving = Driving {
+        lanes,
+        lane: (kind.id(), group),
+        batch: Vec::new(),
+        state: State::Scheduled,
+    };
+    crate::client::cleanup::spawn_task(drive(conn, driving, kind, group));
+}
+
+/// Where a driver is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// On its way: the lane counts it as scheduled.
+    Scheduled,
+    /// Its batch is in flight: the lane counts it among its calls in flight.
+    Sending,
+    /// Done, the lane told.
+    Done,
+}
+
+/// A driver: one batch of a lane. Dropped before it is done (its runtime ended before it
+/// ran or mid-call), it fails its batch, each entry to its cleanup as an unknown
+/// outcome, and what queued behind it, and frees its place.
 struct Driving {
     lanes: Arc<Lanes>,
     lane: LaneId,
-    in_flight: Vec<Queued>,
-    /// The driver emptied and freed the lane (it may be another call's again).
-    emptied: bool,
+    batch: Vec<Queued>,
+    state: State,
 }
 
 impl Driving {
-    /// What queued next, up to [`MAX_BATCH`] entries; `None` once nothing is left, the
-    /// lane freed.
-    fn next_batch(&mut self) -> Option<Vec<Queued>> {
+    /// Takes what queued, up to [`MAX_BATCH`] entries, as this driver's batch; the lane
+    /// counts it in flight. Whether another driver should be scheduled for what is left.
+    fn take(&mut self) -> bool {
         let mut all = self.lanes.lock();
         let lane = all.entry(self.lane).or_default();
-        if lane.queue.is_empty() {
-            lane.busy = false;
-            self.emptied = true;
-            return None;
-        }
+        lane.scheduled = false;
+        lane.in_flight += 1;
+        self.state = State::Sending;
         let n = lane.queue.len().min(MAX_BATCH);
-        Some(lane.queue.drain(..n).collect())
+        self.batch = lane.queue.drain(..n).collect();
+        let again = lane.wants_driver(self.lanes.depth);
+        if again {
+            lane.scheduled = true;
+        }
+        again
     }
 }
 
 impl Drop for Driving {
     fn drop(&mut self) {
-        if self.emptied {
+        if self.state == State::Done {
             return;
         }
-        for q in self.in_flight.drain(..) {
+        for q in self.batch.drain(..) {
             let op = q.op;
             deliver(
                 q,
@@ -108,7 +134,11 @@ impl Drop for Driving {
         let queued = {
             let mut all = self.lanes.lock();
             let lane = all.entry(self.lane).or_default();
-            lane.busy = false;
+            match self.state {
+                State::Scheduled => lane.scheduled = false,
+                State::Sending => lane.in_flight -= 1,
+                State::Done => {}
+            }
             std::mem::take(&mut lane.queue)
         };
         for q in queued {
@@ -119,25 +149,37 @@ impl Drop for Driving {
     }
 }
 
-/// Sends what queued on a lane, a batch at a time, until nothing is left.
-async fn drive(conn: Conn, mut driving: Driving, kind: Kind) {
-    while let Some(batch) = driving.next_batch() {
-        // Callers gone before sending: left out.
-        let (gone, batch): (Vec<Queued>, Vec<Queued>) =
-            batch.into_iter().partition(|q| q.reply.is_closed());
-        for q in gone {
-            if let Some(cleanup) = q.item.into_cleanup() {
-                cleanup(None);
-            }
+/// Sends what queued on a lane as one batch, once the tasks already ready have run.
+async fn drive(conn: Conn, mut driving: Driving, kind: Kind, group: u16) {
+    if matches!(
+        tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()),
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread)
+    ) {
+        // A worker runs a task it spawned next (its LIFO slot), before the callers the
+        // same reply woke; one yield puts this driver behind them, so their calls join
+        // the batch. A one-thread runtime already runs tasks in the order they came.
+        tokio::task::yield_now().await;
+    }
+    if driving.take() {
+        schedule(conn.clone(), kind, group);
+    }
+    // Callers gone before sending: left out.
+    let (gone, batch): (Vec<Queued>, Vec<Queued>) = std::mem::take(&mut driving.batch)
+        .into_iter()
+        .partition(|q| q.reply.is_closed());
+    for q in gone {
+        if let Some(cleanup) = q.item.into_cleanup() {
+            cleanup(None);
         }
-        if batch.is_empty() {
-            continue;
-        }
-        driving.in_flight = batch;
-        let replies = match kind {
+    }
+    driving.batch = batch;
+    let replies = if driving.batch.is_empty() {
+        Ok(Vec::new())
+    } else {
+        match kind {
             Kind::Script(script) => {
                 let entries: Vec<&Entry> = driving
-                    .in_flight
+                    .batch
                     .iter()
                     .filter_map(|q| match &q.item {
                         Item::Script(e) => Some(e),
@@ -148,20 +190,23 @@ async fn drive(conn: Conn, mut driving: Driving, kind: Kind) {
                     .await
                     .map(|items| items.into_iter().map(entry_reply).collect::<Vec<_>>())
             }
-            Kind::Commands => send_pipeline(&conn, &mut driving.in_flight).await,
-        };
-        let batch = std::mem::take(&mut driving.in_flight);
-        match replies {
-            Ok(items) => {
-                for (q, v) in batch.into_iter().zip(items) {
-                    deliver(q, v);
-                }
+            Kind::Commands => send_pipeline(&conn, &mut driving.batch).await,
+        }
+    };
+    let batch = std::mem::take(&mut driving.batch);
+    driving.state = State::Done;
+    drop(driving);
+    hand_over(conn, kind, group);
+    match replies {
+        Ok(items) => {
+            for (q, v) in batch.into_iter().zip(items) {
+                deliver(q, v);
             }
-            Err(e) => {
-                for q in batch {
-                    let e = each(&e, q.op);
-                    deliver(q, Err(e));
-                }
+        }
+        Err(e) => {
+            for q in batch {
+                let e = each(&e, q.op);
+                deliver(q, Err(e));
             }
         }
     }

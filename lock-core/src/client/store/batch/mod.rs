@@ -5,15 +5,22 @@
 //! pipeline: N `SET NX PX` in one write, one reply per command).
 //!
 //! How a batch forms, per lane:
-//! - An idle lane: the call goes at once, on the caller's own future ([`Turn::Alone`]);
-//!   no timer, no task, no added latency. The lane is busy until that call ends.
-//! - A busy lane: the call is queued ([`Turn::Queued`]). When the call in flight ends
-//!   (or its caller goes away), one driver task sends what queued, up to [`MAX_BATCH`]
-//!   entries per call, one call at a time, until the queue is empty; then the lane is
-//!   idle again. The driver runs on a live runtime (`cleanup::spawn_task`); if its
-//!   runtime ends mid-call, the batch in flight fails (each entry's cleanup runs, as
-//!   for any unknown outcome) and the lane is freed, so no later call queues behind a
-//!   driver that will never run.
+//! - An idle lane (nothing in flight, nothing queued): the call goes at once, on the
+//!   caller's own future ([`Turn::Alone`]); no timer, no task, no added latency.
+//! - Otherwise the call is queued ([`Turn::Queued`]), and while fewer than the lane's
+//!   limit of calls are in flight (`LockConfig::with_batches_in_flight`, none by
+//!   default), a driver task is scheduled for it. The driver first lets every task that is ready
+//!   run (on a multi-thread runtime one yield: a task spawned by a worker would run
+//!   next, before the callers the same reply woke), then sends all that queued, up to
+//!   [`MAX_BATCH`] entries, as one call. So a batch is what arrived while the lane's
+//!   calls were in flight and the client was busy, not what arrived within a timer.
+//!   With several calls in flight the server works on one batch while the client
+//!   handles the replies of another and forms the next: neither side waits on the
+//!   other's round trip. At the limit, calls queue until one in flight ends.
+//! - The driver runs on a live runtime (`cleanup::spawn_task`); if its runtime ends
+//!   before it sent, or mid-call, its batch fails (each entry's cleanup runs, as for any
+//!   unknown outcome) and so does what queued behind it, and its place is freed, so no
+//!   later call queues behind a driver that will never run.
 //!
 //! Per entry, nothing changes: the scripts loop over their entries (the same keys and
 //! arguments per entry, one file each, laid out in their headers) and answer one reply
@@ -21,7 +28,8 @@
 //! parse), `{'error', message}` for an entry that failed (`redis.pcall`); a pipeline
 //! answers one reply per command, an error reply for a command that failed. So each
 //! caller gets its own reply or error, and a task's calls keep their order (it awaits
-//! each before the next).
+//! each before the next), and batches of one lane reach Redis in the order they were
+//! formed (one connection).
 //! A call that fails as a whole (Redis down, a timeout) fails every entry with that
 //! error. An entry whose caller went away before its batch was sent is left out.
 //! Whatever a queued entry leaves to undo is its own cleanup's to undo, run once the
@@ -47,7 +55,7 @@ use crate::error::LockError;
 
 mod driver;
 
-use driver::hand_over;
+use driver::{hand_over, schedule};
 
 /// The most entries one call carries.
 pub(crate) const MAX_BATCH: usize = 128;
@@ -94,11 +102,21 @@ struct Queued {
 
 type LaneId = (usize, u16);
 
-/// One lane: whether a call of it is in flight, and what queued behind that call.
+/// One lane: how many of its calls are in flight, whether a driver is on its way for
+/// what queued, and what queued.
 #[derive(Default)]
 struct Lane {
-    busy: bool,
+    in_flight: usize,
+    scheduled: bool,
     queue: Vec<Queued>,
+}
+
+impl Lane {
+    /// Whether a driver should be scheduled for what queued: there is some, none is on
+    /// its way, and the lane has a free place.
+    fn wants_driver(&self, depth: usize) -> bool {
+        !self.queue.is_empty() && !self.scheduled && self.in_flight < depth
+    }
 }
 
 type LaneMap = HashMap<LaneId, Lane, foldhash::fast::RandomState>;
@@ -106,12 +124,20 @@ type LaneMap = HashMap<LaneId, Lane, foldhash::fast::RandomState>;
 /// Every lane of one connection. A lane stays once used (idle, its queue empty), so a
 /// call finds it without an insert and a removal each time: there are at most a few
 /// kinds of call per hash slot.
-#[derive(Default)]
 pub(crate) struct Lanes {
     lanes: Mutex<LaneMap>,
+    /// The most calls of one lane in flight at once (at least 1).
+    depth: usize,
 }
 
 impl Lanes {
+    pub(crate) fn new(depth: usize) -> Self {
+        Self {
+            lanes: Mutex::default(),
+            depth: depth.max(1),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, LaneMap> {
         // A panic while holding the lock cannot leave the map half-changed (only
         // single flag changes, pushes and takes happen under it).
@@ -137,8 +163,8 @@ pub(crate) enum Turn<F> {
     Queued(Pending),
 }
 
-/// The lane is this caller's while this lives; dropping it hands what queued meanwhile
-/// to a driver task.
+/// The caller's place in flight on its lane; dropping it frees the place (and schedules
+/// a driver for what queued, if none is on its way).
 pub(crate) struct Alone {
     lane: Option<(Conn, Kind, u16)>,
 }
@@ -224,8 +250,8 @@ impl Conn {
         let group = self.group(key);
         let mut all = lanes.lock();
         let lane = all.entry((kind.id(), group)).or_default();
-        if !lane.busy {
-            lane.busy = true;
+        if lane.in_flight == 0 && lane.queue.is_empty() {
+            lane.in_flight = 1;
             let alone = Alone {
                 lane: Some((self.clone(), kind, group)),
             };
@@ -237,7 +263,15 @@ impl Conn {
             op,
             reply: tx,
         });
-        // One batch ahead of this one, then this one.
+        let drive = lane.wants_driver(lanes.depth);
+        if drive {
+            lane.scheduled = true;
+        }
+        drop(all);
+        if drive {
+            schedule(self.clone(), kind, group);
+        }
+        // One call ahead of this one ends (or a place was free), then this one.
         let limit = self.timeout * 2;
         Turn::Queued(Pending {
             rx,
