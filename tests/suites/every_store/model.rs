@@ -27,7 +27,26 @@ const NAMES: [&str; 3] = ["alpha", "beta", "gamma"];
 const MARGIN: Duration = Duration::from_millis(3);
 
 /// The guards one task holds right now, where the checker can see them.
-type Held = Arc<Mutex<Vec<AnyGuard>>>;
+type Held = Arc<Mutex<Guards>>;
+
+#[derive(Default)]
+struct Guards {
+    list: Vec<AnyGuard>,
+    /// Guards taken out of `list` so far: a Redisson grant is known only by its field,
+    /// which the scope's next grant shares, so the checker tells a grant that lived
+    /// through its read from a later one by this count not moving.
+    taken_out: u64,
+}
+
+impl Guards {
+    fn take_any(&mut self, rng: &mut fastrand::Rng) -> Option<AnyGuard> {
+        let n = self.list.len();
+        (n > 0).then(|| {
+            self.taken_out += 1;
+            self.list.swap_remove(rng.usize(0..n))
+        })
+    }
+}
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -349,7 +368,7 @@ async fn walk(
                 let options = options(&mut rng, fixed_leases).scope(&scope);
                 let options = plain_or_fair(&mut rng, &locks, options);
                 if let Ok(g) = locks.acquire(name, options).await {
-                    lock(&held).push(g);
+                    lock(&held).list.push(g);
                 }
             }
             3 => {
@@ -358,35 +377,24 @@ async fn walk(
                 let options = options(&mut rng, fixed_leases).scope(&scope);
                 let options = plain_or_fair(&mut rng, &locks, options);
                 if let Ok(Ok(g)) = tokio::time::timeout(cut, locks.acquire(name, options)).await {
-                    lock(&held).push(g);
+                    lock(&held).list.push(g);
                 }
             }
             4 => {
-                let g = {
-                    let mut h = lock(&held);
-                    let n = h.len();
-                    (n > 0).then(|| h.swap_remove(rng.usize(0..n)))
-                };
+                let g = lock(&held).take_any(&mut rng);
                 if let Some(g) = g {
                     if let Some(again) = reenter(&g).await {
-                        lock(&held).push(again);
+                        lock(&held).list.push(again);
                     }
-                    lock(&held).push(g);
+                    lock(&held).list.push(g);
                 }
             }
             5 => {
-                let mut h = lock(&held);
-                let n = h.len();
-                if n > 0 {
-                    drop(h.swap_remove(rng.usize(0..n)));
-                }
+                let g = lock(&held).take_any(&mut rng);
+                drop(g);
             }
             6 | 7 => {
-                let g = {
-                    let mut h = lock(&held);
-                    let n = h.len();
-                    (n > 0).then(|| h.swap_remove(rng.usize(0..n)))
-                };
+                let g = lock(&held).take_any(&mut rng);
                 if let Some(g) = g {
                     if rng.bool() {
                         let _ = g.release().await;
@@ -401,7 +409,7 @@ async fn walk(
         }
     }
     // Leave nothing held.
-    let rest: Vec<AnyGuard> = lock(&held).drain(..).collect();
+    let rest: Vec<AnyGuard> = lock(&held).list.drain(..).collect();
     for g in rest {
         let _ = g.release().await;
     }
@@ -417,14 +425,18 @@ async fn check(
     for (name, key) in keys {
         // Who believes they hold `name`, and until when.
         let t0 = Instant::now();
-        let mut believers: Vec<(String, Instant, String)> = Vec::new();
-        for (handle, held) in tasks {
-            for g in lock(held).iter().filter(|g| g.name() == name.as_str()) {
+        // Each believer's grant, belief, description, task, and that task's count of
+        // guards taken out at the look.
+        let mut believers: Vec<(String, Instant, String, usize, u64)> = Vec::new();
+        for (task, (handle, held)) in tasks.iter().enumerate() {
+            let guards = lock(held);
+            for g in guards.list.iter().filter(|g| g.name() == name.as_str()) {
                 let left = g.valid_for();
                 if left > MARGIN
                     && let Some(grant) = grant(*handle, g)
                 {
-                    believers.push((grant, t0 + left, format!("{g:?}")));
+                    let what = format!("{g:?}");
+                    believers.push((grant, t0 + left, what, task, guards.taken_out));
                 }
             }
         }
@@ -447,11 +459,17 @@ async fn check(
         let ends = u64::try_from(pttl)
             .ok()
             .map(|ms| t1 + Duration::from_millis(ms + 1));
-        for (grant, until, what) in &believers {
+        for (grant, until, what, task, taken_out) in &believers {
             // A guard taken out and released between the look and the read is no
             // violation: count only grants some guard still holds after the read (a
             // grant is given back only once its last guard is gone).
             if t1 + MARGIN >= *until || !still_held(tasks, grant) {
+                continue;
+            }
+            // A Redisson field may have been given back and taken again by the same
+            // scope around the read: only a guard whose task took none out since the
+            // look (so the very guard is still held) counts.
+            if server.redisson && lock(&tasks[*task].1).taken_out != *taken_out {
                 continue;
             }
             if !holds {
@@ -482,6 +500,7 @@ async fn check(
 fn still_held(tasks: &[(usize, Held)], grant: &str) -> bool {
     tasks.iter().any(|(handle, held)| {
         lock(held)
+            .list
             .iter()
             .any(|g| self::grant(*handle, g).as_deref() == Some(grant) && g.valid_for() > MARGIN)
     })
