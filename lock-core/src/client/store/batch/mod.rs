@@ -9,11 +9,12 @@
 //!   caller's own future ([`Turn::Alone`]); no timer, no task, no added latency.
 //! - Otherwise the call is queued ([`Turn::Queued`]), and while fewer than the lane's
 //!   limit of calls are in flight (`LockConfig::with_batches_in_flight`, none by
-//!   default), a driver task is scheduled for it. The driver first lets every task that is ready
-//!   run (on a multi-thread runtime one yield: a task spawned by a worker would run
-//!   next, before the callers the same reply woke), then sends all that queued, up to
-//!   [`MAX_BATCH`] entries, as one call. So a batch is what arrived while the lane's
-//!   calls were in flight and the client was busy, not what arrived within a timer.
+//!   default), a driver task is scheduled for it. The driver first lets every task
+//!   that is ready run (on a multi-thread runtime one yield: a task spawned by a worker
+//!   would run next, before the callers the same reply woke), then sends all that
+//!   queued, up to [`MAX_BATCH`] entries, as one call. So a batch is what arrived
+//!   while the lane's calls were in flight and the client was busy, not what arrived
+//!   within a timer.
 //!   With several calls in flight the server works on one batch while the client
 //!   handles the replies of another and forms the next: neither side waits on the
 //!   other's round trip. At the limit, calls queue until one in flight ends.
@@ -28,8 +29,9 @@
 //! parse), `{'error', message}` for an entry that failed (`redis.pcall`); a pipeline
 //! answers one reply per command, an error reply for a command that failed. So each
 //! caller gets its own reply or error, and a task's calls keep their order (it awaits
-//! each before the next), and batches of one lane reach Redis in the order they were
-//! formed (one connection).
+//! each before the next). Two batches of one lane in flight at once may reach Redis in
+//! either order (their drivers race to the connection): nothing relies on an order
+//! between different callers' calls, and a lane capped at one batch keeps it.
 //! A call that fails as a whole (Redis down, a timeout) fails every entry with that
 //! error. An entry whose caller went away before its batch was sent is left out.
 //! Whatever a queued entry leaves to undo is its own cleanup's to undo, run once the
