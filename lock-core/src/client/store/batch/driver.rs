@@ -51,7 +51,7 @@ pub(super) fn hand_over(conn: Conn, kind: Kind, group: u16) {
     let drive = {
         let mut all = lanes.lock();
         let l = all.entry((kind.id(), group)).or_default();
-        l.in_flight -= 1;
+        l.in_flight = l.in_flight.saturating_sub(1);
         let drive = l.wants_driver(lanes.depth);
         if drive {
             l.scheduled = true;
@@ -136,7 +136,7 @@ impl Drop for Driving {
             let lane = all.entry(self.lane).or_default();
             match self.state {
                 State::Scheduled => lane.scheduled = false,
-                State::Sending => lane.in_flight -= 1,
+                State::Sending => lane.in_flight = lane.in_flight.saturating_sub(1),
                 State::Done => {}
             }
             std::mem::take(&mut lane.queue)
