@@ -52,11 +52,7 @@ pub(super) fn hand_over(conn: Conn, kind: Kind, group: u16) {
         let mut all = lanes.lock();
         let l = all.entry((kind.id(), group)).or_default();
         l.in_flight = l.in_flight.saturating_sub(1);
-        let drive = l.wants_driver(lanes.depth);
-        if drive {
-            l.scheduled = true;
-        }
-        drive
+        l.claim_driver(lanes.depth)
     };
     if drive {
         schedule(conn, kind, group);
@@ -70,11 +66,12 @@ pub(super) fn schedule(conn: Conn, kind: Kind, group: u16) {
     };
     let driving = Driving {
         lanes,
-        lane: (kind.id(), group),
+        kind,
+        group,
         batch: Vec::new(),
         state: State::Scheduled,
     };
-    crate::client::cleanup::spawn_task(drive(conn, driving, kind, group));
+    crate::client::cleanup::spawn_task(drive(conn, driving));
 }
 
 /// Where a driver is.
@@ -93,27 +90,28 @@ enum State {
 /// outcome, and what queued behind it, and frees its place.
 struct Driving {
     lanes: Arc<Lanes>,
-    lane: LaneId,
+    kind: Kind,
+    group: u16,
     batch: Vec<Queued>,
     state: State,
 }
 
 impl Driving {
+    fn lane(&self) -> LaneId {
+        (self.kind.id(), self.group)
+    }
+
     /// Takes what queued, up to [`MAX_BATCH`] entries, as this driver's batch; the lane
     /// counts it in flight. Whether another driver should be scheduled for what is left.
     fn take(&mut self) -> bool {
         let mut all = self.lanes.lock();
-        let lane = all.entry(self.lane).or_default();
+        let lane = all.entry(self.lane()).or_default();
         lane.scheduled = false;
         lane.in_flight += 1;
         self.state = State::Sending;
         let n = lane.queue.len().min(MAX_BATCH);
         self.batch = lane.queue.drain(..n).collect();
-        let again = lane.wants_driver(self.lanes.depth);
-        if again {
-            lane.scheduled = true;
-        }
-        again
+        lane.claim_driver(self.lanes.depth)
     }
 }
 
@@ -133,7 +131,7 @@ impl Drop for Driving {
         }
         let queued = {
             let mut all = self.lanes.lock();
-            let lane = all.entry(self.lane).or_default();
+            let lane = all.entry(self.lane()).or_default();
             match self.state {
                 State::Scheduled => lane.scheduled = false,
                 State::Sending => lane.in_flight = lane.in_flight.saturating_sub(1),
@@ -150,7 +148,8 @@ impl Drop for Driving {
 }
 
 /// Sends what queued on a lane as one batch, once the tasks already ready have run.
-async fn drive(conn: Conn, mut driving: Driving, kind: Kind, group: u16) {
+async fn drive(conn: Conn, mut driving: Driving) {
+    let (kind, group) = (driving.kind, driving.group);
     if matches!(
         tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()),
         Ok(tokio::runtime::RuntimeFlavor::MultiThread)

@@ -114,10 +114,12 @@ struct Lane {
 }
 
 impl Lane {
-    /// Whether a driver should be scheduled for what queued: there is some, none is on
-    /// its way, and the lane has a free place.
-    fn wants_driver(&self, depth: usize) -> bool {
-        !self.queue.is_empty() && !self.scheduled && self.in_flight < depth
+    /// Marks a driver on its way and answers true if one should be scheduled for what
+    /// queued: there is some, none is on its way, and the lane has a free place.
+    fn claim_driver(&mut self, depth: usize) -> bool {
+        let wanted = !self.queue.is_empty() && !self.scheduled && self.in_flight < depth;
+        self.scheduled |= wanted;
+        wanted
     }
 }
 
@@ -128,7 +130,7 @@ type LaneMap = HashMap<LaneId, Lane, foldhash::fast::RandomState>;
 /// kinds of call per hash slot.
 pub(crate) struct Lanes {
     lanes: Mutex<LaneMap>,
-    /// The most calls of one lane in flight at once (at least 1).
+    /// The most calls of one lane in flight at once (the configuration's, at least 1).
     depth: usize,
 }
 
@@ -136,7 +138,7 @@ impl Lanes {
     pub(crate) fn new(depth: usize) -> Self {
         Self {
             lanes: Mutex::default(),
-            depth: depth.max(1),
+            depth,
         }
     }
 
@@ -159,7 +161,7 @@ impl Conn {
 /// A caller's place in a lane.
 pub(crate) enum Turn<F> {
     /// Nothing of this lane is in flight: send now, on the caller's future (the entry
-    /// builder comes back unused). The lane stays busy until the [`Alone`] is dropped.
+    /// builder comes back unused). The call counts as in flight until the [`Alone`] is dropped.
     Alone(Alone, F),
     /// Queued behind a call in flight: the reply arrives with a later batch.
     Queued(Pending),
@@ -265,10 +267,7 @@ impl Conn {
             op,
             reply: tx,
         });
-        let drive = lane.wants_driver(lanes.depth);
-        if drive {
-            lane.scheduled = true;
-        }
+        let drive = lane.claim_driver(lanes.depth);
         drop(all);
         if drive {
             schedule(self.clone(), kind, group);
