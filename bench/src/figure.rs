@@ -32,8 +32,12 @@ pub struct Figure {
     /// One ratio per round, in round order, "above 1 = ours better": ours over the
     /// baseline, or the baseline over ours when lower is better.
     pub ratios: Vec<f64>,
-    /// The least acceptable ratio, if the project sets one.
-    pub target: Option<f64>,
+    /// The least acceptable ratios the project sets (each judged alone: an engine's
+    /// target and a later, stricter one can stand side by side).
+    pub targets: Vec<f64>,
+    /// The most client instructions per operation the project accepts, as multiples of
+    /// the baseline's (judged where [`instructions`](Self::instructions) are counted).
+    pub instruction_targets: Vec<f64>,
     /// Instructions per operation, ours then the baseline's, where counted.
     pub instructions: Option<[PerOp; 2]>,
 }
@@ -71,7 +75,8 @@ impl Figure {
             ours: median(ours.iter().copied()),
             baseline: Some(median(base.iter().copied())),
             ratios,
-            target: None,
+            targets: Vec::new(),
+            instruction_targets: Vec::new(),
             instructions: None,
         }
     }
@@ -85,15 +90,30 @@ impl Figure {
             ours: value,
             baseline: None,
             ratios: Vec::new(),
-            target: None,
+            targets: Vec::new(),
+            instruction_targets: Vec::new(),
             instructions: None,
         }
     }
 
-    /// With a target ratio (at least).
+    /// With a target ratio (at least), beside any set before.
     pub fn target(mut self, target: f64) -> Self {
-        self.target = Some(target);
+        self.targets.push(target);
         self
+    }
+
+    /// With a target for the client's instructions per operation: at most `times` the
+    /// baseline's.
+    pub fn instruction_target(mut self, times: f64) -> Self {
+        self.instruction_targets.push(times);
+        self
+    }
+
+    /// Our client instructions per operation over the baseline's, where both are
+    /// counted.
+    pub fn client_instructions_ratio(&self) -> Option<f64> {
+        let [ours, base] = self.instructions?;
+        Some(ours.client? / base.client?)
     }
 
     /// The median of the per-round ratios; `None` without a baseline.
@@ -127,16 +147,27 @@ impl Figure {
         self.spread().map_or("-".into(), |s| format!("{s:.2}"))
     }
 
-    /// The target as printed: `>= t (met)`, `>= t (missed)`, `>= t (not judged:
-    /// disturbed)`, or `-` without a target or baseline.
+    /// The targets as printed, `; ` between them: `>= t (met)`, `>= t (missed)`, `>= t
+    /// (not judged: disturbed)`; then `client instr <= tx (met)`, `(missed)` or `(not
+    /// counted)`; `-` without a target.
     pub fn target_text(&self) -> String {
-        match (self.target, self.ratio()) {
-            (Some(t), Some(_)) if self.disturbed().is_some() => {
-                format!(">= {t} (not judged: disturbed)")
-            }
-            (Some(t), Some(r)) if r >= t => format!(">= {t} (met)"),
-            (Some(t), Some(_)) => format!(">= {t} (missed)"),
-            _ => "-".into(),
+        let ratio = self.ratio();
+        let ratios = self.targets.iter().map(|&t| match ratio {
+            _ if self.disturbed().is_some() => format!(">= {t} (not judged: disturbed)"),
+            Some(r) if r >= t => format!(">= {t} (met)"),
+            Some(_) => format!(">= {t} (missed)"),
+            None => format!(">= {t} (no baseline)"),
+        });
+        let counted = self.client_instructions_ratio();
+        let instructions = self.instruction_targets.iter().map(|&t| match counted {
+            Some(r) if r <= t => format!("client instr <= {t}x (met)"),
+            Some(_) => format!("client instr <= {t}x (missed)"),
+            None => format!("client instr <= {t}x (not counted)"),
+        });
+        let all: Vec<String> = ratios.chain(instructions).collect();
+        match all.is_empty() {
+            true => "-".into(),
+            false => all.join("; "),
         }
     }
 
@@ -241,5 +272,32 @@ mod tests {
             ">= 1.6 (missed)",
             "a miss stays marked"
         );
+    }
+
+    #[test]
+    fn each_target_is_judged_alone() {
+        let f = Figure::rounds("a_vs_b", "ops/s", &[115.0, 120.0, 118.0], &[100.0; 3])
+            .target(1.0)
+            .target(1.3)
+            .instruction_target(1.15)
+            .instruction_target(0.7);
+        assert_eq!(
+            f.target_text(),
+            ">= 1 (met); >= 1.3 (missed); client instr <= 1.15x (not counted); \
+             client instr <= 0.7x (not counted)"
+        );
+        let counted = |client: f64| PerOp {
+            client: Some(client),
+            server: None,
+        };
+        let mut f = f;
+        f.instructions = Some([counted(23_600.0), counted(21_500.0)]);
+        assert_eq!(
+            f.target_text(),
+            ">= 1 (met); >= 1.3 (missed); client instr <= 1.15x (met); \
+             client instr <= 0.7x (missed)"
+        );
+        let f = Figure::rounds("x", "ops/s", &[1.0], &[1.0]).instruction_target(1.15);
+        assert_eq!(f.client_instructions_ratio(), None);
     }
 }

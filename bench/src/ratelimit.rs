@@ -134,7 +134,7 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
     let mut figures = Vec::new();
     for (name, a, b, target) in [
         ("ours_vs_floor", 1, 0, Some(0.9)),
-        ("ours_vs_redis_rate", 1, 2, Some(1.5)),
+        ("ours_vs_redis_rate", 1, 2, Some(1.3)),
         ("ours_unbatched_vs_redis_rate", 3, 2, None),
     ] {
         let name = format!("ratelimit_{name}_{tasks}_tasks");
