@@ -97,15 +97,20 @@ impl Figure {
     }
 
     /// With a target ratio (at least), beside any set before.
-    pub fn target(mut self, target: f64) -> Self {
-        self.targets.push(target);
+    pub fn target(self, target: f64) -> Self {
+        self.targets(&[target])
+    }
+
+    /// With these target ratios (each at least), beside any set before.
+    pub fn targets(mut self, targets: &[f64]) -> Self {
+        self.targets.extend_from_slice(targets);
         self
     }
 
-    /// With a target for the client's instructions per operation: at most `times` the
-    /// baseline's.
-    pub fn instruction_target(mut self, times: f64) -> Self {
-        self.instruction_targets.push(times);
+    /// With targets for the client's instructions per operation: each at most that
+    /// many times the baseline's.
+    pub fn instruction_targets(mut self, times: &[f64]) -> Self {
+        self.instruction_targets.extend_from_slice(times);
         self
     }
 
@@ -277,10 +282,8 @@ mod tests {
     #[test]
     fn each_target_is_judged_alone() {
         let f = Figure::rounds("a_vs_b", "ops/s", &[115.0, 120.0, 118.0], &[100.0; 3])
-            .target(1.0)
-            .target(1.3)
-            .instruction_target(1.15)
-            .instruction_target(0.7);
+            .targets(&[1.0, 1.3])
+            .instruction_targets(&[1.15, 0.7]);
         assert_eq!(
             f.target_text(),
             ">= 1 (met); >= 1.3 (missed); client instr <= 1.15x (not counted); \
@@ -297,7 +300,7 @@ mod tests {
             ">= 1 (met); >= 1.3 (missed); client instr <= 1.15x (met); \
              client instr <= 0.7x (missed)"
         );
-        let f = Figure::rounds("x", "ops/s", &[1.0], &[1.0]).instruction_target(1.15);
+        let f = Figure::rounds("x", "ops/s", &[1.0], &[1.0]).instruction_targets(&[1.15]);
         assert_eq!(f.client_instructions_ratio(), None);
     }
 }

@@ -278,6 +278,16 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 
+    /// `127.0.0.1:PORT` of every node, comma-separated, in index order: the host list of
+    /// a `redis+cluster://` (or `redisson+cluster://`) URL.
+    pub fn hosts(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     /// URLs of the nodes that currently serve slots, in index order.
     pub fn master_urls(&self) -> Vec<String> {
         self.masters()

@@ -163,8 +163,9 @@ impl AnyLocks {
             "etcd" => Self::etcd(rest, config).await,
             other => Err(LockError::InvalidConfig(format!(
                 "unknown lock store scheme {other:?} in {url:?}; use redis://, rediss://, \
-                 redis+cluster://, rediss+cluster://, redlock://, redlock+tls://, memory://, \
-                 postgres://, mysql://, zk:// or etcd://"
+                 redis+cluster://, rediss+cluster://, redlock://, redlock+tls://, redisson://, \
+                 redisson+tls://, redisson+cluster://, memory://, postgres://, mysql://, zk:// \
+                 or etcd://"
             ))),
         }
     }

@@ -1,8 +1,8 @@
-//! The facades of the stores other than Redis in this crate's layout, each the lock engine over its backend
-//! (one guard type, [`LockGuard<B>`](crate::LockGuard), and the same
-//! [`DistributedLock`](crate::DistributedLock) trait): the in-memory store and Redisson's layout on
-//! Redis (always built), and the database, ZooKeeper and etcd stores behind their cargo features; and
-//! [`AnyLocks`], which picks one from a URL.
+//! The facades of the stores other than Redis in this crate's layout, each the lock
+//! engine over its backend (one guard type, [`LockGuard<B>`](crate::LockGuard), and the
+//! same [`DistributedLock`](crate::DistributedLock) trait): the in-memory store and
+//! Redisson's layout on Redis (always built), and the database, ZooKeeper and etcd
+//! stores behind their cargo features; and [`AnyLocks`], which picks one from a URL.
 
 pub(crate) mod any;
 #[cfg(feature = "etcd")]

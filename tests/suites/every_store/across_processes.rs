@@ -98,10 +98,7 @@ async fn without_the_lock_updates_are_lost() {
 async fn cluster_two_processes_never_overlap() {
     let cluster = RedisCluster::start(3, 0);
     let data = RedisServer::start();
-    let seeds: Vec<String> = (0..cluster.len())
-        .map(|i| format!("127.0.0.1:{}", cluster.node(i).port()))
-        .collect();
-    never_overlap(&format!("redis+cluster://{}", seeds.join(",")), &data, &[]).await;
+    never_overlap(&format!("redis+cluster://{}", cluster.hosts()), &data, &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -153,8 +153,7 @@ async fn redlock_and_cluster_urls_sign_in_on_every_host() {
     g.release().await.unwrap();
 
     let cluster = RedisCluster::start_with_args(3, 0, ACL);
-    let seeds = host_list((0..cluster.len()).map(|i| cluster.node(i).port()));
-    let url = format!("redis+cluster://locker:secret@{seeds}");
+    let url = format!("redis+cluster://locker:secret@{}", cluster.hosts());
     let locks = AnyLocks::open(&url, config()).await.unwrap();
     exclusion("redis+cluster with credentials", Arc::new(locks)).await;
 }

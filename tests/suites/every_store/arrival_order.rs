@@ -2,8 +2,9 @@
 //! whose waiters queue in the server grant any lock so: ZooKeeper (sequential nodes),
 //! etcd (create revisions), PostgreSQL (the lock manager's wait queue) and
 //! MySQL/MariaDB (`GET_LOCK`'s metadata-lock queue); Redis (node and Cluster, in this
-//! crate's layout and in Redisson's) and memory keep a line for fair locks. Each waiter is started only once the store shows
-//! the one before it queued, so the order of arrival is the store's own, not a guess.
+//! crate's layout and in Redisson's) and memory keep a line for fair locks. Each waiter
+//! is started only once the store shows the one before it queued, so the order of
+//! arrival is the store's own, not a guess.
 //!
 //! The line on Redis and memory also lets a waiter go: one that leaves (a timeout, a
 //! cancelled future) gives up its place at once, one that vanished holds the line up
@@ -198,10 +199,7 @@ async fn redis_fair_lock_orders_the_scopes_of_one_client() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_fair_lock_grants_in_arrival_order() {
     let cluster = RedisCluster::start(3, 0);
-    let seeds: Vec<String> = (0..cluster.len())
-        .map(|i| format!("127.0.0.1:{}", cluster.node(i).port()))
-        .collect();
-    let url = format!("redis+cluster://{}", seeds.join(","));
+    let url = format!("redis+cluster://{}", cluster.hosts());
     let open = || lock_core::AnyLocks::open(&url, config());
     let node = cluster.master_for_key("lock:{fifo}:queue");
     let raw = cluster.node(node).connection().await;

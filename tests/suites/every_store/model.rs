@@ -132,10 +132,7 @@ pub(super) async fn redis(batching: bool) -> Backend {
 
 pub(super) async fn cluster() -> Backend {
     let cluster = RedisCluster::start(3, 0);
-    let seeds: Vec<String> = (0..cluster.len())
-        .map(|i| format!("127.0.0.1:{}", cluster.node(i).port()))
-        .collect();
-    let url = format!("redis+cluster://{}", seeds.join(","));
+    let url = format!("redis+cluster://{}", cluster.hosts());
     let locks = open_two(&url, &redis_config(true)).await;
     Backend {
         locks,
@@ -153,11 +150,8 @@ pub(super) async fn cluster() -> Backend {
 pub(super) async fn redisson(cluster: bool) -> Backend {
     let (url, conn, keep): (String, Conn, Box<dyn Any>) = if cluster {
         let cluster = RedisCluster::start(3, 0);
-        let seeds: Vec<String> = (0..cluster.len())
-            .map(|i| format!("127.0.0.1:{}", cluster.node(i).port()))
-            .collect();
         (
-            format!("redisson+cluster://{}", seeds.join(",")),
+            format!("redisson+cluster://{}", cluster.hosts()),
             Conn::Cluster(cluster.connection().await),
             Box::new(cluster),
         )

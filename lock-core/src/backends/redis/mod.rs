@@ -283,6 +283,29 @@ pub(crate) fn held(reply: GrantReply) -> Held {
     }
 }
 
+/// An acquire script's answer, as the engine reads it: `grant` (grant `seq` of `client`,
+/// asked for at `sent` with `lease`) taken, or the lock busy.
+pub(crate) fn taken<G>(
+    reply: AcquireReply,
+    grant: G,
+    client: &Client,
+    seq: u64,
+    sent: Instant,
+    lease: Duration,
+) -> Taken<G> {
+    match reply {
+        AcquireReply::Granted { token } => Taken::Granted {
+            grant,
+            token: token.map(|t| client.id().grant_token(seq, t)),
+            valid: Validity::Until(proven(sent, lease)),
+        },
+        AcquireReply::Busy { pttl_ms } => Taken::Busy {
+            retry_after: Duration::from_millis(pttl_ms),
+            failure: None,
+        },
+    }
+}
+
 /// A fence script's answer, as the engine reads it: a token of grant `seq` of `client`.
 pub(crate) fn fenced(reply: FenceReply, client: &Client, seq: u64) -> Held<FencingToken> {
     match reply {
@@ -320,17 +343,7 @@ impl Seam for RedisBackend {
         } else {
             self.take_value(req, &value, self.linger_ms(wait)).await?
         };
-        Ok(match reply {
-            AcquireReply::Granted { token } => Taken::Granted {
-                grant: value,
-                token: token.map(|t| self.client.id().grant_token(seq, t)),
-                valid: Validity::Until(proven(sent, req.lease)),
-            },
-            AcquireReply::Busy { pttl_ms } => Taken::Busy {
-                retry_after: Duration::from_millis(pttl_ms),
-                failure: None,
-            },
-        })
+        Ok(taken(reply, value, &self.client, seq, sent, req.lease))
     }
 
     async fn give_back(&self, keys: &LockKeys, grant: &String) -> Result<Held, LockError> {

@@ -17,7 +17,7 @@ use std::time::Duration;
 use redis::Value;
 use tokio::time::Instant;
 
-use crate::backends::redis::{fenced, held};
+use crate::backends::redis::{fenced, held, taken};
 use crate::client::Client;
 use crate::client::cleanup::{self, OnDrop};
 use crate::client::config::{LockConfig, proven};
@@ -28,7 +28,7 @@ use crate::client::store::scripts::{
 use crate::client::wait::Listen;
 use crate::error::LockError;
 use crate::lock::Request;
-use crate::lock::seam::{Backend, Capabilities, Held, Seam, Taken, Validity};
+use crate::lock::seam::{Backend, Capabilities, Held, Seam, Taken};
 use crate::metrics::StoreKind;
 use crate::owner::{FencingToken, LockScope, push_decimal, push_hex};
 
@@ -249,17 +249,14 @@ impl Seam for RedissonBackend {
             })
             .await?;
         undo.disarm();
-        Ok(match AcquireReply::decode(reply)? {
-            AcquireReply::Granted { token } => Taken::Granted {
-                token: token.map(|t| self.client.id().grant_token(seq, t)),
-                grant,
-                valid: Validity::Until(proven(sent, req.lease)),
-            },
-            AcquireReply::Busy { pttl_ms } => Taken::Busy {
-                retry_after: Duration::from_millis(pttl_ms),
-                failure: None,
-            },
-        })
+        Ok(taken(
+            AcquireReply::decode(reply)?,
+            grant,
+            &self.client,
+            seq,
+            sent,
+            req.lease,
+        ))
     }
 
     async fn give_back(&self, keys: &LockKeys, grant: &RedissonGrant) -> Result<Held, LockError> {
