@@ -238,7 +238,7 @@ impl LockClient {
     ) -> Result<LockGuard, LockError> {
         let (request, wait) = self.inner.request(&name, options)?;
         let span =
-            wanted(|| tracing::debug_span!("lock.acquire", lock = %request.keys.name, ?wait));
+            wanted(|| tracing::debug_span!("lock.acquire", lock = %request.keys.name(), ?wait));
         in_span(span, self.inner.acquire(&request, wait)).await
     }
 }

@@ -147,7 +147,7 @@ impl IdempotencyStore {
         Ok(IdempotencyKeys {
             record: format!("{}:idempotency", keys.key),
             channel: format!("{}:idempotency-done", keys.key),
-            name: keys.name,
+            name: keys.name().to_owned(),
         })
     }
 

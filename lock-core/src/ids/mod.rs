@@ -145,7 +145,7 @@ impl IdGenerator {
         Ok(Self {
             inner: Arc::new(Gen {
                 client,
-                name: keys.name,
+                name: keys.name().to_owned(),
                 base: keys.key,
                 config,
                 state: Mutex::new(State {

@@ -93,21 +93,21 @@ impl<B: Backend> Core<B> {
         }
         if req.keys.mode.is_read_write() && !B::CAPABILITIES.shared {
             return Err(LockError::Unsupported {
-                key: req.keys.name.clone(),
+                key: req.keys.name().to_owned(),
                 reason: "this store has no read or write holds: take a plain lock, or use \
                          a store with read-write locks (see the README)",
             });
         }
         if req.value.is_some() && !B::CAPABILITIES.values {
             return Err(LockError::Unsupported {
-                key: req.keys.name.clone(),
+                key: req.keys.name().to_owned(),
                 reason: "this store keeps no value beside a hold: leave out \
                          `LockOptions::value`, or use a store that keeps one (etcd)",
             });
         }
         if req.fair && !B::CAPABILITIES.fair(req.keys.mode) {
             return Err(LockError::Unsupported {
-                key: req.keys.name.clone(),
+                key: req.keys.name().to_owned(),
                 reason: "this store keeps no line for this lock: leave out \
                          `LockOptions::fair`, or use a store that grants it in arrival \
                          order (see the README's fair lock section)",
@@ -157,7 +157,7 @@ impl<B: Backend> Core<B> {
             if !matches!(turn, Ok(Ok(_)))
                 && let Err(e) = self.backend.leave(req).await
             {
-                tracing::debug!(lock = %req.keys.name, error = %e, "leaving the line failed; the place lapses");
+                tracing::debug!(lock = %req.keys.name(), error = %e, "leaving the line failed; the place lapses");
             }
             leave.disarm();
         }
@@ -185,7 +185,7 @@ impl<B: Backend> Core<B> {
                 ticket.fulfil(grant.clone());
                 self.schedule(&grant);
                 self.watch_store_loss(&grant);
-                tracing::debug!(lock = %req.keys.name, token = ?g.token, waited = ?started.elapsed(), "lock granted");
+                tracing::debug!(lock = %req.keys.name(), token = ?g.token, waited = ?started.elapsed(), "lock granted");
                 Ok(LockGuard::new(self.clone(), grant, req.watchdog))
             }
             Err(retry_after) => Err(failure
@@ -204,13 +204,13 @@ impl<B: Backend> Core<B> {
     ) -> LockError {
         if wait.is_zero() {
             LockError::Busy {
-                key: req.keys.name.clone(),
+                key: req.keys.name().to_owned(),
                 retry_after,
             }
         } else {
-            tracing::debug!(lock = %req.keys.name, ?wait, "lock wait timed out");
+            tracing::debug!(lock = %req.keys.name(), ?wait, "lock wait timed out");
             LockError::Timeout {
-                key: req.keys.name.clone(),
+                key: req.keys.name().to_owned(),
                 waited: started.elapsed(),
             }
         }
@@ -235,7 +235,7 @@ impl<B: Backend> Core<B> {
                 if matches!(valid, Validity::Until(until) if Instant::now() >= until) {
                     // The reply came after the lease it granted: nothing of it can be
                     // relied on, so give it back now rather than block everyone.
-                    tracing::warn!(lock = %req.keys.name, "grant arrived with no validity left; given back");
+                    tracing::warn!(lock = %req.keys.name(), "grant arrived with no validity left; given back");
                     let undo = OnDrop::new(|| self.give_back_in_background(req, &grant));
                     let result = self.backend.give_back(&req.keys, &grant).await;
                     undo.disarm();
@@ -264,7 +264,7 @@ impl<B: Backend> Core<B> {
     /// Takes a fair waiter out of its line in the background.
     fn leave_in_background(self: &Arc<Self>, req: &Request) {
         let (core, req) = (self.clone(), req.clone());
-        let name = req.keys.name.clone();
+        let name = req.keys.name().to_owned();
         crate::client::cleanup::spawn("leaving a fair lock's line", name, async move {
             core.backend.leave(&req).await
         });
@@ -273,7 +273,7 @@ impl<B: Backend> Core<B> {
     /// Gives back a grant nobody holds (an interrupted undo) in the background.
     fn give_back_in_background(self: &Arc<Self>, req: &Request, grant: &B::Grant) {
         let (core, keys, grant) = (self.clone(), req.keys.clone(), grant.clone());
-        crate::client::cleanup::spawn("undoing a late grant", keys.name.clone(), async move {
+        crate::client::cleanup::spawn("undoing a late grant", keys.name().to_owned(), async move {
             core.backend.give_back(&keys, &grant).await.map(|_| ())
         });
     }
@@ -305,7 +305,7 @@ impl<B: Backend> Core<B> {
                 self.extend_grant(&grant, req.lease).await?;
             }
         }
-        tracing::debug!(lock = %req.keys.name, "lock re-entered");
+        tracing::debug!(lock = %req.keys.name(), "lock re-entered");
         Ok(guard)
     }
 }

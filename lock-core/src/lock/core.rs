@@ -114,7 +114,7 @@ impl<B: Seam> Core<B> {
         if lost.is_none() {
             self.registry.released(&grant.keys);
         }
-        let name = &grant.keys.name;
+        let name = &grant.keys.name();
         let result = match (reply, lost) {
             (Err(e), _) => Err(e),
             (Ok(Ok(())), None) => {
@@ -142,9 +142,11 @@ impl<B: Seam> Core<B> {
             return;
         }
         let (core, grant) = (self.clone(), grant.clone());
-        cleanup::spawn("background release", grant.keys.name.clone(), async move {
-            core.release_last(&grant, lost, true).await.map(|_| ())
-        });
+        cleanup::spawn(
+            "background release",
+            grant.keys.name().to_owned(),
+            async move { core.release_last(&grant, lost, true).await.map(|_| ()) },
+        );
     }
 
     /// Lets `grant` (its last hold given up) run out on its own: no release, no
@@ -159,7 +161,7 @@ impl<B: Seam> Core<B> {
         let (backend, grant) = (self.backend.clone(), grant.clone());
         cleanup::spawn(
             "giving back a session lock",
-            grant.keys.name.clone(),
+            grant.keys.name().to_owned(),
             async move {
                 backend
                     .give_back(&grant.keys, &grant.record)
@@ -174,12 +176,12 @@ impl<B: Seam> Core<B> {
     pub(crate) async fn fence(&self, grant: &Arc<Grant<B>>) -> Result<FencingToken, LockError> {
         if !grant.keys.mode.is_fenced() {
             return Err(LockError::NoFencingToken {
-                key: grant.keys.name.clone(),
+                key: grant.keys.name().to_owned(),
                 reason: "a read hold has no fencing token: readers write nothing",
             });
         }
         if let Some(loss) = grant.state().lost {
-            return Err(loss.error(&grant.keys.name));
+            return Err(loss.error(&grant.keys.name()));
         }
         match self
             .backend
@@ -199,7 +201,7 @@ impl<B: Seam> Core<B> {
         grant: &Arc<Grant<B>>,
         lease: Duration,
     ) -> Result<(), LockError> {
-        let name = &grant.keys.name;
+        let name = &grant.keys.name();
         if let Some(loss) = grant.state().lost {
             return Err(loss.error(name));
         }
@@ -224,7 +226,7 @@ impl<B: Seam> Core<B> {
     /// Marks `grant` lost for `loss` and returns the matching error.
     fn lose(&self, grant: &Arc<Grant<B>>, loss: Loss) -> LockError {
         self.registry.lose(grant, loss);
-        loss.error(&grant.keys.name)
+        loss.error(&grant.keys.name())
     }
 }
 

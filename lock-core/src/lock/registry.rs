@@ -95,7 +95,7 @@ pub(crate) struct GrantState {
 impl<B: Seam> std::fmt::Debug for Grant<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Grant")
-            .field("lock", &self.keys.name)
+            .field("lock", &self.keys.name())
             .field("scope", &self.scope)
             .field("seq", &self.seq)
             .finish_non_exhaustive()
@@ -401,10 +401,10 @@ impl<B: Seam> Registry<B> {
         };
         holds(other).then(|| match other {
             LockMode::Read => LockError::Upgrade {
-                key: keys.name.clone(),
+                key: keys.name().to_owned(),
             },
             _ => LockError::Unsupported {
-                key: keys.name.clone(),
+                key: keys.name().to_owned(),
                 reason: "this store cannot give a read hold to the scope holding the write hold",
             },
         })

@@ -326,7 +326,7 @@ pub(crate) trait Seam: Send + Sync + Sized + 'static {
         _seq: u64,
     ) -> impl Future<Output = Result<Held<FencingToken>, LockError>> + Send {
         std::future::ready(Err(LockError::NoFencingToken {
-            key: keys.name.clone(),
+            key: keys.name().to_owned(),
             reason: "this store gives a grant its token when it grants it",
         }))
     }

@@ -162,7 +162,7 @@ impl<B: Seam> Shared<B> {
                 st.queued = None;
                 drop(st);
                 if self.registry.lose(&grant, Loss::Expired) {
-                    tracing::warn!(lock = %grant.keys.name, "lock lost: its lease ran out before a renewal confirmed more");
+                    tracing::warn!(lock = %grant.keys.name(), "lock lost: its lease ran out before a renewal confirmed more");
                 }
                 continue;
             }
@@ -291,13 +291,13 @@ impl<B: Seam> Shared<B> {
                         Err(Loss::TakenOver) => {
                             grant.state().renewing = false;
                             if self.registry.lose(grant, Loss::TakenOver) {
-                                tracing::warn!(lock = %grant.keys.name, "lock lost: taken over by another owner");
+                                tracing::warn!(lock = %grant.keys.name(), "lock lost: taken over by another owner");
                             }
                         }
                         Err(Loss::Expired) => {
                             grant.state().renewing = false;
                             if self.registry.lose(grant, Loss::Expired) {
-                                tracing::warn!(lock = %grant.keys.name, "lock lost: it expired before renewal");
+                                tracing::warn!(lock = %grant.keys.name(), "lock lost: it expired before renewal");
                             }
                         }
                     }

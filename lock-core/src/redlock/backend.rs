@@ -117,7 +117,7 @@ impl RedlockBackend {
     /// The keys of the lock `name` (escaped) on node `i` (each node has its namespace).
     fn node_keys(&self, i: usize, name: &str) -> LockKeys {
         let namespace = &self.nodes[i].client().config().namespace;
-        key::escaped_lock_keys(namespace, name.to_owned())
+        key::escaped_lock_keys(namespace, name)
     }
 
     /// Gives back `copies` (node, keys, value) at once; answers as soon as the
@@ -215,7 +215,7 @@ impl Seam for RedlockBackend {
         wait: Duration,
     ) -> Result<Taken<Self::Grant>, LockError> {
         let started = Instant::now();
-        let name = &req.keys.name;
+        let name = req.keys.name();
         let requests: Vec<Request> = (0..self.nodes.len())
             .map(|i| Request {
                 keys: Arc::new(self.node_keys(i, name)),
@@ -297,12 +297,12 @@ impl Seam for RedlockBackend {
         tracing::debug!(lock = %name, granted, needed = self.quorum(), busy, ?elapsed, "redlock attempt failed");
         let failure = match verdict {
             Acquired::TooLate => Some(LockError::ValidityExhausted {
-                key: name.clone(),
+                key: name.to_owned(),
                 elapsed,
                 lease,
             }),
             Acquired::NoQuorum | Acquired::Granted { .. } => Some(LockError::NoQuorum {
-                key: name.clone(),
+                key: name.to_owned(),
                 op: "acquire",
                 granted,
                 needed: self.quorum(),
@@ -334,7 +334,7 @@ impl Seam for RedlockBackend {
             Some(ReleaseVerdict::NotOwner) => Ok(Err(Loss::TakenOver)),
             Some(ReleaseVerdict::Expired) => Ok(Err(Loss::Expired)),
             Some(ReleaseVerdict::NoQuorum) | None => Err(LockError::NoQuorum {
-                key: keys.name.clone(),
+                key: keys.name().to_owned(),
                 op: "release",
                 granted: tally.unlocked,
                 needed: self.quorum(),
@@ -370,7 +370,7 @@ impl Seam for RedlockBackend {
                 }
                 Ok((i, Ok(Err(loss)))) => {
                     grant.answered(i, None);
-                    cause.get_or_insert_with(|| loss.error(&keys.name).to_string());
+                    cause.get_or_insert_with(|| loss.error(&keys.name()).to_string());
                 }
                 Ok((_, Err(e))) => {
                     cause.get_or_insert_with(|| e.to_string());
@@ -384,7 +384,7 @@ impl Seam for RedlockBackend {
             return Ok(Ok(proven(started, lease)));
         }
         Err(LockError::NoQuorum {
-            key: keys.name.clone(),
+            key: keys.name().to_owned(),
             op: "extend",
             granted: ok,
             needed: self.quorum(),
@@ -474,7 +474,7 @@ impl Seam for RedlockBackend {
         match grant.nodes.first().and_then(Option::as_ref) {
             Some(c) => self.nodes[0].fence(&c.keys, &c.value, seq).await,
             None => Err(LockError::NoFencingToken {
-                key: keys.name.clone(),
+                key: keys.name().to_owned(),
                 reason: "the first node, whose counter gives a Redlock's tokens, did not grant it",
             }),
         }
@@ -491,6 +491,6 @@ impl Seam for RedlockBackend {
             .answered
             .load(Ordering::Relaxed)
             .min(self.nodes.len() - 1);
-        self.node_keys(i, &req.keys.name).channel()
+        self.node_keys(i, &req.keys.name()).channel()
     }
 }

@@ -176,7 +176,7 @@ impl Semaphore {
                 client,
                 key: format!("{}:semaphore", keys.key),
                 channel: format!("{}:semaphore-released", keys.key),
-                name: keys.name,
+                name: keys.name().to_owned(),
                 limit: permits,
             }),
         })

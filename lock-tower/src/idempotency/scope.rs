@@ -179,7 +179,12 @@ mod tests {
             "credentials must not be stored"
         );
 
-        let name = |s: &Scope| lock_core::key::lock_keys("ns", ":", s).unwrap().name;
+        let name = |s: &Scope| {
+            lock_core::key::lock_keys("ns", ":", s)
+                .unwrap()
+                .name()
+                .to_owned()
+        };
         let post = Method::POST;
         let anon = name(&Scope::new(&post, "/pay", None, "k".into()));
         let named = name(&Scope::new(

@@ -243,7 +243,7 @@ impl RedisBackend {
     /// Gives back the grant `value` of `keys` in the background.
     fn give_back_in_background(&self, keys: &Arc<LockKeys>, value: &str) {
         let (backend, keys, value) = (self.clone(), keys.clone(), value.to_owned());
-        let name = keys.name.clone();
+        let name = keys.name().to_owned();
         cleanup::spawn("undoing an unfinished acquisition", name, async move {
             give_back_patiently(&backend, &keys, &value)
                 .await

@@ -210,32 +210,42 @@ tuple_lock_name!(A, B, C, D, E);
 tuple_lock_name!(A, B, C, D, E, F);
 
 /// Collects the escaped parts of a [`LockName`]; handed to [`LockName::write_parts`].
+///
+/// Parts are written straight after what precedes the name (the namespace, when
+/// building a lock's key), so a name costs one buffer, not one per part.
 #[derive(Debug)]
 pub struct NameWriter<'a> {
     delimiter: &'a str,
     out: String,
-    scratch: String,
     parts: usize,
     empty_part: Option<usize>,
+    /// A part's `write_part` removed text written before it.
+    mangled: bool,
 }
 
 impl NameWriter<'_> {
     /// Appends one part (escaped) to the name.
     pub fn part<P: KeyPart + ?Sized>(&mut self, part: &P) {
-        self.scratch.clear();
-        part.write_part(&mut self.scratch);
-        if self.scratch.is_empty() && self.empty_part.is_none() {
-            self.empty_part = Some(self.parts);
-        }
         if self.parts > 0 {
             self.out.push_str(self.delimiter);
         }
         self.parts += 1;
-        if !self.needs_escaping() {
-            self.out.push_str(&self.scratch);
+        let at = self.out.len();
+        part.write_part(&mut self.out);
+        if self.out.len() < at || !self.out.is_char_boundary(at) {
+            // Only this part's own text may change; what came before is not its own.
+            self.mangled = true;
+            self.out.clear();
             return;
         }
-        for c in self.scratch.chars() {
+        if self.out.len() == at && self.empty_part.is_none() {
+            self.empty_part = Some(self.parts - 1);
+        }
+        if !needs_escaping(self.delimiter, &self.out.as_bytes()[at..]) {
+            return;
+        }
+        let raw = self.out.split_off(at);
+        for c in raw.chars() {
             if c == '%' || c == '{' || c == '}' || self.delimiter.contains(c) {
                 let mut buf = [0u8; 4];
                 for b in c.encode_utf8(&mut buf).bytes() {
@@ -248,37 +258,53 @@ impl NameWriter<'_> {
     }
 }
 
-impl NameWriter<'_> {
-    /// Whether the part in `scratch` has a character to escape; a byte test when the
-    /// delimiter is ASCII (a multi-byte character's bytes are never ASCII).
-    fn needs_escaping(&self) -> bool {
-        let bytes = self.scratch.bytes();
-        match self.delimiter.as_bytes() {
-            // The usual one-character delimiter: one comparison more per byte.
-            &[d] if d.is_ascii() => bytes
-                .into_iter()
-                .any(|b| matches!(b, b'%' | b'{' | b'}') || b == d),
-            d if self.delimiter.is_ascii() => bytes
-                .into_iter()
-                .any(|b| matches!(b, b'%' | b'{' | b'}') || d.contains(&b)),
-            _ => true,
-        }
+/// Bytes that are escaped in a part whatever the delimiter.
+const ALWAYS_ESCAPED: [bool; 256] = {
+    let mut t = [false; 256];
+    t[b'%' as usize] = true;
+    t[b'{' as usize] = true;
+    t[b'}' as usize] = true;
+    t
+};
+
+/// Whether `part` has a character to escape; a byte test when the delimiter is ASCII
+/// (a multi-byte character's bytes are never ASCII).
+fn needs_escaping(delimiter: &str, part: &[u8]) -> bool {
+    match delimiter.as_bytes() {
+        // The usual one-character delimiter: one comparison more per byte.
+        &[d] if d.is_ascii() => part
+            .iter()
+            .any(|&b| ALWAYS_ESCAPED[usize::from(b)] || b == d),
+        d if delimiter.is_ascii() => part
+            .iter()
+            .any(|&b| ALWAYS_ESCAPED[usize::from(b)] || d.contains(&b)),
+        _ => true,
     }
 }
 
 /// The Redis keys and channel of one lock, all in one hash slot.
 ///
-/// Only the name and the lock key are built up front: an uncontended acquisition
-/// needs nothing else. The others derive from the key on demand.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// Only the lock key is built up front, with the name inside it: an uncontended
+/// acquisition needs nothing else. The others derive from the key on demand.
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct LockKeys {
-    /// The escaped, joined name (what error messages show).
-    pub name: String,
     /// The lock itself: a string holding the current grant's value, with the lease as
     /// its expiry (for a read or write hold, the read-write lock's hash of holders).
     pub key: String,
+    /// Where the escaped, joined name sits in `key`.
+    name_at: (u32, u32),
     /// The kind of hold these keys are for.
     pub(crate) mode: LockMode,
+}
+
+impl std::fmt::Debug for LockKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockKeys")
+            .field("name", &self.name())
+            .field("key", &self.key)
+            .field("mode", &self.mode)
+            .finish()
+    }
 }
 
 /// The kind of hold an acquisition takes ([`LockOptions::read`](crate::LockOptions::read),
@@ -315,6 +341,13 @@ impl LockMode {
 pub(crate) const READ_WRITE: &str = ":rw";
 
 impl LockKeys {
+    /// The escaped, joined name (what error messages show).
+    pub fn name(&self) -> &str {
+        let (from, to) = self.name_at;
+        // Empty only if `key` was changed by hand since it was built.
+        self.key.get(from as usize..to as usize).unwrap_or_default()
+    }
+
     /// The fencing counter of the lock's hash slot (shared with the other locks of
     /// that slot).
     pub fn fence(&self) -> String {
@@ -391,19 +424,32 @@ pub fn lock_keys<N: LockName + ?Sized>(
     delimiter: &str,
     name: &N,
 ) -> Result<LockKeys, LockError> {
-    Ok(escaped_lock_keys(namespace, escaped_name(delimiter, name)?))
+    let mut key = String::with_capacity(namespace.len() + 64);
+    key.push_str(namespace);
+    key.push_str(":{");
+    let start = key.len();
+    let mut key = write_name(delimiter, name, key)?;
+    let end = key.len();
+    key.push('}');
+    Ok(LockKeys {
+        key,
+        name_at: (start as u32, end as u32),
+        mode: LockMode::Exclusive,
+    })
 }
 
 /// The keys of the lock whose name is `name`, already escaped, under `namespace`.
-pub(crate) fn escaped_lock_keys(namespace: &str, name: String) -> LockKeys {
+pub(crate) fn escaped_lock_keys(namespace: &str, name: &str) -> LockKeys {
     let mut key = String::with_capacity(namespace.len() + name.len() + 3);
     key.push_str(namespace);
     key.push_str(":{");
-    key.push_str(&name);
+    let start = key.len();
+    key.push_str(name);
+    let end = key.len();
     key.push('}');
     LockKeys {
         key,
-        name,
+        name_at: (start as u32, end as u32),
         mode: LockMode::Exclusive,
     }
 }
@@ -467,19 +513,46 @@ pub(crate) fn fenced_keys<N: LockName + ?Sized>(
     ))
 }
 
+/// The escaped, joined parts of `name` alone (a store whose layout is not Redis's).
+#[cfg_attr(
+    not(any(
+        test,
+        feature = "postgres",
+        feature = "mysql",
+        feature = "zookeeper",
+        feature = "etcd"
+    )),
+    allow(dead_code)
+)]
 pub(crate) fn escaped_name<N: LockName + ?Sized>(
     delimiter: &str,
     name: &N,
 ) -> Result<String, LockError> {
-    // Sized for common names, so neither grows while the parts are written.
+    write_name(delimiter, name, String::with_capacity(48))
+}
+
+/// `out` followed by the escaped, joined parts of `name`, checked.
+fn write_name<N: LockName + ?Sized>(
+    delimiter: &str,
+    name: &N,
+    out: String,
+) -> Result<String, LockError> {
+    let start = out.len();
     let mut w = NameWriter {
         delimiter,
-        out: String::with_capacity(48),
-        scratch: String::with_capacity(32),
+        out,
         parts: 0,
         empty_part: None,
+        mangled: false,
     };
     name.write_parts(&mut w);
+    if w.mangled {
+        return Err(LockError::InvalidKey(
+            "a part of the lock name removed text before it: `KeyPart::write_part` may \
+             only append to the string it is given"
+                .into(),
+        ));
+    }
     if w.parts == 0 {
         return Err(LockError::InvalidKey(
             "a lock name needs at least one part".into(),
@@ -491,10 +564,10 @@ pub(crate) fn escaped_name<N: LockName + ?Sized>(
             i + 1
         )));
     }
-    if w.out.len() > MAX_NAME_LEN {
+    let len = w.out.len() - start;
+    if len > MAX_NAME_LEN {
         return Err(LockError::InvalidKey(format!(
-            "the lock name is {} bytes long after escaping; at most {MAX_NAME_LEN} are allowed",
-            w.out.len()
+            "the lock name is {len} bytes long after escaping; at most {MAX_NAME_LEN} are allowed"
         )));
     }
     Ok(w.out)
@@ -575,7 +648,7 @@ mod tests {
     fn layout_shares_one_hash_tag() {
         let k = keys(&("order", 42_u64));
         assert_eq!(k.key, "lock:{order:42}");
-        assert_eq!(k.name, "order:42");
+        assert_eq!(k.name(), "order:42");
         assert_eq!(k.waiters(), "lock:{order:42}:waiters");
         assert!(k.fence().starts_with("lock:fence:{"), "{}", k.fence());
         assert_eq!(k.channel(), "lock:{order:42}:released");
@@ -679,6 +752,48 @@ mod tests {
         for bad in ["", "{", "%", "123456789"] {
             assert!(validate_delimiter(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_part_that_removes_text_before_it_is_an_error_not_a_panic() {
+        struct Eraser(usize);
+        impl KeyPart for Eraser {
+            fn write_part(&self, out: &mut String) {
+                out.truncate(out.len().saturating_sub(self.0));
+                out.push('é');
+            }
+        }
+        for erase in [1, 3, 100] {
+            let e = lock_keys("lock", ":", &("a", Eraser(erase))).unwrap_err();
+            assert!(e.is_invalid_input(), "{e}");
+            assert!(e.to_string().contains("only append"), "{e}");
+        }
+        // A character written over where the part began, longer than what it replaced.
+        struct Straddler;
+        impl KeyPart for Straddler {
+            fn write_part(&self, out: &mut String) {
+                out.pop();
+                out.push_str("éx");
+            }
+        }
+        let e = lock_keys("lock", ":", &("a", Straddler)).unwrap_err();
+        assert!(e.is_invalid_input(), "{e}");
+        // Appending only is fine, escaped like any part.
+        assert_eq!(keys(&("a", Eraser(0))).key, "lock:{a:é}");
+    }
+
+    #[test]
+    fn the_name_is_read_out_of_the_key_for_every_mode() {
+        let k = keys(&("order", "a:b"));
+        assert_eq!(k.name(), "order:a%3Ab");
+        let rw = k.clone().with_mode(LockMode::Write);
+        assert_eq!(rw.key, "lock:{order:a%3Ab}:rw");
+        assert_eq!(rw.name(), "order:a%3Ab");
+        let node = escaped_lock_keys("other", k.name());
+        assert_eq!(node.key, "other:{order:a%3Ab}");
+        assert_eq!(node.name(), k.name());
+        let debug = format!("{k:?}");
+        assert!(debug.contains(r#"name: "order:a%3Ab""#), "{debug}");
     }
 
     #[test]

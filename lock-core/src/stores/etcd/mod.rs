@@ -434,7 +434,7 @@ impl Seam for EtcdBackend {
         wait: Duration,
     ) -> Result<Taken<Self::Grant>, LockError> {
         let value = req.value.as_deref().unwrap_or_default();
-        let contender = (req.keys.name.as_str(), req.keys.mode, seq);
+        let contender = (req.keys.name(), req.keys.mode, seq);
         Ok(match self.contend(contender, value, wait).await? {
             Some(hold) => Taken::Granted {
                 token: Some(token(hold.token)),

@@ -316,16 +316,18 @@ impl Seam for ZkBackend {
         _seq: u64,
         wait: Duration,
     ) -> Result<Taken<Self::Grant>, LockError> {
-        let dir = lock_path(&self.config.namespace, &req.keys.name);
+        let dir = lock_path(&self.config.namespace, &req.keys.name());
         let mode = req.keys.mode;
-        Ok(match self.queue(&req.keys.name, (dir, mode), wait).await? {
-            Some(hold) => Taken::Granted {
-                token: Some(FencingToken::new(hold.token(), hold.token())),
-                grant: Arc::new(hold),
-                valid: Validity::Kept,
+        Ok(
+            match self.queue(&req.keys.name(), (dir, mode), wait).await? {
+                Some(hold) => Taken::Granted {
+                    token: Some(FencingToken::new(hold.token(), hold.token())),
+                    grant: Arc::new(hold),
+                    valid: Validity::Kept,
+                },
+                None => Taken::busy_without_lease(&self.config),
             },
-            None => Taken::busy_without_lease(&self.config),
-        })
+        )
     }
 
     async fn give_back(&self, _keys: &LockKeys, grant: &Self::Grant) -> Result<Held, LockError> {
