@@ -56,7 +56,7 @@ impl std::fmt::Debug for Client {
 
 impl Client {
     fn new(
-        store: impl Store,
+        store: Store,
         pubsub: Vec<redis::Client>,
         config: LockConfig,
         kind: StoreKind,
@@ -134,7 +134,7 @@ impl Client {
             let made = ConnectionManager::new_lazy_with_config(opener.clone(), settings.clone());
             Box::pin(std::future::ready(made))
         });
-        let store = RedisStore::new(manager, Some(remake));
+        let store = Store::Node(RedisStore::new(manager, Some(remake)));
         Self::new(store, vec![client], config, StoreKind::Redis)
     }
 
@@ -144,7 +144,7 @@ impl Client {
         pubsub: Option<redis::Client>,
         config: LockConfig,
     ) -> Result<Self, LockError> {
-        let store = RedisStore::new(manager, None);
+        let store = Store::Node(RedisStore::new(manager, None));
         Self::new(
             store,
             pubsub.into_iter().collect(),
@@ -189,7 +189,7 @@ impl Client {
             Box::pin(async move { cluster.get_async_connection().await })
         });
         Self::new(
-            RedisStore::new(conn, Some(remake)),
+            Store::Cluster(RedisStore::new(conn, Some(remake))),
             pubsub,
             config,
             StoreKind::RedisCluster,
@@ -203,7 +203,7 @@ impl Client {
         config: LockConfig,
     ) -> Result<Self, LockError> {
         Self::new(
-            RedisStore::new(conn, None),
+            Store::Cluster(RedisStore::new(conn, None)),
             pubsub,
             config,
             StoreKind::RedisCluster,

@@ -371,7 +371,8 @@ where
             match listen() {
                 Some(Listen::Hub(hub, channel)) => {
                     tracing::trace!(channel, "waiting for a release message");
-                    subscription = Some(hub.subscribe(channel, deadline - now).await);
+                    // Boxed: only a busy lock subscribes.
+                    subscription = Some(Box::pin(hub.subscribe(channel, deadline - now)).await);
                     continue;
                 }
                 Some(Listen::Local(notify)) => {

@@ -120,7 +120,9 @@ impl<B: Backend> Core<B> {
                 Enter::Refused(why) => return Err(why),
                 Enter::Reentered(grant) => {
                     *reentered = true;
-                    return self.reentered(grant, req).await;
+                    // Boxed, as the line's leaving below: a fresh grant's future stays
+                    // the size of its own path.
+                    return Box::pin(self.reentered(grant, req)).await;
                 }
                 Enter::Acquire(ticket) => break ticket,
                 Enter::Wait { ready, own_release } => {
@@ -155,7 +157,7 @@ impl<B: Backend> Core<B> {
         .await;
         if let Some(leave) = leave {
             if !matches!(turn, Ok(Ok(_)))
-                && let Err(e) = self.backend.leave(req).await
+                && let Err(e) = Box::pin(self.backend.leave(req)).await
             {
                 tracing::debug!(lock = %req.keys.name(), error = %e, "leaving the line failed; the place lapses");
             }
@@ -237,7 +239,7 @@ impl<B: Backend> Core<B> {
                     // relied on, so give it back now rather than block everyone.
                     tracing::warn!(lock = %req.keys.name(), "grant arrived with no validity left; given back");
                     let undo = OnDrop::new(|| self.give_back_in_background(req, &grant));
-                    let result = self.backend.give_back(&req.keys, &grant).await;
+                    let result = Box::pin(self.backend.give_back(&req.keys, &grant)).await;
                     undo.disarm();
                     // Lost in the meantime or not, it is not ours any more.
                     let _ = result?;

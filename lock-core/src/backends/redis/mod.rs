@@ -91,11 +91,22 @@ impl RedisBackend {
         value: &str,
         linger: u64,
     ) -> Result<AcquireReply, LockError> {
-        let keys = &req.keys;
-        let undo = || OnDrop::new(|| self.give_back_in_background(keys, value));
         if !req.fenced && self.plain_set(req, value).await? {
             return Ok(AcquireReply::Granted { token: None });
         }
+        // Boxed: every acquisition's future stays the size of the SET's.
+        Box::pin(self.take_by_acquire(req, value, linger)).await
+    }
+
+    /// The acquire script's part of [`take_value`](Self::take_value).
+    async fn take_by_acquire(
+        &self,
+        req: &Request,
+        value: &str,
+        linger: u64,
+    ) -> Result<AcquireReply, LockError> {
+        let keys = &req.keys;
+        let undo = || OnDrop::new(|| self.give_back_in_background(keys, value));
         let entry = |e: Entry| {
             e.key(&keys.key)
                 .key(&keys.fence())

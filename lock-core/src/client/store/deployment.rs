@@ -14,12 +14,62 @@ use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisResult, ScriptInvocation, Value};
 
 use super::key::cluster_slot;
-use super::{Replies, Reply, Store};
 use crate::client::homed::{Homed, Make};
 
-/// A redis-rs connection as a [`Store`].
+/// A redis-rs connection, made again when its runtime ends.
 pub(crate) struct RedisStore<C> {
     conn: Homed<C>,
+}
+
+/// A Redis deployment: what the rest of the crate needs from one is to run a command
+/// (a script call is an `EVALSHA`/`EVAL` command), a pipeline of plain commands, or a
+/// script invocation, and to say which keys may share one script call ([`group`]).
+///
+/// An enum, not a trait object: a call on one node, the common case, is awaited in
+/// place, with no boxed future per call.
+///
+/// [`group`]: Store::group
+pub(crate) enum Store {
+    Node(RedisStore<ConnectionManager>),
+    Cluster(RedisStore<ClusterConnection>),
+}
+
+impl Store {
+    /// Runs one command.
+    pub(crate) async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            Self::Node(node) => node.query(cmd).await,
+            Self::Cluster(cluster) => Box::pin(cluster.query(cmd)).await,
+        }
+    }
+
+    /// Runs the commands of `pipe` (not a transaction; every key in one [`group`]) in
+    /// one write: each command's own reply or error, or an error of the whole call.
+    ///
+    /// [`group`]: Store::group
+    pub(crate) async fn pipeline(&self, pipe: &Pipeline) -> RedisResult<Vec<RedisResult<Value>>> {
+        match self {
+            Self::Node(node) => node.pipeline(pipe).await,
+            Self::Cluster(cluster) => Box::pin(cluster.pipeline(pipe)).await,
+        }
+    }
+
+    /// Runs a script invocation (EVALSHA, loading the script on NOSCRIPT).
+    pub(crate) async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<Value> {
+        match self {
+            Self::Node(node) => node.invoke(invocation).await,
+            Self::Cluster(cluster) => Box::pin(cluster.invoke(invocation)).await,
+        }
+    }
+
+    /// Which keys may go into one multi-key script call: the key's hash slot on a
+    /// Cluster, the same group for every key on one node.
+    pub(crate) fn group(&self, key: &str) -> u16 {
+        match self {
+            Self::Node(_) => 0,
+            Self::Cluster(_) => cluster_slot(key),
+        }
+    }
 }
 
 impl<C: Clone + Send + Sync + 'static> RedisStore<C> {
@@ -32,30 +82,26 @@ impl<C: Clone + Send + Sync + 'static> RedisStore<C> {
     }
 }
 
-impl Store for RedisStore<ConnectionManager> {
-    fn query<'a>(&'a self, cmd: &'a Cmd) -> Reply<'a> {
-        Box::pin(
-            self.conn
-                .call(move |mut c| async move { cmd.query_async(&mut c).await }),
-        )
+impl RedisStore<ConnectionManager> {
+    async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
+        self.conn
+            .call(move |mut c| async move { cmd.query_async(&mut c).await })
+            .await
     }
 
-    fn pipeline<'a>(&'a self, pipe: &'a Pipeline) -> Replies<'a> {
-        Box::pin(self.conn.call(move |mut c| async move {
-            let replies = c.req_packed_commands(pipe, 0, pipe.len()).await?;
-            Ok(replies.into_iter().map(own_reply).collect())
-        }))
+    async fn pipeline(&self, pipe: &Pipeline) -> RedisResult<Vec<RedisResult<Value>>> {
+        self.conn
+            .call(move |mut c| async move {
+                let replies = c.req_packed_commands(pipe, 0, pipe.len()).await?;
+                Ok(replies.into_iter().map(own_reply).collect())
+            })
+            .await
     }
 
-    fn invoke<'a>(&'a self, invocation: &'a ScriptInvocation<'a>) -> Reply<'a> {
-        Box::pin(
-            self.conn
-                .call(move |mut c| async move { invocation.invoke_async(&mut c).await }),
-        )
-    }
-
-    fn group(&self, _key: &str) -> u16 {
-        0
+    async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<Value> {
+        self.conn
+            .call(move |mut c| async move { invocation.invoke_async(&mut c).await })
+            .await
     }
 }
 
@@ -126,9 +172,9 @@ where
     }
 }
 
-impl Store for RedisStore<ClusterConnection> {
-    fn query<'a>(&'a self, cmd: &'a Cmd) -> Reply<'a> {
-        Box::pin(resend_refused(move |ask| {
+impl RedisStore<ClusterConnection> {
+    async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
+        resend_refused(move |ask| {
             self.conn.call(move |mut c| async move {
                 match ask {
                     None => cmd.query_async(&mut c).await,
@@ -143,41 +189,36 @@ impl Store for RedisStore<ClusterConnection> {
                     }
                 }
             })
-        }))
+        })
+        .await
     }
 
-    fn pipeline<'a>(&'a self, pipe: &'a Pipeline) -> Replies<'a> {
+    async fn pipeline(&self, pipe: &Pipeline) -> RedisResult<Vec<RedisResult<Value>>> {
         // Every command is on one slot, so the pipeline goes to one node. The node
         // answers each command for itself: one it refused (the slot moved or is
         // moving) is sent again alone, following the redirection; the others ran once.
-        Box::pin(async move {
-            let replies = resend_refused(|_ask| {
-                self.conn.call(move |mut c| async move {
-                    c.req_packed_commands(pipe, 0, pipe.len()).await
-                })
-            })
-            .await?;
-            let mut out = Vec::with_capacity(replies.len());
-            for (cmd, reply) in pipe.cmd_iter().zip(replies) {
-                out.push(match own_reply(reply) {
-                    Err(e) if never_ran(&e) => self.query(cmd).await,
-                    other => other,
-                });
-            }
-            Ok(out)
+        let replies = resend_refused(|_ask| {
+            self.conn
+                .call(move |mut c| async move { c.req_packed_commands(pipe, 0, pipe.len()).await })
         })
+        .await?;
+        let mut out = Vec::with_capacity(replies.len());
+        for (cmd, reply) in pipe.cmd_iter().zip(replies) {
+            out.push(match own_reply(reply) {
+                Err(e) if never_ran(&e) => self.query(cmd).await,
+                other => other,
+            });
+        }
+        Ok(out)
     }
 
-    fn invoke<'a>(&'a self, invocation: &'a ScriptInvocation<'a>) -> Reply<'a> {
+    async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<Value> {
         // A script call cannot be redirected by hand (redis-rs keeps its EVAL form to
         // itself): during a slot migration it is sent again until the slot has moved.
-        Box::pin(resend_refused(move |_ask| {
+        resend_refused(move |_ask| {
             self.conn
                 .call(move |mut c| async move { invocation.invoke_async(&mut c).await })
-        }))
-    }
-
-    fn group(&self, key: &str) -> u16 {
-        cluster_slot(key)
+        })
+        .await
     }
 }

@@ -1,12 +1,12 @@
 //! The seam to a Redis deployment: the one place that talks to Redis.
 //!
 //! [`Store`] is what the rest of the crate needs from a deployment: run a script, run a
-//! plain command, run a pipeline of plain commands, and say which keys may share one script call (one hash slot on a
-//! Cluster, anything on one node). [`RedisStore`] implements it for one node (a
-//! reconnecting `ConnectionManager`) and for a Redis Cluster (redis-rs
-//! `cluster-async`), each made again when the runtime it was made on ends. [`Conn`] wraps a store with
-//! the per-call time limit and typed replies; the watchdog's batching, the waiting loop
-//! and the Redlock fan-out are written once against it.
+//! plain command, run a pipeline of plain commands, and say which keys may share one
+//! script call (one hash slot on a Cluster, anything on one node). It is one node (a
+//! reconnecting `ConnectionManager`) or a Redis Cluster (redis-rs `cluster-async`),
+//! each a [`RedisStore`], made again when the runtime it was made on ends. [`Conn`]
+//! wraps a store with the per-call time limit and typed replies; the watchdog's
+//! batching, the waiting loop and the Redlock fan-out are written once against it.
 
 pub(crate) mod batch;
 mod deployment;
@@ -16,7 +16,6 @@ pub(crate) mod scripts;
 pub(crate) mod version;
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,35 +23,12 @@ use redis::{Cmd, FromRedisValue, Pipeline, RedisResult, ScriptInvocation, Value}
 
 use crate::error::LockError;
 
-pub(crate) use deployment::RedisStore;
-
-/// A boxed reply future (the seam is object-safe).
-pub(crate) type Reply<'a> = Pin<Box<dyn Future<Output = RedisResult<Value>> + Send + 'a>>;
-
-/// A boxed pipeline reply: one reply or error per command, in order.
-pub(crate) type Replies<'a> =
-    Pin<Box<dyn Future<Output = RedisResult<Vec<RedisResult<Value>>>> + Send + 'a>>;
-
-/// A Redis deployment.
-pub(crate) trait Store: Send + Sync + 'static {
-    /// Runs one command (a script call is an `EVALSHA`/`EVAL` command).
-    fn query<'a>(&'a self, cmd: &'a Cmd) -> Reply<'a>;
-    /// Runs the commands of `pipe` (not a transaction; every key in one [`group`]) in
-    /// one write: each command's own reply or error, or an error of the whole call.
-    ///
-    /// [`group`]: Store::group
-    fn pipeline<'a>(&'a self, pipe: &'a Pipeline) -> Replies<'a>;
-    /// Runs a script invocation (EVALSHA, loading the script on NOSCRIPT).
-    fn invoke<'a>(&'a self, invocation: &'a ScriptInvocation<'a>) -> Reply<'a>;
-    /// Which keys may go into one multi-key script call: the key's hash slot on a
-    /// Cluster, the same group for every key on one node.
-    fn group(&self, key: &str) -> u16;
-}
+pub(crate) use deployment::{RedisStore, Store};
 
 /// A store plus the per-call time limit; cheap to clone.
 #[derive(Clone)]
 pub(crate) struct Conn {
-    store: Arc<dyn Store>,
+    store: Arc<Store>,
     timeout: Duration,
     /// The batch lanes; `None` with batching off.
     lanes: Option<Arc<batch::Lanes>>,
@@ -61,11 +37,7 @@ pub(crate) struct Conn {
 impl Conn {
     /// `batches_in_flight`: `None` with batching off, else the most calls of one lane in
     /// flight at once.
-    pub(crate) fn new(
-        store: impl Store,
-        timeout: Duration,
-        batches_in_flight: Option<usize>,
-    ) -> Self {
+    pub(crate) fn new(store: Store, timeout: Duration, batches_in_flight: Option<usize>) -> Self {
         Self {
             store: Arc::new(store),
             timeout,
@@ -153,20 +125,26 @@ impl Conn {
                 Err(e)
                     if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                 {
-                    let mut eval =
-                        Cmd::with_capacity(evalsha.args_iter().len(), script.source().len() + 256);
-                    eval.arg("EVAL").arg(script.source());
-                    for arg in evalsha.args_iter().skip(2) {
-                        if let redis::Arg::Simple(bytes) = arg {
-                            eval.arg(bytes);
-                        }
-                    }
-                    self.store.query(&eval).await
+                    // Rare (a restart, `SCRIPT FLUSH`): boxed, so every call's future
+                    // stays the size of one query.
+                    Box::pin(self.eval_source(script, &evalsha)).await
                 }
                 other => other,
             }
         };
         limit(script.op(), within, call).await
+    }
+
+    /// `evalsha` sent again as `EVAL` of `script`'s source, with the same arguments.
+    async fn eval_source(&self, script: &scripts::Lua, evalsha: &Cmd) -> RedisResult<Value> {
+        let mut eval = Cmd::with_capacity(evalsha.args_iter().len(), script.source().len() + 256);
+        eval.arg("EVAL").arg(script.source());
+        for arg in evalsha.args_iter().skip(2) {
+            if let redis::Arg::Simple(bytes) = arg {
+                eval.arg(bytes);
+            }
+        }
+        self.store.query(&eval).await
     }
 }
 
