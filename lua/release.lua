@@ -3,13 +3,13 @@
 -- per grant, in one call: a batch of one is the plain call. Entries are independent:
 -- each gets its own reply, in order, as if called alone.
 --
--- Entry i (i = 1 .. #KEYS / 4) uses KEYS[4i-3 .. 4i] and ARGV[2i-1 .. 2i]:
--- KEYS[4i-3]  the lock
--- KEYS[4i-2]  the waiter marker of the lock
--- KEYS[4i-1]  the release channel of the lock (waiters subscribe to it)
--- KEYS[4i]    the lock's fair queue (fair.lua): its head listens on '<channel>:<owner>'
--- ARGV[2i-1]  the grant's value
--- ARGV[2i]    payload published on KEYS[4i-1] (the releasing client's id)
+-- Entry i (i = 1 .. #KEYS / 3) uses KEYS[3i-2 .. 3i] and ARGV[i]:
+-- KEYS[3i-2]  the lock
+-- KEYS[3i-1]  the waiter marker of the lock
+-- KEYS[3i]    the lock's fair queue (fair.lua): its head listens on '<channel>:<owner>'
+-- ARGV[i]     the grant's value, '<client id>:<scope>:<grant number>'
+-- A release is published on the lock's channel, '<lock>:released' (a channel is no key,
+-- so it is not declared), with the releasing client's id (the value's first field).
 --
 -- Returns an array with one reply per entry, or for a batch of one that reply alone (the
 -- reply convention of every batched script):
@@ -19,15 +19,16 @@
 --   -2   not owner: another grant holds the lock now
 --   {'error', message}  this entry failed (the lock's key holds another type); the others stand
 local out = {}
-for i = 1, #KEYS / 4 do
-  local lock, waiters, channel, queue = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
+for i = 1, #KEYS / 3 do
+  local lock, waiters, queue = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local value = redis.pcall('GET', lock)
   if type(value) == 'table' then
     out[i] = {'error', value.err}
-  elseif value == ARGV[2 * i - 1] then
+  elseif value == ARGV[i] then
     -- The lock exists (just read): a count of 2 means someone waited.
     if redis.call('DEL', lock, waiters) == 2 then
-      redis.call('PUBLISH', channel, ARGV[2 * i])
+      local channel = lock .. ':released'
+      redis.call('PUBLISH', channel, string.match(value, '^[^:]*'))
       local head = redis.call('LINDEX', queue, 0)
       if head then
         -- Not the releaser's id: a client skips its own releases' messages, but it

@@ -156,7 +156,8 @@ pub(crate) fn push_hex(out: &mut String, mut n: u64) {
             break;
         }
     }
-    out.extend(buf[at..].iter().map(|&b| char::from(b)));
+    // Hex digits are ASCII, so always UTF-8.
+    out.push_str(std::str::from_utf8(&buf[at..]).unwrap_or_default());
 }
 
 /// A number that grows with every fresh grant of one lock, and the grant it belongs to.

@@ -114,7 +114,7 @@ impl<B: Seam> Core<B> {
         if lost.is_none() {
             self.registry.released(&grant.keys);
         }
-        let name = &grant.keys.name();
+        let name = grant.keys.name();
         let result = match (reply, lost) {
             (Err(e), _) => Err(e),
             (Ok(Ok(())), None) => {
@@ -181,7 +181,7 @@ impl<B: Seam> Core<B> {
             });
         }
         if let Some(loss) = grant.state().lost {
-            return Err(loss.error(&grant.keys.name()));
+            return Err(loss.error(grant.keys.name()));
         }
         match self
             .backend
@@ -201,7 +201,7 @@ impl<B: Seam> Core<B> {
         grant: &Arc<Grant<B>>,
         lease: Duration,
     ) -> Result<(), LockError> {
-        let name = &grant.keys.name();
+        let name = grant.keys.name();
         if let Some(loss) = grant.state().lost {
             return Err(loss.error(name));
         }
@@ -226,7 +226,7 @@ impl<B: Seam> Core<B> {
     /// Marks `grant` lost for `loss` and returns the matching error.
     fn lose(&self, grant: &Arc<Grant<B>>, loss: Loss) -> LockError {
         self.registry.lose(grant, loss);
-        loss.error(&grant.keys.name())
+        loss.error(grant.keys.name())
     }
 }
 

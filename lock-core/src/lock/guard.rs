@@ -86,7 +86,7 @@ impl<B: Backend> LockGuard<B> {
 
     /// The lock's name as stored (parts escaped and joined).
     pub fn name(&self) -> &str {
-        &self.grant.keys.name()
+        self.grant.keys.name()
     }
 
     /// The keys of this lock (its name and stored key; on Redis also its fence key and
@@ -187,7 +187,7 @@ impl<B: Backend> LockGuard<B> {
             Plan::StillHeld(holds_left) => {
                 self.released_locally(Ok(Released::StillHeld { holds_left }))
             }
-            Plan::Lost(loss) => self.released_locally(Err(loss.error(&self.grant.keys.name()))),
+            Plan::Lost(loss) => self.released_locally(Err(loss.error(self.grant.keys.name()))),
             Plan::Last => self.core.release_last(&self.grant, None, false).await,
             Plan::LastLost(loss) => self.core.release_last(&self.grant, Some(loss), false).await,
         }
@@ -229,12 +229,12 @@ impl<B: Backend> LockGuard<B> {
     /// round trip unless the lease must grow). Fails with the loss if the lock was lost.
     pub async fn reenter(&self) -> Result<LockGuard<B>, LockError> {
         if let Some(loss) = self.grant.state().lost {
-            return Err(loss.error(&self.grant.keys.name()));
+            return Err(loss.error(self.grant.keys.name()));
         }
         let lease = self.core.valid_for(&self.grant);
         if lease.is_zero() {
             // Ran out unnoticed: a fresh grant would not be this one.
-            return Err(crate::lock::registry::Loss::Expired.error(&self.grant.keys.name()));
+            return Err(crate::lock::registry::Loss::Expired.error(self.grant.keys.name()));
         }
         let request = Request {
             keys: self.grant.keys.clone(),
@@ -278,7 +278,7 @@ impl<B: Backend> Drop for LockGuard<B> {
                 let _ = self.released_locally(Ok(Released::StillHeld { holds_left }));
             }
             Plan::Lost(loss) => {
-                let _ = self.released_locally(Err(loss.error(&self.grant.keys.name())));
+                let _ = self.released_locally(Err(loss.error(self.grant.keys.name())));
             }
             Plan::Last => self.core.release_in_background(&self.grant, None),
             Plan::LastLost(loss) => self.core.release_in_background(&self.grant, Some(loss)),

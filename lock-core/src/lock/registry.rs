@@ -10,7 +10,6 @@
 //! flight (an acquisition of a lock this client is still giving back waits for that,
 //! instead of finding its own old grant busy).
 
-use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::hash::{Hash, Hasher};
@@ -218,10 +217,20 @@ struct SlotKey {
     scope: u64,
 }
 
+impl SlotKey {
+    fn new(keys: &Arc<LockKeys>, scope: u64) -> Self {
+        Self {
+            keys: keys.clone(),
+            scope,
+        }
+    }
+}
+
 impl PartialEq for SlotKey {
     fn eq(&self, other: &Self) -> bool {
         // A read and a write hold of one name share the key: the mode tells them apart.
         self.scope == other.scope
+            && self.keys.hash == other.keys.hash
             && self.keys.key == other.keys.key
             && self.keys.mode == other.keys.mode
     }
@@ -231,17 +240,17 @@ impl Eq for SlotKey {}
 
 impl Hash for SlotKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.keys.key.hash(state);
-        self.scope.hash(state);
+        // The key's own hash is seeded; the scope, a number of ours, spreads over it.
+        state.write_u64(self.keys.hash ^ self.scope.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     }
 }
 
-/// A lock key, hashed and compared as its key string (so a `&str` finds it).
+/// A lock key, hashed and compared as its key string.
 struct ByKey(Arc<LockKeys>);
 
 impl PartialEq for ByKey {
     fn eq(&self, other: &Self) -> bool {
-        self.0.key == other.0.key
+        self.0.hash == other.0.hash && self.0.key == other.0.key
     }
 }
 
@@ -249,13 +258,29 @@ impl Eq for ByKey {}
 
 impl Hash for ByKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.0.key.hash(state);
+        state.write_u64(self.0.hash);
     }
 }
 
-impl Borrow<str> for ByKey {
-    fn borrow(&self) -> &str {
-        &self.0.key
+/// The hasher of the registry's maps: their keys come hashed already (see
+/// [`LockKeys::hash`]), so it passes that hash on.
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Not reached: both keys write one u64. Still a hash, should that change.
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
     }
 }
 
@@ -263,9 +288,9 @@ impl Borrow<str> for ByKey {
 /// first one comes).
 type Releasing = (u32, Option<Arc<Notify>>);
 
-/// Keyed by strings users choose, held only while in use: foldhash's seeded hasher
-/// (a fraction of SipHash's cost) keeps its per-process seed against chosen collisions.
-type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+/// Keyed by strings users choose, held only while in use, and hashed once per call with
+/// a per-process seed against chosen collisions (see [`LockKeys::hash`]).
+type Map<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<Prehashed>>;
 
 struct Maps<B: Seam> {
     slots: Map<SlotKey, Slot<B>>,
@@ -324,10 +349,7 @@ impl<B: Seam> Registry<B> {
             return Enter::Refused(refused);
         }
         let Maps { slots, releasing } = &mut *maps;
-        let slot_key = SlotKey {
-            keys: keys.clone(),
-            scope,
-        };
+        let slot_key = SlotKey::new(keys, scope);
         // One lookup: the slot found, or the place a new one goes.
         let place = match slots.entry(slot_key) {
             Entry::Occupied(mut e) => match e.get_mut() {
@@ -363,7 +385,9 @@ impl<B: Seam> Registry<B> {
             },
             vacant => vacant,
         };
-        if let Some((_, notify)) = releasing.get_mut(keys.key.as_str()) {
+        if !releasing.is_empty()
+            && let Some((_, notify)) = releasing.get_mut(&ByKey(keys.clone()))
+        {
             // (An entry left unused changes nothing.)
             return Enter::Wait {
                 ready: armed(notify),
@@ -373,10 +397,7 @@ impl<B: Seam> Registry<B> {
         place.insert_entry(Slot::Acquiring(None));
         Enter::Acquire(Ticket {
             registry: self,
-            slot_key: Some(SlotKey {
-                keys: keys.clone(),
-                scope,
-            }),
+            slot_key: Some(SlotKey::new(keys, scope)),
         })
     }
 
@@ -387,10 +408,7 @@ impl<B: Seam> Registry<B> {
         let holds = |mode| {
             let mut twin = (**keys).clone();
             twin.mode = mode;
-            let twin = SlotKey {
-                keys: Arc::new(twin),
-                scope,
-            };
+            let twin = SlotKey::new(&Arc::new(twin), scope);
             matches!(maps.slots.get(&twin), Some(Slot::Held(g)) if !g.state().ended)
         };
         let other = match keys.mode {
@@ -509,10 +527,7 @@ impl<B: Seam> Registry<B> {
     }
 
     fn remove_if_same(maps: &mut Maps<B>, grant: &Arc<Grant<B>>) {
-        let slot_key = SlotKey {
-            keys: grant.keys.clone(),
-            scope: grant.scope,
-        };
+        let slot_key = SlotKey::new(&grant.keys, grant.scope);
         if let Entry::Occupied(e) = maps.slots.entry(slot_key)
             && matches!(e.get(), Slot::Held(g) if Arc::ptr_eq(g, grant))
         {

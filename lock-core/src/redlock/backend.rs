@@ -370,7 +370,7 @@ impl Seam for RedlockBackend {
                 }
                 Ok((i, Ok(Err(loss)))) => {
                     grant.answered(i, None);
-                    cause.get_or_insert_with(|| loss.error(&keys.name()).to_string());
+                    cause.get_or_insert_with(|| loss.error(keys.name()).to_string());
                 }
                 Ok((_, Err(e))) => {
                     cause.get_or_insert_with(|| e.to_string());
@@ -491,6 +491,6 @@ impl Seam for RedlockBackend {
             .answered
             .load(Ordering::Relaxed)
             .min(self.nodes.len() - 1);
-        self.node_keys(i, &req.keys.name()).channel()
+        self.node_keys(i, req.keys.name()).channel()
     }
 }

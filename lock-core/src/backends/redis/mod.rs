@@ -21,7 +21,7 @@ use crate::client::Client;
 use crate::client::cleanup::{self, OnDrop};
 use crate::client::config::{LockConfig, proven};
 use crate::client::store::batch::{Command, Entry, Turn as LaneTurn};
-use crate::client::store::key::{LockKeys, QUEUE, RELEASED, WAITERS};
+use crate::client::store::key::{LockKeys, QUEUE, WAITERS};
 use crate::client::store::scripts::{
     ACQUIRE, AcquireReply, Code, FENCE, FenceReply, GrantReply, RELEASE, RENEW, codes,
 };
@@ -219,10 +219,8 @@ impl RedisBackend {
             .call(&RELEASE, &keys.key, |e| {
                 e.key(&keys.key)
                     .key_suffixed(&keys.key, WAITERS)
-                    .key_suffixed(&keys.key, RELEASED)
                     .key_suffixed(&keys.key, QUEUE)
                     .arg(value)
-                    .arg(self.client.id_hex())
             })
             .await?;
         let r = GrantReply::decode("release", reply)?;

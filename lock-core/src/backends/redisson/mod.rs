@@ -105,7 +105,7 @@ impl RedissonBackend {
         action: &str,
         args: impl Fn(&mut redis::Cmd),
     ) -> Result<Value, LockError> {
-        let name = &keys.name();
+        let name = keys.name();
         let conn = self.client.conn();
         let latch = layout::per_request(layout::UNLOCK_LATCH, name, &grant.request);
         let evidence = layout::per_request(layout::GRANT, name, &grant.request);
@@ -191,9 +191,9 @@ impl RedissonBackend {
     /// channel of its own.
     fn listen_channel(&self, keys: &LockKeys, fair_field: Option<&str>) -> String {
         if keys.mode.is_read_write() {
-            return layout::prefixed(layout::READ_WRITE_CHANNEL, &keys.name());
+            return layout::prefixed(layout::READ_WRITE_CHANNEL, keys.name());
         }
-        let mut channel = layout::prefixed(layout::LOCK_CHANNEL, &keys.name());
+        let mut channel = layout::prefixed(layout::LOCK_CHANNEL, keys.name());
         if let Some(field) = fair_field {
             channel.push(':');
             channel.push_str(field);

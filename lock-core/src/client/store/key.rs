@@ -271,15 +271,33 @@ const ALWAYS_ESCAPED: [bool; 256] = {
 /// (a multi-byte character's bytes are never ASCII).
 fn needs_escaping(delimiter: &str, part: &[u8]) -> bool {
     match delimiter.as_bytes() {
-        // The usual one-character delimiter: one comparison more per byte.
-        &[d] if d.is_ascii() => part
-            .iter()
-            .any(|&b| ALWAYS_ESCAPED[usize::from(b)] || b == d),
+        // The usual one-character delimiter: eight bytes at a time.
+        &[d] if d.is_ascii() => {
+            let mut words = part.chunks_exact(8);
+            let found = words.by_ref().any(|w| {
+                let w = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+                has_byte(w, b'%') || has_byte(w, b'{') || has_byte(w, b'}') || has_byte(w, d)
+            });
+            found
+                || words
+                    .remainder()
+                    .iter()
+                    .any(|&b| ALWAYS_ESCAPED[usize::from(b)] || b == d)
+        }
         d if delimiter.is_ascii() => part
             .iter()
             .any(|&b| ALWAYS_ESCAPED[usize::from(b)] || d.contains(&b)),
         _ => true,
     }
+}
+
+/// Whether one of the eight bytes of `word` is `byte`: the classic test for a zero
+/// byte, on `word` xor `byte` in every byte (exact as to whether there is one).
+fn has_byte(word: u64, byte: u8) -> bool {
+    const ONES: u64 = u64::from_le_bytes([1; 8]);
+    const HIGHS: u64 = u64::from_le_bytes([0x80; 8]);
+    let x = word ^ (ONES * u64::from(byte));
+    x.wrapping_sub(ONES) & !x & HIGHS != 0
 }
 
 /// The Redis keys and channel of one lock, all in one hash slot.
@@ -295,6 +313,18 @@ pub struct LockKeys {
     name_at: (u32, u32),
     /// The kind of hold these keys are for.
     pub(crate) mode: LockMode,
+    /// `key` hashed once, with this process's seed: what the client's tables of holds
+    /// look it up by, so a cycle hashes the string once however many lookups it makes.
+    pub(crate) hash: u64,
+}
+
+/// The hash of a lock key in this process's tables (see [`LockKeys::hash`]): seeded at
+/// random once per process, so names users choose cannot be made to collide.
+pub(crate) fn local_hash(key: &str) -> u64 {
+    use std::hash::BuildHasher;
+    static SEED: std::sync::LazyLock<foldhash::fast::RandomState> =
+        std::sync::LazyLock::new(foldhash::fast::RandomState::default);
+    SEED.hash_one(key)
 }
 
 impl std::fmt::Debug for LockKeys {
@@ -432,6 +462,7 @@ pub fn lock_keys<N: LockName + ?Sized>(
     let end = key.len();
     key.push('}');
     Ok(LockKeys {
+        hash: local_hash(&key),
         key,
         name_at: (start as u32, end as u32),
         mode: LockMode::Exclusive,
@@ -448,6 +479,7 @@ pub(crate) fn escaped_lock_keys(namespace: &str, name: &str) -> LockKeys {
     let end = key.len();
     key.push('}');
     LockKeys {
+        hash: local_hash(&key),
         key,
         name_at: (start as u32, end as u32),
         mode: LockMode::Exclusive,
@@ -460,6 +492,7 @@ impl LockKeys {
     pub(crate) fn with_mode(mut self, mode: LockMode) -> Self {
         if mode.is_read_write() {
             self.key.push_str(READ_WRITE);
+            self.hash = local_hash(&self.key);
         }
         self.mode = mode;
         self
@@ -712,6 +745,23 @@ mod tests {
                 escaped_by_definition(delimiter, &parts),
                 "{parts:?} {delimiter:?}"
             );
+        }
+    }
+
+    #[test]
+    fn the_word_test_finds_exactly_the_parts_that_need_escaping() {
+        let alphabet = b"aZ09:/%{}-.\x7f\x80\xc3\xa9 ";
+        let mut rng = fastrand::Rng::with_seed(7);
+        for _ in 0..20_000 {
+            let part: Vec<u8> = (0..rng.usize(0..40))
+                .map(|_| alphabet[rng.usize(..alphabet.len())])
+                .collect();
+            for d in [":", "/", "a"] {
+                let by_byte = part
+                    .iter()
+                    .any(|&b| matches!(b, b'%' | b'{' | b'}') || b == d.as_bytes()[0]);
+                assert_eq!(needs_escaping(d, &part), by_byte, "{part:?} {d:?}");
+            }
         }
     }
 

@@ -70,7 +70,7 @@ pub(crate) static ACQUIRE: Lua =
     Lua::batched("acquire", include_str!("../../../lua/acquire.lua"), 3);
 /// Give back one grant. See `lua/release.lua`.
 pub(crate) static RELEASE: Lua =
-    Lua::batched("release", include_str!("../../../lua/release.lua"), 4);
+    Lua::batched("release", include_str!("../../../lua/release.lua"), 3);
 /// Take a fair lock in its line's order, or leave the line. See `lua/fair.lua`.
 pub(crate) static FAIR: Lua = Lua::new("fair", include_str!("../../../lua/fair.lua"));
 /// The token of a grant taken without one. See `lua/fence.lua`.
@@ -401,6 +401,19 @@ mod tests {
                 script.op()
             );
         }
+    }
+
+    /// A channel is no key, so the release script names it itself: as the keys do.
+    #[test]
+    fn the_release_script_publishes_on_the_lock_keys_channel() {
+        use crate::client::store::key::{RELEASED, lock_keys};
+        let suffix = format!("lock .. '{RELEASED}'");
+        assert!(
+            RELEASE.source().contains(&suffix),
+            "release.lua lacks {suffix}"
+        );
+        let keys = lock_keys("ns", ":", "a").unwrap();
+        assert_eq!(keys.channel(), format!("{}{RELEASED}", keys.key));
     }
 
     #[test]

@@ -195,7 +195,7 @@ impl SqlStore for MysqlStore {
 
     fn target(&self, keys: &LockKeys) -> NamedLock {
         NamedLock {
-            name: server_name(&self.config.namespace, &keys.name()),
+            name: server_name(&self.config.namespace, keys.name()),
         }
     }
 

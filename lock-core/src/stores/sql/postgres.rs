@@ -170,7 +170,7 @@ impl SqlStore for PgStore {
 
     fn target(&self, keys: &LockKeys) -> Advisory {
         Advisory {
-            key: advisory_key(&self.config.namespace, &keys.name(), keys.mode),
+            key: advisory_key(&self.config.namespace, keys.name(), keys.mode),
             shared: keys.mode == LockMode::Read,
         }
     }

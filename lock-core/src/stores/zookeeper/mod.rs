@@ -316,10 +316,10 @@ impl Seam for ZkBackend {
         _seq: u64,
         wait: Duration,
     ) -> Result<Taken<Self::Grant>, LockError> {
-        let dir = lock_path(&self.config.namespace, &req.keys.name());
+        let dir = lock_path(&self.config.namespace, req.keys.name());
         let mode = req.keys.mode;
         Ok(
-            match self.queue(&req.keys.name(), (dir, mode), wait).await? {
+            match self.queue(req.keys.name(), (dir, mode), wait).await? {
                 Some(hold) => Taken::Granted {
                     token: Some(FencingToken::new(hold.token(), hold.token())),
                     grant: Arc::new(hold),
