@@ -179,10 +179,11 @@ impl<B: Backend> Core<B> {
                     req.primitive,
                 ));
                 if req.watchdog && !grant.kept {
+                    let now = Instant::now();
                     let mut st = grant.state();
                     st.watched = 1;
-                    st.next_renewal = Some(Instant::now() + self.config().watchdog_period());
-                    st.renew_until = req.max_hold.and_then(|m| Instant::now().checked_add(m));
+                    st.next_renewal = Some(now + self.config().watchdog_period());
+                    st.renew_until = req.max_hold.and_then(|m| now.checked_add(m));
                 }
                 ticket.fulfil(grant.clone());
                 self.schedule(&grant);

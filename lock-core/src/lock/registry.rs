@@ -432,11 +432,14 @@ impl<B: Seam> Registry<B> {
     /// `remote`, the caller will delete the grant in Redis: acquisitions of the same
     /// lock by this client wait until it calls [`released`](Self::released).
     pub(crate) fn release(&self, grant: &Arc<Grant<B>>, watched: bool, remote: bool) -> Plan {
-        if grant.overdue(&grant.state()) {
-            self.lose(grant, Loss::Expired);
-        }
         let mut maps = self.maps();
         let mut st = grant.state();
+        if grant.overdue(&st) {
+            drop((st, maps));
+            self.lose(grant, Loss::Expired);
+            maps = self.maps();
+            st = grant.state();
+        }
         st.holds = st.holds.saturating_sub(1);
         if watched {
             st.watched = st.watched.saturating_sub(1);

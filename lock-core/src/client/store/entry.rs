@@ -79,10 +79,20 @@ impl Entry {
                 keys.write_arg(suffix.as_bytes());
             }
             Form::Direct(cmd) => {
-                let mut w = cmd.writer_for_next_arg();
-                // Writing into memory cannot fail.
-                let _ = w.write_all(key.as_bytes());
-                let _ = w.write_all(suffix.as_bytes());
+                // Joined on the stack when short: one plain argument write is cheaper
+                // than redis-rs's argument writer.
+                let len = key.len() + suffix.len();
+                let mut buf = [0u8; 192];
+                if let Some(joined) = buf.get_mut(..len) {
+                    joined[..key.len()].copy_from_slice(key.as_bytes());
+                    joined[key.len()..].copy_from_slice(suffix.as_bytes());
+                    cmd.write_arg(joined);
+                } else {
+                    let mut w = cmd.writer_for_next_arg();
+                    // Writing into memory cannot fail.
+                    let _ = w.write_all(key.as_bytes());
+                    let _ = w.write_all(suffix.as_bytes());
+                }
             }
         }
         self
@@ -233,6 +243,33 @@ mod tests {
         let mut out = Vec::new();
         p.each(|a| out.push(a.to_vec()));
         out
+    }
+
+    #[test]
+    fn a_suffixed_key_sent_alone_is_one_whole_argument_short_or_long() {
+        let long = format!("lock:{{{}}}", "x".repeat(400));
+        let cmd = Entry::direct(&super::super::scripts::RELEASE)
+            .key_suffixed("lock:{a}", ":waiters")
+            .key_suffixed(&long, ":queue")
+            .arg("v")
+            .into_command()
+            .unwrap();
+        let args: Vec<Vec<u8>> = cmd
+            .args_iter()
+            .skip(3)
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b.to_vec(),
+                _ => Vec::new(),
+            })
+            .collect();
+        assert_eq!(
+            args,
+            [
+                b"lock:{a}:waiters".to_vec(),
+                format!("{long}:queue").into_bytes(),
+                b"v".to_vec()
+            ]
+        );
     }
 
     #[test]
