@@ -170,9 +170,10 @@ impl Figure {
             None => format!("client instr <= {t}x (not counted)"),
         });
         let all: Vec<String> = ratios.chain(instructions).collect();
-        match all.is_empty() {
-            true => "-".into(),
-            false => all.join("; "),
+        if all.is_empty() {
+            "-".into()
+        } else {
+            all.join("; ")
         }
     }
 

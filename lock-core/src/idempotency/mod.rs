@@ -15,7 +15,7 @@ use tokio::runtime::Handle;
 
 use crate::client::config::{MAX_LEASE, check_lease};
 use crate::client::store::batch::{Entry, Turn as BatchTurn};
-use crate::client::store::key::LockName;
+use crate::client::store::key::{LockName, suffixed};
 use crate::client::store::scripts::IDEMPOTENCY_BEGIN;
 use crate::client::wait::{Listen, Turn, wait_for_turn};
 use crate::client::{Client, in_span, wanted};
@@ -145,8 +145,8 @@ impl IdempotencyStore {
     pub fn keys<N: LockName + ?Sized>(&self, key: &N) -> Result<IdempotencyKeys, LockError> {
         let keys = self.client.prefixed_keys(&self.name, key)?;
         Ok(IdempotencyKeys {
-            record: format!("{}:idempotency", keys.key),
-            channel: format!("{}:idempotency-done", keys.key),
+            record: suffixed(&keys.key, ":idempotency"),
+            channel: suffixed(&keys.key, ":idempotency-done"),
             name: keys.name().to_owned(),
         })
     }

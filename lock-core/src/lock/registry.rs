@@ -245,7 +245,7 @@ impl Hash for SlotKey {
     }
 }
 
-/// A lock key, hashed and compared as its key string.
+/// A lock key, compared as its key string and hashed as [`LockKeys::hash`].
 struct ByKey(Arc<LockKeys>);
 
 impl PartialEq for ByKey {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 
 use crate::client::config::{MAX_LEASE, check_lease, proven};
-use crate::client::store::key::LockName;
+use crate::client::store::key::{LockName, suffixed};
 use crate::client::store::scripts::SEMAPHORE_ACQUIRE;
 use crate::client::wait::{Listen, Turn, wait_for_turn};
 use crate::client::{Client, in_span, wanted};
@@ -174,8 +174,8 @@ impl Semaphore {
         Ok(Semaphore {
             shared: Arc::new(Shared {
                 client,
-                key: format!("{}:semaphore", keys.key),
-                channel: format!("{}:semaphore-released", keys.key),
+                key: suffixed(&keys.key, ":semaphore"),
+                channel: suffixed(&keys.key, ":semaphore-released"),
                 name: keys.name().to_owned(),
                 limit: permits,
             }),
