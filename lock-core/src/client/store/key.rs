@@ -291,6 +291,9 @@ pub struct LockKeys {
     /// The lock itself: a string holding the current grant's value, with the lease as
     /// its expiry (for a read or write hold, the read-write lock's hash of holders).
     pub key: String,
+    /// Where the escaped, joined name sits in `key`: kept, not searched for, because
+    /// every release reads the name.
+    name_at: (u32, u32),
     /// The kind of hold these keys are for.
     pub(crate) mode: LockMode,
     /// `key` hashed once, with this process's seed: what the client's tables of holds
@@ -353,21 +356,17 @@ pub(crate) const READ_WRITE: &str = ":rw";
 impl LockKeys {
     /// The escaped, joined name (what error messages show).
     pub fn name(&self) -> &str {
-        let name = self.split().1;
-        name.split_once('}').map_or(name, |(name, _)| name)
-    }
-
-    /// The key's namespace, and what follows its hash tag's `{`: the key is
-    /// `<namespace>:{<name>}` (then `:rw` for a read-write lock), and neither a
-    /// namespace nor an escaped name has a brace.
-    fn split(&self) -> (&str, &str) {
-        self.key.split_once(":{").unwrap_or(("", ""))
+        let (from, to) = self.name_at;
+        // Empty only if `key` was changed by hand since it was built.
+        self.key.get(from as usize..to as usize).unwrap_or_default()
     }
 
     /// The fencing counter of the lock's hash slot (shared with the other locks of
     /// that slot).
     pub fn fence(&self) -> String {
-        fence_key(self.split().0, cluster_slot(&self.key))
+        // The key is `<namespace>:{<name>}` and a namespace has no `{`.
+        let namespace = self.key.split_once(":{").map_or("", |(ns, _)| ns);
+        fence_key(namespace, cluster_slot(&self.key))
     }
 
     /// Present while someone waits for the lock: a release publishes only then.
@@ -438,31 +437,34 @@ pub fn lock_keys<N: LockName + ?Sized>(
     delimiter: &str,
     name: &N,
 ) -> Result<LockKeys, LockError> {
-    let key = write_name(delimiter, name, opened(namespace, 64))?;
-    Ok(closed(key))
+    let mut key = String::with_capacity(namespace.len() + 64);
+    key.push_str(namespace);
+    key.push_str(":{");
+    let start = key.len();
+    let mut key = write_name(delimiter, name, key)?;
+    let end = key.len();
+    key.push('}');
+    Ok(LockKeys {
+        hash: local_hash(&key),
+        key,
+        name_at: (start as u32, end as u32),
+        mode: LockMode::Exclusive,
+    })
 }
 
 /// The keys of the lock whose name is `name`, already escaped, under `namespace`.
 pub(crate) fn escaped_lock_keys(namespace: &str, name: &str) -> LockKeys {
-    let mut key = opened(namespace, name.len());
-    key.push_str(name);
-    closed(key)
-}
-
-/// `<namespace>:{`, with room for a name of about `name_len` bytes and the `}`.
-fn opened(namespace: &str, name_len: usize) -> String {
-    let mut key = String::with_capacity(namespace.len() + name_len + 3);
+    let mut key = String::with_capacity(namespace.len() + name.len() + 3);
     key.push_str(namespace);
     key.push_str(":{");
-    key
-}
-
-/// The keys of a plain lock whose key, `<namespace>:{<name>`, lacks its closing `}`.
-fn closed(mut key: String) -> LockKeys {
+    let start = key.len();
+    key.push_str(name);
+    let end = key.len();
     key.push('}');
     LockKeys {
         hash: local_hash(&key),
         key,
+        name_at: (start as u32, end as u32),
         mode: LockMode::Exclusive,
     }
 }
