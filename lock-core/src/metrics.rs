@@ -415,14 +415,20 @@ mod record {
         metrics::with_recorder(|r| r.register_histogram(key, &META))
     }
 
-    pub(crate) fn acquired(series: Series, outcome: Acquired, started: Instant) {
-        let waited = started.elapsed();
+    /// `ended`: when the wait ended, if already read (a fresh grant's arrival).
+    pub(crate) fn acquired(
+        series: Series,
+        outcome: Acquired,
+        started: Instant,
+        ended: Option<Instant>,
+    ) {
         let at = series.index() * Acquired::ALL.len() + outcome as usize;
         counter(&ACQUISITION_KEYS[at]).increment(1);
         if matches!(
             outcome,
             Acquired::Granted | Acquired::Busy | Acquired::TimedOut
         ) {
+            let waited = ended.map_or_else(|| started.elapsed(), |at| at - started);
             histogram(&WAIT_KEYS[series.index()]).record(waited);
         }
     }
@@ -478,7 +484,7 @@ mod record {
     use super::*;
 
     #[inline]
-    pub(crate) fn acquired(_: Series, _: Acquired, _: Instant) {}
+    pub(crate) fn acquired(_: Series, _: Acquired, _: Instant, _: Option<Instant>) {}
     #[inline]
     pub(crate) fn released(_: Series, _: ReleaseOutcome) {}
     #[inline]
@@ -499,19 +505,10 @@ pub(crate) use record::{
     acquired, held, idempotency, lost, rate_limit, released, renewal_call, renewed,
 };
 
-/// Records a release that returned `result`, and, when it gave back the last hold of a
-/// grant, how long that grant was held (`held`, from `granted`).
-pub(crate) fn release(series: Series, result: ReleaseOutcome, granted: Option<Instant>) {
-    released(series, result);
-    if let Some(at) = granted {
-        held(series, at.elapsed());
-    }
-}
-
-/// When a grant made now was granted, for its hold time: read only when metrics are
-/// recorded (a clock read per grant otherwise spent for nothing).
-pub(crate) fn granted_now() -> Option<Instant> {
-    cfg!(feature = "metrics").then(Instant::now)
+/// When a grant that arrived `at` was granted, for its hold time: kept only when
+/// metrics are recorded.
+pub(crate) fn granted_at(at: Instant) -> Option<Instant> {
+    cfg!(feature = "metrics").then_some(at)
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::core::Core;
 use super::guard::LockGuard;
 use super::registry::{Enter, Grant};
-use super::seam::{Backend, Order, Taken, Validity};
+use super::seam::{Backend, Granted, Order, Taken, Validity};
 use super::{LockOptions, Request, Resolved};
 use crate::client::cleanup::OnDrop;
 use crate::client::config::{MAX_LEASE, proven};
@@ -18,16 +18,6 @@ use crate::client::store::key::LockName;
 use crate::client::wait::{Turn, wait_for_turn};
 use crate::error::LockError;
 use crate::metrics::{self, Acquired, Series};
-use crate::owner::FencingToken;
-
-/// What a granted attempt brings back.
-struct Granted<G> {
-    grant: G,
-    seq: u64,
-    /// Taken with the grant (a fenced request, or a grant through the script).
-    token: Option<FencingToken>,
-    valid: Validity,
-}
 
 impl<B: Backend> Core<B> {
     /// Takes the lock `name` with `options` resolved against the store's config (a
@@ -74,7 +64,12 @@ impl<B: Backend> Core<B> {
             store: self.backend.kind(),
             primitive: req.primitive,
         };
-        metrics::acquired(series, outcome, started);
+        // A fresh grant's wait ends when its reply came in: no second clock reading.
+        let ended = match &result {
+            Ok(guard) if !reentered => guard.grant.granted,
+            _ => None,
+        };
+        metrics::acquired(series, outcome, started, ended);
         result
     }
 
@@ -165,30 +160,18 @@ impl<B: Backend> Core<B> {
         }
         match turn? {
             Ok(g) => {
-                let valid = match g.valid {
-                    Validity::Until(until) => (until, false),
-                    Validity::Kept => (Instant::now(), true),
-                };
-                let grant = Arc::new(Grant::new(
-                    req.keys.clone(),
-                    scope,
-                    g.grant,
-                    g.token,
-                    g.seq,
-                    valid,
-                    req.primitive,
-                ));
+                let (arrived, token) = (g.arrived, g.token);
+                let grant = Arc::new(Grant::new(req.keys.clone(), scope, req.primitive, g));
                 if req.watchdog && !grant.kept {
-                    let now = Instant::now();
                     let mut st = grant.state();
                     st.watched = 1;
-                    st.next_renewal = Some(now + self.config().watchdog_period());
-                    st.renew_until = req.max_hold.and_then(|m| now.checked_add(m));
+                    st.next_renewal = Some(arrived + self.config().watchdog_period());
+                    st.renew_until = req.max_hold.and_then(|m| arrived.checked_add(m));
                 }
                 ticket.fulfil(grant.clone());
                 self.schedule(&grant);
                 self.watch_store_loss(&grant);
-                tracing::debug!(lock = %req.keys.name(), token = ?g.token, waited = ?started.elapsed(), "lock granted");
+                tracing::debug!(lock = %req.keys.name(), ?token, waited = ?arrived.duration_since(started), "lock granted");
                 Ok(LockGuard::new(self.clone(), grant, req.watchdog))
             }
             Err(retry_after) => Err(failure
@@ -228,14 +211,14 @@ impl<B: Backend> Core<B> {
         failure: &std::sync::Mutex<Option<LockError>>,
     ) -> Result<Turn<Granted<B::Grant>>, LockError> {
         let seq = self.next_seq();
-        let wait = deadline.saturating_duration_since(Instant::now());
-        match self.backend.take(req, seq, wait).await? {
+        match self.backend.take(req, seq, deadline).await? {
             Taken::Granted {
                 grant,
                 token,
                 valid,
             } => {
-                if matches!(valid, Validity::Until(until) if Instant::now() >= until) {
+                let arrived = Instant::now();
+                if matches!(valid, Validity::Until(until) if arrived >= until) {
                     // The reply came after the lease it granted: nothing of it can be
                     // relied on, so give it back now rather than block everyone.
                     tracing::warn!(lock = %req.keys.name(), "grant arrived with no validity left; given back");
@@ -252,6 +235,7 @@ impl<B: Backend> Core<B> {
                     // Whatever the store numbered a read hold with, it is no token.
                     token: token.filter(|_| req.keys.mode.is_fenced()),
                     valid,
+                    arrived,
                 }))
             }
             Taken::Busy {

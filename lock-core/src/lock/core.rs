@@ -125,7 +125,7 @@ impl<B: Seam> Core<B> {
             (Ok(Err(Loss::Expired)), None) => Err(self.lose(grant, Loss::Expired)),
             (Ok(Err(Loss::TakenOver)), _) => Err(self.lose(grant, Loss::TakenOver)),
         };
-        grant.count_release(self.backend.kind(), &result, true);
+        grant.count_release(self.backend.kind(), &result);
         result
     }
 

@@ -53,7 +53,7 @@ pub enum Released {
 #[must_use = "dropping a LockGuard releases the lock at once"]
 pub struct LockGuard<B: Backend = RedisBackend> {
     core: Arc<Core<B>>,
-    grant: Arc<Grant<B>>,
+    pub(super) grant: Arc<Grant<B>>,
     /// This hold asked for the watchdog lease.
     watched: bool,
     done: bool,
@@ -196,7 +196,7 @@ impl<B: Backend> LockGuard<B> {
     /// A hold given back without a store call (others remain): counted, and returned.
     fn released_locally(&self, result: Result<Released, LockError>) -> Result<Released, LockError> {
         let kind = self.core.backend.kind();
-        self.grant.count_release(kind, &result, false);
+        self.grant.count_release(kind, &result);
         result
     }
 

@@ -20,7 +20,7 @@ use tokio::sync::Notify;
 use tokio::sync::futures::OwnedNotified;
 use tokio::time::Instant;
 
-use super::seam::Seam;
+use super::seam::{Granted, Seam, Validity};
 
 use crate::client::store::key::{LockKeys, LockMode};
 use crate::error::LockError;
@@ -105,21 +105,24 @@ impl<B: Seam> Grant<B> {
     pub(crate) fn new(
         keys: Arc<LockKeys>,
         scope: u64,
-        record: B::Grant,
-        token: Option<FencingToken>,
-        seq: u64,
-        valid: (Instant, bool),
         primitive: Primitive,
+        taken: Granted<B::Grant>,
     ) -> Self {
-        let (valid_until, kept) = valid;
+        let (valid_until, kept) = match taken.valid {
+            Validity::Until(until) => (until, false),
+            Validity::Kept => (taken.arrived, true),
+        };
         Self {
             keys,
             scope,
-            record,
+            record: taken.grant,
             kept,
-            token: token.map(std::sync::OnceLock::from).unwrap_or_default(),
-            seq,
-            granted: metrics::granted_now(),
+            token: taken
+                .token
+                .map(std::sync::OnceLock::from)
+                .unwrap_or_default(),
+            seq: taken.seq,
+            granted: metrics::granted_at(taken.arrived),
             primitive,
             lost_wake: Notify::new(),
             state: Mutex::new(GrantState {
@@ -139,26 +142,24 @@ impl<B: Seam> Grant<B> {
     /// Whether the lease this client can prove ran out, with nobody having noticed yet
     /// (the watchdog may be late, and some stores have none).
     pub(crate) fn overdue(&self, st: &GrantState) -> bool {
-        !self.kept && st.lost.is_none() && Instant::now() >= st.valid_until
+        self.overdue_at(st, Instant::now())
     }
 
-    /// Counts the release of one hold that returned `result` (`last`: the grant's last
-    /// hold, so its hold time too).
+    fn overdue_at(&self, st: &GrantState, now: Instant) -> bool {
+        !self.kept && st.lost.is_none() && now >= st.valid_until
+    }
+
+    /// Counts the release of one hold that returned `result`.
     pub(crate) fn count_release(
         &self,
         store: StoreKind,
         result: &Result<crate::Released, LockError>,
-        last: bool,
     ) {
         let series = Series {
             store,
             primitive: self.primitive,
         };
-        metrics::release(
-            series,
-            release_outcome(result),
-            self.granted.filter(|_| last),
-        );
+        metrics::released(series, release_outcome(result));
     }
 
     pub(crate) fn state(&self) -> MutexGuard<'_, GrantState> {
@@ -434,13 +435,25 @@ impl<B: Seam> Registry<B> {
     pub(crate) fn release(&self, grant: &Arc<Grant<B>>, watched: bool, remote: bool) -> Plan {
         let mut maps = self.maps();
         let mut st = grant.state();
-        if grant.overdue(&st) {
+        let now = Instant::now();
+        if grant.overdue_at(&st, now) {
             drop((st, maps));
             self.lose(grant, Loss::Expired);
             maps = self.maps();
             st = grant.state();
         }
         st.holds = st.holds.saturating_sub(1);
+        if st.holds == 0
+            && remote
+            && let Some(granted) = grant.granted
+        {
+            // The hold ends here, when it is let go, whatever the store's reply.
+            let series = Series {
+                store: self.kind,
+                primitive: grant.primitive,
+            };
+            metrics::held(series, now.saturating_duration_since(granted));
+        }
         if watched {
             st.watched = st.watched.saturating_sub(1);
             if st.watched == 0 {
@@ -593,15 +606,14 @@ mod tests {
         let Enter::Acquire(ticket) = reg.enter(&keys, scope, false) else {
             panic!("expected a fresh acquisition");
         };
-        let g = Arc::new(Grant::new(
-            keys,
-            scope,
-            format!("c:{scope}:1"),
-            Some(FencingToken::new(1, 1)),
-            1,
-            (until, false),
-            Primitive::Lock,
-        ));
+        let taken = Granted {
+            grant: format!("c:{scope}:1"),
+            seq: 1,
+            token: Some(FencingToken::new(1, 1)),
+            valid: Validity::Until(until),
+            arrived: Instant::now(),
+        };
+        let g = Arc::new(Grant::new(keys, scope, Primitive::Lock, taken));
         ticket.fulfil(g.clone());
         g
     }
@@ -686,15 +698,14 @@ mod tests {
         let Enter::Acquire(ticket) = reg.enter(&keys, 3, false) else {
             panic!("expected a fresh acquisition");
         };
-        let kept = Arc::new(Grant::new(
-            keys,
-            3,
-            "c:3:1".to_owned(),
-            None,
-            2,
-            (Instant::now(), true),
-            Primitive::Lock,
-        ));
+        let taken = Granted {
+            grant: "c:3:1".to_owned(),
+            seq: 2,
+            token: None,
+            valid: Validity::Kept,
+            arrived: Instant::now(),
+        };
+        let kept = Arc::new(Grant::new(keys, 3, Primitive::Lock, taken));
         ticket.fulfil(kept.clone());
         assert!(matches!(
             reg.enter(&kept.keys, 3, false),

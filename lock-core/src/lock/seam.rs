@@ -39,6 +39,19 @@ pub(crate) enum Validity {
     Kept,
 }
 
+/// A granted attempt, as the engine keeps it.
+pub(crate) struct Granted<G> {
+    pub(crate) grant: G,
+    /// The engine's number of the attempt.
+    pub(crate) seq: u64,
+    /// Taken with the grant (a fenced request, or a grant through the script).
+    pub(crate) token: Option<FencingToken>,
+    pub(crate) valid: Validity,
+    /// When the reply came in, by the local clock: the one reading the grant's lease
+    /// check, its first renewal and its hold time all start from.
+    pub(crate) arrived: Instant,
+}
+
 /// One attempt's answer.
 pub(crate) enum Taken<G> {
     /// Granted: the store's record of the grant, its fencing token if it came with the
@@ -233,15 +246,16 @@ pub(crate) trait Seam: Send + Sync + Sized + 'static {
     /// What the store can and cannot do.
     const CAPABILITIES: Capabilities;
 
-    /// One attempt to take `req`'s lock as the engine's grant number `seq`. `wait`: what
-    /// is left of the caller's wait budget (zero: it will not wait); a store that waits
-    /// inside the server may wait that long before it answers busy. A grant whose
+    /// One attempt to take `req`'s lock as the engine's grant number `seq`. `deadline`:
+    /// when the caller's wait budget ends (now or past: it will not wait); a store that
+    /// waits inside the server may wait until then before it answers busy. A deadline,
+    /// not what is left of it, so the store reads the clock once, when it sends. A grant whose
     /// outcome is unknown (cancelled or failed mid-call) is the store's to give back.
     fn take(
         &self,
         req: &Request,
         seq: u64,
-        wait: Duration,
+        deadline: Instant,
     ) -> impl Future<Output = Result<Taken<Self::Grant>, LockError>> + Send;
 
     /// Gives a grant back: `Ok(Ok(()))` if it was still this grant's. Safe to repeat.

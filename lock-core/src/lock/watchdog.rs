@@ -107,12 +107,13 @@ impl<B: Seam> Watchdog<B> {
         }
     }
 
-    /// Takes `grant` out of the queue (released).
+    /// Takes `grant` out of the queue (released: it has ended, so it is not placed
+    /// again). A grant never queued (a fixed lease) leaves the queue's lock alone.
     pub(crate) fn unschedule(&self, grant: &Grant<B>) {
-        let mut q = self.shared.queue();
-        if let Some(at) = grant.state().queued.take() {
-            q.due.remove(&(at, grant.seq));
-        }
+        let Some(at) = grant.state().queued.take() else {
+            return;
+        };
+        self.shared.queue().due.remove(&(at, grant.seq));
     }
 
     pub(crate) fn stop(&self) {

@@ -212,7 +212,7 @@ impl Seam for RedlockBackend {
         &self,
         req: &Request,
         seq: u64,
-        wait: Duration,
+        deadline: Instant,
     ) -> Result<Taken<Self::Grant>, LockError> {
         let started = Instant::now();
         let name = req.keys.name();
@@ -226,7 +226,7 @@ impl Seam for RedlockBackend {
         // An answer that comes too late is dropped mid-request; the node's backend then
         // undoes the possible grant in the background.
         let answers = each_within(timeout, self.nodes.iter().zip(&requests), |(node, r)| {
-            node.take(r, seq, wait)
+            node.take(r, seq, deadline)
         })
         .await;
         let elapsed = started.elapsed();

@@ -221,7 +221,7 @@ impl Seam for MemoryBackend {
         &self,
         req: &Request,
         _seq: u64,
-        wait: Duration,
+        deadline: Instant,
     ) -> Result<Taken<u64>, LockError> {
         // A watched grant is kept until given back, or ends at its max-hold.
         let lease = if req.watchdog {
@@ -230,6 +230,7 @@ impl Seam for MemoryBackend {
             Some(req.lease)
         };
         let now = Instant::now();
+        let wait = deadline.saturating_duration_since(now);
         let until = lease.and_then(|l| now.checked_add(l));
         let mut table = self.table();
         let turn = if req.keys.mode.is_read_write() {

@@ -340,10 +340,11 @@ impl Seam for RedisBackend {
         &self,
         req: &Request,
         seq: u64,
-        wait: Duration,
+        deadline: Instant,
     ) -> Result<Taken<String>, LockError> {
         let value = self.grant_value(&req.scope, seq);
         let sent = Instant::now();
+        let wait = deadline.saturating_duration_since(sent);
         // The plain lock's future stays small: the others' larger ones are boxed.
         let reply = if req.keys.mode.is_read_write() {
             Box::pin(self.take_shared(req, &value, wait)).await?

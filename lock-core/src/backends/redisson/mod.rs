@@ -232,12 +232,12 @@ impl Seam for RedissonBackend {
         &self,
         req: &Request,
         seq: u64,
-        wait: Duration,
+        deadline: Instant,
     ) -> Result<Taken<RedissonGrant>, LockError> {
         let grant = self.request_grant(req, seq);
         let fenced = u8::from(req.fenced);
-        let waits = u8::from(grant.fair && !wait.is_zero());
         let sent = Instant::now();
+        let waits = u8::from(grant.fair && deadline > sent);
         // Until the reply is in, the grant may exist: undone in the background.
         let undo = OnDrop::new(|| self.undo_in_background(&req.keys, &grant));
         let reply = self

@@ -431,8 +431,9 @@ impl Seam for EtcdBackend {
         &self,
         req: &Request,
         seq: u64,
-        wait: Duration,
+        deadline: Instant,
     ) -> Result<Taken<Self::Grant>, LockError> {
+        let wait = deadline.saturating_duration_since(Instant::now());
         let value = req.value.as_deref().unwrap_or_default();
         let contender = (req.keys.name(), req.keys.mode, seq);
         Ok(match self.contend(contender, value, wait).await? {

@@ -266,8 +266,9 @@ impl<S: SqlStore> Seam for SqlBackend<S> {
         &self,
         req: &Request,
         _seq: u64,
-        wait: Duration,
+        deadline: Instant,
     ) -> Result<Taken<Self::Grant>, LockError> {
+        let wait = deadline.saturating_duration_since(Instant::now());
         let config = self.store.config();
         let dialect = self.store.target(&req.keys);
         let store = <S::Dialect as Dialect>::STORE;

@@ -314,8 +314,9 @@ impl Seam for ZkBackend {
         &self,
         req: &Request,
         _seq: u64,
-        wait: Duration,
+        deadline: Instant,
     ) -> Result<Taken<Self::Grant>, LockError> {
+        let wait = deadline.saturating_duration_since(Instant::now());
         let dir = lock_path(&self.config.namespace, req.keys.name());
         let mode = req.keys.mode;
         Ok(

@@ -44,8 +44,8 @@ fn each(e: &LockError, op: &'static str) -> LockError {
 }
 /// A call in flight on the lane ended (alone or a batch): its place is free; schedules
 /// a driver for what queued, if none is on its way.
-pub(super) fn hand_over(conn: Conn, kind: Kind, group: u16) {
-    let Some(lanes) = conn.lanes.clone() else {
+pub(super) fn hand_over(conn: &Conn, kind: Kind, group: u16) {
+    let Some(lanes) = &conn.lanes else {
         return;
     };
     let drive = {
@@ -55,7 +55,7 @@ pub(super) fn hand_over(conn: Conn, kind: Kind, group: u16) {
         l.claim_driver(lanes.depth)
     };
     if drive {
-        schedule(conn, kind, group);
+        schedule(conn.clone(), kind, group);
     }
 }
 
@@ -195,7 +195,7 @@ async fn drive(conn: Conn, mut driving: Driving) {
     let batch = std::mem::take(&mut driving.batch);
     driving.state = State::Done;
     drop(driving);
-    hand_over(conn, kind, group);
+    hand_over(&conn, kind, group);
     match replies {
         Ok(items) => {
             for (q, v) in batch.into_iter().zip(items) {

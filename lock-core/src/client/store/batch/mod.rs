@@ -159,21 +159,22 @@ impl Conn {
 }
 
 /// A caller's place in a lane.
-pub(crate) enum Turn<F> {
+pub(crate) enum Turn<'c, F> {
     /// Nothing of this lane is in flight: send now, on the caller's future (the entry
     /// builder comes back unused). The call counts as in flight until the [`Alone`] is dropped.
-    Alone(Alone, F),
+    Alone(Alone<'c>, F),
     /// Queued behind a call in flight: the reply arrives with a later batch.
     Queued(Pending),
 }
 
 /// The caller's place in flight on its lane; dropping it frees the place (and schedules
-/// a driver for what queued, if none is on its way).
-pub(crate) struct Alone {
-    lane: Option<(Conn, Kind, u16)>,
+/// a driver for what queued, if none is on its way). It borrows the connection its
+/// caller calls on: the connection is cloned only to start a driver.
+pub(crate) struct Alone<'c> {
+    lane: Option<(&'c Conn, Kind, u16)>,
 }
 
-impl Drop for Alone {
+impl Drop for Alone<'_> {
     fn drop(&mut self) {
         if let Some((conn, kind, group)) = self.lane.take() {
             hand_over(conn, kind, group);
@@ -222,7 +223,7 @@ impl Conn {
         script: &'static Lua,
         key: &str,
         entry: F,
-    ) -> Turn<F> {
+    ) -> Turn<'_, F> {
         self.take_turn(Kind::Script(script), script.op(), key, entry, |f| {
             Item::Script(f(Entry::packed()))
         })
@@ -236,7 +237,7 @@ impl Conn {
         op: &'static str,
         key: &str,
         command: F,
-    ) -> Turn<F> {
+    ) -> Turn<'_, F> {
         self.take_turn(Kind::Commands, op, key, command, |f| Item::Command(f()))
     }
 
@@ -247,7 +248,7 @@ impl Conn {
         key: &str,
         build: F,
         item: impl FnOnce(F) -> Item,
-    ) -> Turn<F> {
+    ) -> Turn<'_, F> {
         let Some(lanes) = &self.lanes else {
             return Turn::Alone(Alone { lane: None }, build);
         };
@@ -257,7 +258,7 @@ impl Conn {
         if lane.in_flight == 0 && lane.queue.is_empty() {
             lane.in_flight = 1;
             let alone = Alone {
-                lane: Some((self.clone(), kind, group)),
+                lane: Some((self, kind, group)),
             };
             return Turn::Alone(alone, build);
         }
