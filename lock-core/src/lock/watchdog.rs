@@ -89,8 +89,8 @@ impl<B: Seam> Watchdog<B> {
     /// (Re)places `grant` in the queue at its next due time, and makes sure the task
     /// runs and wakes for it.
     pub(crate) fn schedule(&self, grant: &Arc<Grant<B>>) {
-        self.shared.place(grant);
         let mut q = self.shared.queue();
+        self.shared.place_in(&mut q, grant);
         if q.task.as_ref().is_some_and(|t| !t.is_finished()) {
             return;
         }
@@ -213,7 +213,10 @@ impl<B: Seam> Shared<B> {
 
     /// Queues `grant` at its next due time (the task is running: it calls this).
     fn place(&self, grant: &Arc<Grant<B>>) {
-        let mut q = self.queue();
+        self.place_in(&mut self.queue(), grant);
+    }
+
+    fn place_in(&self, q: &mut Queue<B>, grant: &Arc<Grant<B>>) {
         let mut st = grant.state();
         if let Some(old) = st.queued.take() {
             q.due.remove(&(old, grant.seq));

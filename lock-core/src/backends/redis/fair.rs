@@ -43,7 +43,7 @@ impl RedisBackend {
         value: &str,
         wait: Duration,
     ) -> Result<AcquireReply, LockError> {
-        let place = self.linger_ms(wait);
+        let place = self.linger_ms(!wait.is_zero());
         let owner = self.owner(req);
         let call = self.fair_call(req, "acquire", &owner, |c| {
             c.arg(value)

@@ -232,12 +232,12 @@ impl RedisBackend {
 
     /// How long (ms) a waiter's mark or place outlives what it waits for: the longest
     /// sleep between two attempts and one call, so a waiter is marked while it waits;
-    /// 0 for a caller that does not wait (`wait` zero).
-    fn linger_ms(&self, wait: Duration) -> u64 {
-        if wait.is_zero() {
-            0
-        } else {
+    /// 0 for a caller that does not wait.
+    fn linger_ms(&self, waits: bool) -> u64 {
+        if waits {
             self.client.config().waiter_linger().as_millis() as u64
+        } else {
+            0
         }
     }
 
@@ -344,14 +344,15 @@ impl Seam for RedisBackend {
     ) -> Result<Taken<String>, LockError> {
         let value = self.grant_value(&req.scope, seq);
         let sent = Instant::now();
-        let wait = deadline.saturating_duration_since(sent);
+        let wait = || deadline.saturating_duration_since(sent);
         // The plain lock's future stays small: the others' larger ones are boxed.
         let reply = if req.keys.mode.is_read_write() {
-            Box::pin(self.take_shared(req, &value, wait)).await?
+            Box::pin(self.take_shared(req, &value, wait())).await?
         } else if req.fair {
-            Box::pin(self.take_fair(req, &value, wait)).await?
+            Box::pin(self.take_fair(req, &value, wait())).await?
         } else {
-            self.take_value(req, &value, self.linger_ms(wait)).await?
+            self.take_value(req, &value, self.linger_ms(deadline > sent))
+                .await?
         };
         Ok(taken(reply, value, &self.client, seq, sent, req.lease))
     }
