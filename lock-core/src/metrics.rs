@@ -438,8 +438,9 @@ mod record {
         counter(&RELEASE_KEYS[at]).increment(1);
     }
 
-    pub(crate) fn held(series: Series, held: Duration) {
-        histogram(&HOLD_KEYS[series.index()]).record(held);
+    /// A grant granted at `from` whose last hold was let go at `to`.
+    pub(crate) fn held(series: Series, from: Instant, to: Instant) {
+        histogram(&HOLD_KEYS[series.index()]).record(to.saturating_duration_since(from));
     }
 
     pub(crate) fn renewed(store: StoreKind, result: Renewal, locks: u64) {
@@ -488,7 +489,7 @@ mod record {
     #[inline]
     pub(crate) fn released(_: Series, _: ReleaseOutcome) {}
     #[inline]
-    pub(crate) fn held(_: Series, _: Duration) {}
+    pub(crate) fn held(_: Series, _: Instant, _: Instant) {}
     #[inline]
     pub(crate) fn renewed(_: StoreKind, _: Renewal, _: u64) {}
     #[inline]
@@ -504,12 +505,6 @@ mod record {
 pub(crate) use record::{
     acquired, held, idempotency, lost, rate_limit, released, renewal_call, renewed,
 };
-
-/// When a grant that arrived `at` was granted, for its hold time: kept only when
-/// metrics are recorded.
-pub(crate) fn granted_at(at: Instant) -> Option<Instant> {
-    cfg!(feature = "metrics").then_some(at)
-}
 
 #[cfg(test)]
 mod tests {

@@ -66,7 +66,7 @@ impl<B: Backend> Core<B> {
         };
         // A fresh grant's wait ends when its reply came in: no second clock reading.
         let ended = match &result {
-            Ok(guard) if !reentered => guard.grant.granted,
+            Ok(guard) if !reentered => Some(guard.grant.granted),
             _ => None,
         };
         metrics::acquired(series, outcome, started, ended);

@@ -59,8 +59,8 @@ pub(crate) struct Grant<B: Seam> {
     pub(crate) token: std::sync::OnceLock<FencingToken>,
     /// Unique per grant in this client (the watchdog's queue key).
     pub(crate) seq: u64,
-    /// When it was granted, for the hold time (`None` when metrics are not recorded).
-    pub(crate) granted: Option<Instant>,
+    /// When its reply arrived: the start of its hold time.
+    pub(crate) granted: Instant,
     /// What it is for: the metrics' label.
     pub(crate) primitive: Primitive,
     /// Woken when the grant is lost (its guards' `lost()` wait on it).
@@ -122,7 +122,7 @@ impl<B: Seam> Grant<B> {
                 .map(std::sync::OnceLock::from)
                 .unwrap_or_default(),
             seq: taken.seq,
-            granted: metrics::granted_at(taken.arrived),
+            granted: taken.arrived,
             primitive,
             lost_wake: Notify::new(),
             state: Mutex::new(GrantState {
@@ -155,11 +155,15 @@ impl<B: Seam> Grant<B> {
         store: StoreKind,
         result: &Result<crate::Released, LockError>,
     ) {
-        let series = Series {
+        metrics::released(self.series(store), release_outcome(result));
+    }
+
+    /// The metrics' labels of this grant on `store`.
+    fn series(&self, store: StoreKind) -> Series {
+        Series {
             store,
             primitive: self.primitive,
-        };
-        metrics::released(series, release_outcome(result));
+        }
     }
 
     pub(crate) fn state(&self) -> MutexGuard<'_, GrantState> {
@@ -443,16 +447,9 @@ impl<B: Seam> Registry<B> {
             st = grant.state();
         }
         st.holds = st.holds.saturating_sub(1);
-        if st.holds == 0
-            && remote
-            && let Some(granted) = grant.granted
-        {
+        if st.holds == 0 && remote {
             // The hold ends here, when it is let go, whatever the store's reply.
-            let series = Series {
-                store: self.kind,
-                primitive: grant.primitive,
-            };
-            metrics::held(series, now.saturating_duration_since(granted));
+            metrics::held(grant.series(self.kind), grant.granted, now);
         }
         if watched {
             st.watched = st.watched.saturating_sub(1);
@@ -514,10 +511,7 @@ impl<B: Seam> Registry<B> {
         }
         drop(maps);
         grant.lost_wake.notify_waiters();
-        metrics::lost(Series {
-            store: self.kind,
-            primitive: grant.primitive,
-        });
+        metrics::lost(grant.series(self.kind));
         true
     }
 

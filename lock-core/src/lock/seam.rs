@@ -249,8 +249,9 @@ pub(crate) trait Seam: Send + Sync + Sized + 'static {
     /// One attempt to take `req`'s lock as the engine's grant number `seq`. `deadline`:
     /// when the caller's wait budget ends (now or past: it will not wait); a store that
     /// waits inside the server may wait until then before it answers busy. A deadline,
-    /// not what is left of it, so the store reads the clock once, when it sends. A grant whose
-    /// outcome is unknown (cancelled or failed mid-call) is the store's to give back.
+    /// not what is left of it, so the store reads the clock once, when it sends. A
+    /// grant whose outcome is unknown (cancelled or failed mid-call) is the store's to
+    /// give back.
     fn take(
         &self,
         req: &Request,

@@ -1,8 +1,6 @@
 //! The seam to a Redis deployment: the one place that talks to Redis.
 //!
-//! [`Store`] is what the rest of the crate needs from a deployment: run a script, run a
-//! plain command, run a pipeline of plain commands, and say which keys may share one
-//! script call (one hash slot on a Cluster, anything on one node). It is one node (a
+//! [`Store`] is a deployment (what the crate asks of one is on its type): one node (a
 //! reconnecting `ConnectionManager`) or a Redis Cluster (redis-rs `cluster-async`),
 //! each a [`RedisStore`], made again when the runtime it was made on ends. [`Conn`]
 //! wraps a store with the per-call time limit and typed replies; the watchdog's
