@@ -1,10 +1,12 @@
 //! `lock-bench ops <bench>.<impl> --tasks T --ops N --redis URL` (not in `--help`): runs
 //! exactly N operations of one implementation, shared over T tasks, and exits; what
 //! [`crate::instructions`] runs under callgrind. A count, not a time, so that two runs
-//! differ by exactly their operations.
+//! differ by exactly their operations. `redlock.<impl>` takes its masters' URLs
+//! comma-separated (`--redis URL1,URL2,...`), for counting by hand under callgrind:
+//! the instruction table has no Redlock row (five servers).
 
 use crate::measure::{BoxError, Cycle};
-use crate::{idempotency, ids, macro_bench, ratelimit, uncontended};
+use crate::{idempotency, ids, macro_bench, ratelimit, redlock, uncontended};
 
 /// Every name `ops` takes, `<bench>.<impl>`.
 pub fn names() -> Vec<String> {
@@ -17,6 +19,7 @@ pub fn names() -> Vec<String> {
     add("ratelimit", &mut ratelimit::OPS.into_iter());
     add("ids", &mut ids::OPS.into_iter());
     add("idempotency", &mut idempotency::OPS.into_iter());
+    add("redlock", &mut redlock::OPS.into_iter());
     all
 }
 
@@ -28,6 +31,7 @@ async fn cycle_for(name: &str, url: &str) -> Result<Cycle, BoxError> {
         Some(("ratelimit", imp)) => ratelimit::op(url, imp).await?,
         Some(("ids", imp)) => ids::op(url, imp).await?,
         Some(("idempotency", imp)) => idempotency::op(url, imp).await?,
+        Some(("redlock", imp)) => redlock::op(url, imp).await?,
         _ => None,
     };
     found.ok_or_else(|| {
@@ -83,7 +87,13 @@ mod tests {
     #[test]
     fn every_bench_names_its_implementations() {
         let names = names();
-        for n in ["lock.ours", "lock.floor", "macro.annotated", "ids.segment"] {
+        for n in [
+            "lock.ours",
+            "lock.floor",
+            "macro.annotated",
+            "ids.segment",
+            "redlock.rslock",
+        ] {
             assert!(names.iter().any(|x| x == n), "{n} in {names:?}");
         }
     }

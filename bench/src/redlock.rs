@@ -51,6 +51,27 @@ fn impls(
     ]
 }
 
+/// The names `lock-bench ops redlock.<name>` takes.
+pub const OPS: [&str; 3] = ["redlock", "rslock", "redlock_unbatched"];
+
+/// Implementation `name`'s cycle over the masters `urls` (comma-separated), for
+/// `lock-bench ops`; `None` for an unknown name.
+pub async fn op(urls: &str, name: &str) -> Result<Option<Cycle>, BoxError> {
+    let urls: Vec<&str> = urls.split(',').collect();
+    let config = LockConfig::new();
+    Ok(Some(match name {
+        "redlock" => fixed_lease_cycle(Redlock::open(urls, config)?, "redlock"),
+        "redlock_unbatched" => fixed_lease_cycle(
+            Redlock::open(urls, config.with_batching(false))?,
+            "redlock_unbatched",
+        ),
+        "rslock" => rslock_cycle(rslock::LockManager::new(
+            urls.iter().map(|u| u.to_string()).collect(),
+        )),
+        _ => return Ok(None),
+    }))
+}
+
 /// One task, cycles timed one by one for `warm + measure`; returns (p50, p99) in µs.
 async fn latency(cycle: &Cycle, warm: Duration, measure: Duration) -> Result<(f64, f64), BoxError> {
     let until = Instant::now() + warm;

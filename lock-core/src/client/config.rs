@@ -180,9 +180,11 @@ impl LockConfig {
     /// flight, once one of them is back). The plain `SET NX PX` that takes a free lock
     /// queues the same way on a lane of plain commands, and queued ones go as one
     /// pipeline (Redis still runs each native `SET`; the client pays one call for
-    /// many). A lone call goes at once as before: nothing waits for a timer, so an idle
-    /// client sees no added latency, and a busy one spends far less per call, on both
-    /// sides. Each caller still gets its own reply or error.
+    /// many). A lone call goes at once: nothing waits for a timer, so an idle client
+    /// sees no added latency, and a busy one spends far less per call, on both sides.
+    /// (Once calls of a kind have queued, the next that finds nothing in flight queues
+    /// too, so that the calls arriving with it join it, until a batch goes with no
+    /// other call in it.) Each caller still gets its own reply or error.
     ///
     /// Turn it off to compare, or where every call must be its own command (a proxy
     /// that inspects scripts, commandstats kept per call). A queued call may wait for

@@ -35,6 +35,9 @@ pub struct RedlockBackend {
     /// Lease, wait budget, backoff and the engine's namespace: the first node's.
     pub(super) config: LockConfig,
     pub(super) node_timeout: Duration,
+    /// Per node, whether its namespace differs from the engine's (so that it needs keys
+    /// of its own); `None` when none does, and every node takes the engine's keys.
+    own_keys: Option<Vec<bool>>,
     /// The last node that answered an acquisition: waiters listen to its releases.
     answered: AtomicUsize,
 }
@@ -101,8 +104,14 @@ impl RedlockBackend {
         config: LockConfig,
         node_timeout: Duration,
     ) -> Self {
+        let own_keys: Vec<bool> = clients
+            .iter()
+            .map(|c| c.config().namespace != config.namespace)
+            .collect();
+        let own_keys = own_keys.contains(&true).then_some(own_keys);
         Self {
             nodes: clients.iter().map(|c| c.backend().clone()).collect(),
+            own_keys,
             clients,
             config,
             node_timeout,
@@ -120,37 +129,47 @@ impl RedlockBackend {
         key::escaped_lock_keys(namespace, name)
     }
 
-    /// Gives back `copies` (node, keys, value) at once; answers as soon as the
-    /// release's verdict is certain, or after the node timeout, with the tally, the
-    /// first failure, and the nodes that answered. What has not answered by then (or
-    /// when this is dropped) goes on in the background: a release is never cut short.
+    /// Gives back every copy of `grant` at once; answers as soon as the release's
+    /// verdict is certain, or after the node timeout, with the tally, the first
+    /// failure, and the nodes that answered. What has not answered by then (or when this
+    /// is dropped) goes on in the background: a release is never cut short.
     async fn give_back_copies(
         &self,
-        copies: Vec<(usize, Arc<LockKeys>, String)>,
+        grant: &Arc<Copies>,
     ) -> (ReleaseTally, Option<String>, Vec<usize>) {
         let timeout = self.node_timeout;
-        let deadline = Instant::now() + timeout;
-        let count = copies.len();
+        let held = grant.nodes.iter().enumerate().filter(|(_, c)| c.is_some());
+        // Each answer owns the grant (not a copy of its keys and value), so that it can
+        // finish in the background.
         let mut answers = Stragglers(
-            copies
-                .into_iter()
-                .map(|(i, keys, value)| {
-                    let node = self.nodes[i].clone();
-                    let answer: GiveBack =
-                        Box::pin(async move { (i, node.give_back(&keys, &value).await) });
-                    answer
-                })
-                .collect(),
+            held.map(|(i, _)| {
+                let (node, grant) = (self.nodes[i].clone(), grant.clone());
+                let answer: GiveBack = Box::pin(async move {
+                    let answer = match grant.nodes.get(i).and_then(Option::as_ref) {
+                        Some(c) => node.give_back(&c.keys, &c.value).await,
+                        None => Err(LockError::UnexpectedReply(format!(
+                            "copy {i}: none to give back"
+                        ))),
+                    };
+                    (i, answer)
+                });
+                answer
+            })
+            .collect(),
         );
+        let count = answers.0.len();
         let mut tally = ReleaseTally::default();
         let mut cause = None;
         let mut answered = Vec::new();
         let nodes = self.nodes.len();
+        // One timer for the whole release, however many answers it waits for.
+        let time_up = tokio::time::sleep(timeout);
+        tokio::pin!(time_up);
         while tally.verdict(nodes, count).is_none() {
-            let (i, answer) = match tokio::time::timeout_at(deadline, answers.0.next()).await {
-                Ok(Some(answer)) => answer,
-                Ok(None) => break,
-                Err(_) => {
+            let next = tokio::select! {
+                biased;
+                next = answers.0.next() => next,
+                () = &mut time_up => {
                     let late = answers.0.len();
                     tally.failed += late;
                     cause.get_or_insert_with(|| {
@@ -158,6 +177,9 @@ impl RedlockBackend {
                     });
                     break;
                 }
+            };
+            let Some((i, answer)) = next else {
+                break;
             };
             match answer {
                 Ok(h) => {
@@ -188,8 +210,9 @@ struct Stragglers(FuturesUnordered<GiveBack>);
 
 impl Drop for Stragglers {
     fn drop(&mut self) {
-        let mut left = std::mem::take(&mut self.0);
-        if !left.is_empty() {
+        // Checked first: taking makes a new empty set, which allocates.
+        if !self.0.is_empty() {
+            let mut left = std::mem::take(&mut self.0);
             crate::client::cleanup::spawn_task(async move { while left.next().await.is_some() {} });
         }
     }
@@ -216,17 +239,25 @@ impl Seam for RedlockBackend {
     ) -> Result<Taken<Self::Grant>, LockError> {
         let started = Instant::now();
         let name = req.keys.name();
-        let requests: Vec<Request> = (0..self.nodes.len())
-            .map(|i| Request {
-                keys: Arc::new(self.node_keys(i, name)),
-                ..req.clone()
-            })
-            .collect();
+        // A node in the engine's namespace takes the engine's request as it is (its keys
+        // are the node's); any other gets its own.
+        let own: Vec<Option<Request>> = match &self.own_keys {
+            Some(own) => (own.iter().enumerate())
+                .map(|(i, own)| {
+                    own.then(|| Request {
+                        keys: Arc::new(self.node_keys(i, name)),
+                        ..req.clone()
+                    })
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        let request = |i: usize| own.get(i).and_then(Option::as_ref).unwrap_or(req);
         let timeout = self.node_timeout;
         // An answer that comes too late is dropped mid-request; the node's backend then
         // undoes the possible grant in the background.
-        let answers = each_within(timeout, self.nodes.iter().zip(&requests), |(node, r)| {
-            node.take(r, seq, deadline)
+        let answers = each_within(timeout, self.nodes.iter().enumerate(), |(i, node)| {
+            node.take(request(i), seq, deadline)
         })
         .await;
         let elapsed = started.elapsed();
@@ -235,23 +266,23 @@ impl Seam for RedlockBackend {
         let mut copies: Vec<Option<(Copy, Option<FencingToken>)>> = Vec::new();
         for (i, answer) in answers.into_iter().enumerate() {
             let copy = match answer {
-                Ok(Ok(Taken::Granted { grant, token, .. })) => {
+                Some(Ok(Taken::Granted { grant, token, .. })) => {
                     granted += 1;
                     first_answer.get_or_insert(i);
-                    let keys = requests[i].keys.clone();
+                    let keys = request(i).keys.clone();
                     Some((Copy { keys, value: grant }, token))
                 }
-                Ok(Ok(Taken::Busy { retry_after: r, .. })) => {
+                Some(Ok(Taken::Busy { retry_after: r, .. })) => {
                     busy += 1;
                     first_answer.get_or_insert(i);
                     retry_after = Some(retry_after.map_or(r, |a: Duration| a.min(r)));
                     None
                 }
-                Ok(Err(e)) => {
+                Some(Err(e)) => {
                     cause.get_or_insert_with(|| format!("node {i}: {e}"));
                     None
                 }
-                Err(_) => {
+                None => {
                     cause.get_or_insert_with(|| format!("node {i}: no answer within {timeout:?}"));
                     None
                 }
@@ -286,13 +317,15 @@ impl Seam for RedlockBackend {
         }
         // Every copy we got goes back before the next attempt, so that it cannot race
         // with these releases.
-        let got: Vec<_> = copies
-            .into_iter()
-            .enumerate()
-            .filter_map(|(i, c)| c.map(|(copy, _)| (i, copy.keys, copy.value)))
-            .collect();
-        if !got.is_empty() {
-            self.give_back_copies(got).await;
+        if copies.iter().any(Option::is_some) {
+            let got = Arc::new(Copies {
+                nodes: copies
+                    .into_iter()
+                    .map(|c| c.map(|(copy, _)| copy))
+                    .collect(),
+                live: Mutex::new(Vec::new()),
+            });
+            self.give_back_copies(&got).await;
         }
         tracing::debug!(lock = %name, granted, needed = self.quorum(), busy, ?elapsed, "redlock attempt failed");
         let failure = match verdict {
@@ -318,14 +351,8 @@ impl Seam for RedlockBackend {
     }
 
     async fn give_back(&self, keys: &LockKeys, grant: &Self::Grant) -> Result<Held, LockError> {
-        let copies: Vec<_> = grant
-            .nodes
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| c.as_ref().map(|c| (i, c.keys.clone(), c.value.clone())))
-            .collect();
-        let count = copies.len();
-        let (tally, cause, answered) = self.give_back_copies(copies).await;
+        let count = grant.nodes.iter().flatten().count();
+        let (tally, cause, answered) = self.give_back_copies(grant).await;
         for i in answered {
             grant.answered(i, None);
         }
@@ -364,18 +391,18 @@ impl Seam for RedlockBackend {
         let (mut ok, mut cause) = (0, None);
         for answer in answers {
             match answer {
-                Ok((i, Ok(Ok(until)))) => {
+                Some((i, Ok(Ok(until)))) => {
                     ok += 1;
                     grant.answered(i, Some(until));
                 }
-                Ok((i, Ok(Err(loss)))) => {
+                Some((i, Ok(Err(loss)))) => {
                     grant.answered(i, None);
                     cause.get_or_insert_with(|| loss.error(keys.name()).to_string());
                 }
-                Ok((_, Err(e))) => {
+                Some((_, Err(e))) => {
                     cause.get_or_insert_with(|| e.to_string());
                 }
-                Err(_) => {
+                None => {
                     cause.get_or_insert_with(|| format!("no answer within {timeout:?}"));
                 }
             }

@@ -4,10 +4,10 @@
 //! Kept apart from the I/O so that each rule is a table in the tests below.
 
 use std::future::Future;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use tokio::time::error::Elapsed;
 
 use crate::client::config::drift;
 
@@ -128,24 +128,35 @@ impl ReleaseTally {
     }
 }
 
-/// Asks every item at once, each within `timeout`; the answers in item order.
+/// Asks every item at once, each within `timeout` of the call; the answers in item
+/// order, `None` for an item that had not answered by then (its future is dropped).
+///
+/// One timer serves the whole fan-out: every answer lands in its own slot, and what
+/// has not answered when the time is up is left empty.
 pub(crate) async fn each_within<I, F, Fut>(
     timeout: Duration,
     items: I,
     ask: F,
-) -> Vec<Result<Fut::Output, Elapsed>>
+) -> Vec<Option<Fut::Output>>
 where
     I: IntoIterator,
     F: FnMut(I::Item) -> Fut,
     Fut: Future,
 {
-    join_all(
-        items
-            .into_iter()
-            .map(ask)
-            .map(|f| tokio::time::timeout(timeout, f)),
-    )
-    .await
+    let asks: Vec<Fut> = items.into_iter().map(ask).collect();
+    // A slot per item, each filled once, by its own future (a lock, not a `Cell`, so
+    // that the fan-out's future stays `Send`).
+    let slots: Vec<Mutex<Option<Fut::Output>>> = asks.iter().map(|_| Mutex::new(None)).collect();
+    let fill = asks.into_iter().zip(&slots).map(|(f, slot)| async move {
+        let answer = f.await;
+        *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(answer);
+    });
+    // Elapsed or not, each slot holds what answered in time.
+    let _ = tokio::time::timeout(timeout, join_all(fill)).await;
+    slots
+        .into_iter()
+        .map(|s| s.into_inner().unwrap_or_else(|p| p.into_inner()))
+        .collect()
 }
 
 #[cfg(test)]
@@ -250,13 +261,12 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn each_within_keeps_order_and_times_out_each_alone() {
+    async fn each_within_keeps_order_and_leaves_the_late_out() {
         let answers = each_within(MS(100), [30u64, 500, 10], |ms| async move {
             tokio::time::sleep(MS(ms)).await;
             ms
         })
         .await;
-        let got: Vec<Option<u64>> = answers.into_iter().map(Result::ok).collect();
-        assert_eq!(got, [Some(30), None, Some(10)]);
+        assert_eq!(answers, [Some(30), None, Some(10)]);
     }
 }

@@ -192,6 +192,48 @@ async fn without_batching_every_operation_is_a_command() {
     );
 }
 
+/// Calls that arrive together go together. On a quiet lane the first of a wave goes
+/// alone and the rest queue behind it (two calls); once calls have queued, the first to
+/// find the lane idle queues too, so the next wave is one call; a batch of one makes the
+/// lane quiet again. (One thread: the tasks of a wave run in turn before any driver.)
+#[tokio::test]
+async fn a_wave_after_a_busy_spell_goes_as_one_call() {
+    let server = RedisServer::start();
+    let c = client(&server, LockConfig::new()).await;
+    warm_up(&c).await;
+    let mut monitor = server.monitor().await;
+    let wave = |n: usize| {
+        let c = c.clone();
+        async move {
+            let mut guards = Vec::new();
+            for i in 0..n {
+                guards.push(c.try_lock(("wave", i)).await.unwrap());
+            }
+            let releases: Vec<_> = guards
+                .into_iter()
+                .map(|g| tokio::spawn(g.release()))
+                .collect();
+            for r in releases {
+                assert_eq!(r.await.unwrap().unwrap(), Released::Unlocked);
+            }
+        }
+    };
+    let release_calls =
+        |sent: BTreeMap<String, u64>| sent.get("EVALSHA release.lua").copied().unwrap_or(0);
+    wave(8).await;
+    let quiet = release_calls(sent_since(&server, &mut monitor).await);
+    wave(8).await;
+    let busy = release_calls(sent_since(&server, &mut monitor).await);
+    wave(1).await;
+    wave(8).await;
+    let quiet_again = release_calls(sent_since(&server, &mut monitor).await);
+    assert_eq!(
+        (quiet, busy, quiet_again),
+        (2, 1, 1 + 2),
+        "release calls: a wave on a quiet lane, on a busy one, then a lone one and a wave"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_task_sends_one_command_per_operation() {
     let server = RedisServer::start();

@@ -470,3 +470,44 @@ async fn extend_needs_a_quorum() {
         "{err}"
     );
 }
+
+/// Each node keeps its own namespace: a Redlock whose nodes differ in namespace writes
+/// each copy under its node's, excludes a second Redlock of the same layout, and gives
+/// every copy back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_node_writes_its_copy_under_its_own_namespace() {
+    let nodes = masters(3);
+    let namespaces = ["app", "lock", "app"];
+    let open = || async {
+        let mut clients = Vec::new();
+        for (server, ns) in nodes.iter().zip(namespaces) {
+            let config = config().with_namespace(ns);
+            clients.push(
+                lock_core::LockClient::open_with_config(server.url().as_str(), config)
+                    .await
+                    .unwrap(),
+            );
+        }
+        Redlock::new(clients).unwrap()
+    };
+    let (a, b) = (open().await, open().await);
+    let guard = a.try_lock("job").await.unwrap();
+    assert_eq!(guard.copies(), 3);
+    for (server, ns) in nodes.iter().zip(namespaces) {
+        let mut conn = server.connection().await;
+        let keys: Vec<String> = conn.keys("*{job}").await.unwrap();
+        assert_eq!(
+            keys,
+            [format!("{ns}:{{job}}")],
+            "on the node of namespace {ns}"
+        );
+    }
+    assert!(b.try_lock("job").await.unwrap_err().is_busy());
+    assert_eq!(guard.release().await.unwrap(), Released::Unlocked);
+    for server in nodes.iter() {
+        let mut conn = server.connection().await;
+        let keys: Vec<String> = conn.keys("*{job}").await.unwrap();
+        assert!(keys.is_empty(), "left behind: {keys:?}");
+    }
+    b.try_lock("job").await.unwrap().release().await.unwrap();
+}

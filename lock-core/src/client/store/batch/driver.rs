@@ -110,6 +110,8 @@ impl Driving {
         lane.in_flight += 1;
         self.state = State::Sending;
         let n = lane.queue.len().min(MAX_BATCH);
+        // A batch of one: no call joined it, so the next to find the lane idle goes alone.
+        lane.busy = n > 1;
         self.batch = lane.queue.drain(..n).collect();
         lane.claim_driver(self.lanes.depth)
     }

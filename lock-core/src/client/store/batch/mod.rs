@@ -5,8 +5,15 @@
 //! pipeline: N `SET NX PX` in one write, one reply per command).
 //!
 //! How a batch forms, per lane:
-//! - An idle lane (nothing in flight, nothing queued): the call goes at once, on the
-//!   caller's own future ([`Turn::Alone`]); no timer, no task, no added latency.
+//! - An idle lane (nothing in flight, nothing queued) that is quiet: the call goes at
+//!   once, on the caller's own future ([`Turn::Alone`]); no timer, no task, no added
+//!   latency.
+//! - An idle lane that is busy (a call has queued behind another, and no batch of one
+//!   has gone since): the call queues, as below, and the calls of the tasks running
+//!   beside it join its batch. Going alone there would split each wave of calls in
+//!   two (the one alone, written at once, and a batch of the rest): two writes and two
+//!   replies to wait for, on each side, for one wave. A batch of one makes the lane
+//!   quiet again, so a lone caller pays the driver's hop once after a busy spell.
 //! - Otherwise the call is queued ([`Turn::Queued`]), and while fewer than the lane's
 //!   limit of calls are in flight (`LockConfig::with_batches_in_flight`, none by
 //!   default), a driver task is scheduled for it. The driver first lets every task
@@ -105,12 +112,16 @@ struct Queued {
 type LaneId = (usize, u16);
 
 /// One lane: how many of its calls are in flight, whether a driver is on its way for
-/// what queued, and what queued.
+/// what queued, what queued, and whether calls have been arriving together.
 #[derive(Default)]
 struct Lane {
     in_flight: usize,
     scheduled: bool,
     queue: Vec<Queued>,
+    /// A call queued behind another, and no batch of one has gone since: calls arrive
+    /// together, so even a call that finds the lane idle queues, for the batch that the
+    /// tasks running with it will join.
+    busy: bool,
 }
 
 impl Lane {
@@ -255,13 +266,15 @@ impl Conn {
         let group = self.group(key);
         let mut all = lanes.lock();
         let lane = all.entry((kind.id(), group)).or_default();
-        if lane.in_flight == 0 && lane.queue.is_empty() {
+        let idle = lane.in_flight == 0 && lane.queue.is_empty();
+        if idle && !lane.busy {
             lane.in_flight = 1;
             let alone = Alone {
                 lane: Some((self, kind, group)),
             };
             return Turn::Alone(alone, build);
         }
+        lane.busy |= !idle;
         let (tx, rx) = oneshot::channel();
         lane.queue.push(Queued {
             item: item(build),
