@@ -19,7 +19,7 @@ pub fn names() -> Vec<String> {
     add("ratelimit", &mut ratelimit::OPS.into_iter());
     add("ids", &mut ids::OPS.into_iter());
     add("idempotency", &mut idempotency::OPS.into_iter());
-    add("redlock", &mut redlock::OPS.into_iter());
+    add("redlock", &mut redlock::NAMES.into_iter());
     all
 }
 

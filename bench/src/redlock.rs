@@ -32,44 +32,35 @@ const SINGLE: usize = 0;
 const REDLOCK: usize = 1;
 const RSLOCK: usize = 2;
 const UNBATCHED: usize = 3;
-const NAMES: [&str; 4] = ["single_node", "redlock", "rslock", "redlock_unbatched"];
+/// Their names, in the output and in `lock-bench ops redlock.<name>`.
+pub const NAMES: [&str; 4] = ["single_node", "redlock", "rslock", "redlock_unbatched"];
 
 /// Measurements this benchmark makes (for the time estimate): 4 latency + 4 throughput.
 pub const MEASUREMENTS: usize = 8;
 
-fn impls(
-    single: LockClient,
-    redlock: Redlock,
-    rslock: rslock::LockManager,
-    unbatched: Redlock,
-) -> [Cycle; 4] {
-    [
+/// Every implementation of [`NAMES`], in order, over the masters `urls` (the single
+/// node on the first).
+async fn impls(urls: &[String]) -> Result<[Cycle; 4], BoxError> {
+    let config = LockConfig::new();
+    let single = LockClient::open_with_config(urls[0].as_str(), config.clone()).await?;
+    let redlock = Redlock::open(urls.iter().map(String::as_str), config.clone())?;
+    let unbatched = Redlock::open(urls.iter().map(String::as_str), config.with_batching(false))?;
+    Ok([
         fixed_lease_cycle(single, "single"),
         fixed_lease_cycle(redlock, "redlock"),
-        rslock_cycle(rslock),
+        rslock_cycle(rslock::LockManager::new(urls.to_vec())),
         fixed_lease_cycle(unbatched, "redlock_unbatched"),
-    ]
+    ])
 }
 
-/// The names `lock-bench ops redlock.<name>` takes.
-pub const OPS: [&str; 3] = ["redlock", "rslock", "redlock_unbatched"];
-
-/// Implementation `name`'s cycle over the masters `urls` (comma-separated), for
-/// `lock-bench ops`; `None` for an unknown name.
+/// Implementation `name` of [`NAMES`] over the masters `urls` (comma-separated), for
+/// `lock-bench ops redlock.<name>`; `None` for an unknown name.
 pub async fn op(urls: &str, name: &str) -> Result<Option<Cycle>, BoxError> {
-    let urls: Vec<&str> = urls.split(',').collect();
-    let config = LockConfig::new();
-    Ok(Some(match name {
-        "redlock" => fixed_lease_cycle(Redlock::open(urls, config)?, "redlock"),
-        "redlock_unbatched" => fixed_lease_cycle(
-            Redlock::open(urls, config.with_batching(false))?,
-            "redlock_unbatched",
-        ),
-        "rslock" => rslock_cycle(rslock::LockManager::new(
-            urls.iter().map(|u| u.to_string()).collect(),
-        )),
-        _ => return Ok(None),
-    }))
+    let Some(i) = NAMES.iter().position(|n| *n == name) else {
+        return Ok(None);
+    };
+    let urls: Vec<String> = urls.split(',').map(str::to_owned).collect();
+    Ok(impls(&urls).await?.into_iter().nth(i))
 }
 
 /// One task, cycles timed one by one for `warm + measure`; returns (p50, p99) in µs.
@@ -98,12 +89,7 @@ pub async fn run(_url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure
     let servers = RedisMasters::start(NODES);
     let urls = servers.urls();
     println!("bench redlock: {NODES} masters at {}", urls.join(" "));
-    let config = LockConfig::new();
-    let single = LockClient::open_with_config(urls[0].as_str(), config.clone()).await?;
-    let redlock = Redlock::open(urls.iter().map(String::as_str), config.clone())?;
-    let unbatched = Redlock::open(urls.iter().map(String::as_str), config.with_batching(false))?;
-    let rslock = rslock::LockManager::new(urls.clone());
-    let cycles = impls(single, redlock, rslock, unbatched);
+    let cycles = impls(&urls).await?;
 
     // Latency, interleaved rounds, one task.
     let mut lat: Vec<Vec<(f64, f64)>> = vec![Vec::new(); cycles.len()];

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use redis::Value;
 
-use super::{Entry, Item, Kind, LaneId, Lanes, MAX_BATCH, Queued, entry_reply, send_batch};
+use super::{Entry, Item, Kind, LaneId, Lanes, Queued, entry_reply, send_batch};
 use crate::client::store::Conn;
 use crate::error::LockError;
 
@@ -101,18 +101,13 @@ impl Driving {
         (self.kind.id(), self.group)
     }
 
-    /// Takes what queued, up to [`MAX_BATCH`] entries, as this driver's batch; the lane
-    /// counts it in flight. Whether another driver should be scheduled for what is left.
+    /// Takes this driver's batch from its lane (see `Lane::take_batch`). Whether another
+    /// driver should be scheduled for what is left.
     fn take(&mut self) -> bool {
         let mut all = self.lanes.lock();
         let lane = all.entry(self.lane()).or_default();
-        lane.scheduled = false;
-        lane.in_flight += 1;
         self.state = State::Sending;
-        let n = lane.queue.len().min(MAX_BATCH);
-        // A batch of one: no call joined it, so the next to find the lane idle goes alone.
-        lane.busy = n > 1;
-        self.batch = lane.queue.drain(..n).collect();
+        self.batch = lane.take_batch();
         lane.claim_driver(self.lanes.depth)
     }
 }

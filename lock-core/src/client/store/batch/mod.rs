@@ -125,6 +125,29 @@ struct Lane {
 }
 
 impl Lane {
+    /// Whether a new call goes alone, taking the lane's place in flight: the lane is
+    /// idle and quiet. A call that will queue behind another marks the lane busy.
+    fn goes_alone(&mut self) -> bool {
+        let idle = self.in_flight == 0 && self.queue.is_empty();
+        if idle && !self.busy {
+            self.in_flight = 1;
+            return true;
+        }
+        self.busy |= !idle;
+        false
+    }
+
+    /// Takes what queued, up to [`MAX_BATCH`] entries, as a batch in flight. A batch of
+    /// one (no call joined it) makes the lane quiet: the next call to find it idle goes
+    /// alone.
+    fn take_batch(&mut self) -> Vec<Queued> {
+        self.scheduled = false;
+        self.in_flight += 1;
+        let n = self.queue.len().min(MAX_BATCH);
+        self.busy = n > 1;
+        self.queue.drain(..n).collect()
+    }
+
     /// Marks a driver on its way and answers true if one should be scheduled for what
     /// queued: there is some, none is on its way, and the lane has a free place.
     fn claim_driver(&mut self, depth: usize) -> bool {
@@ -266,15 +289,12 @@ impl Conn {
         let group = self.group(key);
         let mut all = lanes.lock();
         let lane = all.entry((kind.id(), group)).or_default();
-        let idle = lane.in_flight == 0 && lane.queue.is_empty();
-        if idle && !lane.busy {
-            lane.in_flight = 1;
+        if lane.goes_alone() {
             let alone = Alone {
                 lane: Some((self, kind, group)),
             };
             return Turn::Alone(alone, build);
         }
-        lane.busy |= !idle;
         let (tx, rx) = oneshot::channel();
         lane.queue.push(Queued {
             item: item(build),
