@@ -5,8 +5,8 @@
 --
 -- Entry i (i = 1 .. #KEYS / 2) uses KEYS[2i-1 .. 2i] and ARGV[4i-3 .. 4i]:
 -- KEYS[2i-1]  the record: a string "F<fingerprint> <owner>" while in flight (set by
---             `SET NX PX GET` in lock-core's IdempotencyStore::begin, or by
---             idempotency_begin.lua), or "D<fingerprint> <response>" once completed
+--             `SET NX PX GET` in lock-core's IdempotencyStore::begin, alone or
+--             pipelined), or "D<fingerprint> <response>" once completed
 -- KEYS[2i]    channel announcing that the key is no longer in flight (waiters subscribe)
 -- ARGV[4i-3]  the claim's in-flight value, "F<fingerprint> <owner>"
 -- ARGV[4i-2]  the completed value, "D<fingerprint> <response>"

@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 
 use crate::client::config::{MAX_LEASE, check_lease};
-use crate::client::store::batch::{Entry, Turn as BatchTurn};
+use crate::client::store::batch::{Command, Turn as BatchTurn};
 use crate::client::store::key::{LockName, suffixed};
-use crate::client::store::scripts::IDEMPOTENCY_BEGIN;
+use crate::client::store::refused;
 use crate::client::wait::{Listen, Turn, wait_for_turn};
 use crate::client::{Client, in_span, wanted};
 use crate::error::LockError;
@@ -248,33 +248,34 @@ impl IdempotencyStore {
             NEXT_CLAIM.fetch_add(1, Ordering::Relaxed)
         );
         let lease_ms = lease.as_millis() as u64;
+        let claim_cmd = || {
+            let mut cmd = redis::Cmd::with_capacity(7, keys.record.len() + in_flight.len() + 24);
+            cmd.arg("SET")
+                .arg(&keys.record)
+                .arg(&in_flight)
+                .arg("NX")
+                .arg("PX")
+                .arg(lease_ms)
+                .arg("GET");
+            cmd
+        };
         // Until the reply says otherwise the key may be claimed: dropped (error,
         // timeout, cancelled future), the claim abandons itself.
         let mut claim = Claim::new(self.client.clone(), keys.clone(), in_flight.clone(), lease);
-        let entry = |e: Entry| {
-            // Queued, the entry answers for the claim (this future dropped, or an
+        let queued = || {
+            // Queued, the command answers for the claim (this future dropped, or an
             // error): a key it claimed (or may have) is abandoned once the reply is in.
-            e.key(&keys.record)
-                .arg(&in_flight)
-                .arg(lease_ms)
-                .cleanup(|| {
-                    let abandon = claim.abandon_later();
-                    move |reply| match reply.map(|r| r.and_then(begin_reply)) {
-                        Some(Ok(Some(_))) | None => {}
-                        Some(_) => abandon(),
-                    }
-                })
+            let abandon = claim.abandon_later();
+            Command::new(claim_cmd()).cleanup(move |reply| {
+                if reply.is_some_and(|r| !not_claimed(&r)) {
+                    abandon();
+                }
+            })
         };
-        let found = match inner.conn().turn(&IDEMPOTENCY_BEGIN, &keys.record, entry) {
+        let conn = inner.conn();
+        let found = match conn.turn_command("idempotency begin", &keys.record, queued) {
             BatchTurn::Alone(alone, _) => {
-                let mut cmd = redis::cmd("SET");
-                cmd.arg(&keys.record)
-                    .arg(&in_flight)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(lease_ms)
-                    .arg("GET");
-                let found = inner.conn().query("idempotency begin", &cmd).await;
+                let found = conn.query("idempotency begin", &claim_cmd()).await;
                 drop(alone);
                 found?
             }
@@ -318,20 +319,21 @@ impl IdempotencyStore {
     }
 }
 
-/// One entry of `idempotency_begin.lua`: `None` claimed, or what the record holds.
+/// The reply of a queued `SET NX PX GET`: `None` claimed, or what the record holds.
 fn begin_reply(reply: redis::Value) -> Result<Option<Vec<u8>>, LockError> {
     match reply {
-        redis::Value::Array(mut items) if items.len() <= 1 => match items.pop() {
-            None => Ok(None),
-            Some(redis::Value::BulkString(found)) => Ok(Some(found)),
-            Some(other) => Err(LockError::UnexpectedReply(format!(
-                "idempotency_begin.lua returned {other:?}"
-            ))),
-        },
+        redis::Value::Nil => Ok(None),
+        redis::Value::BulkString(found) => Ok(Some(found)),
         other => Err(LockError::UnexpectedReply(format!(
-            "idempotency_begin.lua returned {other:?}"
+            "idempotency begin: SET NX GET answered {other:?}"
         ))),
     }
+}
+
+/// Whether a claim's reply proves it claimed nothing: the record held something (which
+/// `SET NX` left alone), or the server refused the command.
+fn not_claimed(reply: &Result<redis::Value, LockError>) -> bool {
+    refused(reply) || matches!(reply, Ok(redis::Value::BulkString(_)))
 }
 
 /// The metrics outcome of a lookup that returned `found`; `None` for an error other

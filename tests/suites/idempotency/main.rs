@@ -203,6 +203,183 @@ async fn bad_input_and_redis_down_are_errors() {
     assert!(e.is_redis(), "{e}");
 }
 
+/// Claims of the client's plain commands (`SET NX PX GET`) not from a script, on
+/// any of `records`, among what `monitor` saw up to now; and the script calls.
+async fn claims_sent(
+    server: &RedisServer,
+    monitor: &mut lock_tests::Monitor,
+    records: &[&str],
+) -> (Vec<usize>, usize) {
+    let lines = common::seen_until_now(server, monitor).await;
+    let sent = |l: &&String| !l.contains(" lua] ");
+    let claims = records
+        .iter()
+        .map(|r| {
+            let set = format!("\"SET\" \"{r}\"");
+            lines
+                .iter()
+                .filter(sent)
+                .filter(|l| l.contains(&set) && l.contains("\"GET\""))
+                .count()
+        })
+        .collect();
+    let scripts = lines
+        .iter()
+        .filter(sent)
+        .filter(|l| l.contains("\"EVALSHA\"") || l.contains("\"EVAL\""))
+        .count();
+    (claims, scripts)
+}
+
+/// Starts `s.begin(key, fp)` in a task of its own.
+fn begin_in_task(
+    s: &IdempotencyStore,
+    key: &'static str,
+    fp: &'static str,
+) -> tokio::task::JoinHandle<Result<Begin, lock_core::LockError>> {
+    let s = s.clone();
+    tokio::spawn(async move { s.begin(key, fp, LEASE).await })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_queued_behind_one_go_as_one_pipeline_each_with_its_own_answer() {
+    let server = RedisServer::start();
+    let c = client(&server, common::one_in_flight()).await;
+    let s = c.idempotency_store("idem");
+    let other = store(&server).await;
+    claim(s.begin("done", "fp-a", LEASE).await.unwrap())
+        .complete(b"stored", DAY)
+        .await
+        .unwrap();
+    let busy = claim(other.begin("busy", "fp-a", LEASE).await.unwrap());
+    let odd = s.keys("odd").unwrap().record;
+    let mut raw = server.connection().await;
+    let _: () = redis::cmd("HSET")
+        .arg(&odd)
+        .arg("f")
+        .arg("v")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+
+    let mut monitor = server.monitor().await;
+    server.pause();
+    let first = {
+        let s = s.clone();
+        common::in_flight(async move { s.begin("first", "fp-a", LEASE).await }).await
+    };
+    let queued = vec![
+        begin_in_task(&s, "new", "fp-a"),
+        begin_in_task(&s, "done", "fp-a"),
+        begin_in_task(&s, "done", "fp-b"),
+        begin_in_task(&s, "busy", "fp-a"),
+        begin_in_task(&s, "odd", "fp-a"),
+    ];
+    eventually(Duration::from_secs(5), "the claims to queue", || async {
+        c.queued_calls() == queued.len()
+    })
+    .await;
+    server.resume();
+    let first = claim(first.await.unwrap().unwrap());
+    let mut out = Vec::new();
+    for q in queued {
+        out.push(q.await.unwrap());
+    }
+    let new = match out.remove(0) {
+        Ok(Begin::New(c)) => c,
+        other => panic!("a free key is claimed: {other:?}"),
+    };
+    assert!(
+        matches!(&out[0], Ok(Begin::Completed(r)) if r == b"stored"),
+        "{:?}",
+        out[0]
+    );
+    assert!(matches!(out[1], Ok(Begin::Mismatch)), "{:?}", out[1]);
+    assert!(matches!(out[2], Ok(Begin::InFlight { .. })), "{:?}", out[2]);
+    assert!(
+        matches!(&out[3], Err(e) if e.is_redis() && e.to_string().contains("WRONGTYPE")),
+        "the refused entry gets its own error: {:?}",
+        out[3]
+    );
+    let records: Vec<String> = ["first", "new", "done", "busy", "odd"]
+        .iter()
+        .map(|k| s.keys(*k).unwrap().record)
+        .collect();
+    let records: Vec<&str> = records.iter().map(String::as_str).collect();
+    // One claim alone, then one pipeline of five native claims: no script.
+    assert_eq!(
+        claims_sent(&server, &mut monitor, &records).await,
+        (vec![1, 1, 2, 1, 1], 0)
+    );
+    first.abandon().await.unwrap();
+    new.complete(b"ok", DAY).await.unwrap();
+    busy.abandon().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_claim_dropped_before_sending_sends_nothing_and_after_frees_its_key() {
+    let server = RedisServer::start();
+    let timeout = Duration::from_millis(500);
+    let c = client(
+        &server,
+        common::one_in_flight().with_command_timeout(timeout),
+    )
+    .await;
+    let s = c.idempotency_store("idem");
+    claim(s.begin("warm", "fp", LEASE).await.unwrap())
+        .abandon()
+        .await
+        .unwrap();
+    let mut monitor = server.monitor().await;
+    server.pause();
+    // The first times out after 500 ms and the pipeline of the others goes then; the
+    // `late` ones give up at 800 ms, their claims sent and the server still paused.
+    // The `gone` one is dropped before the pipeline is sent.
+    let first = {
+        let s = s.clone();
+        common::in_flight(async move { s.begin("first", "fp", LEASE).await }).await
+    };
+    let late: Vec<_> = ["late-1", "late-2"]
+        .into_iter()
+        .map(|key| {
+            let s = s.clone();
+            let give_up = Duration::from_millis(800);
+            tokio::spawn(
+                async move { tokio::time::timeout(give_up, s.begin(key, "fp", LEASE)).await },
+            )
+        })
+        .collect();
+    let gone = begin_in_task(&s, "gone", "fp");
+    eventually(Duration::from_secs(5), "the claims to queue", || async {
+        c.queued_calls() == 3
+    })
+    .await;
+    gone.abort();
+    assert!(gone.await.unwrap_err().is_cancelled());
+    for l in late {
+        assert!(l.await.unwrap().is_err(), "gave up before any reply");
+    }
+    assert!(first.await.unwrap().is_err(), "timed out");
+    // The server now runs what was sent: every claim made is abandoned.
+    server.resume();
+    let records: Vec<String> = ["first", "late-1", "late-2", "gone"]
+        .iter()
+        .map(|k| s.keys(*k).unwrap().record)
+        .collect();
+    for record in &records {
+        eventually(Duration::from_secs(5), "no claim left behind", || async {
+            !exists(&server, record).await
+        })
+        .await;
+    }
+    let records: Vec<&str> = records.iter().map(String::as_str).collect();
+    assert_eq!(
+        claims_sent(&server, &mut monitor, &records).await.0,
+        [1, 1, 1, 0],
+        "the pipeline was sent before the late callers went away, and without the gone one"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_idempotency_script_survives_script_flush() {
     let server = RedisServer::start();

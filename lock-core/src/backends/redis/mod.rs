@@ -22,6 +22,7 @@ use crate::client::cleanup::{self, OnDrop};
 use crate::client::config::{LockConfig, proven};
 use crate::client::store::batch::{Command, Entry, Turn as LaneTurn};
 use crate::client::store::key::{LockKeys, QUEUE, WAITERS};
+use crate::client::store::refused;
 use crate::client::store::scripts::{
     ACQUIRE, AcquireReply, Code, FENCE, FenceReply, GrantReply, RELEASE, RENEW, codes,
 };
@@ -275,11 +276,7 @@ impl RedisBackend {
 /// Whether a `SET NX` reply proves the key was not set: the key existed (nil), or
 /// the server refused the command (an error reply: it did not run).
 fn not_set(reply: &Result<Value, LockError>) -> bool {
-    match reply {
-        Ok(v) => *v == Value::Nil,
-        Err(LockError::Redis(e)) => matches!(e.kind(), redis::ErrorKind::Server(_)),
-        Err(_) => false,
-    }
+    matches!(reply, Ok(Value::Nil)) || refused(reply)
 }
 
 /// A lock script's answer on one grant, as the engine reads it (this crate's scripts

@@ -157,6 +157,14 @@ async fn limit<T>(
     }
 }
 
+/// Whether the server answered a plain command with an error reply: it refused the
+/// command, which did not run (a lost connection or a timeout proves nothing). A code
+/// redis-rs does not know (`WRONGTYPE`, say) is of kind `Extension`.
+pub(crate) fn refused(reply: &Result<Value, LockError>) -> bool {
+    use redis::ErrorKind::{Extension, Server};
+    matches!(reply, Err(LockError::Redis(e)) if matches!(e.kind(), Server(_) | Extension))
+}
+
 /// `value` as `T`, or the reply `op` did not expect.
 pub(crate) fn decode<T: FromRedisValue>(op: &'static str, value: Value) -> Result<T, LockError> {
     T::from_redis_value(value).map_err(|e| LockError::UnexpectedReply(format!("{op}: {e}")))

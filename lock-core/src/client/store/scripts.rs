@@ -281,13 +281,6 @@ pub(crate) static NEXT_ID: LazyLock<Script> =
 pub(crate) static RESERVE_IDS: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/reserve_ids.lua")));
 
-/// Claim idempotency keys (batches; alone it is a plain command). See
-/// `lua/idempotency_begin.lua`.
-pub(crate) static IDEMPOTENCY_BEGIN: Lua = Lua::batched(
-    "idempotency_begin",
-    include_str!("../../../lua/idempotency_begin.lua"),
-    1,
-);
 /// Store the responses of claimed keys. See `lua/idempotency_complete.lua`.
 pub(crate) static IDEMPOTENCY_COMPLETE: Lua = Lua::batched(
     "idempotency_complete",
@@ -359,10 +352,6 @@ pub const SOURCES: &[(&str, &str)] = &[
         include_str!("../../../lua/reserve_ids.lua"),
     ),
     (
-        "idempotency_begin.lua",
-        include_str!("../../../lua/idempotency_begin.lua"),
-    ),
-    (
         "idempotency_complete.lua",
         include_str!("../../../lua/idempotency_complete.lua"),
     ),
@@ -384,13 +373,7 @@ mod tests {
     /// alone writes that count as `numkeys` before its keys.
     #[test]
     fn batched_scripts_declare_the_keys_of_one_entry() {
-        for script in [
-            &ACQUIRE,
-            &RELEASE,
-            &GCRA,
-            &IDEMPOTENCY_BEGIN,
-            &IDEMPOTENCY_COMPLETE,
-        ] {
+        for script in [&ACQUIRE, &RELEASE, &GCRA, &IDEMPOTENCY_COMPLETE] {
             let per_entry = match script.entry_keys() {
                 1 => "for i = 1, #KEYS do".to_string(),
                 n => format!("for i = 1, #KEYS / {n} do"),
