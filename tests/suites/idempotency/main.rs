@@ -241,6 +241,18 @@ fn begin_in_task(
     tokio::spawn(async move { s.begin(key, fp, LEASE).await })
 }
 
+/// Pauses `server` and leaves a claim of `first` (fingerprint `fp`) in flight on it:
+/// claims started next queue behind it.
+async fn first_on_paused_server(
+    server: &RedisServer,
+    s: &IdempotencyStore,
+    fp: &'static str,
+) -> tokio::task::JoinHandle<Result<Begin, lock_core::LockError>> {
+    server.pause();
+    let s = s.clone();
+    common::in_flight(async move { s.begin("first", fp, LEASE).await }).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_queued_behind_one_go_as_one_pipeline_each_with_its_own_answer() {
     let server = RedisServer::start();
@@ -263,11 +275,7 @@ async fn claims_queued_behind_one_go_as_one_pipeline_each_with_its_own_answer() 
         .unwrap();
 
     let mut monitor = server.monitor().await;
-    server.pause();
-    let first = {
-        let s = s.clone();
-        common::in_flight(async move { s.begin("first", "fp-a", LEASE).await }).await
-    };
+    let first = first_on_paused_server(&server, &s, "fp-a").await;
     let queued = vec![
         begin_in_task(&s, "new", "fp-a"),
         begin_in_task(&s, "done", "fp-a"),
@@ -331,14 +339,10 @@ async fn a_queued_claim_dropped_before_sending_sends_nothing_and_after_frees_its
         .await
         .unwrap();
     let mut monitor = server.monitor().await;
-    server.pause();
     // The first times out after 500 ms and the pipeline of the others goes then; the
     // `late` ones give up at 800 ms, their claims sent and the server still paused.
     // The `gone` one is dropped before the pipeline is sent.
-    let first = {
-        let s = s.clone();
-        common::in_flight(async move { s.begin("first", "fp", LEASE).await }).await
-    };
+    let first = first_on_paused_server(&server, &s, "fp").await;
     let late: Vec<_> = ["late-1", "late-2"]
         .into_iter()
         .map(|key| {
