@@ -273,20 +273,25 @@ impl IdempotencyStore {
             })
         };
         let conn = inner.conn();
-        let found = match conn.turn_command("idempotency begin", &keys.record, queued) {
+        let reply = match conn.turn_command("idempotency begin", &keys.record, queued) {
             BatchTurn::Alone(alone, _) => {
-                let found = conn.query("idempotency begin", &claim_cmd()).await;
+                let reply = conn.query("idempotency begin", &claim_cmd()).await;
                 drop(alone);
-                found?
+                // The same rule as a queued claim's cleanup: what proves nothing was
+                // claimed leaves nothing to abandon.
+                if not_claimed(&reply) {
+                    claim.disarm();
+                }
+                reply?
             }
             BatchTurn::Queued(pending) => {
                 claim.disarm();
                 let reply = pending.await?;
                 claim.rearm();
-                begin_reply(reply)?
+                reply
             }
         };
-        let Some(mut found) = found else {
+        let Some(mut found) = begin_reply(reply)? else {
             return Ok(Begin::New(claim));
         };
         claim.disarm();
@@ -319,7 +324,7 @@ impl IdempotencyStore {
     }
 }
 
-/// The reply of a queued `SET NX PX GET`: `None` claimed, or what the record holds.
+/// The reply of the claim's `SET NX PX GET`: `None` claimed, or what the record holds.
 fn begin_reply(reply: redis::Value) -> Result<Option<Vec<u8>>, LockError> {
     match reply {
         redis::Value::Nil => Ok(None),

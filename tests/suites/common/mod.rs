@@ -58,6 +58,29 @@ pub async fn seen_until_now(server: &RedisServer, monitor: &mut Monitor) -> Vec<
         .expect("the marker comes through")
 }
 
+/// Of the `lines` MONITOR saw, the `SET` commands clients sent (not those scripts ran)
+/// on each of `keys`.
+pub fn client_sets<K: AsRef<str>>(lines: &[String], keys: &[K]) -> Vec<usize> {
+    keys.iter()
+        .map(|k| {
+            let set = format!("\"SET\" \"{}\"", k.as_ref());
+            lines
+                .iter()
+                .filter(|l| l.contains(&set) && !l.contains(" lua] "))
+                .count()
+        })
+        .collect()
+}
+
+/// The `SET` commands clients sent on each of `keys` among what `monitor` saw up to now.
+pub async fn sets_of<K: AsRef<str>>(
+    server: &RedisServer,
+    monitor: &mut Monitor,
+    keys: &[K],
+) -> Vec<usize> {
+    client_sets(&seen_until_now(server, monitor).await, keys)
+}
+
 /// Whether a Redis key exists.
 pub async fn exists(server: &RedisServer, key: &str) -> bool {
     let mut c = server.connection().await;

@@ -203,32 +203,20 @@ async fn bad_input_and_redis_down_are_errors() {
     assert!(e.is_redis(), "{e}");
 }
 
-/// Claims of the client's plain commands (`SET NX PX GET`) not from a script, on
-/// any of `records`, among what `monitor` saw up to now; and the script calls.
+/// The claims (client `SET`s) on each of `records`, and the script calls, among what
+/// `monitor` saw up to now.
 async fn claims_sent(
     server: &RedisServer,
     monitor: &mut lock_tests::Monitor,
     records: &[&str],
 ) -> (Vec<usize>, usize) {
     let lines = common::seen_until_now(server, monitor).await;
-    let sent = |l: &&String| !l.contains(" lua] ");
-    let claims = records
-        .iter()
-        .map(|r| {
-            let set = format!("\"SET\" \"{r}\"");
-            lines
-                .iter()
-                .filter(sent)
-                .filter(|l| l.contains(&set) && l.contains("\"GET\""))
-                .count()
-        })
-        .collect();
     let scripts = lines
         .iter()
-        .filter(sent)
+        .filter(|l| !l.contains(" lua] "))
         .filter(|l| l.contains("\"EVALSHA\"") || l.contains("\"EVAL\""))
         .count();
-    (claims, scripts)
+    (common::client_sets(&lines, records), scripts)
 }
 
 /// Starts `s.begin(key, fp)` in a task of its own.

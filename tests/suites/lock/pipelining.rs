@@ -7,24 +7,9 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{client, eventually, exists, in_flight, one_in_flight, queue_behind_one};
+use common::{client, eventually, exists, in_flight, one_in_flight, queue_behind_one, sets_of};
 use lock_core::{LockClient, LockConfig, LockError};
-use lock_tests::{Monitor, RedisServer};
-
-/// `SET` commands clients sent on each of `keys` (not those scripts ran) among what
-/// `monitor` saw up to now.
-async fn sets_of(server: &RedisServer, monitor: &mut Monitor, keys: &[String]) -> Vec<usize> {
-    let lines = common::seen_until_now(server, monitor).await;
-    keys.iter()
-        .map(|k| {
-            let set = format!("\"SET\" \"{k}\"");
-            lines
-                .iter()
-                .filter(|l| l.contains(&set) && !l.contains(" lua] "))
-                .count()
-        })
-        .collect()
-}
+use lock_tests::RedisServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_pipeline_carries_each_callers_own_reply_and_error() {
