@@ -204,6 +204,13 @@ impl LockClient {
         self.inner.registry.len()
     }
 
+    /// Entries in the watchdog's renewal queue: one per lock it renews, and those of
+    /// locks released since, which it drops as they come due or when they reach half of
+    /// the queue (so at most twice the locks renewed, or 1024).
+    pub fn watchdog_entries(&self) -> usize {
+        self.inner.watchdog.entries()
+    }
+
     /// Calls (lock acquisitions and releases, rate-limit decisions, idempotency claims
     /// and completions) waiting behind a call in flight to go in the next batch; 0 with
     /// batching off. See [`LockConfig::with_batching`].

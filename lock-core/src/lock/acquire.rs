@@ -165,7 +165,7 @@ impl<B: Backend> Core<B> {
                 if req.watchdog && !grant.kept {
                     let mut st = grant.state();
                     st.watched = 1;
-                    st.next_renewal = Some(arrived + self.config().watchdog_period());
+                    st.next_renewal = Some(arrived + self.watchdog.period());
                     st.renew_until = req.max_hold.and_then(|m| arrived.checked_add(m));
                 }
                 ticket.fulfil(grant.clone());

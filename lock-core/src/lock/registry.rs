@@ -88,7 +88,15 @@ pub(crate) struct GrantState {
     /// Lost, and why.
     pub(crate) lost: Option<Loss>,
     /// Where the grant sits in the watchdog's queue.
-    pub(crate) queued: Option<Instant>,
+    pub(crate) queued: Option<Queued>,
+}
+
+/// A grant's current entry in the watchdog's queue: its due time, and whether it is in
+/// the queue's line (where a released grant's entry stays until it comes due).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Queued {
+    pub(crate) at: Instant,
+    pub(crate) in_line: bool,
 }
 
 impl<B: Seam> std::fmt::Debug for Grant<B> {

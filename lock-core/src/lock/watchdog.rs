@@ -10,13 +10,21 @@
 //! it would extend.
 //!
 //! The queue holds one entry per renewed grant (its next due time: the renewal, or the
-//! end of the lease); entries are removed when a grant is released, so the queue is bounded
-//! by what is held. The task and its renewals run on the process's background runtime
+//! end of the lease), in two parts. Most grants are placed one period after they were
+//! granted, no earlier than anything placed before them: they join the back of a line
+//! kept in due order, and a release leaves its entry there (the grant's `queued` says
+//! which entry is current), so taking and releasing a lock costs the queue one push.
+//! Entries of grants gone are dropped from the front as others join, or as they come
+//! due, and the line is compacted when it doubles, so it stays bounded by what is held.
+//! A placement that would break the line's order (a grant renewed, a renewal retried
+//! soon) goes in an ordered map instead, and is taken out when released.
+//!
+//! The task and its renewals run on the process's background runtime
 //! (`cleanup::background`), not on the caller's: a lock outlives the runtime it was
 //! taken on (a client shared by several runtimes), and its renewals and lost signal
 //! must go on. A renewal dropped before its reply puts its grants back in the queue.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -24,13 +32,16 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::registry::{Grant, Loss, Registry};
+use super::registry::{Grant, Loss, Queued, Registry};
 use super::seam::{Held, Seam};
 use crate::client::cleanup::{self, OnDrop};
 use crate::metrics::{self, Renewal, StoreKind};
 
 /// At most this many locks per renewal call, so one script never blocks Redis for long.
 const MAX_BATCH: usize = 512;
+
+/// The line is compacted when it grows past twice its live entries, or this.
+const MIN_COMPACT_AT: usize = 1024;
 
 pub(crate) struct Watchdog<B: Seam> {
     shared: Arc<Shared<B>>,
@@ -52,7 +63,12 @@ struct Shared<B: Seam> {
 type Due = (Instant, u64);
 
 struct Queue<B: Seam> {
-    due: BTreeMap<Due, Weak<Grant<B>>>,
+    /// Entries in due order; those of released grants stay until they come due.
+    line: VecDeque<(Due, Weak<Grant<B>>)>,
+    /// Entries due before the line's last one.
+    early: BTreeMap<Due, Weak<Grant<B>>>,
+    /// When the line's length reaches this, it is compacted.
+    compact_at: usize,
     /// When the task plans to wake next (`None`: idle).
     planned: Option<Instant>,
     /// The latest due time ever placed.
@@ -77,13 +93,20 @@ impl<B: Seam> Watchdog<B> {
                 period,
                 wake: Arc::new(Notify::new()),
                 queue: Mutex::new(Queue {
-                    due: BTreeMap::new(),
+                    line: VecDeque::new(),
+                    early: BTreeMap::new(),
+                    compact_at: MIN_COMPACT_AT,
                     planned: None,
                     latest: None,
                     task: None,
                 }),
             }),
         }
+    }
+
+    /// The renewal period.
+    pub(crate) fn period(&self) -> Duration {
+        self.shared.period
     }
 
     /// (Re)places `grant` in the queue at its next due time, and makes sure the task
@@ -108,12 +131,19 @@ impl<B: Seam> Watchdog<B> {
     }
 
     /// Takes `grant` out of the queue (released: it has ended, so it is not placed
-    /// again). A grant never queued (a fixed lease) leaves the queue's lock alone.
+    /// again). A grant never queued (a fixed lease), or queued in the line, leaves the
+    /// queue's lock alone.
     pub(crate) fn unschedule(&self, grant: &Grant<B>) {
-        let Some(at) = grant.state().queued.take() else {
+        let Some(Queued { at, in_line: false }) = grant.state().queued.take() else {
             return;
         };
-        self.shared.queue().due.remove(&(at, grant.seq));
+        self.shared.queue().early.remove(&(at, grant.seq));
+    }
+
+    /// Entries in the queue, stale ones included.
+    pub(crate) fn entries(&self) -> usize {
+        let q = self.shared.queue();
+        q.line.len() + q.early.len()
     }
 
     pub(crate) fn stop(&self) {
@@ -138,28 +168,40 @@ impl<B: Seam> Shared<B> {
     fn tick(self: &Arc<Self>) -> Option<Instant> {
         let now = Instant::now();
         let slack = self.period / 4;
+        let horizon = (now + slack, u64::MAX);
         let mut q = self.queue();
         let mut renew: Vec<Arc<Grant<B>>> = Vec::new();
         let mut reschedule: Vec<Arc<Grant<B>>> = Vec::new();
-        // Everything due now, plus renewals due soon (batched with these).
-        let candidates: Vec<(Due, Weak<Grant<B>>)> = q
-            .due
-            .range(..=(now + slack, u64::MAX))
-            .map(|(k, v)| (*k, v.clone()))
+        // Everything due now, plus renewals due soon (batched with these). The line's
+        // entries are taken out as they are looked at; the map's only when done with.
+        let mut candidates: Vec<(Due, Weak<Grant<B>>, bool)> = q
+            .early
+            .range(..=horizon)
+            .map(|(k, v)| (*k, v.clone(), false))
             .collect();
-        for (at, weak) in candidates {
+        while q.line.front().is_some_and(|(at, _)| *at <= horizon) {
+            if let Some((at, weak)) = q.line.pop_front() {
+                candidates.push((at, weak, true));
+            }
+        }
+        for (at, weak, in_line) in candidates {
+            let current = Some(Queued { at: at.0, in_line });
             let Some(grant) = weak.upgrade() else {
-                q.due.remove(&at);
+                q.forget(at, in_line);
                 continue;
             };
             let mut st = grant.state();
+            if in_line && st.queued != current {
+                // Released, or placed again since: a stale entry.
+                continue;
+            }
             if st.ended {
-                q.due.remove(&at);
+                q.forget(at, in_line);
                 st.queued = None;
                 continue;
             }
             if now >= st.valid_until {
-                q.due.remove(&at);
+                q.forget(at, in_line);
                 st.queued = None;
                 drop(st);
                 if self.registry.lose(&grant, Loss::Expired) {
@@ -174,15 +216,16 @@ impl<B: Seam> Shared<B> {
             let renewal_due = !st.renewing && st.next_renewal.is_some_and(|r| r <= now + slack);
             if renewal_due {
                 st.renewing = true;
-                q.due.remove(&at);
+                q.forget(at, in_line);
                 st.queued = None;
                 drop(st);
                 renew.push(grant.clone());
                 reschedule.push(grant);
-            } else if at.0 <= now {
+            } else if at.0 <= now || in_line {
                 // Due, but neither expired nor up for renewal (e.g. a renewal in
-                // flight): move to its real next time.
-                q.due.remove(&at);
+                // flight), or taken out of the line before its time: placed again, at
+                // its real next time.
+                q.forget(at, in_line);
                 st.queued = None;
                 drop(st);
                 reschedule.push(grant);
@@ -203,8 +246,12 @@ impl<B: Seam> Shared<B> {
         // would have been due: a grant placed after it with no shorter lease is due
         // later, so it needs no wake-up (a client taking and releasing one lock after
         // another would otherwise wake this task every time).
-        let next = match q.due.first_key_value() {
-            Some(((at, _), _)) => Some(*at),
+        let first = [
+            q.line.front().map(|e| e.0.0),
+            q.early.first_key_value().map(|e| e.0.0),
+        ];
+        let next = match first.into_iter().flatten().min() {
+            Some(at) => Some(at),
             None => q.latest.filter(|&at| at > now),
         };
         q.planned = next;
@@ -218,22 +265,44 @@ impl<B: Seam> Shared<B> {
 
     fn place_in(&self, q: &mut Queue<B>, grant: &Arc<Grant<B>>) {
         let mut st = grant.state();
-        if let Some(old) = st.queued.take() {
-            q.due.remove(&(old, grant.seq));
-        }
-        if st.ended {
+        let at = match st.next_renewal {
+            _ if st.ended => None,
+            Some(at) if !st.renewing => Some(at.min(st.valid_until)),
+            _ => Some(st.valid_until),
+        };
+        if at.is_some() && st.queued.map(|q| q.at) == at {
+            // Queued there already (a hold re-entering a watched grant).
             return;
         }
-        let due = match st.next_renewal {
-            Some(at) if !st.renewing => at.min(st.valid_until),
-            _ => st.valid_until,
+        if let Some(Queued { at, in_line: false }) = st.queued.take() {
+            q.early.remove(&(at, grant.seq));
+        }
+        let Some(at) = at else {
+            return;
         };
-        st.queued = Some(due);
+        let due = (at, grant.seq);
+        let in_line = q.line.back().is_none_or(|(last, _)| *last <= due);
+        st.queued = Some(Queued { at, in_line });
         drop(st);
-        q.due.insert((due, grant.seq), Arc::downgrade(grant));
-        q.latest = q.latest.max(Some(due));
-        if q.planned.is_none_or(|p| due < p) {
-            q.planned = Some(due);
+        if in_line {
+            // Grants mostly end in the order they were placed: the entries of those
+            // gone at the front go now, so that their memory is freed while it is
+            // still warm rather than a thousand at a time.
+            let mut dropped = 0;
+            while dropped < 2 && q.line.front().is_some_and(|(_, w)| w.strong_count() == 0) {
+                q.line.pop_front();
+                dropped += 1;
+            }
+            q.line.push_back((due, Arc::downgrade(grant)));
+            if q.line.len() >= q.compact_at {
+                q.compact();
+            }
+        } else {
+            q.early.insert(due, Arc::downgrade(grant));
+        }
+        q.latest = q.latest.max(Some(at));
+        if q.planned.is_none_or(|p| at < p) {
+            q.planned = Some(at);
             self.wake.notify_one();
         }
     }
@@ -328,6 +397,31 @@ impl<B: Seam> Shared<B> {
             drop(st);
             self.place(grant);
         }
+    }
+}
+
+impl<B: Seam> Queue<B> {
+    /// Takes out the entry at `at` that the tick looked at (one of the line's is out
+    /// already).
+    fn forget(&mut self, at: Due, in_line: bool) {
+        if !in_line {
+            self.early.remove(&at);
+        }
+    }
+
+    /// Drops the line's stale entries (released grants, or placed again since), and
+    /// lets it grow to twice what is left before the next compaction.
+    fn compact(&mut self) {
+        self.line.retain(|(at, weak)| {
+            weak.upgrade().is_some_and(|grant| {
+                grant.state().queued
+                    == Some(Queued {
+                        at: at.0,
+                        in_line: true,
+                    })
+            })
+        });
+        self.compact_at = (2 * self.line.len()).max(MIN_COMPACT_AT);
     }
 }
 

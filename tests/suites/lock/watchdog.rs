@@ -126,3 +126,56 @@ async fn locks_scheduled_during_a_renewal_pass_are_renewed() {
         assert_eq!(g.release().await.unwrap(), Released::Unlocked);
     }
 }
+
+/// Short holds released in random order behind long ones leave entries in the
+/// watchdog's queue that its front cannot drop until the long ones are renewed: the
+/// queue stays bounded by what is held all the same, the stale entries go as they come
+/// due, and the long holds are renewed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_renewal_queue_stays_bounded_by_what_is_held() {
+    let server = RedisServer::start();
+    let config = LockConfig::new().with_watchdog_lease(Duration::from_secs(10));
+    let period = config.watchdog_period();
+    let a = client(&server, config).await;
+    let b = client(&server, LockConfig::new()).await;
+    let mut long = Vec::new();
+    for i in 0..3 {
+        long.push(a.try_lock(format!("long{i}")).await.unwrap());
+    }
+    let mut rng = fastrand::Rng::with_seed(7);
+    let mut short = Vec::new();
+    let mut most = 0;
+    for i in 0..3_000 {
+        short.push(a.try_lock(("short", i)).await.unwrap());
+        if short.len() > 40 || rng.bool() {
+            let g = short.swap_remove(rng.usize(..short.len()));
+            assert_eq!(g.release().await.unwrap(), Released::Unlocked);
+        }
+        most = most.max(a.watchdog_entries());
+    }
+    // At most 44 held: twice that, or the floor of 1024.
+    assert!(most <= 1024, "{most} entries queued for at most 44 locks");
+    assert!(
+        most > 900,
+        "{most} entries: the test no longer leaves stale ones"
+    );
+    for g in short {
+        g.release().await.unwrap();
+    }
+    // Every short hold's entry comes due within a period; the long ones renew.
+    tokio::time::sleep(period + period / 2).await;
+    for g in &long {
+        assert_really_held(&server, &b, g).await;
+    }
+    // Each lock held: its entry, and one per renewal within the last lease (due when
+    // the lease that renewal was sent under would have ended).
+    assert!(
+        a.watchdog_entries() <= long.len() * 4,
+        "{} entries left for {} locks held",
+        a.watchdog_entries(),
+        long.len()
+    );
+    for g in long {
+        assert_eq!(g.release().await.unwrap(), Released::Unlocked);
+    }
+}
