@@ -204,9 +204,10 @@ impl LockClient {
         self.inner.registry.len()
     }
 
-    /// Entries in the watchdog's renewal queue: one per lock it renews, and those of
-    /// locks released since, which it drops as they come due or when they reach half of
-    /// the queue (so at most twice the locks renewed, or 1024).
+    /// Entries in the watchdog's renewal queue: one per lock it renews, and stale ones
+    /// (of locks released or renewed since), which it drops as they come due or when
+    /// they make up half of the queue (so at most about twice the locks renewed, or
+    /// 1024).
     pub fn watchdog_entries(&self) -> usize {
         self.inner.watchdog.entries()
     }

@@ -246,7 +246,7 @@ impl NameWriter<'_> {
         }
         let raw = self.out.split_off(at);
         for c in raw.chars() {
-            if c == '%' || c == '{' || c == '}' || self.delimiter.contains(c) {
+            if reserved(c) || self.delimiter.contains(c) {
                 let mut buf = [0u8; 4];
                 for b in c.encode_utf8(&mut buf).bytes() {
                     let _ = write!(self.out, "%{b:02X}");
@@ -258,50 +258,20 @@ impl NameWriter<'_> {
     }
 }
 
-/// Bytes that are escaped in a part whatever the delimiter.
-fn always_escaped(b: u8) -> bool {
-    matches!(b, b'%' | b'{' | b'}')
-}
-
-/// Whether one of `word`'s bytes is `byte` (the zero-byte test on `word ^ byte...`:
-/// exact as a yes or no).
-fn has_byte(word: u64, byte: u8) -> bool {
-    const ONES: u64 = u64::from_le_bytes([1; 8]);
-    let x = word ^ (ONES * u64::from(byte));
-    x.wrapping_sub(ONES) & !x & (ONES << 7) != 0
-}
-
-/// One to eight bytes as a word whose every byte is one of them (some twice): loaded
-/// whole or in two overlapping halves, not byte by byte.
-fn word_of(bytes: &[u8]) -> u64 {
-    let n = bytes.len();
-    let half = |at: usize| {
-        let b = bytes.get(at..at + 4).unwrap_or_default();
-        u64::from(u32::from_le_bytes(b.try_into().unwrap_or_default()))
-    };
-    let quarter = |at: usize| {
-        let b = bytes.get(at..at + 2).unwrap_or_default();
-        u64::from(u16::from_le_bytes(b.try_into().unwrap_or_default()))
-    };
-    match n {
-        8 => u64::from_le_bytes(bytes.try_into().unwrap_or_default()),
-        4.. => half(0) | half(n - 4) << 32,
-        2.. => (quarter(0) | quarter(n - 2) << 16) * 0x1_0000_0001,
-        1 => u64::from(bytes[0]) * u64::from_le_bytes([1; 8]),
-        0 => 0,
-    }
+/// Characters escaped in a part whatever the delimiter (the hash tag's braces and the
+/// escape itself), which a namespace or delimiter may not hold either.
+fn reserved(c: char) -> bool {
+    matches!(c, '%' | '{' | '}')
 }
 
 /// Whether `part` has a character to escape; a byte test when the delimiter is ASCII
 /// (a multi-byte character's bytes are never ASCII).
 fn needs_escaping(delimiter: &str, part: &[u8]) -> bool {
+    let reserved = |b: u8| reserved(char::from(b));
     match delimiter.as_bytes() {
-        // The usual one-character delimiter: eight bytes at a time.
-        &[d] if d.is_ascii() => part
-            .chunks(8)
-            .map(word_of)
-            .any(|w| has_byte(w, b'%') | has_byte(w, b'{') | has_byte(w, b'}') | has_byte(w, d)),
-        d if delimiter.is_ascii() => part.iter().any(|&b| always_escaped(b) || d.contains(&b)),
+        // The usual one-character delimiter: one comparison more per byte.
+        &[d] if d.is_ascii() => part.iter().any(|&b| reserved(b) || b == d),
+        d if delimiter.is_ascii() => part.iter().any(|&b| reserved(b) || d.contains(&b)),
         _ => true,
     }
 }
@@ -436,7 +406,7 @@ pub(crate) fn validate_namespace(ns: &str) -> Result<(), LockError> {
     }
     if let Some(c) = ns
         .chars()
-        .find(|c| matches!(c, '{' | '}' | '%') || c.is_whitespace() || c.is_control())
+        .find(|&c| reserved(c) || c.is_whitespace() || c.is_control())
     {
         return Err(LockError::InvalidConfig(format!(
             "the key namespace `{ns}` contains {c:?}; use letters, digits and `:_-.`"
@@ -447,7 +417,7 @@ pub(crate) fn validate_namespace(ns: &str) -> Result<(), LockError> {
 
 /// Checks a delimiter (see [`LockConfig::with_delimiter`](crate::LockConfig::with_delimiter)).
 pub(crate) fn validate_delimiter(d: &str) -> Result<(), LockError> {
-    if d.is_empty() || d.len() > 8 || d.chars().any(|c| matches!(c, '{' | '}' | '%')) {
+    if d.is_empty() || d.len() > 8 || d.chars().any(reserved) {
         return Err(LockError::InvalidConfig(format!(
             "the key delimiter {d:?} must be 1 to 8 bytes without `{{`, `}}` or `%`"
         )));
