@@ -3,10 +3,12 @@
 //! [`Store`] is a deployment (what the crate asks of one is on its type): one node (a
 //! reconnecting `ConnectionManager`) or a Redis Cluster (redis-rs `cluster-async`),
 //! each a [`RedisStore`], made again when the runtime it was made on ends. [`Conn`]
-//! wraps a store with the per-call time limit and typed replies; the watchdog's
+//! wraps a store with the per-call time limit (kept by [`deadline`], with no timer per
+//! call) and typed replies; the watchdog's
 //! batching, the waiting loop and the Redlock fan-out are written once against it.
 
 pub(crate) mod batch;
+mod deadline;
 mod deployment;
 mod entry;
 pub mod key;
@@ -20,6 +22,7 @@ use std::time::Duration;
 use redis::{Cmd, FromRedisValue, Pipeline, RedisResult, ScriptInvocation, Value};
 
 use crate::error::LockError;
+use deadline::{Deadlines, Elapsed, Limit, Within};
 
 pub(crate) use deployment::{RedisStore, Store};
 
@@ -28,6 +31,7 @@ pub(crate) use deployment::{RedisStore, Store};
 pub(crate) struct Conn {
     store: Arc<Store>,
     timeout: Duration,
+    deadlines: Deadlines,
     /// The batch lanes; `None` with batching off.
     lanes: Option<Arc<batch::Lanes>>,
 }
@@ -39,6 +43,7 @@ impl Conn {
         Self {
             store: Arc::new(store),
             timeout,
+            deadlines: Deadlines::new(timeout),
             lanes: batches_in_flight.map(|depth| Arc::new(batch::Lanes::new(depth))),
         }
     }
@@ -59,7 +64,7 @@ impl Conn {
         op: &'static str,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, LockError> {
-        let value = limit(op, self.timeout, self.store.invoke(invocation)).await?;
+        let value = timed(op, self.within(self.store.invoke(invocation)).await)?;
         decode(op, value)
     }
 
@@ -69,7 +74,7 @@ impl Conn {
         op: &'static str,
         cmd: &Cmd,
     ) -> Result<T, LockError> {
-        let value = limit(op, self.timeout, self.store.query(cmd)).await?;
+        let value = timed(op, self.within(self.store.query(cmd)).await)?;
         decode(op, value)
     }
 
@@ -78,7 +83,7 @@ impl Conn {
         &self,
         pipe: &Pipeline,
     ) -> Result<Vec<RedisResult<Value>>, LockError> {
-        limit("pipeline", self.timeout, self.store.pipeline(pipe)).await
+        timed("pipeline", self.within(self.store.pipeline(pipe)).await)
     }
 
     /// Runs `script` with the keys and arguments `fill` appends (`numkeys` first), as
@@ -117,7 +122,6 @@ impl Conn {
         within: Duration,
         evalsha: Cmd,
     ) -> Result<Value, LockError> {
-        let within = within.min(self.timeout);
         let call = async {
             match self.store.query(&evalsha).await {
                 Err(e)
@@ -130,7 +134,16 @@ impl Conn {
                 other => other,
             }
         };
-        limit(script.op(), within, call).await
+        if within >= self.timeout {
+            timed(script.op(), self.within(call).await)
+        } else {
+            limit(script.op(), within, call).await
+        }
+    }
+
+    /// `call` within the configured time limit.
+    fn within<F: Future>(&self, call: F) -> Within<'_, F> {
+        self.deadlines.within(Limit::Call, call)
     }
 
     /// `evalsha` sent again as `EVAL` of `script`'s source, with the same arguments.
@@ -146,6 +159,15 @@ impl Conn {
     }
 }
 
+/// The reply of a call of `op` that had a time limit.
+fn timed<T>(op: &'static str, reply: Result<RedisResult<T>, Elapsed>) -> Result<T, LockError> {
+    match reply {
+        Ok(reply) => Ok(reply?),
+        Err(Elapsed(after)) => Err(LockError::RedisTimeout { op, after }),
+    }
+}
+
+/// Runs `call` within `after`, shorter than the configured limit, on a timer of its own.
 async fn limit<T>(
     op: &'static str,
     after: Duration,

@@ -51,11 +51,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Mutex;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use redis::{FromRedisValue, Value};
 use tokio::sync::oneshot;
 
+use super::deadline::{Elapsed, Limit, Place};
 use super::entry::Cleanup;
 pub(crate) use super::entry::{Command, Entry};
 use super::scripts::Lua;
@@ -198,7 +198,7 @@ pub(crate) enum Turn<'c, F> {
     /// builder comes back unused). The call counts as in flight until the [`Alone`] is dropped.
     Alone(Alone<'c>, F),
     /// Queued behind a call in flight: the reply arrives with a later batch.
-    Queued(Pending),
+    Queued(Pending<'c>),
 }
 
 /// The caller's place in flight on its lane; dropping it frees the place (and schedules
@@ -216,19 +216,20 @@ impl Drop for Alone<'_> {
     }
 }
 
-/// The reply of a queued entry.
-pub(crate) struct Pending {
+/// The reply of a queued entry, within twice the command timeout: one call ahead of it
+/// ends (or a place was free), then its own.
+pub(crate) struct Pending<'c> {
     rx: oneshot::Receiver<Result<Value, LockError>>,
     op: &'static str,
-    limit: Duration,
-    sleep: Pin<Box<tokio::time::Sleep>>,
+    place: Place<'c>,
 }
 
-impl Future for Pending {
+impl Future for Pending<'_> {
     type Output = Result<Value, LockError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         if let Poll::Ready(reply) = Pin::new(&mut self.rx).poll(cx) {
+            self.place.leave();
             return Poll::Ready(reply.unwrap_or_else(|_| {
                 Err(LockError::UnexpectedReply(format!(
                     "{}: the batch carrying this call was dropped (runtime shutting down)",
@@ -236,15 +237,11 @@ impl Future for Pending {
                 )))
             }));
         }
-        match self.sleep.as_mut().poll(cx) {
-            // Dropping the receiver then leaves the entry out (not sent yet) or hands
-            // its reply to its cleanup (sent).
-            Poll::Ready(()) => Poll::Ready(Err(LockError::RedisTimeout {
-                op: self.op,
-                after: self.limit,
-            })),
-            Poll::Pending => Poll::Pending,
-        }
+        // Dropping the receiver then leaves the entry out (not sent yet) or hands its
+        // reply to its cleanup (sent).
+        self.place
+            .poll_elapsed(cx.waker())
+            .map(|Elapsed(after)| Err(LockError::RedisTimeout { op: self.op, after }))
     }
 }
 
@@ -306,13 +303,10 @@ impl Conn {
         if drive {
             schedule(self.clone(), kind, group);
         }
-        // One call ahead of this one ends (or a place was free), then this one.
-        let limit = self.timeout * 2;
         Turn::Queued(Pending {
             rx,
             op,
-            limit,
-            sleep: Box::pin(tokio::time::sleep(limit)),
+            place: self.deadlines.place(Limit::Queued),
         })
     }
 
