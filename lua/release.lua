@@ -18,13 +18,10 @@
 --   -1   expired: the lock no longer exists
 --   -2   not owner: another grant holds the lock now
 --   {'error', message}  this entry failed (the lock's key holds another type); the others stand
-local out = {}
-for i = 1, #KEYS / 3 do
-  local lock, waiters, queue = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
-  local value = redis.pcall('GET', lock)
-  if type(value) == 'table' then
-    out[i] = {'error', value.err}
-  elseif value == ARGV[i] then
+-- One entry: the grant `value` of `lock` given back.
+local function give_back(lock, waiters, queue, value)
+  local held = redis.pcall('GET', lock)
+  if held == value then
     -- The lock exists (just read): a count of 2 means someone waited.
     if redis.call('DEL', lock, waiters) == 2 then
       local channel = lock .. ':released'
@@ -36,13 +33,18 @@ for i = 1, #KEYS / 3 do
         redis.call('PUBLISH', channel .. ':' .. head, head)
       end
     end
-    out[i] = 1
-  elseif value then
-    out[i] = -2
-  else
-    out[i] = -1
+    return 1
+  elseif type(held) == 'table' then
+    return {'error', held.err}
+  elseif held then
+    return -2
   end
+  return -1
 end
 -- A batch of one answers its entry's reply alone (one array level less to parse).
-if #out == 1 then return out[1] end
+if #KEYS == 3 then return give_back(KEYS[1], KEYS[2], KEYS[3], ARGV[1]) end
+local out = {}
+for i = 1, #KEYS / 3 do
+  out[i] = give_back(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], ARGV[i])
+end
 return out

@@ -160,10 +160,8 @@ fn raw(conn: ConnectionManager) -> Result<Cycle, BoxError> {
             let _: i64 = release
                 .key(&key)
                 .key(format!("{key}:waiters"))
-                .key(format!("{key}:released"))
                 .key(format!("{key}:queue"))
                 .arg(&value)
-                .arg("x")
                 .invoke_async(&mut conn)
                 .await?;
             Ok(())

@@ -324,7 +324,8 @@ async fn connect_within<C>(
 /// Reconnection settings of the single-node connection, bounded by the command timeout;
 /// `retries`: reconnection attempts inside one call after the first fails. No response
 /// timeout: every call already runs under the store's own limit of the same length
-/// (`Conn`), and a second timer per call would cost as much as the first. (A timed-out
+/// (`Conn`, which keeps it without a timer per call); redis-rs's would add a tokio
+/// timer to each call. (A timed-out
 /// reply never made redis-rs reconnect either; the connect, handshake included, is
 /// bounded by the connection timeout.)
 fn manager_config(t: Duration, retries: usize) -> ConnectionManagerConfig {
