@@ -95,11 +95,13 @@ async fn candidate(
 
 /// Two leaderships leading with validity left, if any.
 fn two_leaders(slots: &[Slot]) -> Option<String> {
-    let leading: Vec<(usize, u64, Duration)> = slots
+    // Every slot at one instant: read one at a time, a leadership resigned after its
+    // slot was read and won by a later slot's candidate would look like two.
+    let all: Vec<_> = slots.iter().map(|s| lock(s)).collect();
+    let leading: Vec<(usize, u64, Duration)> = all
         .iter()
         .enumerate()
-        .filter_map(|(i, s)| {
-            let slot = lock(s);
+        .filter_map(|(i, slot)| {
             let l = slot.as_ref()?;
             let left = l.valid_for();
             (l.is_leading() && left > MARGIN).then(|| (i, l.term().get(), left))

@@ -422,8 +422,10 @@ async fn check(
         // Each believer's grant, belief, description, task, and that task's count of
         // guards taken out at the look.
         let mut believers: Vec<(String, Instant, String, usize, u64)> = Vec::new();
-        for (task, (handle, held)) in tasks.iter().enumerate() {
-            let guards = lock(held);
+        // Every task's guards at one instant: read one task at a time, a grant given
+        // back after its task was read and taken by a later task would look like two.
+        let all: Vec<_> = tasks.iter().map(|(h, held)| (*h, lock(held))).collect();
+        for (task, (handle, guards)) in all.iter().enumerate() {
             for g in guards.list.iter().filter(|g| g.name() == name.as_str()) {
                 let left = g.valid_for();
                 if left > MARGIN
@@ -434,6 +436,7 @@ async fn check(
                 }
             }
         }
+        drop(all);
         let mut grants: Vec<&str> = believers.iter().map(|b| b.0.as_str()).collect();
         grants.sort_unstable();
         grants.dedup();

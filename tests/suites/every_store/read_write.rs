@@ -145,8 +145,13 @@ fn check(tasks: &[(usize, Holds)], seen: &mut (u64, u64)) -> Option<String> {
     for name in NAMES {
         // (scope, mode, what) of every hold that believes it holds `name`.
         let mut believers = Vec::new();
-        for (scope, holds) in tasks {
-            for (mode, g) in lock(holds).iter().filter(|(_, g)| g.name() == name) {
+        // Every task's holds at one instant (see `model::check`).
+        let all: Vec<_> = tasks
+            .iter()
+            .map(|(scope, holds)| (*scope, lock(holds)))
+            .collect();
+        for (scope, holds) in &all {
+            for (mode, g) in holds.iter().filter(|(_, g)| g.name() == name) {
                 if g.valid_for() > MARGIN {
                     believers.push((*scope, *mode, format!("{g:?}")));
                 }

@@ -4,8 +4,8 @@
 //! reconnecting `ConnectionManager`) or a Redis Cluster (redis-rs `cluster-async`),
 //! each a [`RedisStore`], made again when the runtime it was made on ends. [`Conn`]
 //! wraps a store with the per-call time limit (kept by [`deadline`], with no timer per
-//! call) and typed replies; the watchdog's
-//! batching, the waiting loop and the Redlock fan-out are written once against it.
+//! call) and typed replies; the watchdog's batching, the waiting loop and the Redlock
+//! fan-out are written once against it.
 
 pub(crate) mod batch;
 mod deadline;
