@@ -250,10 +250,11 @@ impl<B: Seam> Shared<B> {
             q.line.front().map(|e| e.0.0),
             q.early.first_key_value().map(|e| e.0.0),
         ];
-        let next = match first.into_iter().flatten().min() {
-            Some(at) => Some(at),
-            None => q.latest.filter(|&at| at > now),
-        };
+        let next = first
+            .into_iter()
+            .flatten()
+            .min()
+            .or(q.latest.filter(|&at| at > now));
         q.planned = next;
         next
     }

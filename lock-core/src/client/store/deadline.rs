@@ -16,8 +16,9 @@
 //! The keeper sleeps at most the shortest limit past its last pass, so a call that
 //! joins while it sleeps is never due before it wakes: joining wakes it only when it
 //! parked. It parks when a pass finds the lines empty and nothing joined since the
-//! pass before; while calls keep coming it wakes about once per limit. Without a
-//! background runtime (the OS refused its thread), each call has a tokio timer.
+//! pass before; while calls keep coming it wakes about once per limit. A call with a
+//! shorter limit of its own ([`Deadlines::within_at_most`]), and every call without a
+//! background runtime (the OS refused its thread), has a tokio timer instead.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -130,6 +131,16 @@ impl Deadlines {
         }
     }
 
+    /// Runs `call` within `after` if that is shorter than [`Limit::Call`], on a timer
+    /// of its own (out of order in the line), else within [`Limit::Call`].
+    pub(crate) fn within_at_most<F: Future>(&self, after: Duration, call: F) -> Within<'_, F> {
+        let mut place = self.place(Limit::Call);
+        if after < self.after(Limit::Call) {
+            place.at = At::Timer(Box::pin(tokio::time::sleep(after)), after);
+        }
+        Within { call, place }
+    }
+
     /// A call's place in the line of `limit`, taken when it first waits.
     pub(crate) fn place(&self, limit: Limit) -> Place<'_> {
         Place {
@@ -175,8 +186,8 @@ enum At {
     /// Not in the line: not waited yet, or left.
     Out,
     Ticket(u64),
-    /// No keeper: the call's own timer.
-    Timer(Pin<Box<tokio::time::Sleep>>),
+    /// Its own timer, of the given length: a shorter limit, or no keeper.
+    Timer(Pin<Box<tokio::time::Sleep>>, Duration),
 }
 
 impl Place<'_> {
@@ -188,12 +199,8 @@ impl Place<'_> {
             At::Out => match shared.join(self.limit, waker) {
                 Ok(ticket) => self.at = At::Ticket(ticket),
                 Err(after) => {
-                    let mut sleep = Box::pin(tokio::time::sleep(after));
-                    let mut cx = Context::from_waker(waker);
-                    if sleep.as_mut().poll(&mut cx).is_ready() {
-                        return Poll::Ready(Elapsed(after));
-                    }
-                    self.at = At::Timer(sleep);
+                    self.at = At::Timer(Box::pin(tokio::time::sleep(after)), after);
+                    return self.poll_elapsed(waker);
                 }
             },
             At::Ticket(ticket) => {
@@ -202,11 +209,15 @@ impl Place<'_> {
                     return Poll::Ready(Elapsed(after));
                 }
             }
-            At::Timer(sleep) => {
-                let mut cx = Context::from_waker(waker);
-                if sleep.as_mut().poll(&mut cx).is_ready() {
+            At::Timer(sleep, after) => {
+                if sleep
+                    .as_mut()
+                    .poll(&mut Context::from_waker(waker))
+                    .is_ready()
+                {
+                    let after = *after;
                     self.at = At::Out;
-                    return Poll::Ready(Elapsed(self.deadlines.after(self.limit)));
+                    return Poll::Ready(Elapsed(after));
                 }
             }
         }
@@ -462,6 +473,23 @@ mod tests {
             }
             assert_eq!(d.in_line(Limit::Call), 0, "seed {seed}");
             assert_eq!(d.in_line(Limit::Queued), 0, "seed {seed}");
+        }
+    }
+
+    /// A limit shorter than the connection's keeps its own length on its own timer,
+    /// outside the line; a longer one is cut to the connection's.
+    #[tokio::test]
+    async fn a_limit_of_its_own_is_at_most_the_connections() {
+        let d = Deadlines::new(MS(200));
+        for (asked, kept) in [(MS(50), MS(50)), (MS(10_000), MS(200))] {
+            let start = Instant::now();
+            let call = d.within_at_most(asked, std::future::pending::<()>());
+            let Err(Elapsed(after)) = ends("at most", call).await else {
+                panic!("a call that never ends ended")
+            };
+            assert_eq!(after, kept);
+            assert!(start.elapsed() >= kept, "{asked:?}: {:?}", start.elapsed());
+            assert_eq!(d.in_line(Limit::Call), 0);
         }
     }
 

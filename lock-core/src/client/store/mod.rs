@@ -30,7 +30,6 @@ pub(crate) use deployment::{RedisStore, Store};
 #[derive(Clone)]
 pub(crate) struct Conn {
     store: Arc<Store>,
-    timeout: Duration,
     deadlines: Deadlines,
     /// The batch lanes; `None` with batching off.
     lanes: Option<Arc<batch::Lanes>>,
@@ -42,7 +41,6 @@ impl Conn {
     pub(crate) fn new(store: Store, timeout: Duration, batches_in_flight: Option<usize>) -> Self {
         Self {
             store: Arc::new(store),
-            timeout,
             deadlines: Deadlines::new(timeout),
             lanes: batches_in_flight.map(|depth| Arc::new(batch::Lanes::new(depth))),
         }
@@ -50,7 +48,7 @@ impl Conn {
 
     /// The configured per-call time limit.
     pub(crate) fn timeout(&self) -> Duration {
-        self.timeout
+        self.deadlines.after(Limit::Call)
     }
 
     /// The batch group of `key` (see [`Store::group`]).
@@ -134,11 +132,10 @@ impl Conn {
                 other => other,
             }
         };
-        if within >= self.timeout {
-            timed(script.op(), self.within(call).await)
-        } else {
-            limit(script.op(), within, call).await
-        }
+        timed(
+            script.op(),
+            self.deadlines.within_at_most(within, call).await,
+        )
     }
 
     /// `call` within the configured time limit.
@@ -164,18 +161,6 @@ fn timed<T>(op: &'static str, reply: Result<RedisResult<T>, Elapsed>) -> Result<
     match reply {
         Ok(reply) => Ok(reply?),
         Err(Elapsed(after)) => Err(LockError::RedisTimeout { op, after }),
-    }
-}
-
-/// Runs `call` within `after`, shorter than the configured limit, on a timer of its own.
-async fn limit<T>(
-    op: &'static str,
-    after: Duration,
-    call: impl Future<Output = RedisResult<T>>,
-) -> Result<T, LockError> {
-    match tokio::time::timeout(after, call).await {
-        Ok(reply) => Ok(reply?),
-        Err(_) => Err(LockError::RedisTimeout { op, after }),
     }
 }
 
