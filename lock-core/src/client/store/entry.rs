@@ -1,7 +1,7 @@
 //! What waits in a batch lane: one entry of a batched script call ([`Entry`]), packed
-//! flat (an entry's keys in one buffer and its arguments in another, so building one
-//! costs four allocations however many keys and arguments it has, and a key made of a
-//! lock key and a suffix costs none), or one plain command of a pipelined call
+//! flat (its keys, then its arguments, each behind its length in one buffer, so
+//! building one costs one allocation however many keys and arguments it has, and a key
+//! made of a lock key and a suffix costs none), or one plain command of a pipelined call
 //! ([`Command`]). An entry sent alone is written straight into its command instead.
 
 use std::io::{self, Write};
@@ -23,10 +23,7 @@ pub(crate) struct Entry {
 }
 
 enum Form {
-    Packed {
-        keys: Packed,
-        args: Packed,
-    },
+    Packed(Packed),
     /// `EVALSHA <sha> <numkeys>` and what was added since.
     Direct(redis::Cmd),
 }
@@ -35,10 +32,7 @@ impl Entry {
     /// An entry to queue.
     pub(super) fn packed() -> Self {
         Self {
-            form: Form::Packed {
-                keys: Packed::with_capacity(3, 128),
-                args: Packed::with_capacity(4, 96),
-            },
+            form: Form::Packed(Packed::with_capacity(256)),
             cleanup: None,
         }
     }
@@ -59,13 +53,17 @@ impl Entry {
     pub(super) fn into_command(self) -> Option<redis::Cmd> {
         match self.form {
             Form::Direct(cmd) => Some(cmd),
-            Form::Packed { .. } => None,
+            Form::Packed(_) => None,
         }
     }
 
     pub(crate) fn key(mut self, key: &str) -> Self {
         match &mut self.form {
-            Form::Packed { keys, .. } => keys.write_arg(key.as_bytes()),
+            Form::Packed(p) => {
+                debug_assert_eq!(p.count, p.keys, "an entry's keys come before its arguments");
+                p.write_arg(key.as_bytes());
+                p.keys += 1;
+            }
             Form::Direct(cmd) => cmd.write_arg(key.as_bytes()),
         }
         self
@@ -74,9 +72,10 @@ impl Entry {
     /// The key `key` followed by `suffix` (a lock's waiter marker, say), built in place.
     pub(crate) fn key_suffixed(mut self, key: &str, suffix: &str) -> Self {
         match &mut self.form {
-            Form::Packed { keys, .. } => {
-                keys.data.extend_from_slice(key.as_bytes());
-                keys.write_arg(suffix.as_bytes());
+            Form::Packed(p) => {
+                debug_assert_eq!(p.count, p.keys, "an entry's keys come before its arguments");
+                p.write_parts(&[key.as_bytes(), suffix.as_bytes()]);
+                p.keys += 1;
             }
             Form::Direct(cmd) => {
                 // Joined on the stack when short: one plain argument write is cheaper
@@ -100,7 +99,7 @@ impl Entry {
 
     pub(crate) fn arg(mut self, arg: impl ToRedisArgs) -> Self {
         match &mut self.form {
-            Form::Packed { args, .. } => arg.write_redis_args(args),
+            Form::Packed(p) => arg.write_redis_args(p),
             Form::Direct(cmd) => arg.write_redis_args(cmd),
         }
         self
@@ -115,15 +114,15 @@ impl Entry {
         F: FnOnce(Option<Result<Value, LockError>>) + Send + Sync + 'static,
     {
         // Sent alone, the caller sees every outcome itself: nothing is left to undo.
-        if matches!(self.form, Form::Packed { .. }) {
+        if matches!(self.form, Form::Packed(_)) {
             self.cleanup = Some(Box::new(make()));
         }
         self
     }
 
-    fn parts(&self) -> Option<(&Packed, &Packed)> {
+    fn packed_form(&self) -> Option<&Packed> {
         match &self.form {
-            Form::Packed { keys, args } => Some((keys, args)),
+            Form::Packed(p) => Some(p),
             Form::Direct(_) => None,
         }
     }
@@ -133,27 +132,22 @@ impl Entry {
     pub(super) fn size(entries: &[&Entry]) -> (usize, usize) {
         entries
             .iter()
-            .filter_map(|e| e.parts())
-            .fold((1, 20), |(n, bytes), (keys, args)| {
-                (
-                    n + keys.ends.len() + args.ends.len(),
-                    bytes + keys.data.len() + args.data.len(),
-                )
-            })
+            .filter_map(|e| e.packed_form())
+            .fold((1, 20), |(n, bytes), p| (n + p.count, bytes + p.data.len()))
     }
 
     /// The keys and arguments of the packed `entries`, in order: every entry's keys,
     /// then every entry's arguments (`numkeys` first).
     pub(super) fn fill(entries: &[&Entry], cmd: &mut redis::Cmd) {
-        let parts = || entries.iter().filter_map(|e| e.parts());
-        cmd.arg(parts().map(|(keys, _)| keys.ends.len()).sum::<usize>());
-        for (keys, _) in parts() {
-            keys.each(|k| {
+        let packed = || entries.iter().filter_map(|e| e.packed_form());
+        cmd.arg(packed().map(|p| p.keys).sum::<usize>());
+        for p in packed() {
+            p.each().take(p.keys).for_each(|k| {
                 cmd.arg(k);
             });
         }
-        for (_, args) in parts() {
-            args.each(|a| {
+        for p in packed() {
+            p.each().skip(p.keys).for_each(|a| {
                 cmd.arg(a);
             });
         }
@@ -181,46 +175,86 @@ impl Command {
     }
 }
 
-/// Arguments back to back in one buffer, and where each ends.
+/// Arguments back to back in one buffer, each behind its length (4 bytes, little
+/// endian): the keys first, then the arguments.
 struct Packed {
     data: Vec<u8>,
-    ends: Vec<usize>,
+    /// Arguments written.
+    count: usize,
+    /// How many of the first arguments are keys.
+    keys: usize,
 }
 
+/// The length prefix's size.
+const LEN: usize = 4;
+
 impl Packed {
-    fn with_capacity(args: usize, bytes: usize) -> Self {
+    fn with_capacity(bytes: usize) -> Self {
         Self {
             data: Vec::with_capacity(bytes),
-            ends: Vec::with_capacity(args),
+            count: 0,
+            keys: 0,
         }
     }
 
-    fn each(&self, mut f: impl FnMut(&[u8])) {
-        let mut start = 0;
-        for &end in &self.ends {
-            f(&self.data[start..end]);
-            start = end;
+    /// Starts an argument: its length's place, filled by [`end`](Self::end).
+    fn start(&mut self) -> usize {
+        let at = self.data.len();
+        self.data.extend_from_slice(&[0; LEN]);
+        at
+    }
+
+    /// Ends the argument [`start`](Self::start)ed at `at`.
+    fn end(&mut self, at: usize) {
+        // An argument over 4 GiB cannot be sent to Redis (its limit is 512 MB), and
+        // this buffer could not hold it: the length saturates rather than wraps.
+        let len = u32::try_from(self.data.len() - at - LEN).unwrap_or(u32::MAX);
+        self.data[at..at + LEN].copy_from_slice(&len.to_le_bytes());
+        self.count += 1;
+    }
+
+    /// One argument made of `parts` back to back.
+    fn write_parts(&mut self, parts: &[&[u8]]) {
+        let at = self.start();
+        for p in parts {
+            self.data.extend_from_slice(p);
         }
+        self.end(at);
+    }
+
+    /// Every argument, keys first.
+    fn each(&self) -> impl Iterator<Item = &[u8]> {
+        let mut rest = &self.data[..];
+        std::iter::from_fn(move || {
+            let (len, after) = rest.split_first_chunk::<LEN>()?;
+            let len = (u32::from_le_bytes(*len) as usize).min(after.len());
+            let (arg, next) = after.split_at(len);
+            rest = next;
+            Some(arg)
+        })
     }
 }
 
 impl RedisWrite for Packed {
     fn write_arg(&mut self, arg: &[u8]) {
-        self.data.extend_from_slice(arg);
-        self.ends.push(self.data.len());
+        self.write_parts(&[arg]);
     }
 
     fn writer_for_next_arg(&mut self) -> impl io::Write + '_ {
-        NextArg(self)
+        let at = self.start();
+        NextArg { packed: self, at }
     }
 }
 
 /// Writes one argument into a [`Packed`]; it ends when the writer is dropped.
-struct NextArg<'a>(&'a mut Packed);
+struct NextArg<'a> {
+    packed: &'a mut Packed,
+    at: usize,
+}
 
 impl io::Write for NextArg<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.data.extend_from_slice(buf);
+        self.packed.data.extend_from_slice(buf);
         Ok(buf.len())
     }
 
@@ -231,7 +265,7 @@ impl io::Write for NextArg<'_> {
 
 impl Drop for NextArg<'_> {
     fn drop(&mut self) {
-        self.0.ends.push(self.0.data.len());
+        self.packed.end(self.at);
     }
 }
 
@@ -240,9 +274,7 @@ mod tests {
     use super::*;
 
     fn parts(p: &Packed) -> Vec<Vec<u8>> {
-        let mut out = Vec::new();
-        p.each(|a| out.push(a.to_vec()));
-        out
+        p.each().map(<[u8]>::to_vec).collect()
     }
 
     #[test]
@@ -282,14 +314,20 @@ mod tests {
             .arg(42_u64)
             .arg(&b"\x00bytes"[..])
             .arg(Vec::<u8>::new());
-        let (keys, args) = e.parts().unwrap();
+        let p = e.packed_form().unwrap();
+        assert_eq!(p.keys, 3);
         assert_eq!(
-            parts(keys),
-            [&b"lock:{a}"[..], b"lock:{a}:waiters", b""].map(<[u8]>::to_vec)
-        );
-        assert_eq!(
-            parts(args),
-            [&b"v"[..], b"42", b"\x00bytes", b""].map(<[u8]>::to_vec)
+            parts(p),
+            [
+                &b"lock:{a}"[..],
+                b"lock:{a}:waiters",
+                b"",
+                b"v",
+                b"42",
+                b"\x00bytes",
+                b""
+            ]
+            .map(<[u8]>::to_vec)
         );
         let mut cmd = redis::cmd("EVALSHA");
         Entry::fill(&[&e, &e], &mut cmd);
@@ -309,5 +347,22 @@ mod tests {
         );
         assert_eq!(args[7..11], args[11..15]);
         assert_eq!(Entry::size(&[&e, &e]).0, 1 + 2 * 7);
+    }
+
+    #[test]
+    fn an_argument_written_in_pieces_or_past_the_buffer_stays_whole() {
+        let long = vec![b'x'; 1000];
+        let mut p = Packed::with_capacity(8);
+        {
+            let mut w = p.writer_for_next_arg();
+            w.write_all(b"ab").unwrap();
+            w.write_all(b"cd").unwrap();
+        }
+        p.write_arg(&long);
+        // An argument the writer left empty is an empty argument, not a missing one.
+        drop(p.writer_for_next_arg());
+        p.write_arg(b"z");
+        assert_eq!(p.count, 4);
+        assert_eq!(parts(&p), [b"abcd".to_vec(), long, Vec::new(), b"z".to_vec()]);
     }
 }

@@ -159,16 +159,16 @@ async fn drive(conn: Conn, mut driving: Driving) {
     if driving.take() {
         schedule(conn.clone(), kind, group);
     }
-    // Callers gone before sending: left out.
-    let (gone, batch): (Vec<Queued>, Vec<Queued>) = std::mem::take(&mut driving.batch)
-        .into_iter()
-        .partition(|q| q.reply.is_closed());
-    for q in gone {
-        if let Some(cleanup) = q.item.into_cleanup() {
+    // Callers gone before sending: left out, in place (the entries are large to move).
+    driving.batch.retain_mut(|q| {
+        if !q.reply.is_closed() {
+            return true;
+        }
+        if let Some(cleanup) = q.item.take_cleanup() {
             cleanup(None);
         }
-    }
-    driving.batch = batch;
+        false
+    });
     let replies = if driving.batch.is_empty() {
         Ok(Vec::new())
     } else {

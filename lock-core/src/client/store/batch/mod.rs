@@ -95,10 +95,14 @@ enum Item {
 }
 
 impl Item {
-    fn into_cleanup(self) -> Option<Cleanup> {
+    fn into_cleanup(mut self) -> Option<Cleanup> {
+        self.take_cleanup()
+    }
+
+    fn take_cleanup(&mut self) -> Option<Cleanup> {
         match self {
-            Self::Script(e) => e.cleanup,
-            Self::Command(c) => c.cleanup,
+            Self::Script(e) => e.cleanup.take(),
+            Self::Command(c) => c.cleanup.take(),
         }
     }
 }
