@@ -255,9 +255,7 @@ impl LockGuard<RedisBackend> {
     /// The owner id this guard holds the lock as (client id and scope).
     pub fn owner(&self) -> &str {
         let value = &self.grant.record;
-        value
-            .rsplit_once(':')
-            .map_or(value.as_str(), |(owner, _)| owner)
+        value.rsplit_once(':').map_or(&**value, |(owner, _)| owner)
     }
 
     /// The value this grant wrote to the lock key in Redis (unique per grant; shared

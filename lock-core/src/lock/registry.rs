@@ -609,7 +609,7 @@ mod tests {
             panic!("expected a fresh acquisition");
         };
         let taken = Granted {
-            grant: format!("c:{scope}:1"),
+            grant: format!("c:{scope}:1").into(),
             seq: 1,
             token: Some(FencingToken::new(1, 1)),
             valid: Validity::Until(until),
@@ -701,7 +701,7 @@ mod tests {
             panic!("expected a fresh acquisition");
         };
         let taken = Granted {
-            grant: "c:3:1".to_owned(),
+            grant: "c:3:1".into(),
             seq: 2,
             token: None,
             valid: Validity::Kept,

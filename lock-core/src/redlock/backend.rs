@@ -56,7 +56,7 @@ impl Backend for RedlockBackend {}
 /// One node's copy of a grant.
 pub(crate) struct Copy {
     pub(crate) keys: Arc<LockKeys>,
-    pub(crate) value: String,
+    pub(crate) value: Arc<str>,
 }
 
 /// A Redlock grant: the copy of each node that granted it, and until when each copy
@@ -437,7 +437,7 @@ impl Seam for RedlockBackend {
             if mine.is_empty() {
                 return (i, Vec::new());
             }
-            let calls: Vec<(&LockKeys, &String)> =
+            let calls: Vec<(&LockKeys, &Arc<str>)> =
                 mine.iter().map(|(_, c)| (&*c.keys, &c.value)).collect();
             let answers = node.renew(&calls, lease, within).await;
             let indices = mine.into_iter().map(|(g, _)| g);

@@ -157,9 +157,7 @@ impl LockGuard<RedlockBackend> {
     pub fn owner(&self) -> &str {
         let value = self.record().nodes.iter().flatten().next();
         value.map_or("", |c| {
-            c.value
-                .rsplit_once(':')
-                .map_or(c.value.as_str(), |(o, _)| o)
+            c.value.rsplit_once(':').map_or(&*c.value, |(o, _)| o)
         })
     }
 

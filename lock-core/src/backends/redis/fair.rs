@@ -6,6 +6,7 @@
 //! acquisition, as Redisson's `<uuid>:<threadId>`), and listens on its own channel
 //! (`<key>:released:<owner>`): a release wakes the head of the line, not the herd.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::RedisBackend;
@@ -40,13 +41,13 @@ impl RedisBackend {
     pub(super) async fn take_fair(
         &self,
         req: &Request,
-        value: &str,
+        value: &Arc<str>,
         wait: Duration,
     ) -> Result<AcquireReply, LockError> {
         let place = self.linger_ms(!wait.is_zero());
         let owner = self.owner(req);
         let call = self.fair_call(req, "acquire", &owner, |c| {
-            c.arg(value)
+            c.arg(&**value)
                 .arg(req.lease.as_millis() as u64)
                 .arg(place)
                 .arg(u8::from(req.fenced));

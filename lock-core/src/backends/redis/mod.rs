@@ -66,14 +66,21 @@ impl RedisBackend {
 
     /// A value for a new grant: unique per grant (this client's random id, the scope and
     /// the engine's grant number), so a release or renewal can only touch its own grant.
-    fn grant_value(&self, scope: &LockScope, seq: u64) -> String {
+    /// Shared, not copied: an undo in the background holds it beside the grant.
+    fn grant_value(&self, scope: &LockScope, seq: u64) -> Arc<str> {
+        thread_local! {
+            // Built here, then copied once into its own allocation.
+            static VALUE: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+        }
         let id = self.client.id_hex();
-        // `<owner>:<grant number>`: the owner id is recovered from it (`owner_of`).
-        let mut value = String::with_capacity(id.len() + 38);
-        scope.write_owner(id, &mut value);
-        value.push(':');
-        push_hex(&mut value, seq);
-        value
+        VALUE.with_borrow_mut(|value| {
+            value.clear();
+            // `<owner>:<grant number>`: the owner id is recovered from it (`owner_of`).
+            scope.write_owner(id, value);
+            value.push(':');
+            push_hex(value, seq);
+            Arc::from(value.as_str())
+        })
     }
 
     /// One attempt to take `req`'s lock with the grant `value`; `linger` (ms): how long
@@ -89,7 +96,7 @@ impl RedisBackend {
     async fn take_value(
         &self,
         req: &Request,
-        value: &str,
+        value: &Arc<str>,
         linger: u64,
     ) -> Result<AcquireReply, LockError> {
         if !req.fenced && self.plain_set(req, value).await? {
@@ -103,7 +110,7 @@ impl RedisBackend {
     async fn take_by_acquire(
         &self,
         req: &Request,
-        value: &str,
+        value: &Arc<str>,
         linger: u64,
     ) -> Result<AcquireReply, LockError> {
         let keys = &req.keys;
@@ -112,7 +119,7 @@ impl RedisBackend {
             e.key(&keys.key)
                 .key(&keys.fence())
                 .key_suffixed(&keys.key, WAITERS)
-                .arg(value)
+                .arg(&**value)
                 .arg(req.lease.as_millis() as u64)
                 .arg(linger)
                 .arg(u8::from(req.fenced))
@@ -144,7 +151,7 @@ impl RedisBackend {
     async fn take_by_script(
         &self,
         keys: &Arc<LockKeys>,
-        value: &str,
+        value: &Arc<str>,
         call: impl Future<Output = Result<Value, LockError>>,
     ) -> Result<AcquireReply, LockError> {
         let undo = OnDrop::new(|| self.give_back_in_background(keys, value));
@@ -154,12 +161,12 @@ impl RedisBackend {
     }
 
     /// `SET key value NX PX lease`, what the raw recipe costs: whether it granted.
-    async fn plain_set(&self, req: &Request, value: &str) -> Result<bool, LockError> {
+    async fn plain_set(&self, req: &Request, value: &Arc<str>) -> Result<bool, LockError> {
         let set = || {
             let mut set = redis::Cmd::with_capacity(6, req.keys.key.len() + value.len() + 24);
             set.arg("SET")
                 .arg(&req.keys.key)
-                .arg(value)
+                .arg(&**value)
                 .arg("NX")
                 .arg("PX")
                 .arg(req.lease.as_millis() as u64);
@@ -196,10 +203,10 @@ impl RedisBackend {
     fn undo_unless(
         &self,
         keys: &Arc<LockKeys>,
-        value: &str,
+        value: &Arc<str>,
         not_taken: impl FnOnce(&Result<Value, LockError>) -> bool + Send + Sync + 'static,
     ) -> impl FnOnce(Option<Result<Value, LockError>>) + Send + Sync + 'static {
-        let (backend, k, v) = (self.clone(), keys.clone(), value.to_owned());
+        let (backend, k, v) = (self.clone(), keys.clone(), value.clone());
         move |reply| {
             let Some(reply) = reply else {
                 return; // never sent
@@ -251,8 +258,8 @@ impl RedisBackend {
     }
 
     /// Gives back the grant `value` of `keys` in the background.
-    fn give_back_in_background(&self, keys: &Arc<LockKeys>, value: &str) {
-        let (backend, keys, value) = (self.clone(), keys.clone(), value.to_owned());
+    fn give_back_in_background(&self, keys: &Arc<LockKeys>, value: &Arc<str>) {
+        let (backend, keys, value) = (self.clone(), keys.clone(), value.clone());
         let name = keys.name().to_owned();
         cleanup::spawn("undoing an unfinished acquisition", name, async move {
             give_back_patiently(&backend, &keys, &value)
@@ -321,7 +328,7 @@ pub(crate) fn fenced(reply: FenceReply, client: &Client, seq: u64) -> Held<Fenci
 }
 
 impl Seam for RedisBackend {
-    type Grant = String;
+    type Grant = Arc<str>;
 
     fn kind(&self) -> StoreKind {
         self.client.kind()
@@ -338,7 +345,7 @@ impl Seam for RedisBackend {
         req: &Request,
         seq: u64,
         deadline: Instant,
-    ) -> Result<Taken<String>, LockError> {
+    ) -> Result<Taken<Arc<str>>, LockError> {
         let value = self.grant_value(&req.scope, seq);
         let sent = Instant::now();
         let wait = || deadline.saturating_duration_since(sent);
@@ -354,7 +361,7 @@ impl Seam for RedisBackend {
         Ok(taken(reply, value, &self.client, seq, sent, req.lease))
     }
 
-    async fn give_back(&self, keys: &LockKeys, grant: &String) -> Result<Held, LockError> {
+    async fn give_back(&self, keys: &LockKeys, grant: &Arc<str>) -> Result<Held, LockError> {
         if keys.mode.is_read_write() {
             return Box::pin(self.give_back_shared(keys, grant)).await;
         }
@@ -364,7 +371,7 @@ impl Seam for RedisBackend {
     async fn extend(
         &self,
         keys: &LockKeys,
-        grant: &String,
+        grant: &Arc<str>,
         lease: Duration,
     ) -> Result<Held<Instant>, LockError> {
         let within = self.client.conn().timeout();
@@ -376,7 +383,7 @@ impl Seam for RedisBackend {
 
     async fn renew(
         &self,
-        grants: &[(&LockKeys, &String)],
+        grants: &[(&LockKeys, &Arc<str>)],
         lease: Duration,
         within: Duration,
     ) -> Result<Vec<Held<Instant>>, LockError> {
@@ -394,7 +401,7 @@ impl Seam for RedisBackend {
     async fn fence(
         &self,
         keys: &LockKeys,
-        grant: &String,
+        grant: &Arc<str>,
         seq: u64,
     ) -> Result<Held<FencingToken>, LockError> {
         // Only a plain lock comes here: a writer's token comes with its grant.
@@ -427,7 +434,7 @@ impl RedisBackend {
     /// in one call bounded by `within`: one code per grant, in order.
     async fn renew_values(
         &self,
-        grants: &[(&LockKeys, &String)],
+        grants: &[(&LockKeys, &Arc<str>)],
         lease: Duration,
         within: Duration,
     ) -> Result<Vec<Code>, LockError> {
@@ -440,7 +447,7 @@ impl RedisBackend {
                     c.arg(&keys.key);
                 }
                 for (_, value) in grants {
-                    c.arg(value.as_str());
+                    c.arg(&***value);
                 }
                 for _ in grants {
                     c.arg(lease.as_millis() as u64);

@@ -1,6 +1,7 @@
 //! Read-write locks on Redis: one script (`lua/read_write.lua`) over a hash of holders,
 //! beside the plain lock's `SET NX PX`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -19,7 +20,7 @@ impl RedisBackend {
     pub(super) async fn take_shared(
         &self,
         req: &Request,
-        value: &str,
+        value: &Arc<str>,
         wait: Duration,
     ) -> Result<AcquireReply, LockError> {
         let keys = &req.keys;
@@ -39,7 +40,7 @@ impl RedisBackend {
                 .arg(keys.fence())
                 .arg("acquire")
                 .arg(if write { "w" } else { "r" })
-                .arg(value)
+                .arg(&**value)
                 .arg(req.lease.as_millis() as u64)
                 .arg(linger);
         });
@@ -49,7 +50,7 @@ impl RedisBackend {
     pub(super) async fn give_back_shared(
         &self,
         keys: &LockKeys,
-        value: &str,
+        value: &Arc<str>,
     ) -> Result<Held, LockError> {
         let conn = self.client.conn();
         let reply = conn
@@ -58,7 +59,7 @@ impl RedisBackend {
                     .arg(&keys.key)
                     .arg(keys.channel())
                     .arg("release")
-                    .arg(value)
+                    .arg(&**value)
                     .arg(self.client.id_hex());
             })
             .await?;
@@ -70,7 +71,7 @@ impl RedisBackend {
     pub(super) async fn extend_shared(
         &self,
         keys: &LockKeys,
-        value: &str,
+        value: &Arc<str>,
         lease: Duration,
         within: Duration,
     ) -> Result<Held<Instant>, LockError> {
@@ -82,7 +83,7 @@ impl RedisBackend {
                 c.arg(1)
                     .arg(&keys.key)
                     .arg("extend")
-                    .arg(value)
+                    .arg(&**value)
                     .arg(lease.as_millis() as u64);
             })
             .await?;
@@ -92,7 +93,7 @@ impl RedisBackend {
     /// Renews plain grants in one call, and read-write holds one call each, at once.
     pub(super) async fn renew_mixed(
         &self,
-        grants: &[(&LockKeys, &String)],
+        grants: &[(&LockKeys, &Arc<str>)],
         lease: Duration,
         within: Duration,
     ) -> Result<Vec<Held<Instant>>, LockError> {

@@ -363,6 +363,9 @@ mod tests {
         drop(p.writer_for_next_arg());
         p.write_arg(b"z");
         assert_eq!(p.count, 4);
-        assert_eq!(parts(&p), [b"abcd".to_vec(), long, Vec::new(), b"z".to_vec()]);
+        assert_eq!(
+            parts(&p),
+            [b"abcd".to_vec(), long, Vec::new(), b"z".to_vec()]
+        );
     }
 }
