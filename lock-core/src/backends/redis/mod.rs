@@ -73,14 +73,20 @@ impl RedisBackend {
             static VALUE: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
         }
         let id = self.client.id_hex();
-        VALUE.with_borrow_mut(|value| {
+        let build = |value: &mut String| {
             value.clear();
             // `<owner>:<grant number>`: the owner id is recovered from it (`owner_of`).
             scope.write_owner(id, value);
             value.push(':');
             push_hex(value, seq);
             Arc::from(value.as_str())
-        })
+        };
+        // A thread whose locals are gone (or a buffer in use) builds in a fresh one.
+        VALUE
+            .try_with(|v| v.try_borrow_mut().ok().map(|mut v| build(&mut v)))
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| build(&mut String::new()))
     }
 
     /// One attempt to take `req`'s lock with the grant `value`; `linger` (ms): how long
