@@ -50,7 +50,7 @@ impl RedisBackend {
     pub(super) async fn give_back_shared(
         &self,
         keys: &LockKeys,
-        value: &Arc<str>,
+        value: &str,
     ) -> Result<Held, LockError> {
         let conn = self.client.conn();
         let reply = conn
@@ -59,7 +59,7 @@ impl RedisBackend {
                     .arg(&keys.key)
                     .arg(keys.channel())
                     .arg("release")
-                    .arg(&**value)
+                    .arg(value)
                     .arg(self.client.id_hex());
             })
             .await?;
@@ -71,7 +71,7 @@ impl RedisBackend {
     pub(super) async fn extend_shared(
         &self,
         keys: &LockKeys,
-        value: &Arc<str>,
+        value: &str,
         lease: Duration,
         within: Duration,
     ) -> Result<Held<Instant>, LockError> {
@@ -83,7 +83,7 @@ impl RedisBackend {
                 c.arg(1)
                     .arg(&keys.key)
                     .arg("extend")
-                    .arg(&**value)
+                    .arg(value)
                     .arg(lease.as_millis() as u64);
             })
             .await?;

@@ -136,7 +136,7 @@ impl Deadlines {
     pub(crate) fn within_at_most<F: Future>(&self, after: Duration, call: F) -> Within<'_, F> {
         let mut place = self.place(Limit::Call);
         if after < self.after(Limit::Call) {
-            place.at = At::Timer(Box::pin(tokio::time::sleep(after)), after);
+            place.at = At::timer(after);
         }
         Within { call, place }
     }
@@ -190,6 +190,12 @@ enum At {
     Timer(Pin<Box<tokio::time::Sleep>>, Duration),
 }
 
+impl At {
+    fn timer(after: Duration) -> Self {
+        Self::Timer(Box::pin(tokio::time::sleep(after)), after)
+    }
+}
+
 impl Place<'_> {
     /// Ready when time is up: the call must end now with [`Elapsed`]. Registers `waker`
     /// to be woken then.
@@ -199,7 +205,7 @@ impl Place<'_> {
             At::Out => match shared.join(self.limit, waker) {
                 Ok(ticket) => self.at = At::Ticket(ticket),
                 Err(after) => {
-                    self.at = At::Timer(Box::pin(tokio::time::sleep(after)), after);
+                    self.at = At::timer(after);
                     return self.poll_elapsed(waker);
                 }
             },
