@@ -5,8 +5,13 @@
 //! `SET NX GET`, store with `SET`, both with expiries). Interleaved rounds, judged on
 //! the per-round ratios.
 //!
-//! - `fresh`: every request has a new key (claim, run, store).
-//! - `replay`: every request repeats one completed key (look up, replay).
+//! - `fresh`: every request has a new key (claim, run, store). Its records are kept for
+//!   [`FRESH_RETENTION`] on both servers, so that the keyspace holds steady through the
+//!   run: a keyspace that only grows rehashes its table and faults in new pages now
+//!   and then, and each such pause slows whichever implementation's turn it falls in,
+//!   which spreads the per-round ratios.
+//! - `replay`: every request repeats one completed key (look up, replay), on a second
+//!   pair of servers that keep records for a day.
 //!
 //! Prints `idempotency <path>_<impl>_requests_per_s`, per-round rates, CPU per request,
 //! and `ratio idempotency_<path>_ours_vs_by_hand` (the median of the per-round ratios;
@@ -15,6 +20,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -40,7 +46,12 @@ const TASKS: usize = 32;
 /// Implementations measured: two paths times two implementations.
 pub const MEASUREMENTS: usize = 4;
 const IN_FLIGHT_MS: u64 = 10_000;
-const RETENTION_MS: u64 = 24 * 3600 * 1000;
+/// How long the replay servers keep a completed record (the one key every replay
+/// repeats must outlive the run).
+const RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// How long the fresh servers keep a completed record: long past the request, short
+/// enough that the records of a run expire while it goes on.
+const FRESH_RETENTION: Duration = Duration::from_secs(3);
 
 /// The handler's own work, the same in both servers.
 fn work(body: &[u8]) -> Response<Body> {
@@ -59,7 +70,7 @@ fn status(code: StatusCode) -> Response<Body> {
 
 /// The by-hand version: one round trip to claim (or find the stored body), one to store.
 async fn by_hand(
-    State(conn): State<ConnectionManager>,
+    State((conn, retention)): State<(ConnectionManager, Duration)>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response<Body> {
@@ -88,7 +99,7 @@ async fn by_hand(
                 .arg(&key)
                 .arg(bytes.as_ref())
                 .arg("PX")
-                .arg(RETENTION_MS)
+                .arg(u64::try_from(retention.as_millis()).unwrap_or(u64::MAX))
                 .query_async::<()>(&mut c)
                 .await;
             match stored {
@@ -165,21 +176,42 @@ pub const OPS: [&str; MEASUREMENTS] = [
     "replay_ours",
 ];
 
-/// The POST handler behind `IdempotencyLayer`, on a port of its own.
-async fn serve_ours(url: &str) -> Result<SocketAddr, BoxError> {
+/// The POST handler behind `IdempotencyLayer`, on a port of its own, keeping records
+/// for `retention`.
+async fn serve_ours(url: &str, retention: Duration) -> Result<SocketAddr, BoxError> {
     let lock_client = LockClient::open(url).await?;
+    let layer = IdempotencyLayer::new(lock_client.idempotency_store("bench"))
+        .require_key(true)
+        .retention(retention)?;
     serve(
         Router::new()
             .route("/pay", post(|body: Bytes| async move { work(&body) }))
-            .layer(IdempotencyLayer::new(lock_client.idempotency_store("bench")).require_key(true)),
+            .layer(layer),
     )
     .await
 }
 
 /// The same handler doing the Redis round trips by hand, on a port of its own.
-async fn serve_by_hand(url: &str) -> Result<SocketAddr, BoxError> {
+async fn serve_by_hand(url: &str, retention: Duration) -> Result<SocketAddr, BoxError> {
     let conn = ConnectionManager::new(redis::Client::open(url)?).await?;
-    serve(Router::new().route("/pay", post(by_hand)).with_state(conn)).await
+    serve(
+        Router::new()
+            .route("/pay", post(by_hand))
+            .with_state((conn, retention)),
+    )
+    .await
+}
+
+/// The server measured as implementation `name`, with the retention of its path.
+async fn serve_for(url: &str, name: &str) -> Result<SocketAddr, BoxError> {
+    let retention = match name.starts_with("fresh") {
+        true => FRESH_RETENTION,
+        false => RETENTION,
+    };
+    match name.ends_with("ours") {
+        true => serve_ours(url, retention).await,
+        false => serve_by_hand(url, retention).await,
+    }
 }
 
 /// Implementation `name` against the server at `addr` (see [`seed`]).
@@ -189,7 +221,8 @@ fn build(client: &HttpClient, addr: SocketAddr, name: &str) -> Cycle {
     requests(client, addr, prefix, replay)
 }
 
-/// Completes the key every replay repeats (unless a run before did).
+/// Completes the key every replay repeats (unless a run before did), on a replay server:
+/// the fresh servers' short retention would let it expire mid-run.
 async fn seed(client: &HttpClient, addr: SocketAddr) -> Result<(), BoxError> {
     send(client, addr, "replay-replay".into(), None).await
 }
@@ -197,33 +230,28 @@ async fn seed(client: &HttpClient, addr: SocketAddr) -> Result<(), BoxError> {
 /// Implementation `name`'s cycle with its server on `url`, for `lock-bench ops`;
 /// `None` for an unknown name.
 pub async fn op(url: &str, name: &str) -> Result<Option<Cycle>, BoxError> {
-    let addr = match name {
-        "fresh_ours" | "replay_ours" => serve_ours(url).await?,
-        "fresh_by_hand" | "replay_by_hand" => serve_by_hand(url).await?,
-        _ => return Ok(None),
-    };
+    if !OPS.contains(&name) {
+        return Ok(None);
+    }
+    let addr = serve_for(url, name).await?;
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
-    seed(&client, addr).await?;
+    if name.starts_with("replay") {
+        seed(&client, addr).await?;
+    }
     Ok(Some(build(&client, addr, name)))
 }
 
 pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>, BoxError> {
     let mut probe = ConnectionManager::new(redis::Client::open(url)?).await?;
-    let (ours, hand) = (serve_ours(url).await?, serve_by_hand(url).await?);
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
-    for addr in [ours, hand] {
-        seed(&client, addr).await?;
+    let mut cycles = Vec::with_capacity(OPS.len());
+    for name in OPS {
+        let addr = serve_for(url, name).await?;
+        if name.starts_with("replay") {
+            seed(&client, addr).await?;
+        }
+        cycles.push(build(&client, addr, name));
     }
-    let cycles: Vec<Cycle> = OPS
-        .iter()
-        .map(|name| {
-            build(
-                &client,
-                if name.ends_with("ours") { ours } else { hand },
-                name,
-            )
-        })
-        .collect();
     let samples = measure_rounds(&mut probe, &cycles, TASKS, timing, rounds).await?;
     let medians = median_rates(&samples);
     for ((name, s), r) in OPS.iter().zip(&samples).zip(&medians) {
