@@ -154,14 +154,17 @@ async fn send(
     Ok(())
 }
 
-fn requests(client: &HttpClient, addr: SocketAddr, prefix: &'static str, replay: bool) -> Cycle {
+/// The one key every replay repeats.
+const REPLAY_KEY: &str = "replay-replay";
+
+fn requests(client: &HttpClient, addr: SocketAddr, replay: bool) -> Cycle {
     let (client, next) = (client.clone(), Arc::new(AtomicU64::new(0)));
     cycle(move |_, _| {
         let client = client.clone();
         // Fresh keys are unique across rounds; replays repeat the one completed key.
         let key = match replay {
-            true => format!("{prefix}-replay"),
-            false => format!("{prefix}-{}", next.fetch_add(1, Ordering::Relaxed)),
+            true => REPLAY_KEY.to_owned(),
+            false => format!("fresh-{}", next.fetch_add(1, Ordering::Relaxed)),
         };
         async move { send(&client, addr, key, Some(replay)).await }
     })
@@ -202,29 +205,20 @@ async fn serve_by_hand(url: &str, retention: Duration) -> Result<SocketAddr, Box
     .await
 }
 
-/// The server measured as implementation `name`, with the retention of its path.
-async fn serve_for(url: &str, name: &str) -> Result<SocketAddr, BoxError> {
-    let retention = match name.starts_with("fresh") {
-        true => FRESH_RETENTION,
-        false => RETENTION,
-    };
-    match name.ends_with("ours") {
-        true => serve_ours(url, retention).await,
-        false => serve_by_hand(url, retention).await,
-    }
-}
-
-/// Implementation `name` against the server at `addr` (see [`seed`]).
-fn build(client: &HttpClient, addr: SocketAddr, name: &str) -> Cycle {
+/// Implementation `name`'s cycle, on a server of its own with the retention of its
+/// path. A replay server first completes the key every replay repeats (unless a run
+/// before did); the fresh servers' short retention would let it expire mid-run.
+async fn cycle_for(url: &str, client: &HttpClient, name: &str) -> Result<Cycle, BoxError> {
     let replay = name.starts_with("replay");
-    let prefix = if replay { "replay" } else { "fresh" };
-    requests(client, addr, prefix, replay)
-}
-
-/// Completes the key every replay repeats (unless a run before did), on a replay server:
-/// the fresh servers' short retention would let it expire mid-run.
-async fn seed(client: &HttpClient, addr: SocketAddr) -> Result<(), BoxError> {
-    send(client, addr, "replay-replay".into(), None).await
+    let retention = if replay { RETENTION } else { FRESH_RETENTION };
+    let addr = match name.ends_with("ours") {
+        true => serve_ours(url, retention).await?,
+        false => serve_by_hand(url, retention).await?,
+    };
+    if replay {
+        send(client, addr, REPLAY_KEY.to_owned(), None).await?;
+    }
+    Ok(requests(client, addr, replay))
 }
 
 /// Implementation `name`'s cycle with its server on `url`, for `lock-bench ops`;
@@ -233,12 +227,8 @@ pub async fn op(url: &str, name: &str) -> Result<Option<Cycle>, BoxError> {
     if !OPS.contains(&name) {
         return Ok(None);
     }
-    let addr = serve_for(url, name).await?;
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
-    if name.starts_with("replay") {
-        seed(&client, addr).await?;
-    }
-    Ok(Some(build(&client, addr, name)))
+    Ok(Some(cycle_for(url, &client, name).await?))
 }
 
 pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>, BoxError> {
@@ -246,11 +236,7 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     let mut cycles = Vec::with_capacity(OPS.len());
     for name in OPS {
-        let addr = serve_for(url, name).await?;
-        if name.starts_with("replay") {
-            seed(&client, addr).await?;
-        }
-        cycles.push(build(&client, addr, name));
+        cycles.push(cycle_for(url, &client, name).await?);
     }
     let samples = measure_rounds(&mut probe, &cycles, TASKS, timing, rounds).await?;
     let medians = median_rates(&samples);

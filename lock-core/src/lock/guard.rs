@@ -254,8 +254,7 @@ impl<B: Backend> LockGuard<B> {
 impl LockGuard<RedisBackend> {
     /// The owner id this guard holds the lock as (client id and scope).
     pub fn owner(&self) -> &str {
-        let value = &self.grant.record;
-        value.rsplit_once(':').map_or(&**value, |(owner, _)| owner)
+        crate::backends::redis::owner_of(&self.grant.record)
     }
 
     /// The value this grant wrote to the lock key in Redis (unique per grant; shared

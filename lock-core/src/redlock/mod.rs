@@ -156,9 +156,7 @@ impl LockGuard<RedlockBackend> {
     /// The owner id (client id and scope) of the first copy.
     pub fn owner(&self) -> &str {
         let value = self.record().nodes.iter().flatten().next();
-        value.map_or("", |c| {
-            c.value.rsplit_once(':').map_or(&*c.value, |(o, _)| o)
-        })
+        value.map_or("", |c| crate::backends::redis::owner_of(&c.value))
     }
 
     /// Copies known to be held now (at most the number of nodes).

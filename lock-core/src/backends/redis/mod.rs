@@ -55,6 +55,12 @@ impl std::fmt::Debug for RedisBackend {
 
 impl Backend for RedisBackend {}
 
+/// The owner id (client id and scope) inside a grant value that
+/// `RedisBackend::grant_value` wrote: all of it before the last `:`.
+pub(crate) fn owner_of(value: &str) -> &str {
+    value.rsplit_once(':').map_or(value, |(owner, _)| owner)
+}
+
 impl RedisBackend {
     pub(crate) fn new(client: Client) -> Self {
         Self { client }
@@ -75,7 +81,7 @@ impl RedisBackend {
         let id = self.client.id_hex();
         let build = |value: &mut String| {
             value.clear();
-            // `<owner>:<grant number>`: the owner id is recovered from it (`owner_of`).
+            // `<owner>:<grant number>`: the owner id is recovered from it by `owner_of`.
             scope.write_owner(id, value);
             value.push(':');
             push_hex(value, seq);

@@ -59,11 +59,7 @@ impl Entry {
 
     pub(crate) fn key(mut self, key: &str) -> Self {
         match &mut self.form {
-            Form::Packed(p) => {
-                debug_assert_eq!(p.count, p.keys, "an entry's keys come before its arguments");
-                p.write_arg(key.as_bytes());
-                p.keys += 1;
-            }
+            Form::Packed(p) => p.write_key(&[key.as_bytes()]),
             Form::Direct(cmd) => cmd.write_arg(key.as_bytes()),
         }
         self
@@ -72,11 +68,7 @@ impl Entry {
     /// The key `key` followed by `suffix` (a lock's waiter marker, say), built in place.
     pub(crate) fn key_suffixed(mut self, key: &str, suffix: &str) -> Self {
         match &mut self.form {
-            Form::Packed(p) => {
-                debug_assert_eq!(p.count, p.keys, "an entry's keys come before its arguments");
-                p.write_parts(&[key.as_bytes(), suffix.as_bytes()]);
-                p.keys += 1;
-            }
+            Form::Packed(p) => p.write_key(&[key.as_bytes(), suffix.as_bytes()]),
             Form::Direct(cmd) => {
                 // Joined on the stack when short: one plain argument write is cheaper
                 // than redis-rs's argument writer.
@@ -220,6 +212,16 @@ impl Packed {
             self.data.extend_from_slice(p);
         }
         self.end(at);
+    }
+
+    /// One key made of `parts` back to back; keys come before the arguments.
+    fn write_key(&mut self, parts: &[&[u8]]) {
+        debug_assert_eq!(
+            self.count, self.keys,
+            "an entry's keys come before its arguments"
+        );
+        self.write_parts(parts);
+        self.keys += 1;
     }
 
     /// Every argument, keys first.
