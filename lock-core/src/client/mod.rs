@@ -24,6 +24,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use self::config::LockConfig;
 use self::homed::Make;
 use self::store::key::{self, LockKeys, LockName, NameWriter};
+use self::store::wire::{Opener, Wire};
 use self::store::{Conn, RedisStore, Store, version};
 use self::wait::Hub;
 use crate::error::LockError;
@@ -81,15 +82,22 @@ impl Client {
         })
     }
 
-    /// Opens a [`ConnectionManager`] on `client` (timeouts from `config`), refuses a
-    /// Redis older than 7.0, and keeps `client` for the pub/sub connection.
+    /// Opens a connection to `client`'s node (a [`Wire`], or a [`ConnectionManager`]
+    /// where a `Wire` cannot speak to it; timeouts from `config`), refuses a Redis older
+    /// than 7.0, and keeps `client` for the pub/sub connection.
     pub(crate) async fn connect(
         client: redis::Client,
         config: LockConfig,
     ) -> Result<Self, LockError> {
         config.validate()?;
         let t = config.command_timeout;
-        let settings = manager_config(t, 2);
+        if let Some(opener) = Opener::for_node(client.get_connection_info(), t, RETRIES) {
+            let mut wire = connect_within(t, Wire::open(opener)).await?;
+            version::require_supported(&mut wire, t).await?;
+            let store = Store::Node(RedisStore::new(wire, None));
+            return Self::new(store, vec![client], config, StoreKind::Redis);
+        }
+        let settings = manager_config(t, RETRIES);
         let mut manager = connect_within(
             t,
             ConnectionManager::new_with_config(client.clone(), settings.clone()),
@@ -115,6 +123,12 @@ impl Client {
             ));
         }
         let client = redis::Client::open(url)?;
+        if let Some(opener) =
+            Opener::for_node(client.get_connection_info(), config.command_timeout, 0)
+        {
+            let store = Store::Node(RedisStore::new(Wire::lazy(opener), None));
+            return Self::new(store, vec![client], config, StoreKind::Redis);
+        }
         let settings = manager_config(config.command_timeout, 0);
         let manager = ConnectionManager::new_lazy_with_config(client.clone(), settings.clone())?;
         Self::on_node(client, manager, settings, config)
@@ -134,7 +148,7 @@ impl Client {
             let made = ConnectionManager::new_lazy_with_config(opener.clone(), settings.clone());
             Box::pin(std::future::ready(made))
         });
-        let store = Store::Node(RedisStore::new(manager, Some(remake)));
+        let store = Store::Managed(RedisStore::new(manager, Some(remake)));
         Self::new(store, vec![client], config, StoreKind::Redis)
     }
 
@@ -144,7 +158,7 @@ impl Client {
         pubsub: Option<redis::Client>,
         config: LockConfig,
     ) -> Result<Self, LockError> {
-        let store = Store::Node(RedisStore::new(manager, None));
+        let store = Store::Managed(RedisStore::new(manager, None));
         Self::new(
             store,
             pubsub.into_iter().collect(),
@@ -320,6 +334,10 @@ async fn connect_within<C>(
         }),
     }
 }
+
+/// Attempts to connect after the first fails, within one call of an eagerly opened
+/// client (a lazy one makes one attempt per call).
+const RETRIES: usize = 2;
 
 /// Reconnection settings of the single-node connection, bounded by the command timeout;
 /// `retries`: reconnection attempts inside one call after the first fails. No response

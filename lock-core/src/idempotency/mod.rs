@@ -16,7 +16,7 @@ use tokio::runtime::Handle;
 use crate::client::config::{MAX_LEASE, check_lease};
 use crate::client::store::batch::{Command, Turn as BatchTurn};
 use crate::client::store::key::{LockName, suffixed};
-use crate::client::store::refused;
+use crate::client::store::{Args, refused};
 use crate::client::wait::{Listen, Turn, wait_for_turn};
 use crate::client::{Client, in_span, wanted};
 use crate::error::LockError;
@@ -249,7 +249,7 @@ impl IdempotencyStore {
         );
         let lease_ms = lease.as_millis() as u64;
         let claim_cmd = || {
-            let mut cmd = redis::Cmd::with_capacity(7, keys.record.len() + in_flight.len() + 24);
+            let mut cmd = Args::with_capacity(7, keys.record.len() + in_flight.len() + 24);
             cmd.arg("SET")
                 .arg(&keys.record)
                 .arg(&in_flight)
@@ -275,7 +275,7 @@ impl IdempotencyStore {
         let conn = inner.conn();
         let reply = match conn.turn_command("idempotency begin", &keys.record, queued) {
             BatchTurn::Alone(alone, _) => {
-                let reply = conn.query("idempotency begin", &claim_cmd()).await;
+                let reply = conn.request("idempotency begin", &claim_cmd()).await;
                 drop(alone);
                 // The same rule as a queued claim's cleanup: what proves nothing was
                 // claimed leaves nothing to abandon.

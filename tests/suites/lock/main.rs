@@ -9,6 +9,7 @@ mod common;
 mod bad_input;
 mod batching;
 mod cancellation;
+mod connection;
 mod fencing;
 mod lost;
 mod pipelining;

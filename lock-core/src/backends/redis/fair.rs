@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::RedisBackend;
+use crate::client::store::Args;
 use crate::client::store::key::{QUEUE, RELEASED, TIMEOUTS, WAITERS, suffixed};
 use crate::client::store::scripts::{AcquireReply, Code, FAIR, code_value};
 use crate::error::LockError;
@@ -73,7 +74,7 @@ impl RedisBackend {
         req: &Request,
         action: &str,
         owner: &str,
-        args: impl Fn(&mut redis::Cmd),
+        args: impl Fn(&mut Args),
     ) -> Result<redis::Value, LockError> {
         let keys = &req.keys;
         let conn = self.client.conn();

@@ -22,10 +22,10 @@ use crate::client::cleanup::{self, OnDrop};
 use crate::client::config::{LockConfig, proven};
 use crate::client::store::batch::{Command, Entry, Turn as LaneTurn};
 use crate::client::store::key::{LockKeys, QUEUE, WAITERS};
-use crate::client::store::refused;
 use crate::client::store::scripts::{
     ACQUIRE, AcquireReply, Code, FENCE, FenceReply, GrantReply, RELEASE, RENEW, codes,
 };
+use crate::client::store::{Args, refused};
 use crate::client::wait::Listen;
 use crate::error::LockError;
 use crate::lock::Request;
@@ -175,7 +175,7 @@ impl RedisBackend {
     /// `SET key value NX PX lease`, what the raw recipe costs: whether it granted.
     async fn plain_set(&self, req: &Request, value: &Arc<str>) -> Result<bool, LockError> {
         let set = || {
-            let mut set = redis::Cmd::with_capacity(6, req.keys.key.len() + value.len() + 24);
+            let mut set = Args::with_capacity(6, req.keys.key.len() + value.len() + 24);
             set.arg("SET")
                 .arg(&req.keys.key)
                 .arg(&**value)
@@ -189,7 +189,7 @@ impl RedisBackend {
         let reply = match conn.turn_command("acquire", &req.keys.key, queued) {
             LaneTurn::Alone(alone, _) => {
                 let undo = OnDrop::new(|| self.give_back_in_background(&req.keys, value));
-                let reply = conn.query::<Value>("acquire", &set()).await;
+                let reply = conn.request::<Value>("acquire", &set()).await;
                 drop(alone);
                 // Answered: the caller takes it from here (a refusal set nothing).
                 if reply.is_ok() || not_set(&reply) {

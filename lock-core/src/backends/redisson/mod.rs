@@ -21,6 +21,7 @@ use crate::backends::redis::{fenced, held, taken};
 use crate::client::Client;
 use crate::client::cleanup::{self, OnDrop};
 use crate::client::config::{LockConfig, proven};
+use crate::client::store::Args;
 use crate::client::store::key::{LockKeys, LockMode};
 use crate::client::store::scripts::{
     AcquireReply, Code, FenceReply, GrantReply, REDISSON_LOCK, REDISSON_READ_WRITE, code_value,
@@ -103,7 +104,7 @@ impl RedissonBackend {
         keys: &LockKeys,
         grant: &RedissonGrant,
         action: &str,
-        args: impl Fn(&mut redis::Cmd),
+        args: impl Fn(&mut Args),
     ) -> Result<Value, LockError> {
         let name = keys.name();
         let conn = self.client.conn();

@@ -1,7 +1,9 @@
 //! The two deployments behind [`Store`]: one node (or a proxy in front of one), on a
-//! reconnecting multiplexed `ConnectionManager`, and a Redis Cluster, on the redis-rs
-//! cluster connection (commands go to the node that owns their keys' slot); each
-//! connection is made again when its runtime ends ([`Homed`]). They differ
+//! connection of our own ([`Wire`]) or, where that cannot speak to it (TLS, RESP3) or
+//! the user handed one in, a reconnecting multiplexed `ConnectionManager`; and a Redis
+//! Cluster, on the redis-rs cluster connection (commands go to the node that owns their
+//! keys' slot). A redis-rs connection is made again when its runtime ends ([`Homed`]); a
+//! [`Wire`] opens a new link by itself. They differ
 //! in how keys group into one script call, and in what is sent again: nothing on one
 //! node; on a Cluster, a call the cluster refused without running it (MOVED/ASK
 //! redirections, failovers in progress), never one whose reply was lost.
@@ -13,7 +15,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisResult, ScriptInvocation, Value};
 
+use super::args::Args;
 use super::key::cluster_slot;
+use super::wire::Wire;
 use crate::client::homed::{Homed, Make};
 
 /// A redis-rs connection, made again when its runtime ends.
@@ -30,7 +34,10 @@ pub(crate) struct RedisStore<C> {
 ///
 /// [`group`]: Store::group
 pub(crate) enum Store {
-    Node(RedisStore<ConnectionManager>),
+    /// One node, on a connection of our own.
+    Node(RedisStore<Wire>),
+    /// One node, on a redis-rs `ConnectionManager`.
+    Managed(RedisStore<ConnectionManager>),
     Cluster(RedisStore<ClusterConnection>),
 }
 
@@ -39,18 +46,35 @@ impl Store {
     pub(crate) async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
         match self {
             Self::Node(node) => node.query(cmd).await,
+            Self::Managed(node) => Box::pin(node.query(cmd)).await,
             Self::Cluster(cluster) => Box::pin(cluster.query(cmd)).await,
         }
     }
 
-    /// Runs the commands of `pipe` (not a transaction; every key in one [`group`]) in
-    /// one write: each command's own reply or error, or an error of the whole call.
+    /// Runs one command written as [`Args`] (copied as it is onto a [`Wire`]).
+    pub(crate) async fn request(&self, cmd: &Args) -> RedisResult<Value> {
+        match self {
+            Self::Node(node) => node.request(cmd).await,
+            other => Box::pin(other.query(&cmd.to_cmd())).await,
+        }
+    }
+
+    /// Runs `cmds` (every key in one [`group`]) in one write, as a pipeline (not a
+    /// transaction): each command's own reply or error, or an error of the whole call.
     ///
     /// [`group`]: Store::group
-    pub(crate) async fn pipeline(&self, pipe: &Pipeline) -> RedisResult<Vec<RedisResult<Value>>> {
+    pub(crate) async fn pipeline(&self, cmds: &[&Args]) -> RedisResult<Vec<RedisResult<Value>>> {
+        let pipe = || {
+            let mut pipe = Pipeline::with_capacity(cmds.len());
+            for cmd in cmds {
+                pipe.add_command(cmd.to_cmd());
+            }
+            pipe
+        };
         match self {
-            Self::Node(node) => node.pipeline(pipe).await,
-            Self::Cluster(cluster) => Box::pin(cluster.pipeline(pipe)).await,
+            Self::Node(node) => node.pipeline(cmds).await,
+            Self::Managed(node) => Box::pin(node.pipeline(&pipe())).await,
+            Self::Cluster(cluster) => Box::pin(cluster.pipeline(&pipe())).await,
         }
     }
 
@@ -58,6 +82,7 @@ impl Store {
     pub(crate) async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<Value> {
         match self {
             Self::Node(node) => node.invoke(invocation).await,
+            Self::Managed(node) => Box::pin(node.invoke(invocation)).await,
             Self::Cluster(cluster) => Box::pin(cluster.invoke(invocation)).await,
         }
     }
@@ -66,7 +91,7 @@ impl Store {
     /// Cluster, the same group for every key on one node.
     pub(crate) fn group(&self, key: &str) -> u16 {
         match self {
-            Self::Node(_) => 0,
+            Self::Node(_) | Self::Managed(_) => 0,
             Self::Cluster(_) => cluster_slot(key),
         }
     }
@@ -79,6 +104,35 @@ impl<C: Clone + Send + Sync + 'static> RedisStore<C> {
         Self {
             conn: Homed::new(conn, make),
         }
+    }
+}
+
+impl RedisStore<Wire> {
+    async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
+        self.conn
+            .call(move |c| async move { c.query(cmd).await })
+            .await
+    }
+
+    async fn request(&self, cmd: &Args) -> RedisResult<Value> {
+        self.conn
+            .call(move |c| async move { c.request(cmd).await })
+            .await
+    }
+
+    async fn pipeline(&self, cmds: &[&Args]) -> RedisResult<Vec<RedisResult<Value>>> {
+        self.conn
+            .call(move |c| async move {
+                let replies = c.pipeline(cmds).await?;
+                Ok(replies.into_iter().map(own_reply).collect())
+            })
+            .await
+    }
+
+    async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<Value> {
+        self.conn
+            .call(move |mut c| async move { invocation.invoke_async(&mut c).await })
+            .await
     }
 }
 

@@ -4,10 +4,11 @@
 //! made of a lock key and a suffix costs none), or one plain command of a pipelined call
 //! ([`Command`]). An entry sent alone is written straight into its command instead.
 
-use std::io::{self, Write};
+use std::io;
 
 use redis::{RedisWrite, ToRedisArgs, Value};
 
+use super::args::Args;
 use super::scripts::Lua;
 use crate::error::LockError;
 
@@ -25,7 +26,7 @@ pub(crate) struct Entry {
 enum Form {
     Packed(Packed),
     /// `EVALSHA <sha> <numkeys>` and what was added since.
-    Direct(redis::Cmd),
+    Direct(Args),
 }
 
 impl Entry {
@@ -39,7 +40,7 @@ impl Entry {
 
     /// An entry that is a call of `script` alone, with one entry's keys.
     pub(super) fn direct(script: &Lua) -> Self {
-        let mut cmd = redis::Cmd::with_capacity(12, 256);
+        let mut cmd = Args::with_capacity(12, 256);
         cmd.arg("EVALSHA")
             .arg(script.sha())
             .arg(script.entry_keys());
@@ -50,7 +51,7 @@ impl Entry {
     }
 
     /// The command of an entry made [`direct`](Self::direct).
-    pub(super) fn into_command(self) -> Option<redis::Cmd> {
+    pub(super) fn into_command(self) -> Option<Args> {
         match self.form {
             Form::Direct(cmd) => Some(cmd),
             Form::Packed(_) => None,
@@ -70,20 +71,7 @@ impl Entry {
         match &mut self.form {
             Form::Packed(p) => p.write_key(&[key.as_bytes(), suffix.as_bytes()]),
             Form::Direct(cmd) => {
-                // Joined on the stack when short: one plain argument write is cheaper
-                // than redis-rs's argument writer.
-                let len = key.len() + suffix.len();
-                let mut buf = [0u8; 192];
-                if let Some(joined) = buf.get_mut(..len) {
-                    joined[..key.len()].copy_from_slice(key.as_bytes());
-                    joined[key.len()..].copy_from_slice(suffix.as_bytes());
-                    cmd.write_arg(joined);
-                } else {
-                    let mut w = cmd.writer_for_next_arg();
-                    // Writing into memory cannot fail.
-                    let _ = w.write_all(key.as_bytes());
-                    let _ = w.write_all(suffix.as_bytes());
-                }
+                cmd.arg_joined(&[key.as_bytes(), suffix.as_bytes()]);
             }
         }
         self
@@ -125,35 +113,34 @@ impl Entry {
         entries
             .iter()
             .filter_map(|e| e.packed_form())
-            .fold((1, 20), |(n, bytes), p| (n + p.count, bytes + p.data.len()))
+            .fold((1, 20), |(n, bytes), p| {
+                (n + p.args.count(), bytes + p.args.bulks().len())
+            })
     }
 
     /// The keys and arguments of the packed `entries`, in order: every entry's keys,
     /// then every entry's arguments (`numkeys` first).
-    pub(super) fn fill(entries: &[&Entry], cmd: &mut redis::Cmd) {
+    pub(super) fn fill(entries: &[&Entry], cmd: &mut Args) {
         let packed = || entries.iter().filter_map(|e| e.packed_form());
         cmd.arg(packed().map(|p| p.keys).sum::<usize>());
         for p in packed() {
-            p.each().take(p.keys).for_each(|k| {
-                cmd.arg(k);
-            });
+            cmd.push_bulks(&p.args.bulks()[..p.keys_end], p.keys);
         }
         for p in packed() {
-            p.each().skip(p.keys).for_each(|a| {
-                cmd.arg(a);
-            });
+            let rest = p.args.count() - p.keys;
+            cmd.push_bulks(&p.args.bulks()[p.keys_end..], rest);
         }
     }
 }
 
 /// One plain command of a pipelined call: its own reply, or its own error.
 pub(crate) struct Command {
-    pub(super) cmd: redis::Cmd,
+    pub(super) cmd: Args,
     pub(super) cleanup: Option<Cleanup>,
 }
 
 impl Command {
-    pub(crate) fn new(cmd: redis::Cmd) -> Self {
+    pub(crate) fn new(cmd: Args) -> Self {
         Self { cmd, cleanup: None }
     }
 
@@ -167,112 +154,58 @@ impl Command {
     }
 }
 
-/// Arguments back to back in one buffer, each behind its length (4 bytes, little
-/// endian): the keys first, then the arguments.
+/// An entry's keys, then its arguments, written as they go to Redis ([`Args`]), so a
+/// batch copies them into its command as they are.
 struct Packed {
-    data: Vec<u8>,
-    /// Arguments written.
-    count: usize,
+    args: Args,
     /// How many of the first arguments are keys.
     keys: usize,
+    /// Where the keys end in the bytes.
+    keys_end: usize,
 }
-
-/// The length prefix's size.
-const LEN: usize = 4;
 
 impl Packed {
     fn with_capacity(bytes: usize) -> Self {
         Self {
-            data: Vec::with_capacity(bytes),
-            count: 0,
+            args: Args::with_capacity(4, bytes),
             keys: 0,
+            keys_end: 0,
         }
-    }
-
-    /// Starts an argument: its length's place, filled by [`end`](Self::end).
-    fn start(&mut self) -> usize {
-        let at = self.data.len();
-        self.data.extend_from_slice(&[0; LEN]);
-        at
-    }
-
-    /// Ends the argument [`start`](Self::start)ed at `at`.
-    fn end(&mut self, at: usize) {
-        // An argument over 4 GiB cannot be sent to Redis (its limit is 512 MB), and
-        // this buffer could not hold it: the length saturates rather than wraps.
-        let len = u32::try_from(self.data.len() - at - LEN).unwrap_or(u32::MAX);
-        self.data[at..at + LEN].copy_from_slice(&len.to_le_bytes());
-        self.count += 1;
-    }
-
-    /// One argument made of `parts` back to back.
-    fn write_parts(&mut self, parts: &[&[u8]]) {
-        let at = self.start();
-        for p in parts {
-            self.data.extend_from_slice(p);
-        }
-        self.end(at);
     }
 
     /// One key made of `parts` back to back; keys come before the arguments.
     fn write_key(&mut self, parts: &[&[u8]]) {
         debug_assert_eq!(
-            self.count, self.keys,
+            self.args.count(),
+            self.keys,
             "an entry's keys come before its arguments"
         );
-        self.write_parts(parts);
+        self.args.arg_joined(parts);
         self.keys += 1;
+        self.keys_end = self.args.bulks().len();
     }
 
     /// Every argument, keys first.
+    #[cfg(test)]
     fn each(&self) -> impl Iterator<Item = &[u8]> {
-        let mut rest = &self.data[..];
-        std::iter::from_fn(move || {
-            let (len, after) = rest.split_first_chunk::<LEN>()?;
-            let len = (u32::from_le_bytes(*len) as usize).min(after.len());
-            let (arg, next) = after.split_at(len);
-            rest = next;
-            Some(arg)
-        })
+        self.args.each()
     }
 }
 
 impl RedisWrite for Packed {
     fn write_arg(&mut self, arg: &[u8]) {
-        self.write_parts(&[arg]);
+        self.args.write_arg(arg);
     }
 
     fn writer_for_next_arg(&mut self) -> impl io::Write + '_ {
-        let at = self.start();
-        NextArg { packed: self, at }
-    }
-}
-
-/// Writes one argument into a [`Packed`]; it ends when the writer is dropped.
-struct NextArg<'a> {
-    packed: &'a mut Packed,
-    at: usize,
-}
-
-impl io::Write for NextArg<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.packed.data.extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Drop for NextArg<'_> {
-    fn drop(&mut self) {
-        self.packed.end(self.at);
+        self.args.writer_for_next_arg()
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
+
     use super::*;
 
     fn parts(p: &Packed) -> Vec<Vec<u8>> {
@@ -288,14 +221,7 @@ mod tests {
             .arg("v")
             .into_command()
             .unwrap();
-        let args: Vec<Vec<u8>> = cmd
-            .args_iter()
-            .skip(3)
-            .map(|a| match a {
-                redis::Arg::Simple(b) => b.to_vec(),
-                _ => Vec::new(),
-            })
-            .collect();
+        let args: Vec<Vec<u8>> = cmd.each().skip(3).map(<[u8]>::to_vec).collect();
         assert_eq!(
             args,
             [
@@ -331,16 +257,10 @@ mod tests {
             ]
             .map(<[u8]>::to_vec)
         );
-        let mut cmd = redis::cmd("EVALSHA");
+        let mut cmd = Args::with_capacity(16, 128);
+        cmd.arg("EVALSHA");
         Entry::fill(&[&e, &e], &mut cmd);
-        let args: Vec<Vec<u8>> = cmd
-            .args_iter()
-            .skip(1)
-            .map(|a| match a {
-                redis::Arg::Simple(b) => b.to_vec(),
-                _ => panic!("only simple arguments"),
-            })
-            .collect();
+        let args: Vec<Vec<u8>> = cmd.each().skip(1).map(<[u8]>::to_vec).collect();
         assert_eq!(args[0], b"6");
         assert_eq!(
             args[1..4],
@@ -364,7 +284,7 @@ mod tests {
         // An argument the writer left empty is an empty argument, not a missing one.
         drop(p.writer_for_next_arg());
         p.write_arg(b"z");
-        assert_eq!(p.count, 4);
+        assert_eq!(p.args.count(), 4);
         assert_eq!(
             parts(&p),
             [b"abcd".to_vec(), long, Vec::new(), b"z".to_vec()]

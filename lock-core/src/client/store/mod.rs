@@ -1,12 +1,13 @@
 //! The seam to a Redis deployment: the one place that talks to Redis.
 //!
 //! [`Store`] is a deployment (what the crate asks of one is on its type): one node (a
-//! reconnecting `ConnectionManager`) or a Redis Cluster (redis-rs `cluster-async`),
+//! connection of our own, [`wire`], or a reconnecting `ConnectionManager`) or a Redis Cluster (redis-rs `cluster-async`),
 //! each a [`RedisStore`], made again when the runtime it was made on ends. [`Conn`]
 //! wraps a store with the per-call time limit (kept by [`deadline`], with no timer per
 //! call) and typed replies; the watchdog's batching, the waiting loop and the Redlock
 //! fan-out are written once against it.
 
+mod args;
 pub(crate) mod batch;
 mod deadline;
 mod deployment;
@@ -14,15 +15,18 @@ mod entry;
 pub mod key;
 pub(crate) mod scripts;
 pub(crate) mod version;
+pub(crate) mod wire;
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{Cmd, FromRedisValue, Pipeline, RedisResult, ScriptInvocation, Value};
+use redis::{Cmd, FromRedisValue, RedisResult, ScriptInvocation, Value};
 
 use crate::error::LockError;
 use deadline::{Deadlines, Elapsed, Limit, Within};
+
+pub(crate) use args::Args;
 
 pub(crate) use deployment::{RedisStore, Store};
 
@@ -76,12 +80,22 @@ impl Conn {
         decode(op, value)
     }
 
-    /// Runs the commands of `pipe` within the time limit: each command's reply or error.
+    /// Runs one command written as [`Args`] within the time limit.
+    pub(crate) async fn request<T: FromRedisValue>(
+        &self,
+        op: &'static str,
+        cmd: &Args,
+    ) -> Result<T, LockError> {
+        let value = timed(op, self.within(self.store.request(cmd)).await)?;
+        decode(op, value)
+    }
+
+    /// Runs `cmds` in one write within the time limit: each command's reply or error.
     pub(crate) async fn pipeline(
         &self,
-        pipe: &Pipeline,
+        cmds: &[&Args],
     ) -> Result<Vec<RedisResult<Value>>, LockError> {
-        timed("pipeline", self.within(self.store.pipeline(pipe)).await)
+        timed("pipeline", self.within(self.store.pipeline(cmds)).await)
     }
 
     /// Runs `script` with the keys and arguments `fill` appends (`numkeys` first), as
@@ -91,7 +105,7 @@ impl Conn {
         &self,
         script: &scripts::Lua,
         within: Duration,
-        fill: impl Fn(&mut Cmd),
+        fill: impl Fn(&mut Args),
     ) -> Result<Value, LockError> {
         self.eval_sized(script, within, (4, 64), fill).await
     }
@@ -103,9 +117,9 @@ impl Conn {
         script: &scripts::Lua,
         within: Duration,
         size: (usize, usize),
-        fill: impl Fn(&mut Cmd),
+        fill: impl Fn(&mut Args),
     ) -> Result<Value, LockError> {
-        let mut cmd = Cmd::with_capacity(size.0 + 2, size.1 + 56);
+        let mut cmd = Args::with_capacity(size.0 + 2, size.1 + 56);
         cmd.arg("EVALSHA").arg(script.sha());
         fill(&mut cmd);
         self.eval_command(script, within, cmd).await
@@ -118,10 +132,10 @@ impl Conn {
         &self,
         script: &scripts::Lua,
         within: Duration,
-        evalsha: Cmd,
+        evalsha: Args,
     ) -> Result<Value, LockError> {
         let call = async {
-            match self.store.query(&evalsha).await {
+            match self.store.request(&evalsha).await {
                 Err(e)
                     if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                 {
@@ -144,15 +158,13 @@ impl Conn {
     }
 
     /// `evalsha` sent again as `EVAL` of `script`'s source, with the same arguments.
-    async fn eval_source(&self, script: &scripts::Lua, evalsha: &Cmd) -> RedisResult<Value> {
-        let mut eval = Cmd::with_capacity(evalsha.args_iter().len(), script.source().len() + 256);
+    async fn eval_source(&self, script: &scripts::Lua, evalsha: &Args) -> RedisResult<Value> {
+        let mut eval = Args::with_capacity(8, script.source().len() + 256);
         eval.arg("EVAL").arg(script.source());
-        for arg in evalsha.args_iter().skip(2) {
-            if let redis::Arg::Simple(bytes) = arg {
-                eval.arg(bytes);
-            }
+        for arg in evalsha.each().skip(2) {
+            eval.arg(arg);
         }
-        self.store.query(&eval).await
+        self.store.request(&eval).await
     }
 }
 

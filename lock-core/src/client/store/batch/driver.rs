@@ -6,22 +6,22 @@ use std::sync::Arc;
 use redis::Value;
 
 use super::{Entry, Item, Kind, LaneId, Lanes, Queued, entry_reply, send_batch};
-use crate::client::store::Conn;
+use crate::client::store::{Args, Conn};
 use crate::error::LockError;
 
 /// Sends the commands of `batch` as one pipeline; the reply of each, in order.
 async fn send_pipeline(
     conn: &Conn,
-    batch: &mut [Queued],
+    batch: &[Queued],
 ) -> Result<Vec<Result<Value, LockError>>, LockError> {
-    let mut pipe = redis::Pipeline::with_capacity(batch.len());
-    for q in batch.iter_mut() {
-        if let Item::Command(c) = &mut q.item {
-            // Moved, not copied: the entry keeps only what its delivery needs.
-            pipe.add_command(std::mem::replace(&mut c.cmd, redis::Cmd::new()));
-        }
-    }
-    let replies = conn.pipeline(&pipe).await?;
+    let cmds: Vec<&Args> = batch
+        .iter()
+        .filter_map(|q| match &q.item {
+            Item::Command(c) => Some(&c.cmd),
+            Item::Script(_) => None,
+        })
+        .collect();
+    let replies = conn.pipeline(&cmds).await?;
     if replies.len() != batch.len() {
         return Err(LockError::UnexpectedReply(format!(
             "a pipeline of {} commands got {} replies",
@@ -186,7 +186,7 @@ async fn drive(conn: Conn, mut driving: Driving) {
                     .await
                     .map(|items| items.into_iter().map(entry_reply).collect::<Vec<_>>())
             }
-            Kind::Commands => send_pipeline(&conn, &mut driving.batch).await,
+            Kind::Commands => send_pipeline(&conn, &driving.batch).await,
         }
     };
     let batch = std::mem::take(&mut driving.batch);

@@ -1,0 +1,186 @@
+//! A command written the way Redis reads it as it is built ([`Args`]): sending it on a
+//! [`Wire`](super::wire::Wire) copies it once into the outbox, instead of building a
+//! redis-rs `Cmd` and packing that again. The other connections (a `ConnectionManager`,
+//! a Cluster) get it as a `Cmd` ([`Args::to_cmd`]).
+
+use std::io::{self, Write};
+
+use redis::{Cmd, RedisWrite, ToRedisArgs};
+
+/// A command's arguments (its name first), each a RESP bulk string (`$<len>\r\n<bytes>\r\n`)
+/// back to back, and how many there are.
+pub(crate) struct Args {
+    data: Vec<u8>,
+    count: usize,
+}
+
+impl Args {
+    /// An empty command with room for about `args` arguments of `bytes` bytes in all.
+    pub(crate) fn with_capacity(args: usize, bytes: usize) -> Self {
+        Self {
+            data: Vec::with_capacity(bytes + args * 8),
+            count: 0,
+        }
+    }
+
+    /// Appends `arg` (one argument, or several for a sequence, as redis-rs writes it).
+    pub(crate) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+        arg.write_redis_args(self);
+        self
+    }
+
+    /// Arguments written.
+    pub(crate) fn count(&self) -> usize {
+        self.count
+    }
+
+    /// The arguments' bulk strings, back to back.
+    pub(super) fn bulks(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// Appends `count` arguments that are already bulk strings (a part of another
+    /// command's [`bulks`](Self::bulks) that starts and ends between arguments).
+    pub(super) fn push_bulks(&mut self, bulks: &[u8], count: usize) {
+        self.data.extend_from_slice(bulks);
+        self.count += count;
+    }
+
+    /// Appends the whole command, as Redis reads it, to `out`.
+    pub(crate) fn write(&self, out: &mut Vec<u8>) {
+        out.reserve(self.data.len() + 16);
+        out.push(b'*');
+        out.extend_from_slice(itoa::Buffer::new().format(self.count).as_bytes());
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(&self.data);
+    }
+
+    /// Each argument's bytes, in order.
+    pub(crate) fn each(&self) -> impl Iterator<Item = &[u8]> {
+        let mut rest = &self.data[..];
+        std::iter::from_fn(move || {
+            // Written only by `write_arg` and `ArgWriter`: `$<len>\r\n<bytes>\r\n`.
+            let header = memchr::memchr(b'\n', rest)?;
+            let len: usize = std::str::from_utf8(rest.get(1..header.checked_sub(1)?)?)
+                .ok()?
+                .parse()
+                .ok()?;
+            let arg = rest.get(header + 1..header + 1 + len)?;
+            rest = rest.get(header + 3 + len..)?;
+            Some(arg)
+        })
+    }
+
+    /// The same command as a redis-rs `Cmd`.
+    pub(crate) fn to_cmd(&self) -> Cmd {
+        let mut cmd = Cmd::with_capacity(self.count, self.data.len());
+        for arg in self.each() {
+            cmd.arg(arg);
+        }
+        cmd
+    }
+
+    /// Appends one argument made of `parts` joined (a lock key and a suffix, say).
+    pub(crate) fn arg_joined(&mut self, parts: &[&[u8]]) -> &mut Self {
+        let len = parts.iter().map(|p| p.len()).sum::<usize>();
+        let mut digits = itoa::Buffer::new();
+        let digits = digits.format(len).as_bytes();
+        self.data.reserve(len + digits.len() + 5);
+        self.data.push(b'$');
+        self.data.extend_from_slice(digits);
+        self.data.extend_from_slice(b"\r\n");
+        for part in parts {
+            self.data.extend_from_slice(part);
+        }
+        self.data.extend_from_slice(b"\r\n");
+        self.count += 1;
+        self
+    }
+}
+
+impl RedisWrite for Args {
+    fn write_arg(&mut self, arg: &[u8]) {
+        self.arg_joined(&[arg]);
+    }
+
+    fn writer_for_next_arg(&mut self) -> impl Write + '_ {
+        let start = self.data.len();
+        ArgWriter { args: self, start }
+    }
+
+    fn reserve_space_for_args(&mut self, additional: impl IntoIterator<Item = usize>) {
+        let bytes: usize = additional.into_iter().map(|n| n + 16).sum();
+        self.data.reserve(bytes);
+    }
+}
+
+/// One argument written in pieces: its length is known, and its header put before it,
+/// once the writer is dropped.
+struct ArgWriter<'a> {
+    args: &'a mut Args,
+    start: usize,
+}
+
+impl Write for ArgWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.args.data.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for ArgWriter<'_> {
+    fn drop(&mut self) {
+        let len = self.args.data.len() - self.start;
+        let mut digits = itoa::Buffer::new();
+        let digits = digits.format(len).as_bytes();
+        let header = [b"$", digits, b"\r\n"].concat();
+        self.args
+            .data
+            .splice(self.start..self.start, header.iter().copied());
+        self.args.data.extend_from_slice(b"\r\n");
+        self.args.count += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Random arguments, written whole or in pieces, read back and packed exactly as
+    /// redis-rs packs the same command.
+    #[test]
+    fn random_commands_pack_as_redis_rs_packs_them() {
+        let mut rng = fastrand::Rng::with_seed(23);
+        for _ in 0..300 {
+            let mut args = Args::with_capacity(2, 16);
+            let mut cmd = Cmd::new();
+            let mut want = Vec::new();
+            for _ in 0..rng.usize(1..8) {
+                let arg: Vec<u8> = (0..rng.usize(..30)).map(|_| rng.u8(..)).collect();
+                if rng.bool() {
+                    args.arg(&arg[..]);
+                } else {
+                    let mut w = args.writer_for_next_arg();
+                    let cut = rng.usize(..=arg.len());
+                    w.write_all(&arg[..cut]).unwrap();
+                    w.write_all(&arg[cut..]).unwrap();
+                }
+                cmd.arg(&arg[..]);
+                want.push(arg);
+            }
+            let n = rng.u64(..);
+            args.arg(n);
+            cmd.arg(n);
+            want.push(n.to_string().into_bytes());
+            let mut packed = Vec::new();
+            args.write(&mut packed);
+            assert_eq!(packed, cmd.get_packed_command());
+            assert_eq!(args.each().map(<[u8]>::to_vec).collect::<Vec<_>>(), want);
+            assert_eq!(args.to_cmd().get_packed_command(), cmd.get_packed_command());
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! One open connection to a Redis node: callers write their commands into its outbox
+//! and wait for their replies; a writer task sends what the outbox holds, a reader
+//! task parses the replies and hands them out in order.
+//!
+//! Replies come back in the order commands were written, so a command's place in the
+//! line of callers waiting for replies is taken under the same lock as its bytes'
+//! place in the outbox: the two orders are one. Whatever ends the link (the server
+//! closes it, a read or write fails, the stream is not RESP, the runtime its tasks run
+//! on ends, its `Wire` is dropped) fails every caller still waiting, and every later
+//! send, with the same error; its `Wire` opens a new link for the next call.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use redis::{RedisError, Value};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{Notify, oneshot};
+use tokio::task::AbortHandle;
+
+use super::resp;
+
+/// What a caller waits for: its one reply, or the replies of its pipeline.
+pub(super) type Answer = Result<Reply, RedisError>;
+
+pub(super) enum Reply {
+    One(Value),
+    Many(Vec<Value>),
+}
+
+/// A caller waiting for `want` replies (more than one: a pipeline's, gathered in `got`).
+struct Waiting {
+    want: usize,
+    got: Vec<Value>,
+    tx: oneshot::Sender<Answer>,
+}
+
+#[derive(Default)]
+struct Outbox {
+    /// Bytes not yet taken by the writer.
+    bytes: Vec<u8>,
+    /// Callers waiting for replies, in the order their commands were written.
+    waiting: VecDeque<Waiting>,
+    /// Why the link ended; it fails every later send.
+    ended: Option<RedisError>,
+}
+
+pub(super) struct Link {
+    outbox: Mutex<Outbox>,
+    /// Wakes the writer: there are bytes to send, or the link ended.
+    to_write: Notify,
+    tasks: Mutex<Vec<AbortHandle>>,
+}
+
+impl Link {
+    /// A link over `reader` and `writer`, its tasks spawned on the current runtime.
+    pub(super) fn start<R, W>(reader: R, writer: W, rest: Vec<u8>) -> Arc<Self>
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let link = Arc::new(Self {
+            outbox: Mutex::default(),
+            to_write: Notify::new(),
+            tasks: Mutex::default(),
+        });
+        let read = tokio::spawn(read(link.clone(), reader, rest));
+        let write = tokio::spawn(write(link.clone(), writer));
+        *link.tasks.lock().unwrap_or_else(PoisonError::into_inner) =
+            vec![read.abort_handle(), write.abort_handle()];
+        link
+    }
+
+    fn outbox(&self) -> MutexGuard<'_, Outbox> {
+        // Nothing under this lock can panic half-way through a change.
+        self.outbox.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the link has ended.
+    pub(super) fn has_ended(&self) -> bool {
+        self.outbox().ended.is_some()
+    }
+
+    /// Writes a command (or `want` of them) with `write` into the outbox: the receiver
+    /// of its reply, or the error the link ended with.
+    pub(super) fn send(
+        &self,
+        want: usize,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<oneshot::Receiver<Answer>, RedisError> {
+        let (tx, rx) = oneshot::channel();
+        let wake = {
+            let mut out = self.outbox();
+            if let Some(e) = &out.ended {
+                return Err(e.clone());
+            }
+            let idle = out.bytes.is_empty();
+            write(&mut out.bytes);
+            out.waiting.push_back(Waiting {
+                want,
+                got: Vec::new(),
+                tx,
+            });
+            idle
+        };
+        if wake {
+            self.to_write.notify_one();
+        }
+        Ok(rx)
+    }
+
+    /// Ends the link with `e` (the first reason stays): every caller waiting gets it.
+    pub(super) fn end(&self, e: RedisError) {
+        let waiting = {
+            let mut out = self.outbox();
+            if out.ended.is_some() {
+                return;
+            }
+            out.ended = Some(e.clone());
+            out.bytes = Vec::new();
+            std::mem::take(&mut out.waiting)
+        };
+        self.to_write.notify_one();
+        for w in waiting {
+            let _ = w.tx.send(Err(e.clone()));
+        }
+    }
+
+    /// Ends the link and stops its tasks (its `Wire` is gone or replaced it).
+    pub(super) fn close(&self) {
+        self.end(dropped("the connection was closed by its client"));
+        for task in self
+            .tasks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+        {
+            task.abort();
+        }
+    }
+
+    /// Hands `replies`, in order, to the callers waiting for them.
+    fn deliver(&self, replies: &mut Vec<Value>) -> Result<(), RedisError> {
+        let mut done = Vec::new();
+        {
+            let mut out = self.outbox();
+            for v in replies.drain(..) {
+                let Some(w) = out.waiting.front_mut() else {
+                    return Err(dropped("Redis sent a reply no command asked for"));
+                };
+                if w.want == 1 {
+                    done.push((out.waiting.pop_front(), Reply::One(v)));
+                    continue;
+                }
+                if w.got.is_empty() {
+                    w.got.reserve_exact(w.want);
+                }
+                w.got.push(v);
+                if w.got.len() == w.want {
+                    let mut w = out.waiting.pop_front();
+                    let got = w.as_mut().map(|w| std::mem::take(&mut w.got));
+                    done.push((w, Reply::Many(got.unwrap_or_default())));
+                }
+            }
+        }
+        for (w, reply) in done {
+            if let Some(w) = w {
+                // A caller that stopped waiting (a timeout) leaves its reply unread.
+                let _ = w.tx.send(Ok(reply));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A connection error: the link is gone, and whether a command on it ran is unknown.
+pub(super) fn dropped(why: &'static str) -> RedisError {
+    std::io::Error::new(std::io::ErrorKind::ConnectionReset, why).into()
+}
+
+/// Ends its link when its task ends, whatever the way (its runtime shut down, say).
+struct EndOnDrop(Arc<Link>);
+
+impl Drop for EndOnDrop {
+    fn drop(&mut self) {
+        self.0.end(dropped(
+            "the connection's task ended (its runtime shut down)",
+        ));
+    }
+}
+
+/// The reader: parses replies as they arrive (starting with `rest`, read during the
+/// handshake) and hands them out.
+async fn read(link: Arc<Link>, mut reader: impl AsyncRead + Unpin, rest: Vec<u8>) {
+    let link = EndOnDrop(link);
+    let mut buf = rest;
+    buf.reserve(16 * 1024);
+    let mut parsed = Vec::new();
+    let mut start = 0;
+    loop {
+        loop {
+            match resp::parse(&buf[start..]) {
+                Ok(Some((v, n))) => {
+                    parsed.push(v);
+                    start += n;
+                }
+                Ok(None) => break,
+                Err(e) => return link.0.end(e),
+            }
+        }
+        if !parsed.is_empty()
+            && let Err(e) = link.0.deliver(&mut parsed)
+        {
+            return link.0.end(e);
+        }
+        if start == buf.len() {
+            buf.clear();
+            start = 0;
+        } else if start > 0 && buf.capacity() - buf.len() < 4096 {
+            buf.drain(..start);
+            start = 0;
+        }
+        if buf.capacity() - buf.len() < 4096 {
+            buf.reserve(16 * 1024);
+        }
+        match reader.read_buf(&mut buf).await {
+            Ok(0) => return link.0.end(dropped("Redis closed the connection")),
+            Ok(_) => {}
+            Err(e) => return link.0.end(e.into()),
+        }
+    }
+}
+
+/// The writer: sends what the outbox holds, all of it in one write when it can.
+async fn write(link: Arc<Link>, mut writer: impl AsyncWrite + Unpin) {
+    let link = EndOnDrop(link);
+    let mut sending = Vec::new();
+    loop {
+        {
+            let mut out = link.0.outbox();
+            if out.ended.is_some() {
+                return;
+            }
+            std::mem::swap(&mut out.bytes, &mut sending);
+        }
+        if sending.is_empty() {
+            // A notification sent since the outbox was read is kept for this wait.
+            link.0.to_write.notified().await;
+            continue;
+        }
+        if let Err(e) = writer.write_all(&sending).await {
+            return link.0.end(e.into());
+        }
+        sending.clear();
+    }
+}
