@@ -22,9 +22,10 @@ use crate::owner::ClientId;
 /// A handle on one Redis deployment for taking distributed locks.
 ///
 /// Behavior:
-/// - Cheap to clone; clones share one multiplexed connection (a
-///   [`ConnectionManager`], which reconnects by itself), one pub/sub connection for
-///   waking waiters, and one watchdog task renewing every held lock in batches.
+/// - Cheap to clone; clones share one pipelined connection (on one node lock-core's
+///   own, opened again by itself after a drop or a restart; a [`ConnectionManager`] for
+///   TLS, RESP3 or one handed in; a Cluster's on a Cluster), one pub/sub connection
+///   for waking waiters, and one watchdog task renewing every held lock in batches.
 /// - Every Redis call is bounded by [`LockConfig::with_command_timeout`]; when Redis is
 ///   down calls fail with [`LockError::Redis`] or [`LockError::RedisTimeout`], and work
 ///   again once it is back.
@@ -69,8 +70,11 @@ impl LockClient {
         Self::from_client(redis::Client::open(url)?, config).await
     }
 
-    /// Builds on the user's [`redis::Client`]: opens a [`ConnectionManager`] (timeouts
-    /// from `config`) for commands and, lazily, one pub/sub connection for waiters.
+    /// Builds on the user's [`redis::Client`]: opens a connection to its node (timeouts
+    /// from `config`) for commands and, lazily, one pub/sub connection for waiters. The
+    /// connection is lock-core's own for a plain `redis://` or `redis+unix://` URL in
+    /// RESP2 (the password, user and database of the URL are used), a
+    /// [`ConnectionManager`] otherwise.
     ///
     /// Reads the server's version once (`INFO server`) and refuses a Redis older than
     /// 7.0 with [`LockError::UnsupportedRedis`]; [`open`](Self::open) and

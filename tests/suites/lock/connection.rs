@@ -154,3 +154,23 @@ async fn calls_on_a_dropped_connection_answer_and_the_next_ones_reconnect() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_unix_socket_url_connects() {
+    let dir = std::env::temp_dir().join(format!("lock-tests-unix-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("redis.sock");
+    let socket_arg = socket.to_str().unwrap();
+    let server =
+        RedisServer::start_with_args(&["--unixsocket", socket_arg, "--unixsocketperm", "700"]);
+    let c = LockClient::open(format!("redis+unix://{socket_arg}"))
+        .await
+        .unwrap();
+    let held = c.try_lock("over-a-socket").await.unwrap();
+    let mut admin = server.connection().await;
+    assert_eq!(keys_in(&mut admin, 0).await, 1);
+    held.release().await.unwrap();
+    assert_eq!(keys_in(&mut admin, 0).await, 0);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
