@@ -81,8 +81,8 @@ impl Store {
     /// Runs a script invocation (EVALSHA, loading the script on NOSCRIPT).
     pub(crate) async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<Value> {
         match self {
-            Self::Node(node) => node.invoke(invocation).await,
-            Self::Managed(node) => Box::pin(node.invoke(invocation)).await,
+            Self::Node(node) => node.invoke_once(invocation).await,
+            Self::Managed(node) => Box::pin(node.invoke_once(invocation)).await,
             Self::Cluster(cluster) => Box::pin(cluster.invoke(invocation)).await,
         }
     }
@@ -107,6 +107,15 @@ impl<C: Clone + Send + Sync + 'static> RedisStore<C> {
     }
 }
 
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
+    /// Runs a script invocation (EVALSHA, loading the script on NOSCRIPT) once.
+    async fn invoke_once(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<Value> {
+        self.conn
+            .call(move |mut c| async move { invocation.invoke_async(&mut c).await })
+            .await
+    }
+}
+
 impl RedisStore<Wire> {
     async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
         self.conn
@@ -128,12 +137,6 @@ impl RedisStore<Wire> {
             })
             .await
     }
-
-    async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<Value> {
-        self.conn
-            .call(move |mut c| async move { invocation.invoke_async(&mut c).await })
-            .await
-    }
 }
 
 impl RedisStore<ConnectionManager> {
@@ -149,12 +152,6 @@ impl RedisStore<ConnectionManager> {
                 let replies = c.req_packed_commands(pipe, 0, pipe.len()).await?;
                 Ok(replies.into_iter().map(own_reply).collect())
             })
-            .await
-    }
-
-    async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<Value> {
-        self.conn
-            .call(move |mut c| async move { invocation.invoke_async(&mut c).await })
             .await
     }
 }
@@ -269,10 +266,6 @@ impl RedisStore<ClusterConnection> {
     async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<Value> {
         // A script call cannot be redirected by hand (redis-rs keeps its EVAL form to
         // itself): during a slot migration it is sent again until the slot has moved.
-        resend_refused(move |_ask| {
-            self.conn
-                .call(move |mut c| async move { invocation.invoke_async(&mut c).await })
-        })
-        .await
+        resend_refused(move |_ask| self.invoke_once(invocation)).await
     }
 }
