@@ -83,12 +83,9 @@ impl Args {
     /// Appends one argument made of `parts` joined (a lock key and a suffix, say).
     pub(crate) fn arg_joined(&mut self, parts: &[&[u8]]) -> &mut Self {
         let len = parts.iter().map(|p| p.len()).sum::<usize>();
-        let mut digits = itoa::Buffer::new();
-        let digits = digits.format(len).as_bytes();
-        self.data.reserve(len + digits.len() + 5);
-        self.data.push(b'$');
-        self.data.extend_from_slice(digits);
-        self.data.extend_from_slice(b"\r\n");
+        let (header, n) = bulk_header(len);
+        self.data.reserve(n + len + 2);
+        self.data.extend_from_slice(&header[..n]);
         for part in parts {
             self.data.extend_from_slice(part);
         }
@@ -98,9 +95,40 @@ impl Args {
     }
 }
 
+/// `$<len>\r\n`, on the stack, and its length: most arguments here (keys, grant
+/// values, a script's sha) are under 100 bytes, and their digits are written by hand.
+fn bulk_header(len: usize) -> ([u8; 24], usize) {
+    let mut h = [0u8; 24];
+    h[0] = b'$';
+    let end = match len {
+        0..10 => {
+            h[1] = b'0' + len as u8;
+            2
+        }
+        10..100 => {
+            h[1] = b'0' + (len / 10) as u8;
+            h[2] = b'0' + (len % 10) as u8;
+            3
+        }
+        _ => {
+            let mut digits = itoa::Buffer::new();
+            let digits = digits.format(len).as_bytes();
+            h[1..1 + digits.len()].copy_from_slice(digits);
+            1 + digits.len()
+        }
+    };
+    h[end..end + 2].copy_from_slice(b"\r\n");
+    (h, end + 2)
+}
+
 impl RedisWrite for Args {
     fn write_arg(&mut self, arg: &[u8]) {
-        self.arg_joined(&[arg]);
+        let (header, n) = bulk_header(arg.len());
+        self.data.reserve(n + arg.len() + 2);
+        self.data.extend_from_slice(&header[..n]);
+        self.data.extend_from_slice(arg);
+        self.data.extend_from_slice(b"\r\n");
+        self.count += 1;
     }
 
     fn writer_for_next_arg(&mut self) -> impl Write + '_ {
@@ -134,13 +162,10 @@ impl Write for ArgWriter<'_> {
 
 impl Drop for ArgWriter<'_> {
     fn drop(&mut self) {
-        let len = self.args.data.len() - self.start;
-        let mut digits = itoa::Buffer::new();
-        let digits = digits.format(len).as_bytes();
-        let header = [b"$", digits, b"\r\n"].concat();
+        let (header, n) = bulk_header(self.args.data.len() - self.start);
         self.args
             .data
-            .splice(self.start..self.start, header.iter().copied());
+            .splice(self.start..self.start, header[..n].iter().copied());
         self.args.data.extend_from_slice(b"\r\n");
         self.args.count += 1;
     }
@@ -160,7 +185,9 @@ mod tests {
             let mut cmd = Cmd::new();
             let mut want = Vec::new();
             for _ in 0..rng.usize(1..8) {
-                let arg: Vec<u8> = (0..rng.usize(..30)).map(|_| rng.u8(..)).collect();
+                // Lengths across the header's one, two and more digits.
+                let max = [10, 100, 2000][rng.usize(..3)];
+                let arg: Vec<u8> = (0..rng.usize(..max)).map(|_| rng.u8(..)).collect();
                 if rng.bool() {
                     args.arg(&arg[..]);
                 } else {
