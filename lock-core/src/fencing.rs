@@ -4,6 +4,7 @@
 use redis::ToRedisArgs;
 
 use crate::client::Client;
+use crate::client::store::Args;
 use crate::client::store::key::{self, LockName};
 use crate::client::store::scripts::{FENCED_WRITE, FencedWriteReply};
 use crate::error::LockError;
@@ -70,6 +71,6 @@ pub(crate) async fn fenced_read<N: LockName>(
     let (value_key, _) = key::fenced_keys(&c.namespace, &c.delimiter, &resource)?;
     client
         .conn()
-        .query("fenced_read", redis::cmd("GET").arg(value_key))
+        .query("fenced_read", Args::cmd("GET").arg(value_key))
         .await
 }

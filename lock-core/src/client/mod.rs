@@ -94,8 +94,7 @@ impl Client {
         if let Some(opener) = Opener::for_node(client.get_connection_info(), t, RETRIES) {
             let mut wire = connect_within(t, Wire::open(opener)).await?;
             version::require_supported(&mut wire, t).await?;
-            let store = Store::Node(RedisStore::new(wire, None));
-            return Self::new(store, vec![client], config, StoreKind::Redis);
+            return Self::on_wire(client, wire, config);
         }
         let settings = manager_config(t, RETRIES);
         let mut manager = connect_within(
@@ -126,12 +125,18 @@ impl Client {
         if let Some(opener) =
             Opener::for_node(client.get_connection_info(), config.command_timeout, 0)
         {
-            let store = Store::Node(RedisStore::new(Wire::lazy(opener), None));
-            return Self::new(store, vec![client], config, StoreKind::Redis);
+            return Self::on_wire(client, Wire::lazy(opener), config);
         }
         let settings = manager_config(config.command_timeout, 0);
         let manager = ConnectionManager::new_lazy_with_config(client.clone(), settings.clone())?;
         Self::on_node(client, manager, settings, config)
+    }
+
+    /// A client on `wire`, opened from `client` (which also opens the pub/sub
+    /// connection).
+    fn on_wire(client: redis::Client, wire: Wire, config: LockConfig) -> Result<Self, LockError> {
+        let store = Store::Node(RedisStore::new(wire, None));
+        Self::new(store, vec![client], config, StoreKind::Redis)
     }
 
     /// A client on `manager`, opened on `client` with `settings`: a new manager like it

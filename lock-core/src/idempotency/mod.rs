@@ -275,7 +275,7 @@ impl IdempotencyStore {
         let conn = inner.conn();
         let reply = match conn.turn_command("idempotency begin", &keys.record, queued) {
             BatchTurn::Alone(alone, _) => {
-                let reply = conn.request("idempotency begin", &claim_cmd()).await;
+                let reply = conn.query("idempotency begin", &claim_cmd()).await;
                 drop(alone);
                 // The same rule as a queued claim's cleanup: what proves nothing was
                 // claimed leaves nothing to abandon.
@@ -316,7 +316,7 @@ impl IdempotencyStore {
         }
         let pttl: i64 = inner
             .conn()
-            .query("idempotency begin", redis::cmd("PTTL").arg(&keys.record))
+            .query("idempotency begin", Args::cmd("PTTL").arg(&keys.record))
             .await?;
         Ok(Begin::InFlight {
             retry_after: Duration::from_millis(pttl.max(1) as u64),

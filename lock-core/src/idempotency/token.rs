@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::client::Client;
 use crate::client::config::check_lease;
+use crate::client::store::Args;
 use crate::client::store::key::{LockName, NameWriter};
 use crate::error::LockError;
 
@@ -98,7 +99,7 @@ impl OneTimeTokens {
             .conn()
             .query(
                 "token issue",
-                redis::cmd("SET")
+                Args::cmd("SET")
                     .arg(key)
                     .arg(1)
                     .arg("PX")
@@ -129,7 +130,7 @@ impl OneTimeTokens {
         let deleted: i64 = self
             .client
             .conn()
-            .query("token consume", redis::cmd("DEL").arg(key))
+            .query("token consume", Args::cmd("DEL").arg(key))
             .await?;
         Ok(deleted == 1)
     }

@@ -8,6 +8,7 @@ use std::time::Duration;
 pub use rule::{LimitRule, RuleDecision, RuleLimiter};
 
 use crate::client::Client;
+use crate::client::store::Args;
 use crate::client::store::key::LockName;
 use crate::client::store::scripts::GCRA;
 use crate::error::LockError;
@@ -179,7 +180,7 @@ impl RateLimiter {
         let _: i64 = self
             .client
             .conn()
-            .query("rate_reset", redis::cmd("DEL").arg(k))
+            .query("rate_reset", Args::cmd("DEL").arg(k))
             .await?;
         Ok(())
     }

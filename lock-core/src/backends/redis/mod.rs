@@ -189,7 +189,7 @@ impl RedisBackend {
         let reply = match conn.turn_command("acquire", &req.keys.key, queued) {
             LaneTurn::Alone(alone, _) => {
                 let undo = OnDrop::new(|| self.give_back_in_background(&req.keys, value));
-                let reply = conn.request::<Value>("acquire", &set()).await;
+                let reply = conn.query::<Value>("acquire", &set()).await;
                 drop(alone);
                 // Answered: the caller takes it from here (a refusal set nothing).
                 if reply.is_ok() || not_set(&reply) {

@@ -23,6 +23,13 @@ impl Args {
         }
     }
 
+    /// The command `name`, its arguments to follow (as `redis::cmd`).
+    pub(crate) fn cmd(name: &str) -> Self {
+        let mut cmd = Self::with_capacity(4, 64);
+        cmd.arg(name);
+        cmd
+    }
+
     /// Appends `arg` (one argument, or several for a sequence, as redis-rs writes it).
     pub(crate) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
         arg.write_redis_args(self);

@@ -42,20 +42,13 @@ pub(crate) enum Store {
 }
 
 impl Store {
-    /// Runs one command.
-    pub(crate) async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
+    /// Runs one command (copied as it is onto a [`Wire`], as a redis-rs `Cmd` to the
+    /// others).
+    pub(crate) async fn query(&self, cmd: &Args) -> RedisResult<Value> {
         match self {
             Self::Node(node) => node.query(cmd).await,
-            Self::Managed(node) => Box::pin(node.query(cmd)).await,
-            Self::Cluster(cluster) => Box::pin(cluster.query(cmd)).await,
-        }
-    }
-
-    /// Runs one command written as [`Args`] (copied as it is onto a [`Wire`]).
-    pub(crate) async fn request(&self, cmd: &Args) -> RedisResult<Value> {
-        match self {
-            Self::Node(node) => node.request(cmd).await,
-            other => Box::pin(other.query(&cmd.to_cmd())).await,
+            Self::Managed(node) => Box::pin(node.query(&cmd.to_cmd())).await,
+            Self::Cluster(cluster) => Box::pin(cluster.query(&cmd.to_cmd())).await,
         }
     }
 
@@ -117,15 +110,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
 }
 
 impl RedisStore<Wire> {
-    async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
+    async fn query(&self, cmd: &Args) -> RedisResult<Value> {
         self.conn
             .call(move |c| async move { c.query(cmd).await })
-            .await
-    }
-
-    async fn request(&self, cmd: &Args) -> RedisResult<Value> {
-        self.conn
-            .call(move |c| async move { c.request(cmd).await })
             .await
     }
 

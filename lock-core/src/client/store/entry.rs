@@ -4,9 +4,7 @@
 //! made of a lock key and a suffix costs none), or one plain command of a pipelined call
 //! ([`Command`]). An entry sent alone is written straight into its command instead.
 
-use std::io;
-
-use redis::{RedisWrite, ToRedisArgs, Value};
+use redis::{ToRedisArgs, Value};
 
 use super::args::Args;
 use super::scripts::Lua;
@@ -58,20 +56,21 @@ impl Entry {
         }
     }
 
-    pub(crate) fn key(mut self, key: &str) -> Self {
-        match &mut self.form {
-            Form::Packed(p) => p.write_key(&[key.as_bytes()]),
-            Form::Direct(cmd) => cmd.write_arg(key.as_bytes()),
-        }
-        self
+    pub(crate) fn key(self, key: &str) -> Self {
+        self.key_of(&[key.as_bytes()])
     }
 
     /// The key `key` followed by `suffix` (a lock's waiter marker, say), built in place.
-    pub(crate) fn key_suffixed(mut self, key: &str, suffix: &str) -> Self {
+    pub(crate) fn key_suffixed(self, key: &str, suffix: &str) -> Self {
+        self.key_of(&[key.as_bytes(), suffix.as_bytes()])
+    }
+
+    /// One key made of `parts` back to back; keys come before the arguments.
+    fn key_of(mut self, parts: &[&[u8]]) -> Self {
         match &mut self.form {
-            Form::Packed(p) => p.write_key(&[key.as_bytes(), suffix.as_bytes()]),
+            Form::Packed(p) => p.write_key(parts),
             Form::Direct(cmd) => {
-                cmd.arg_joined(&[key.as_bytes(), suffix.as_bytes()]);
+                cmd.arg_joined(parts);
             }
         }
         self
@@ -79,7 +78,7 @@ impl Entry {
 
     pub(crate) fn arg(mut self, arg: impl ToRedisArgs) -> Self {
         match &mut self.form {
-            Form::Packed(p) => arg.write_redis_args(p),
+            Form::Packed(p) => arg.write_redis_args(&mut p.args),
             Form::Direct(cmd) => arg.write_redis_args(cmd),
         }
         self
@@ -192,19 +191,11 @@ impl Packed {
     }
 }
 
-impl RedisWrite for Packed {
-    fn write_arg(&mut self, arg: &[u8]) {
-        self.args.write_arg(arg);
-    }
-
-    fn writer_for_next_arg(&mut self) -> impl io::Write + '_ {
-        self.args.writer_for_next_arg()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::io::Write;
+
+    use redis::RedisWrite;
 
     use super::*;
 
@@ -276,14 +267,14 @@ mod tests {
         let long = vec![b'x'; 1000];
         let mut p = Packed::with_capacity(8);
         {
-            let mut w = p.writer_for_next_arg();
+            let mut w = p.args.writer_for_next_arg();
             w.write_all(b"ab").unwrap();
             w.write_all(b"cd").unwrap();
         }
-        p.write_arg(&long);
+        p.args.write_arg(&long);
         // An argument the writer left empty is an empty argument, not a missing one.
-        drop(p.writer_for_next_arg());
-        p.write_arg(b"z");
+        drop(p.args.writer_for_next_arg());
+        p.args.write_arg(b"z");
         assert_eq!(p.args.count(), 4);
         assert_eq!(
             parts(&p),

@@ -21,7 +21,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{Cmd, FromRedisValue, RedisResult, ScriptInvocation, Value};
+use redis::{FromRedisValue, RedisResult, ScriptInvocation, Value};
 
 use crate::error::LockError;
 use deadline::{Deadlines, Elapsed, Limit, Within};
@@ -74,19 +74,9 @@ impl Conn {
     pub(crate) async fn query<T: FromRedisValue>(
         &self,
         op: &'static str,
-        cmd: &Cmd,
-    ) -> Result<T, LockError> {
-        let value = timed(op, self.within(self.store.query(cmd)).await)?;
-        decode(op, value)
-    }
-
-    /// Runs one command written as [`Args`] within the time limit.
-    pub(crate) async fn request<T: FromRedisValue>(
-        &self,
-        op: &'static str,
         cmd: &Args,
     ) -> Result<T, LockError> {
-        let value = timed(op, self.within(self.store.request(cmd)).await)?;
+        let value = timed(op, self.within(self.store.query(cmd)).await)?;
         decode(op, value)
     }
 
@@ -135,7 +125,7 @@ impl Conn {
         evalsha: Args,
     ) -> Result<Value, LockError> {
         let call = async {
-            match self.store.request(&evalsha).await {
+            match self.store.query(&evalsha).await {
                 Err(e)
                     if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                 {
@@ -164,7 +154,7 @@ impl Conn {
         for arg in evalsha.each().skip(2) {
             eval.arg(arg);
         }
-        self.store.request(&eval).await
+        self.store.query(&eval).await
     }
 }
 

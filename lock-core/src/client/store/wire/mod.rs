@@ -20,7 +20,8 @@ mod link;
 mod resp;
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
@@ -169,10 +170,11 @@ pub(crate) struct Wire {
 struct Shared {
     opener: Opener,
     link: RwLock<Option<Arc<Link>>>,
-    /// Held while a link is opened, so the calls that find the link gone open one.
-    opening: tokio::sync::Mutex<()>,
-    /// Attempts to open a link so far, and the last one's error if it failed.
-    attempts: Mutex<(u64, Option<RedisError>)>,
+    /// Held while a link is opened, so the calls that find the link gone open one;
+    /// it holds the last attempt's error if it failed.
+    opening: tokio::sync::Mutex<Option<RedisError>>,
+    /// Attempts to open a link so far.
+    attempts: AtomicU64,
 }
 
 impl Drop for Shared {
@@ -190,8 +192,8 @@ impl Wire {
             shared: Arc::new(Shared {
                 opener,
                 link: RwLock::new(None),
-                opening: tokio::sync::Mutex::new(()),
-                attempts: Mutex::new((0, None)),
+                opening: tokio::sync::Mutex::new(None),
+                attempts: AtomicU64::new(0),
             }),
         }
     }
@@ -205,18 +207,8 @@ impl Wire {
 
     /// Runs one command: its reply, an error reply as an error (as redis-rs's
     /// `query_async`).
-    pub(crate) async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
-        self.command(cmd).await?.extract_error()
-    }
-
-    /// Runs one command written as [`Args`]: its reply, an error reply as an error.
-    pub(crate) async fn request(&self, cmd: &Args) -> RedisResult<Value> {
+    pub(crate) async fn query(&self, cmd: &Args) -> RedisResult<Value> {
         self.one(|b| cmd.write(b)).await?.extract_error()
-    }
-
-    /// Runs one command: its reply as it came (an error reply as a value).
-    async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
-        self.one(|b| cmd.write_packed_command(b)).await
     }
 
     async fn one(&self, write: impl Fn(&mut Vec<u8>)) -> RedisResult<Value> {
@@ -277,25 +269,19 @@ impl Wire {
     /// The link in place if it is open, else a new one (opened once for every call
     /// that waited meanwhile; a failed attempt is the error of each of them).
     async fn reopen(&self) -> RedisResult<Arc<Link>> {
-        let seen = self.attempts().0;
-        let _one = self.shared.opening.lock().await;
+        let seen = self.shared.attempts.load(Ordering::Acquire);
+        let mut failed = self.shared.opening.lock().await;
         if let Some(link) = self.open_link() {
             return Ok(link);
         }
-        if let (n, Some(e)) = self.attempts()
-            && n != seen
+        if let Some(e) = &*failed
+            && self.shared.attempts.load(Ordering::Acquire) != seen
         {
-            return Err(e);
+            return Err(e.clone());
         }
         let made = self.shared.opener.open().await;
-        {
-            let mut attempts = self
-                .shared
-                .attempts
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            *attempts = (attempts.0 + 1, made.as_ref().err().cloned());
-        }
+        *failed = made.as_ref().err().cloned();
+        self.shared.attempts.fetch_add(1, Ordering::Release);
         let link = made?;
         let old = self
             .shared
@@ -317,19 +303,12 @@ impl Wire {
             .unwrap_or_else(PoisonError::into_inner);
         link.as_ref().filter(|l| !l.has_ended()).cloned()
     }
-
-    fn attempts(&self) -> (u64, Option<RedisError>) {
-        self.shared
-            .attempts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
 }
 
 impl ConnectionLike for Wire {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        Box::pin(self.command(cmd))
+        // Its reply as it came: redis-rs's callers read an error reply themselves.
+        Box::pin(self.one(|b| cmd.write_packed_command(b)))
     }
 
     fn req_packed_commands<'a>(
