@@ -248,8 +248,7 @@ impl IdempotencyStore {
             NEXT_CLAIM.fetch_add(1, Ordering::Relaxed)
         );
         let lease_ms = lease.as_millis() as u64;
-        let claim_cmd = || {
-            let mut cmd = Args::with_capacity(7, keys.record.len() + in_flight.len() + 24);
+        let claim_cmd = |mut cmd: Args| {
             cmd.arg("SET")
                 .arg(&keys.record)
                 .arg(&in_flight)
@@ -262,11 +261,11 @@ impl IdempotencyStore {
         // Until the reply says otherwise the key may be claimed: dropped (error,
         // timeout, cancelled future), the claim abandons itself.
         let mut claim = Claim::new(self.client.clone(), keys.clone(), in_flight.clone(), lease);
-        let queued = || {
+        let queued = |buf| {
             // Queued, the command answers for the claim (this future dropped, or an
             // error): a key it claimed (or may have) is abandoned once the reply is in.
             let abandon = claim.abandon_later();
-            Command::new(claim_cmd()).cleanup(move |reply| {
+            Command::new(claim_cmd(buf)).cleanup(move |reply| {
                 if reply.is_some_and(|r| !not_claimed(&r)) {
                     abandon();
                 }
@@ -275,7 +274,8 @@ impl IdempotencyStore {
         let conn = inner.conn();
         let reply = match conn.turn_command("idempotency begin", &keys.record, queued) {
             BatchTurn::Alone(alone, _) => {
-                let reply = conn.query("idempotency begin", &claim_cmd()).await;
+                let buf = Args::with_capacity(7, keys.record.len() + in_flight.len() + 24);
+                let reply = conn.query("idempotency begin", &claim_cmd(buf)).await;
                 drop(alone);
                 // The same rule as a queued claim's cleanup: what proves nothing was
                 // claimed leaves nothing to abandon.

@@ -174,8 +174,7 @@ impl RedisBackend {
 
     /// `SET key value NX PX lease`, what the raw recipe costs: whether it granted.
     async fn plain_set(&self, req: &Request, value: &Arc<str>) -> Result<bool, LockError> {
-        let set = || {
-            let mut set = Args::with_capacity(6, req.keys.key.len() + value.len() + 24);
+        let set = |mut set: Args| {
             set.arg("SET")
                 .arg(&req.keys.key)
                 .arg(&**value)
@@ -185,11 +184,13 @@ impl RedisBackend {
             set
         };
         let conn = self.client.conn();
-        let queued = || Command::new(set()).cleanup(self.undo_unless(&req.keys, value, not_set));
+        let queued =
+            |buf| Command::new(set(buf)).cleanup(self.undo_unless(&req.keys, value, not_set));
         let reply = match conn.turn_command("acquire", &req.keys.key, queued) {
             LaneTurn::Alone(alone, _) => {
                 let undo = OnDrop::new(|| self.give_back_in_background(&req.keys, value));
-                let reply = conn.query::<Value>("acquire", &set()).await;
+                let buf = Args::with_capacity(6, req.keys.key.len() + value.len() + 24);
+                let reply = conn.query::<Value>("acquire", &set(buf)).await;
                 drop(alone);
                 // Answered: the caller takes it from here (a refusal set nothing).
                 if reply.is_ok() || not_set(&reply) {

@@ -9,6 +9,7 @@ use redis::{Cmd, RedisWrite, ToRedisArgs};
 
 /// A command's arguments (its name first), each a RESP bulk string (`$<len>\r\n<bytes>\r\n`)
 /// back to back, and how many there are.
+#[derive(Default)]
 pub(crate) struct Args {
     data: Vec<u8>,
     count: usize,
@@ -41,6 +42,17 @@ impl Args {
         self.count
     }
 
+    /// Empties the command, keeping its buffer.
+    pub(super) fn clear(&mut self) {
+        self.data.clear();
+        self.count = 0;
+    }
+
+    /// Bytes the buffer holds without growing.
+    pub(super) fn capacity(&self) -> usize {
+        self.data.capacity()
+    }
+
     /// The arguments' bulk strings, back to back.
     pub(super) fn bulks(&self) -> &[u8] {
         &self.data
@@ -66,14 +78,8 @@ impl Args {
     pub(crate) fn each(&self) -> impl Iterator<Item = &[u8]> {
         let mut rest = &self.data[..];
         std::iter::from_fn(move || {
-            // Written only by `write_arg` and `ArgWriter`: `$<len>\r\n<bytes>\r\n`.
-            let header = memchr::memchr(b'\n', rest)?;
-            let len: usize = std::str::from_utf8(rest.get(1..header.checked_sub(1)?)?)
-                .ok()?
-                .parse()
-                .ok()?;
-            let arg = rest.get(header + 1..header + 1 + len)?;
-            rest = rest.get(header + 3 + len..)?;
+            let (arg, after) = first_bulk(rest)?;
+            rest = after;
             Some(arg)
         })
     }
@@ -100,6 +106,52 @@ impl Args {
         self.count += 1;
         self
     }
+}
+
+/// Whole commands back to back, as Redis reads a pipeline of them, and how many.
+pub(crate) struct Pipe<'a> {
+    pub(crate) commands: &'a [u8],
+    pub(crate) count: usize,
+}
+
+impl Pipe<'_> {
+    /// The same commands as a redis-rs pipeline (not a transaction).
+    pub(crate) fn to_pipeline(&self) -> redis::Pipeline {
+        let mut pipe = redis::Pipeline::with_capacity(self.count);
+        let mut rest = self.commands;
+        while let Some((cmd, after)) = split_command(rest) {
+            pipe.add_command(cmd.to_cmd());
+            rest = after;
+        }
+        pipe
+    }
+}
+
+/// The first command of `bytes` (`*<n>\r\n` and `n` bulk strings, as [`Args::write`]
+/// writes it) and what follows it.
+fn split_command(bytes: &[u8]) -> Option<(Args, &[u8])> {
+    let header = memchr::memchr(b'\n', bytes)?;
+    let count = number(bytes.get(1..header.checked_sub(1)?)?)?;
+    let body = &bytes[header + 1..];
+    let mut rest = body;
+    for _ in 0..count {
+        rest = first_bulk(rest)?.1;
+    }
+    let data = body[..body.len() - rest.len()].to_vec();
+    Some((Args { data, count }, rest))
+}
+
+/// The first bulk string of `bytes` (`$<len>\r\n<bytes>\r\n`, as written here) and
+/// what follows it.
+fn first_bulk(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    let header = memchr::memchr(b'\n', bytes)?;
+    let len = number(bytes.get(1..header.checked_sub(1)?)?)?;
+    let arg = bytes.get(header + 1..header + 1 + len)?;
+    Some((arg, bytes.get(header + 3 + len..)?))
+}
+
+fn number(digits: &[u8]) -> Option<usize> {
+    std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
 /// `$<len>\r\n`, on the stack, and its length: most arguments here (keys, grant

@@ -15,7 +15,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisResult, ScriptInvocation, Value};
 
-use super::args::Args;
+use super::args::{Args, Pipe};
 use super::key::cluster_slot;
 use super::wire::Wire;
 use crate::client::homed::{Homed, Make};
@@ -52,22 +52,15 @@ impl Store {
         }
     }
 
-    /// Runs `cmds` (every key in one [`group`]) in one write, as a pipeline (not a
+    /// Runs `pipe` (every key in one [`group`]) in one write, as a pipeline (not a
     /// transaction): each command's own reply or error, or an error of the whole call.
     ///
     /// [`group`]: Store::group
-    pub(crate) async fn pipeline(&self, cmds: &[&Args]) -> RedisResult<Vec<RedisResult<Value>>> {
-        let pipe = || {
-            let mut pipe = Pipeline::with_capacity(cmds.len());
-            for cmd in cmds {
-                pipe.add_command(cmd.to_cmd());
-            }
-            pipe
-        };
+    pub(crate) async fn pipeline(&self, pipe: &Pipe<'_>) -> RedisResult<Vec<RedisResult<Value>>> {
         match self {
-            Self::Node(node) => node.pipeline(cmds).await,
-            Self::Managed(node) => Box::pin(node.pipeline(&pipe())).await,
-            Self::Cluster(cluster) => Box::pin(cluster.pipeline(&pipe())).await,
+            Self::Node(node) => node.pipeline(pipe).await,
+            Self::Managed(node) => Box::pin(node.pipeline(&pipe.to_pipeline())).await,
+            Self::Cluster(cluster) => Box::pin(cluster.pipeline(&pipe.to_pipeline())).await,
         }
     }
 
@@ -116,10 +109,10 @@ impl RedisStore<Wire> {
             .await
     }
 
-    async fn pipeline(&self, cmds: &[&Args]) -> RedisResult<Vec<RedisResult<Value>>> {
+    async fn pipeline(&self, pipe: &Pipe<'_>) -> RedisResult<Vec<RedisResult<Value>>> {
         self.conn
             .call(move |c| async move {
-                let replies = c.pipeline(cmds).await?;
+                let replies = c.pipeline(pipe).await?;
                 Ok(replies.into_iter().map(own_reply).collect())
             })
             .await

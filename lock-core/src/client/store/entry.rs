@@ -1,7 +1,7 @@
-//! What waits in a batch lane: one entry of a batched script call ([`Entry`]), packed
-//! flat (its keys, then its arguments, each behind its length in one buffer, so
-//! building one costs one allocation however many keys and arguments it has, and a key
-//! made of a lock key and a suffix costs none), or one plain command of a pipelined call
+//! What a caller builds for a batch lane: one entry of a batched script call
+//! ([`Entry`]), packed flat (its keys, then its arguments, as Redis reads them, in a
+//! buffer its lane lends it, so building one allocates nothing, and a key made of a
+//! lock key and a suffix is written in place), or one plain command of a pipelined call
 //! ([`Command`]). An entry sent alone is written straight into its command instead.
 
 use redis::{ToRedisArgs, Value};
@@ -28,11 +28,25 @@ enum Form {
 }
 
 impl Entry {
-    /// An entry to queue.
-    pub(super) fn packed() -> Self {
+    /// An entry to queue, written into `buf` (emptied first).
+    pub(super) fn packed_in(mut buf: Args) -> Self {
+        buf.clear();
         Self {
-            form: Form::Packed(Packed::with_capacity(256)),
+            form: Form::Packed(Packed {
+                args: buf,
+                keys: 0,
+                keys_end: 0,
+            }),
             cleanup: None,
+        }
+    }
+
+    /// A queued entry's keys and arguments (`None` for an entry made
+    /// [`direct`](Self::direct)), and its cleanup.
+    pub(super) fn into_packed(self) -> (Option<Packed>, Option<Cleanup>) {
+        match self.form {
+            Form::Packed(p) => (Some(p), self.cleanup),
+            Form::Direct(_) => (None, self.cleanup),
         }
     }
 
@@ -98,38 +112,6 @@ impl Entry {
         }
         self
     }
-
-    fn packed_form(&self) -> Option<&Packed> {
-        match &self.form {
-            Form::Packed(p) => Some(p),
-            Form::Direct(_) => None,
-        }
-    }
-
-    /// Arguments and bytes the call of `entries` takes after the script's name or sha
-    /// (`numkeys`, keys, arguments), to size its command once.
-    pub(super) fn size(entries: &[&Entry]) -> (usize, usize) {
-        entries
-            .iter()
-            .filter_map(|e| e.packed_form())
-            .fold((1, 20), |(n, bytes), p| {
-                (n + p.args.count(), bytes + p.args.bulks().len())
-            })
-    }
-
-    /// The keys and arguments of the packed `entries`, in order: every entry's keys,
-    /// then every entry's arguments (`numkeys` first).
-    pub(super) fn fill(entries: &[&Entry], cmd: &mut Args) {
-        let packed = || entries.iter().filter_map(|e| e.packed_form());
-        cmd.arg(packed().map(|p| p.keys).sum::<usize>());
-        for p in packed() {
-            cmd.push_bulks(&p.args.bulks()[..p.keys_end], p.keys);
-        }
-        for p in packed() {
-            let rest = p.args.count() - p.keys;
-            cmd.push_bulks(&p.args.bulks()[p.keys_end..], rest);
-        }
-    }
 }
 
 /// One plain command of a pipelined call: its own reply, or its own error.
@@ -153,9 +135,9 @@ impl Command {
     }
 }
 
-/// An entry's keys, then its arguments, written as they go to Redis ([`Args`]), so a
-/// batch copies them into its command as they are.
-struct Packed {
+/// An entry's keys, then its arguments, written as they go to Redis ([`Args`]), so its
+/// lane copies them as they are.
+pub(super) struct Packed {
     args: Args,
     /// How many of the first arguments are keys.
     keys: usize,
@@ -164,12 +146,22 @@ struct Packed {
 }
 
 impl Packed {
-    fn with_capacity(bytes: usize) -> Self {
-        Self {
-            args: Args::with_capacity(4, bytes),
-            keys: 0,
-            keys_end: 0,
-        }
+    /// The keys' bulk strings, and how many.
+    pub(super) fn keys(&self) -> (&[u8], usize) {
+        (&self.args.bulks()[..self.keys_end], self.keys)
+    }
+
+    /// The arguments' bulk strings (after the keys), and how many.
+    pub(super) fn args(&self) -> (&[u8], usize) {
+        (
+            &self.args.bulks()[self.keys_end..],
+            self.args.count() - self.keys,
+        )
+    }
+
+    /// The buffer it was written in.
+    pub(super) fn into_buffer(self) -> Args {
+        self.args
     }
 
     /// One key made of `parts` back to back; keys come before the arguments.
@@ -225,18 +217,23 @@ mod tests {
 
     #[test]
     fn an_entry_keeps_each_key_and_argument_whole_and_in_order() {
-        let e = Entry::packed()
+        let used = Args::with_capacity(1, 64);
+        let (p, cleanup) = Entry::packed_in(used)
             .key("lock:{a}")
             .key_suffixed("lock:{a}", ":waiters")
             .key("")
             .arg("v")
             .arg(42_u64)
             .arg(&b"\x00bytes"[..])
-            .arg(Vec::<u8>::new());
-        let p = e.packed_form().unwrap();
+            .arg(Vec::<u8>::new())
+            .into_packed();
+        let p = p.unwrap();
+        assert!(cleanup.is_none());
         assert_eq!(p.keys, 3);
+        assert_eq!(p.keys().1, 3);
+        assert_eq!(p.args().1, 4);
         assert_eq!(
-            parts(p),
+            parts(&p),
             [
                 &b"lock:{a}"[..],
                 b"lock:{a}:waiters",
@@ -248,24 +245,15 @@ mod tests {
             ]
             .map(<[u8]>::to_vec)
         );
-        let mut cmd = Args::with_capacity(16, 128);
-        cmd.arg("EVALSHA");
-        Entry::fill(&[&e, &e], &mut cmd);
-        let args: Vec<Vec<u8>> = cmd.each().skip(1).map(<[u8]>::to_vec).collect();
-        assert_eq!(args[0], b"6");
-        assert_eq!(
-            args[1..4],
-            args[4..7],
-            "keys of both entries, then arguments"
-        );
-        assert_eq!(args[7..11], args[11..15]);
-        assert_eq!(Entry::size(&[&e, &e]).0, 1 + 2 * 7);
     }
 
     #[test]
     fn an_argument_written_in_pieces_or_past_the_buffer_stays_whole() {
         let long = vec![b'x'; 1000];
-        let mut p = Packed::with_capacity(8);
+        let mut p = Entry::packed_in(Args::with_capacity(1, 8))
+            .into_packed()
+            .0
+            .unwrap();
         {
             let mut w = p.args.writer_for_next_arg();
             w.write_all(b"ab").unwrap();

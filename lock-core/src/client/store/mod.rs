@@ -26,7 +26,7 @@ use redis::{FromRedisValue, RedisResult, ScriptInvocation, Value};
 use crate::error::LockError;
 use deadline::{Deadlines, Elapsed, Limit, Within};
 
-pub(crate) use args::Args;
+pub(crate) use args::{Args, Pipe};
 
 pub(crate) use deployment::{RedisStore, Store};
 
@@ -80,12 +80,12 @@ impl Conn {
         decode(op, value)
     }
 
-    /// Runs `cmds` in one write within the time limit: each command's reply or error.
+    /// Runs `pipe` in one write within the time limit: each command's reply or error.
     pub(crate) async fn pipeline(
         &self,
-        cmds: &[&Args],
+        pipe: &Pipe<'_>,
     ) -> Result<Vec<RedisResult<Value>>, LockError> {
-        timed("pipeline", self.within(self.store.pipeline(cmds)).await)
+        timed("pipeline", self.within(self.store.pipeline(pipe)).await)
     }
 
     /// Runs `script` with the keys and arguments `fill` appends (`numkeys` first), as

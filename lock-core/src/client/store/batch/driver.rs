@@ -5,27 +5,21 @@ use std::sync::Arc;
 
 use redis::Value;
 
-use super::{Entry, Item, Kind, LaneId, Lanes, Queued, entry_reply, send_batch};
-use crate::client::store::{Args, Conn};
+use super::{Kind, LaneId, Lanes, Queued, Written, entry_reply, send_batch};
+use crate::client::store::Conn;
 use crate::error::LockError;
 
-/// Sends the commands of `batch` as one pipeline; the reply of each, in order.
+/// Sends the `count` commands written in `written` as one pipeline; the reply of each,
+/// in order.
 async fn send_pipeline(
     conn: &Conn,
-    batch: &[Queued],
+    written: &Written,
+    count: usize,
 ) -> Result<Vec<Result<Value, LockError>>, LockError> {
-    let cmds: Vec<&Args> = batch
-        .iter()
-        .filter_map(|q| match &q.item {
-            Item::Command(c) => Some(&c.cmd),
-            Item::Script(_) => None,
-        })
-        .collect();
-    let replies = conn.pipeline(&cmds).await?;
-    if replies.len() != batch.len() {
+    let replies = conn.pipeline(&written.pipe()).await?;
+    if replies.len() != count {
         return Err(LockError::UnexpectedReply(format!(
-            "a pipeline of {} commands got {} replies",
-            batch.len(),
+            "a pipeline of {count} commands got {} replies",
             replies.len()
         )));
     }
@@ -42,9 +36,10 @@ fn each(e: &LockError, op: &'static str) -> LockError {
         other => LockError::UnexpectedReply(other.to_string()),
     }
 }
-/// A call in flight on the lane ended (alone or a batch): its place is free; schedules
-/// a driver for what queued, if none is on its way.
-pub(super) fn hand_over(conn: &Conn, kind: Kind, group: u16) {
+/// A call in flight on the lane ended (alone or a batch, whose buffers come back in
+/// `written`): its place is free; schedules a driver for what queued, if none is on its
+/// way.
+pub(super) fn hand_over(conn: &Conn, kind: Kind, group: u16, written: Option<Written>) {
     let Some(lanes) = &conn.lanes else {
         return;
     };
@@ -52,6 +47,9 @@ pub(super) fn hand_over(conn: &Conn, kind: Kind, group: u16) {
         let mut all = lanes.lock();
         let l = all.entry((kind.id(), group)).or_default();
         l.in_flight = l.in_flight.saturating_sub(1);
+        if let Some(w) = written {
+            l.spares.give_back(w);
+        }
         l.claim_driver(lanes.depth)
     };
     if drive {
@@ -69,6 +67,7 @@ pub(super) fn schedule(conn: Conn, kind: Kind, group: u16) {
         kind,
         group,
         batch: Vec::new(),
+        written: Written::default(),
         state: State::Scheduled,
     };
     crate::client::cleanup::spawn_task(drive(conn, driving));
@@ -93,6 +92,8 @@ struct Driving {
     kind: Kind,
     group: u16,
     batch: Vec<Queued>,
+    /// The batch's bytes.
+    written: Written,
     state: State,
 }
 
@@ -107,7 +108,7 @@ impl Driving {
         let mut all = self.lanes.lock();
         let lane = all.entry(self.lane()).or_default();
         self.state = State::Sending;
-        self.batch = lane.take_batch();
+        (self.batch, self.written) = lane.take_batch();
         lane.claim_driver(self.lanes.depth)
     }
 }
@@ -134,10 +135,10 @@ impl Drop for Driving {
                 State::Sending => lane.in_flight = lane.in_flight.saturating_sub(1),
                 State::Done => {}
             }
-            std::mem::take(&mut lane.queue)
+            lane.take_queue()
         };
         for q in queued {
-            if let Some(cleanup) = q.item.into_cleanup() {
+            if let Some(cleanup) = q.cleanup {
                 cleanup(None);
             }
         }
@@ -159,40 +160,20 @@ async fn drive(conn: Conn, mut driving: Driving) {
     if driving.take() {
         schedule(conn.clone(), kind, group);
     }
-    // Callers gone before sending: left out, in place (the entries are large to move).
-    driving.batch.retain_mut(|q| {
-        if !q.reply.is_closed() {
-            return true;
-        }
-        if let Some(cleanup) = q.item.take_cleanup() {
-            cleanup(None);
-        }
-        false
-    });
-    let replies = if driving.batch.is_empty() {
-        Ok(Vec::new())
-    } else {
-        match kind {
-            Kind::Script(script) => {
-                let entries: Vec<&Entry> = driving
-                    .batch
-                    .iter()
-                    .filter_map(|q| match &q.item {
-                        Item::Script(e) => Some(e),
-                        Item::Command(_) => None,
-                    })
-                    .collect();
-                send_batch(&conn, script, &entries)
-                    .await
-                    .map(|items| items.into_iter().map(entry_reply).collect::<Vec<_>>())
-            }
-            Kind::Commands => send_pipeline(&conn, &driving.batch).await,
-        }
+    leave_out_callers_gone(&mut driving);
+    let count = driving.batch.len();
+    let replies = match kind {
+        _ if count == 0 => Ok(Vec::new()),
+        Kind::Script(script) => send_batch(&conn, script, &driving.written, count)
+            .await
+            .map(|items| items.into_iter().map(entry_reply).collect::<Vec<_>>()),
+        Kind::Commands => send_pipeline(&conn, &driving.written, count).await,
     };
     let batch = std::mem::take(&mut driving.batch);
+    let written = std::mem::take(&mut driving.written);
     driving.state = State::Done;
     drop(driving);
-    hand_over(&conn, kind, group);
+    hand_over(&conn, kind, group, Some(written));
     match replies {
         Ok(items) => {
             for (q, v) in batch.into_iter().zip(items) {
@@ -208,12 +189,33 @@ async fn drive(conn: Conn, mut driving: Driving) {
     }
 }
 
+/// Leaves out of the batch the calls whose callers went away before it was sent (their
+/// cleanups learn nothing was sent), and their bytes.
+fn leave_out_callers_gone(driving: &mut Driving) {
+    if !driving.batch.iter().any(|q| q.reply.is_closed()) {
+        return;
+    }
+    driving.batch.retain_mut(|q| {
+        if !q.reply.is_closed() {
+            return true;
+        }
+        if let Some(cleanup) = q.cleanup.take() {
+            cleanup(None);
+        }
+        false
+    });
+    driving
+        .written
+        .retain(driving.batch.iter_mut().map(|q| &mut q.span));
+}
+
 /// Hands an entry its reply; what its caller will not act on goes to its cleanup.
 fn deliver(q: Queued, reply: Result<Value, LockError>) {
     let Queued {
-        item,
+        cleanup,
         op,
         reply: caller,
+        ..
     } = q;
     let left = match reply {
         Err(e) => {
@@ -223,7 +225,7 @@ fn deliver(q: Queued, reply: Result<Value, LockError>) {
         }
         Ok(v) => caller.send(Ok(v)).err(),
     };
-    if let (Some(left), Some(cleanup)) = (left, item.into_cleanup()) {
+    if let (Some(left), Some(cleanup)) = (left, cleanup) {
         cleanup(Some(left));
     }
 }

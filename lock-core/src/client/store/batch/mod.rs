@@ -59,12 +59,14 @@ use super::deadline::{Elapsed, Limit, Place};
 use super::entry::Cleanup;
 pub(crate) use super::entry::{Command, Entry};
 use super::scripts::Lua;
-use super::{Conn, decode};
+use super::{Args, Conn, decode};
 use crate::error::LockError;
 
 mod driver;
+mod written;
 
 use driver::{hand_over, schedule};
+use written::{Span, Spares, Written};
 
 /// The most entries one call carries.
 pub(crate) const MAX_BATCH: usize = 128;
@@ -88,27 +90,10 @@ impl Kind {
     }
 }
 
-/// A queued call.
-enum Item {
-    Script(Entry),
-    Command(Command),
-}
-
-impl Item {
-    fn into_cleanup(mut self) -> Option<Cleanup> {
-        self.take_cleanup()
-    }
-
-    fn take_cleanup(&mut self) -> Option<Cleanup> {
-        match self {
-            Self::Script(e) => e.cleanup.take(),
-            Self::Command(c) => c.cleanup.take(),
-        }
-    }
-}
-
+/// A queued call: its bytes are in its lane's [`Written`] at `span`.
 struct Queued {
-    item: Item,
+    span: Span,
+    cleanup: Option<Cleanup>,
     op: &'static str,
     reply: oneshot::Sender<Result<Value, LockError>>,
 }
@@ -116,12 +101,16 @@ struct Queued {
 type LaneId = (usize, u16);
 
 /// One lane: how many of its calls are in flight, whether a driver is on its way for
-/// what queued, what queued, and whether calls have been arriving together.
+/// what queued, what queued (and its bytes), and whether calls have been arriving
+/// together.
 #[derive(Default)]
 struct Lane {
     in_flight: usize,
     scheduled: bool,
     queue: Vec<Queued>,
+    written: Written,
+    /// Buffers for the next batches' bytes, given back by batches that are over.
+    spares: Spares,
     /// A call queued behind another, and no batch of one has gone since: calls arrive
     /// together, so even a call that finds the lane idle queues, for the batch that the
     /// tasks running with it will join.
@@ -141,15 +130,26 @@ impl Lane {
         false
     }
 
-    /// Takes what queued, up to [`MAX_BATCH`] entries, as a batch in flight. A batch of
-    /// one (no call joined it) makes the lane quiet: the next call to find it idle goes
-    /// alone.
-    fn take_batch(&mut self) -> Vec<Queued> {
+    /// Takes what queued, up to [`MAX_BATCH`] entries, and its bytes, as a batch in
+    /// flight. A batch of one (no call joined it) makes the lane quiet: the next call to
+    /// find it idle goes alone.
+    fn take_batch(&mut self) -> (Vec<Queued>, Written) {
         self.scheduled = false;
         self.in_flight += 1;
         let n = self.queue.len().min(MAX_BATCH);
         self.busy = n > 1;
-        self.queue.drain(..n).collect()
+        let mut batch = std::mem::replace(&mut self.written, self.spares.take());
+        batch.move_to(
+            &mut self.written,
+            self.queue[n..].iter_mut().map(|q| &mut q.span),
+        );
+        (self.queue.drain(..n).collect(), batch)
+    }
+
+    /// Everything queued, taken away (its bytes dropped).
+    fn take_queue(&mut self) -> Vec<Queued> {
+        self.written.clear();
+        std::mem::take(&mut self.queue)
     }
 
     /// Marks a driver on its way and answers true if one should be scheduled for what
@@ -215,7 +215,7 @@ pub(crate) struct Alone<'c> {
 impl Drop for Alone<'_> {
     fn drop(&mut self) {
         if let Some((conn, kind, group)) = self.lane.take() {
-            hand_over(conn, kind, group);
+            hand_over(conn, kind, group, None);
         }
     }
 }
@@ -259,21 +259,22 @@ impl Conn {
         key: &str,
         entry: F,
     ) -> Turn<'_, F> {
-        self.take_turn(Kind::Script(script), script.op(), key, entry, |f| {
-            Item::Script(f(Entry::packed()))
+        self.take_turn(Kind::Script(script), script.op(), key, entry, |f, w| {
+            w.entry(f)
         })
     }
 
     /// A place for the plain command `op` on `key`'s group: alone (send now), or queued
-    /// with the command `command` builds (built only then), to go in the next pipeline.
+    /// with the command `command` builds (only then, in the empty buffer it is handed),
+    /// to go in the next pipeline.
     /// With batching off, always alone.
-    pub(crate) fn turn_command<F: FnOnce() -> Command>(
+    pub(crate) fn turn_command<F: FnOnce(Args) -> Command>(
         &self,
         op: &'static str,
         key: &str,
         command: F,
     ) -> Turn<'_, F> {
-        self.take_turn(Kind::Commands, op, key, command, |f| Item::Command(f()))
+        self.take_turn(Kind::Commands, op, key, command, |f, w| Some(w.command(f)))
     }
 
     fn take_turn<F>(
@@ -282,7 +283,7 @@ impl Conn {
         op: &'static str,
         key: &str,
         build: F,
-        item: impl FnOnce(F) -> Item,
+        write: impl FnOnce(F, &mut Written) -> Option<(Span, Option<Cleanup>)>,
     ) -> Turn<'_, F> {
         let Some(lanes) = &self.lanes else {
             return Turn::Alone(Alone { lane: None }, build);
@@ -297,11 +298,19 @@ impl Conn {
             return Turn::Alone(alone, build);
         }
         let (tx, rx) = oneshot::channel();
-        lane.queue.push(Queued {
-            item: item(build),
-            op,
-            reply: tx,
-        });
+        match write(build, &mut lane.written) {
+            Some((span, cleanup)) => lane.queue.push(Queued {
+                span,
+                cleanup,
+                op,
+                reply: tx,
+            }),
+            None => {
+                let _ = tx.send(Err(LockError::UnexpectedReply(format!(
+                    "{op}: a queued call was built as a call alone"
+                ))));
+            }
+        }
         let drive = lane.claim_driver(lanes.depth);
         drop(all);
         if drive {
@@ -353,28 +362,30 @@ impl Conn {
     }
 }
 
-/// Sends `entries` as one call of `script`; the reply of each, in order.
+/// Sends `entries` entries written in `written` as one call of `script`; the reply of
+/// each, in order.
 async fn send_batch(
     conn: &Conn,
     script: &'static Lua,
-    entries: &[&Entry],
+    written: &Written,
+    entries: usize,
 ) -> Result<Vec<Value>, LockError> {
     let reply = conn
-        .eval_sized(script, conn.timeout(), Entry::size(entries), |c| {
-            Entry::fill(entries, c)
+        .eval_sized(script, conn.timeout(), written.script_size(), |c| {
+            written.fill_script(c)
         })
         .await?;
     match reply {
         // A batch of one answers its entry's reply alone.
-        one if entries.len() == 1 => Ok(vec![one]),
-        Value::Array(items) if items.len() == entries.len() => Ok(items),
+        one if entries == 1 => Ok(vec![one]),
+        Value::Array(items) if items.len() == entries => Ok(items),
         other => Err(LockError::UnexpectedReply(format!(
-            "{}.lua returned {other:?} for {} entries",
+            "{}.lua returned {other:?} for {entries} entries",
             script.op(),
-            entries.len()
         ))),
     }
 }
+
 /// One entry's reply: `{'error', message}` becomes the entry's error. (A nested error
 /// reply would fail the whole reply in redis-rs, and so every entry of the batch.)
 pub(crate) fn entry_reply(v: Value) -> Result<Value, LockError> {

@@ -31,7 +31,7 @@ use redis::{
 use redis::{RedisResult, Value};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::args::Args;
+use super::args::{Args, Pipe};
 use link::{Link, Reply, dropped};
 
 /// Where and how to open a link.
@@ -218,15 +218,10 @@ impl Wire {
         }
     }
 
-    /// Runs `cmds` in one write, as a pipeline: each one's reply, an error reply as a
-    /// value.
-    pub(crate) async fn pipeline(&self, cmds: &[&Args]) -> RedisResult<Vec<Value>> {
-        self.many(cmds.len(), |b| {
-            for cmd in cmds {
-                cmd.write(b);
-            }
-        })
-        .await
+    /// Runs `pipe` in one write: each command's reply, an error reply as a value.
+    pub(crate) async fn pipeline(&self, pipe: &Pipe<'_>) -> RedisResult<Vec<Value>> {
+        self.many(pipe.count, |b| b.extend_from_slice(pipe.commands))
+            .await
     }
 
     /// `pipe` packed as redis-rs packs it (a transaction's `MULTI` and `EXEC` included),
