@@ -127,23 +127,12 @@ impl Claim {
         done.push(b' ');
         done.extend_from_slice(record);
         let entry = |e: Entry| {
-            // Queued, the entry answers for the claim (this future dropped, or an error):
-            // the claim is abandoned once its completion's fate is known (owner-checked,
-            // so a completion that went through stays).
             e.key(&s.keys.record)
                 .key(&s.keys.channel)
                 .arg(&s.in_flight)
                 .arg(&done[..])
                 .arg(retention.as_millis() as u64)
                 .arg(inner.id_hex())
-                .cleanup(|| {
-                    let shared = self.shared.clone();
-                    move |reply| {
-                        if !matches!(reply, Some(Ok(_))) {
-                            abandon_in_background(shared);
-                        }
-                    }
-                })
         };
         let conn = inner.conn();
         let reply = match conn.turn(&IDEMPOTENCY_COMPLETE, &s.keys.record, entry) {
@@ -156,8 +145,21 @@ impl Claim {
                 reply?
             }
             Turn::Queued(pending) => {
+                // Queued, the call answers for the claim (this future dropped, or an
+                // error): the claim is abandoned once its completion's fate is known
+                // (owner-checked, so a completion that went through stays).
                 self.done = true;
-                pending.await?
+                let shared = &self.shared;
+                pending
+                    .or_undo(|| {
+                        let shared = shared.clone();
+                        move |reply: Option<Result<redis::Value, LockError>>| {
+                            if !matches!(reply, Some(Ok(_))) {
+                                abandon_in_background(shared);
+                            }
+                        }
+                    })
+                    .await?
             }
         };
         let reply: i64 = decode(IDEMPOTENCY_COMPLETE.op(), reply)?;

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 
 use crate::client::config::{MAX_LEASE, check_lease};
-use crate::client::store::batch::{Command, Turn as BatchTurn};
+use crate::client::store::batch::Turn as BatchTurn;
 use crate::client::store::key::{LockName, suffixed};
 use crate::client::store::{Args, refused};
 use crate::client::wait::{Listen, Turn, wait_for_turn};
@@ -261,19 +261,9 @@ impl IdempotencyStore {
         // Until the reply says otherwise the key may be claimed: dropped (error,
         // timeout, cancelled future), the claim abandons itself.
         let mut claim = Claim::new(self.client.clone(), keys.clone(), in_flight.clone(), lease);
-        let queued = |buf| {
-            // Queued, the command answers for the claim (this future dropped, or an
-            // error): a key it claimed (or may have) is abandoned once the reply is in.
-            let abandon = claim.abandon_later();
-            Command::new(claim_cmd(buf)).cleanup(move |reply| {
-                if reply.is_some_and(|r| !not_claimed(&r)) {
-                    abandon();
-                }
-            })
-        };
         let conn = inner.conn();
-        let reply = match conn.turn_command("idempotency begin", &keys.record, queued) {
-            BatchTurn::Alone(alone, _) => {
+        let reply = match conn.turn_command("idempotency begin", &keys.record, claim_cmd) {
+            BatchTurn::Alone(alone, claim_cmd) => {
                 let buf = Args::with_capacity(7, keys.record.len() + in_flight.len() + 24);
                 let reply = conn.query("idempotency begin", &claim_cmd(buf)).await;
                 drop(alone);
@@ -285,8 +275,20 @@ impl IdempotencyStore {
                 reply?
             }
             BatchTurn::Queued(pending) => {
+                // Queued, the call answers for the claim (this future dropped, or an
+                // error): a key it claimed (or may have) is abandoned once the reply
+                // is in.
+                let abandon = claim.abandon_later();
                 claim.disarm();
-                let reply = pending.await?;
+                let reply = pending
+                    .or_undo(|| {
+                        move |reply: Option<Result<redis::Value, LockError>>| {
+                            if reply.is_some_and(|r| !not_claimed(&r)) {
+                                abandon();
+                            }
+                        }
+                    })
+                    .await?;
                 claim.rearm();
                 reply
             }

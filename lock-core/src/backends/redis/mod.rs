@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use crate::client::Client;
 use crate::client::cleanup::{self, OnDrop};
 use crate::client::config::{LockConfig, proven};
-use crate::client::store::batch::{Command, Entry, Turn as LaneTurn};
+use crate::client::store::batch::{Entry, Turn as LaneTurn};
 use crate::client::store::key::{LockKeys, QUEUE, WAITERS};
 use crate::client::store::scripts::{
     ACQUIRE, AcquireReply, Code, FENCE, FenceReply, GrantReply, RELEASE, RENEW, codes,
@@ -135,12 +135,6 @@ impl RedisBackend {
                 .arg(req.lease.as_millis() as u64)
                 .arg(linger)
                 .arg(u8::from(req.fenced))
-                .cleanup(|| {
-                    self.undo_unless(keys, value, |r| {
-                        let reply = r.as_ref().map(|v| AcquireReply::decode(v.clone()));
-                        matches!(reply, Ok(Ok(AcquireReply::Busy { .. })))
-                    })
-                })
         };
         let (reply, undo) = match self.client.conn().turn(&ACQUIRE, &keys.key, entry) {
             LaneTurn::Alone(alone, entry) => {
@@ -149,8 +143,19 @@ impl RedisBackend {
                 drop(alone);
                 (reply?, undo)
             }
-            // An error is the queued entry's cleanup's to undo: armed only after.
-            LaneTurn::Queued(pending) => (pending.await?, undo()),
+            // Queued, what the call leaves is undone once its outcome is known (an
+            // error, or this future gone): the undo below is armed only after.
+            LaneTurn::Queued(pending) => {
+                let reply = pending
+                    .or_undo(|| {
+                        self.undo_unless(keys, value, |r| {
+                            let reply = r.as_ref().map(|v| AcquireReply::decode(v.clone()));
+                            matches!(reply, Ok(Ok(AcquireReply::Busy { .. })))
+                        })
+                    })
+                    .await?;
+                (reply, undo())
+            }
         };
         let reply = AcquireReply::decode(reply)?;
         undo.disarm();
@@ -184,10 +189,8 @@ impl RedisBackend {
             set
         };
         let conn = self.client.conn();
-        let queued =
-            |buf| Command::new(set(buf)).cleanup(self.undo_unless(&req.keys, value, not_set));
-        let reply = match conn.turn_command("acquire", &req.keys.key, queued) {
-            LaneTurn::Alone(alone, _) => {
+        let reply = match conn.turn_command("acquire", &req.keys.key, set) {
+            LaneTurn::Alone(alone, set) => {
                 let undo = OnDrop::new(|| self.give_back_in_background(&req.keys, value));
                 let buf = Args::with_capacity(6, req.keys.key.len() + value.len() + 24);
                 let reply = conn.query::<Value>("acquire", &set(buf)).await;
@@ -198,8 +201,12 @@ impl RedisBackend {
                 }
                 reply?
             }
-            // An error, or a reply this future is gone for, is the cleanup's to undo.
-            LaneTurn::Queued(pending) => pending.await?,
+            // An error, or a reply this future is gone for, is the undo's to undo.
+            LaneTurn::Queued(pending) => {
+                pending
+                    .or_undo(|| self.undo_unless(&req.keys, value, not_set))
+                    .await?
+            }
         };
         match reply {
             Value::Nil => Ok(false),

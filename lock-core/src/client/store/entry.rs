@@ -1,24 +1,19 @@
-//! What a caller builds for a batch lane: one entry of a batched script call
+//! What a caller builds for a script's batch lane: one entry of a batched script call
 //! ([`Entry`]), packed flat (its keys, then its arguments, as Redis reads them, in a
 //! buffer its lane lends it, so building one allocates nothing, and a key made of a
-//! lock key and a suffix is written in place), or one plain command of a pipelined call
-//! ([`Command`]). An entry sent alone is written straight into its command instead.
+//! lock key and a suffix is written in place). An entry sent alone is written straight
+//! into its command instead.
 
-use redis::{ToRedisArgs, Value};
+use redis::ToRedisArgs;
 
 use super::args::Args;
 use super::scripts::Lua;
-use crate::error::LockError;
-
-/// A queued entry's cleanup (see [`Entry::cleanup`]).
-pub(super) type Cleanup = Box<dyn FnOnce(Option<Result<Value, LockError>>) + Send + Sync>;
 
 /// One entry of a batched script call: its keys and arguments in the script's per-entry
 /// layout. Callers build it from the empty entry they are handed (keys first, then
 /// arguments): queued, it is packed for a later batch; alone, it is its command.
 pub(crate) struct Entry {
     form: Form,
-    pub(super) cleanup: Option<Cleanup>,
 }
 
 enum Form {
@@ -37,16 +32,15 @@ impl Entry {
                 keys: 0,
                 keys_end: 0,
             }),
-            cleanup: None,
         }
     }
 
     /// A queued entry's keys and arguments (`None` for an entry made
-    /// [`direct`](Self::direct)), and its cleanup.
-    pub(super) fn into_packed(self) -> (Option<Packed>, Option<Cleanup>) {
+    /// [`direct`](Self::direct)).
+    pub(super) fn into_packed(self) -> Option<Packed> {
         match self.form {
-            Form::Packed(p) => (Some(p), self.cleanup),
-            Form::Direct(_) => (None, self.cleanup),
+            Form::Packed(p) => Some(p),
+            Form::Direct(_) => None,
         }
     }
 
@@ -58,7 +52,6 @@ impl Entry {
             .arg(script.entry_keys());
         Self {
             form: Form::Direct(cmd),
-            cleanup: None,
         }
     }
 
@@ -95,42 +88,6 @@ impl Entry {
             Form::Packed(p) => arg.write_redis_args(&mut p.args),
             Form::Direct(cmd) => arg.write_redis_args(cmd),
         }
-        self
-    }
-
-    /// What to undo for this entry when queued, made by `make` (only then), run once
-    /// its outcome is known and its caller will not act on it: with its error (the
-    /// caller gets a copy), with its reply if the caller went away after it was sent,
-    /// or with `None` if the caller went away before (nothing was sent).
-    pub(crate) fn cleanup<F>(mut self, make: impl FnOnce() -> F) -> Self
-    where
-        F: FnOnce(Option<Result<Value, LockError>>) + Send + Sync + 'static,
-    {
-        // Sent alone, the caller sees every outcome itself: nothing is left to undo.
-        if matches!(self.form, Form::Packed(_)) {
-            self.cleanup = Some(Box::new(make()));
-        }
-        self
-    }
-}
-
-/// One plain command of a pipelined call: its own reply, or its own error.
-pub(crate) struct Command {
-    pub(super) cmd: Args,
-    pub(super) cleanup: Option<Cleanup>,
-}
-
-impl Command {
-    pub(crate) fn new(cmd: Args) -> Self {
-        Self { cmd, cleanup: None }
-    }
-
-    /// What to undo for this command when queued: as [`Entry::cleanup`].
-    pub(crate) fn cleanup(
-        mut self,
-        f: impl FnOnce(Option<Result<Value, LockError>>) + Send + Sync + 'static,
-    ) -> Self {
-        self.cleanup = Some(Box::new(f));
         self
     }
 }
@@ -218,7 +175,7 @@ mod tests {
     #[test]
     fn an_entry_keeps_each_key_and_argument_whole_and_in_order() {
         let used = Args::with_capacity(1, 64);
-        let (p, cleanup) = Entry::packed_in(used)
+        let p = Entry::packed_in(used)
             .key("lock:{a}")
             .key_suffixed("lock:{a}", ":waiters")
             .key("")
@@ -228,7 +185,6 @@ mod tests {
             .arg(Vec::<u8>::new())
             .into_packed();
         let p = p.unwrap();
-        assert!(cleanup.is_none());
         assert_eq!(p.keys, 3);
         assert_eq!(p.keys().1, 3);
         assert_eq!(p.args().1, 4);
@@ -252,7 +208,6 @@ mod tests {
         let long = vec![b'x'; 1000];
         let mut p = Entry::packed_in(Args::with_capacity(1, 8))
             .into_packed()
-            .0
             .unwrap();
         {
             let mut w = p.args.writer_for_next_arg();

@@ -1,11 +1,12 @@
 //! A lane's driver: the task that sends what queued behind a call in flight, a batch
-//! at a time, and hands each entry its reply (or its cleanup the outcome).
+//! at a time, and hands each entry its outcome (or, its caller gone, what it left to
+//! undo).
 
 use std::sync::Arc;
 
 use redis::Value;
 
-use super::{Kind, LaneId, Lanes, Queued, Written, entry_reply, send_batch};
+use super::{Kind, LaneId, Lanes, Queued, Written, each, entry_reply, send_batch};
 use crate::client::store::Conn;
 use crate::error::LockError;
 
@@ -27,14 +28,6 @@ async fn send_pipeline(
         .into_iter()
         .map(|r| r.map_err(LockError::Redis))
         .collect())
-}
-/// The error a failed batch gives its entry `op`: the one it would have had alone.
-fn each(e: &LockError, op: &'static str) -> LockError {
-    match e {
-        LockError::RedisTimeout { after, .. } => LockError::RedisTimeout { op, after: *after },
-        LockError::Redis(r) => LockError::Redis(r.clone()),
-        other => LockError::UnexpectedReply(other.to_string()),
-    }
 }
 /// A call in flight on the lane ended (alone or a batch, whose buffers come back in
 /// `written`): its place is free; schedules a driver for what queued, if none is on its
@@ -85,8 +78,8 @@ enum State {
 }
 
 /// A driver: one batch of a lane. Dropped before it is done (its runtime ended before it
-/// ran or mid-call), it fails its batch, each entry to its cleanup as an unknown
-/// outcome, and what queued behind it, and frees its place.
+/// ran or mid-call), it fails its batch (each entry as an unknown outcome) and what
+/// queued behind it (never sent), and frees its place.
 struct Driving {
     lanes: Arc<Lanes>,
     kind: Kind,
@@ -118,14 +111,12 @@ impl Drop for Driving {
         if self.state == State::Done {
             return;
         }
-        for q in self.batch.drain(..) {
-            let op = q.op;
-            deliver(
-                q,
-                Err(LockError::UnexpectedReply(format!(
-                    "{op}: the task sending this call's batch ended (its runtime shut down)"
-                ))),
-            );
+        for mut q in self.batch.drain(..) {
+            let e = LockError::UnexpectedReply(format!(
+                "{}: the task sending this call's batch ended (its runtime shut down)",
+                q.op
+            ));
+            q.reply.deliver(Err(e), true);
         }
         let queued = {
             let mut all = self.lanes.lock();
@@ -137,10 +128,12 @@ impl Drop for Driving {
             }
             lane.take_queue()
         };
-        for q in queued {
-            if let Some(cleanup) = q.cleanup {
-                cleanup(None);
-            }
+        for mut q in queued {
+            let e = LockError::UnexpectedReply(format!(
+                "{}: the task that would send this call ended (its runtime shut down)",
+                q.op
+            ));
+            q.reply.deliver(Err(e), false);
         }
     }
 }
@@ -176,56 +169,33 @@ async fn drive(conn: Conn, mut driving: Driving) {
     hand_over(&conn, kind, group, Some(written));
     match replies {
         Ok(items) => {
-            for (q, v) in batch.into_iter().zip(items) {
-                deliver(q, v);
+            for (mut q, v) in batch.into_iter().zip(items) {
+                q.reply.deliver(v, true);
             }
         }
         Err(e) => {
-            for q in batch {
-                let e = each(&e, q.op);
-                deliver(q, Err(e));
+            for mut q in batch {
+                q.reply.deliver(Err(each(&e, q.op)), true);
             }
         }
     }
 }
 
-/// Leaves out of the batch the calls whose callers went away before it was sent (their
-/// cleanups learn nothing was sent), and their bytes.
+/// Leaves out of the batch the calls whose callers went away before it was sent (what
+/// they left to undo learns nothing was sent), and their bytes.
 fn leave_out_callers_gone(driving: &mut Driving) {
-    if !driving.batch.iter().any(|q| q.reply.is_closed()) {
+    if !driving.batch.iter().any(|q| q.reply.is_gone()) {
         return;
     }
     driving.batch.retain_mut(|q| {
-        if !q.reply.is_closed() {
+        if !q.reply.is_gone() {
             return true;
         }
-        if let Some(cleanup) = q.cleanup.take() {
-            cleanup(None);
-        }
+        q.reply
+            .deliver(Err(LockError::UnexpectedReply("left out".into())), false);
         false
     });
     driving
         .written
         .retain(driving.batch.iter_mut().map(|q| &mut q.span));
-}
-
-/// Hands an entry its reply; what its caller will not act on goes to its cleanup.
-fn deliver(q: Queued, reply: Result<Value, LockError>) {
-    let Queued {
-        cleanup,
-        op,
-        reply: caller,
-        ..
-    } = q;
-    let left = match reply {
-        Err(e) => {
-            let copy = each(&e, op);
-            let _ = caller.send(Err(e));
-            Some(Err(copy))
-        }
-        Ok(v) => caller.send(Ok(v)).err(),
-    };
-    if let (Some(left), Some(cleanup)) = (left, cleanup) {
-        cleanup(Some(left));
-    }
 }

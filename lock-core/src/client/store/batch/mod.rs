@@ -26,9 +26,11 @@
 //!   handles the replies of another and forms the next: neither side waits on the
 //!   other's round trip. At the limit, calls queue until one in flight ends.
 //! - The driver runs on a live runtime (`cleanup::spawn_task`); if its runtime ends
-//!   before it sent, or mid-call, its batch fails (each entry's cleanup runs, as for any
-//!   unknown outcome) and so does what queued behind it, and its place is freed, so no
-//!   later call queues behind a driver that will never run.
+//!   before it sent, or mid-call, its batch fails (as any unknown outcome: what each
+//!   entry leaves is undone) and so does what queued behind it (never sent), and its
+//!   place is freed, so no later call queues behind a driver that will never run.
+//! - A queued call's bytes go straight into buffers its lane keeps ([`written`]), and
+//!   its reply comes back through a slot of its own ([`reply`]).
 //!
 //! Per entry, nothing changes: the scripts loop over their entries (the same keys and
 //! arguments per entry, one file each, laid out in their headers) and answer one reply
@@ -41,31 +43,29 @@
 //! between different callers' calls, and a lane capped at one batch keeps it.
 //! A call that fails as a whole (Redis down, a timeout) fails every entry with that
 //! error. An entry whose caller went away before its batch was sent is left out.
-//! Whatever a queued entry leaves to undo is its own cleanup's to undo, run once the
-//! outcome is known: after an error, or after a reply its caller is no longer there to
-//! take (the lock's acquisition gives such a grant back); so an undo never overtakes
-//! what it undoes, and callers undo nothing themselves on the queued path.
+//! What a queued call leaves to undo is given with its wait ([`Pending::or_undo`]) and
+//! run once the outcome is known: after an error, or after a reply its caller is no
+//! longer there to take (the lock's acquisition gives such a grant back), or with
+//! nothing sent if the call was left out; so an undo never overtakes what it undoes.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Mutex;
-use std::task::{Context, Poll};
 
 use redis::{FromRedisValue, Value};
-use tokio::sync::oneshot;
 
-use super::deadline::{Elapsed, Limit, Place};
-use super::entry::Cleanup;
-pub(crate) use super::entry::{Command, Entry};
+use super::deadline::Limit;
+pub(crate) use super::entry::Entry;
 use super::scripts::Lua;
 use super::{Args, Conn, decode};
 use crate::error::LockError;
 
 mod driver;
+mod reply;
 mod written;
 
 use driver::{hand_over, schedule};
+pub(crate) use reply::Pending;
+use reply::{ReplyTo, each};
 use written::{Span, Spares, Written};
 
 /// The most entries one call carries.
@@ -93,9 +93,8 @@ impl Kind {
 /// A queued call: its bytes are in its lane's [`Written`] at `span`.
 struct Queued {
     span: Span,
-    cleanup: Option<Cleanup>,
     op: &'static str,
-    reply: oneshot::Sender<Result<Value, LockError>>,
+    reply: ReplyTo,
 }
 
 type LaneId = (usize, u16);
@@ -220,35 +219,6 @@ impl Drop for Alone<'_> {
     }
 }
 
-/// The reply of a queued entry, within twice the command timeout: one call ahead of it
-/// ends (or a place was free), then its own.
-pub(crate) struct Pending<'c> {
-    rx: oneshot::Receiver<Result<Value, LockError>>,
-    op: &'static str,
-    place: Place<'c>,
-}
-
-impl Future for Pending<'_> {
-    type Output = Result<Value, LockError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if let Poll::Ready(reply) = Pin::new(&mut self.rx).poll(cx) {
-            self.place.leave();
-            return Poll::Ready(reply.unwrap_or_else(|_| {
-                Err(LockError::UnexpectedReply(format!(
-                    "{}: the batch carrying this call was dropped (runtime shutting down)",
-                    self.op
-                )))
-            }));
-        }
-        // Dropping the receiver then leaves the entry out (not sent yet) or hands its
-        // reply to its cleanup (sent).
-        self.place
-            .poll_elapsed(cx.waker())
-            .map(|Elapsed(after)| Err(LockError::RedisTimeout { op: self.op, after }))
-    }
-}
-
 impl Conn {
     /// A place for a call of `script` on `key`'s group: alone (send now, with
     /// [`send_one`](Self::send_one)), or queued with the entry `entry` builds from an
@@ -268,7 +238,7 @@ impl Conn {
     /// with the command `command` builds (only then, in the empty buffer it is handed),
     /// to go in the next pipeline.
     /// With batching off, always alone.
-    pub(crate) fn turn_command<F: FnOnce(Args) -> Command>(
+    pub(crate) fn turn_command<F: FnOnce(Args) -> Args>(
         &self,
         op: &'static str,
         key: &str,
@@ -283,7 +253,7 @@ impl Conn {
         op: &'static str,
         key: &str,
         build: F,
-        write: impl FnOnce(F, &mut Written) -> Option<(Span, Option<Cleanup>)>,
+        write: impl FnOnce(F, &mut Written) -> Option<Span>,
     ) -> Turn<'_, F> {
         let Some(lanes) = &self.lanes else {
             return Turn::Alone(Alone { lane: None }, build);
@@ -297,30 +267,22 @@ impl Conn {
             };
             return Turn::Alone(alone, build);
         }
-        let (tx, rx) = oneshot::channel();
+        let (mut reply, pending) = reply::slot(op, self.deadlines.place(Limit::Queued));
         match write(build, &mut lane.written) {
-            Some((span, cleanup)) => lane.queue.push(Queued {
-                span,
-                cleanup,
-                op,
-                reply: tx,
-            }),
-            None => {
-                let _ = tx.send(Err(LockError::UnexpectedReply(format!(
+            Some(span) => lane.queue.push(Queued { span, op, reply }),
+            None => reply.deliver(
+                Err(LockError::UnexpectedReply(format!(
                     "{op}: a queued call was built as a call alone"
-                ))));
-            }
+                ))),
+                false,
+            ),
         }
         let drive = lane.claim_driver(lanes.depth);
         drop(all);
         if drive {
             schedule(self.clone(), kind, group);
         }
-        Turn::Queued(Pending {
-            rx,
-            op,
-            place: self.deadlines.place(Limit::Queued),
-        })
+        Turn::Queued(pending)
     }
 
     /// One entry's call of a batched script: alone as a batch of one, or queued. The

@@ -5,7 +5,7 @@
 //! once its call is over, so a busy lane allocates none.
 
 use super::super::args::{Args, Pipe};
-use super::super::entry::{Cleanup, Command, Entry};
+use super::super::entry::Entry;
 
 /// Buffers kept per lane for batches in flight; more are dropped when they come back.
 const SPARES: usize = 4;
@@ -97,15 +97,11 @@ impl Written {
             .unwrap_or_else(|| Args::with_capacity(8, 256))
     }
 
-    /// Appends the entry `build` writes (into the lane's scratch buffer): where it is,
-    /// and its cleanup. `None` if `build` returned another entry than the one it was
-    /// given (nothing is appended).
-    pub(super) fn entry(
-        &mut self,
-        build: impl FnOnce(Entry) -> Entry,
-    ) -> Option<(Span, Option<Cleanup>)> {
-        let (packed, cleanup) = build(Entry::packed_in(self.scratch())).into_packed();
-        let packed = packed?;
+    /// Appends the entry `build` writes (into the lane's scratch buffer): where it is.
+    /// `None` if `build` returned another entry than the one it was given (nothing is
+    /// appended).
+    pub(super) fn entry(&mut self, build: impl FnOnce(Entry) -> Entry) -> Option<Span> {
+        let packed = build(Entry::packed_in(self.scratch())).into_packed()?;
         let ((keys, nkeys), (args, nargs)) = (packed.keys(), packed.args());
         let span = Span {
             keys: self.keys.push(keys, nkeys),
@@ -114,16 +110,13 @@ impl Written {
         let mut buf = packed.into_buffer();
         buf.clear();
         self.scratch = Some(buf);
-        Some((span, cleanup))
+        Some(span)
     }
 
     /// Appends the command `build` writes (into the lane's scratch buffer, handed to
-    /// it empty): where it is, and its cleanup.
-    pub(super) fn command(
-        &mut self,
-        build: impl FnOnce(Args) -> Command,
-    ) -> (Span, Option<Cleanup>) {
-        let Command { mut cmd, cleanup } = build(self.scratch());
+    /// it empty): where it is.
+    pub(super) fn command(&mut self, build: impl FnOnce(Args) -> Args) -> Span {
+        let mut cmd = build(self.scratch());
         let start = self.rest.data.len();
         cmd.write(&mut self.rest.data);
         self.rest.count += 1;
@@ -137,7 +130,7 @@ impl Written {
         };
         cmd.clear();
         self.scratch = Some(cmd);
-        (span, cleanup)
+        span
     }
 
     /// Arguments and bytes a script call of these entries takes after the script's
@@ -268,7 +261,7 @@ mod tests {
     fn queue_entry(w: &mut Written, rng: &mut fastrand::Rng) -> (Span, Model) {
         let keys: Vec<Vec<u8>> = (0..rng.usize(..4)).map(|_| random_bytes(rng)).collect();
         let args: Vec<Vec<u8>> = (0..rng.usize(..5)).map(|_| random_bytes(rng)).collect();
-        let (span, cleanup) = w
+        let span = w
             .entry(|mut e| {
                 for k in &keys {
                     e = e.key(std::str::from_utf8(k).unwrap_or("k"));
@@ -279,7 +272,6 @@ mod tests {
                 e
             })
             .unwrap();
-        assert!(cleanup.is_none());
         let keys = keys
             .into_iter()
             .map(|k| String::from_utf8(k).map_or(b"k".to_vec(), String::into_bytes))
@@ -362,12 +354,12 @@ mod tests {
                 for a in &args {
                     cmd.arg(&a[..]);
                 }
-                let (span, _) = lane.command(|mut buf| {
+                let span = lane.command(|mut buf| {
                     buf.arg("SET");
                     for a in &args {
                         buf.arg(&a[..]);
                     }
-                    Command::new(buf)
+                    buf
                 });
                 queued.push((span, cmd));
             }
@@ -397,7 +389,7 @@ mod tests {
         let mut big = Written::default();
         big.command(|mut buf| {
             buf.arg(vec![b'x'; KEPT_CAPACITY + 1]);
-            Command::new(buf)
+            buf
         });
         spares.give_back(big);
         assert!(spares.0.is_empty());

@@ -1,0 +1,381 @@
+//! Where a queued call's reply meets its caller: [`Pending`] on the caller's side,
+//! [`ReplyTo`] on its driver's. What the call leaves to undo if its caller goes away
+//! first is given with the wait ([`Pending::or_undo`]), and boxed only when the caller
+//! does go away, so a call whose caller stays for its reply costs nothing for it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+
+use redis::Value;
+
+use super::super::deadline::{Elapsed, Place};
+use crate::error::LockError;
+
+/// What a call whose caller went away leaves to undo, run once its outcome is known:
+/// with its reply or error if it was sent, with `None` if it never was.
+pub(crate) type Cleanup = Box<dyn FnOnce(Option<Result<Value, LockError>>) + Send + Sync>;
+
+/// A queued call's reply, or its caller's cleanup.
+struct Slot(Mutex<State>);
+
+enum State {
+    /// The caller waits (woken by this waker, once it has polled).
+    Waiting(Option<Waker>),
+    /// The outcome is in; `sent`: whether the call went to Redis (so it may have run).
+    Ready {
+        reply: Result<Value, LockError>,
+        sent: bool,
+    },
+    /// The caller went away first, leaving this to undo.
+    Gone(Option<Cleanup>),
+    /// The outcome was taken, by the caller or by its cleanup.
+    Done,
+}
+
+impl Slot {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Only whole-state swaps happen under the lock: nothing is left half-changed.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A new call's two ends.
+pub(super) fn slot<'c>(op: &'static str, place: Place<'c>) -> (ReplyTo, Pending<'c>) {
+    let slot = Arc::new(Slot(Mutex::new(State::Waiting(None))));
+    (
+        ReplyTo(Some(slot.clone())),
+        Pending {
+            slot,
+            op,
+            place,
+            left: false,
+        },
+    )
+}
+
+/// The driver's end of a queued call. Dropped without delivering (its lane went away
+/// before sending it), its caller gets an error and its cleanup learns nothing was sent.
+pub(super) struct ReplyTo(Option<Arc<Slot>>);
+
+impl ReplyTo {
+    /// Whether the caller went away: the call can be left out.
+    pub(super) fn is_gone(&self) -> bool {
+        self.0
+            .as_ref()
+            .is_none_or(|s| matches!(*s.lock(), State::Gone(_) | State::Done))
+    }
+
+    /// Hands the caller the outcome of its call (`sent`: whether it went to Redis); a
+    /// caller that went away leaves it to its cleanup.
+    pub(super) fn deliver(&mut self, reply: Result<Value, LockError>, sent: bool) {
+        let Some(slot) = self.0.take() else {
+            return;
+        };
+        let mut state = slot.lock();
+        match std::mem::replace(&mut *state, State::Done) {
+            State::Waiting(waker) => {
+                *state = State::Ready { reply, sent };
+                drop(state);
+                if let Some(w) = waker {
+                    w.wake();
+                }
+            }
+            State::Gone(cleanup) => {
+                drop(state);
+                if let Some(cleanup) = cleanup {
+                    cleanup(sent.then_some(reply));
+                }
+            }
+            // Delivered once only: the slot was taken out above.
+            done @ (State::Ready { .. } | State::Done) => *state = done,
+        }
+    }
+}
+
+impl Drop for ReplyTo {
+    fn drop(&mut self) {
+        if self.0.is_some() {
+            self.deliver(Err(dropped()), false);
+        }
+    }
+}
+
+fn dropped() -> LockError {
+    LockError::UnexpectedReply(
+        "the batch carrying this call was dropped (its runtime shut down)".into(),
+    )
+}
+
+/// The reply of a queued call, within twice the command timeout: one call ahead of it
+/// ends (or a place was free), then its own. Dropped first, its call is left out if not
+/// sent yet.
+pub(crate) struct Pending<'c> {
+    slot: Arc<Slot>,
+    op: &'static str,
+    place: Place<'c>,
+    /// The caller has left (timed out): nothing more to take.
+    left: bool,
+}
+
+/// What a poll of a [`Pending`] found.
+enum Got {
+    Reply(Result<Value, LockError>, bool),
+    TimedOut(LockError),
+}
+
+impl<'c> Pending<'c> {
+    /// The same wait, leaving what `make` makes to undo if the caller goes away before
+    /// the outcome is known (the future dropped, or its time limit passed): run with its
+    /// reply or error once known, or with `None` if the call is never sent. Made only
+    /// then. A batch's error, which the caller does get, also runs it, with a copy.
+    pub(crate) fn or_undo<C>(
+        self,
+        make: impl FnOnce() -> C,
+    ) -> Undoing<'c, impl FnOnce() -> Cleanup>
+    where
+        C: FnOnce(Option<Result<Value, LockError>>) + Send + Sync + 'static,
+    {
+        Undoing {
+            pending: self,
+            make: Some(move || Box::new(make()) as Cleanup),
+        }
+    }
+
+    fn poll_got(&mut self, cx: &mut Context<'_>) -> Poll<Got> {
+        {
+            let mut state = self.slot.lock();
+            match std::mem::replace(&mut *state, State::Done) {
+                State::Ready { reply, sent } => {
+                    drop(state);
+                    self.place.leave();
+                    return Poll::Ready(Got::Reply(reply, sent));
+                }
+                State::Waiting(mut waker) => {
+                    if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                        waker = Some(cx.waker().clone());
+                    }
+                    *state = State::Waiting(waker);
+                }
+                other => *state = other,
+            }
+        }
+        self.place
+            .poll_elapsed(cx.waker())
+            .map(|Elapsed(after)| Got::TimedOut(LockError::RedisTimeout { op: self.op, after }))
+    }
+
+    /// The caller goes away, leaving `cleanup` to undo: run now if the outcome is in,
+    /// else kept for it.
+    fn leave(&mut self, cleanup: Option<Cleanup>) {
+        if self.left {
+            return;
+        }
+        self.left = true;
+        let mut state = self.slot.lock();
+        match std::mem::replace(&mut *state, State::Done) {
+            State::Waiting(_) => *state = State::Gone(cleanup),
+            State::Ready { reply, sent } => {
+                drop(state);
+                if let Some(cleanup) = cleanup {
+                    cleanup(sent.then_some(reply));
+                }
+            }
+            other => *state = other,
+        }
+    }
+}
+
+impl Future for Pending<'_> {
+    type Output = Result<Value, LockError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.poll_got(cx).map(|got| match got {
+            Got::Reply(reply, _) => reply,
+            Got::TimedOut(e) => Err(e),
+        })
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.leave(None);
+    }
+}
+
+/// A [`Pending`] that leaves something to undo if its caller goes away
+/// ([`Pending::or_undo`]).
+pub(crate) struct Undoing<'c, M: FnOnce() -> Cleanup> {
+    pending: Pending<'c>,
+    make: Option<M>,
+}
+
+// Nothing here is ever pinned in place: `make` is only moved out and called.
+impl<M: FnOnce() -> Cleanup> Unpin for Undoing<'_, M> {}
+
+impl<M: FnOnce() -> Cleanup> Future for Undoing<'_, M> {
+    type Output = Result<Value, LockError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let got = std::task::ready!(this.pending.poll_got(cx));
+        let make = this.make.take();
+        Poll::Ready(match got {
+            Got::Reply(Ok(v), _) => Ok(v),
+            Got::Reply(Err(e), sent) => {
+                if let Some(make) = make {
+                    make()(sent.then(|| Err(each(&e, this.pending.op))));
+                }
+                Err(e)
+            }
+            Got::TimedOut(e) => {
+                // The call may still run: what it leaves is undone once its reply is in.
+                this.pending.leave(make.map(|m| m()));
+                Err(e)
+            }
+        })
+    }
+}
+
+impl<M: FnOnce() -> Cleanup> Drop for Undoing<'_, M> {
+    fn drop(&mut self) {
+        if let Some(make) = self.make.take() {
+            self.pending.leave(Some(make()));
+        }
+    }
+}
+
+/// The error a failed batch gives its entry `op`: the one it would have had alone.
+pub(super) fn each(e: &LockError, op: &'static str) -> LockError {
+    match e {
+        LockError::RedisTimeout { after, .. } => LockError::RedisTimeout { op, after: *after },
+        LockError::Redis(r) => LockError::Redis(r.clone()),
+        other => LockError::UnexpectedReply(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::super::deadline::{Deadlines, Limit};
+    use super::*;
+
+    type Seen = Arc<Mutex<Vec<Option<Result<Value, LockError>>>>>;
+
+    fn undo_into(seen: &Seen) -> impl FnOnce() -> Cleanup + use<> {
+        let seen = seen.clone();
+        move || Box::new(move |r| seen.lock().unwrap().push(r))
+    }
+
+    fn poll_once<F: Future + Unpin>(f: &mut F) -> Poll<F::Output> {
+        Pin::new(f).poll(&mut Context::from_waker(Waker::noop()))
+    }
+
+    /// The caller stays, leaves before the outcome, or leaves after it without taking
+    /// it; the driver answers, fails the batch, or leaves the call out unsent. The
+    /// caller gets exactly the outcome if it stayed; otherwise its undo (if it left
+    /// one) runs once, with the outcome if the call was sent and with `None` if not.
+    #[tokio::test]
+    async fn each_outcome_reaches_the_caller_or_its_undo_once() {
+        let deadlines = Deadlines::new(Duration::from_secs(60));
+        let mut rng = fastrand::Rng::with_seed(5);
+        for round in 0..500 {
+            let (mut to, pending) = slot("test", deadlines.place(Limit::Queued));
+            let seen = Seen::default();
+            let with_undo = rng.bool();
+            let mut caller: Box<dyn Future<Output = Result<Value, LockError>> + Unpin> =
+                if with_undo {
+                    Box::new(Undoing {
+                        pending,
+                        make: Some(undo_into(&seen)),
+                    })
+                } else {
+                    Box::new(pending)
+                };
+            // 0: stays; 1: leaves before the outcome; 2: leaves after it, untaken.
+            let leaves = rng.u8(..3);
+            if rng.bool() {
+                assert!(poll_once(&mut caller).is_pending());
+            }
+            if leaves == 1 {
+                drop(std::mem::replace(
+                    &mut caller,
+                    Box::new(std::future::pending()),
+                ));
+            }
+            assert_eq!(to.is_gone(), leaves == 1, "round {round}");
+            let (sent, ok) = (rng.bool(), rng.bool());
+            let outcome = |n| {
+                if ok {
+                    Ok(Value::Int(n))
+                } else {
+                    Err(LockError::UnexpectedReply(format!("failed {n}")))
+                }
+            };
+            if !sent && rng.bool() {
+                // A lane dropped unsent: its caller gets an error.
+                drop(to);
+            } else {
+                to.deliver(outcome(round), sent);
+            }
+            let got = match leaves {
+                0 => Some(poll_once(&mut caller)),
+                _ => {
+                    drop(caller);
+                    None
+                }
+            };
+            let seen = seen.lock().unwrap();
+            match got {
+                Some(Poll::Ready(reply)) => {
+                    let reply_ok = reply.as_ref().ok().cloned();
+                    if let Some(v) = reply_ok {
+                        assert_eq!(v, Value::Int(round), "round {round}");
+                        assert!(seen.is_empty(), "round {round}: undone after an answer");
+                    } else if with_undo {
+                        // An error the caller gets also runs its undo, once.
+                        assert_eq!(seen.len(), 1, "round {round}");
+                        assert_eq!(seen[0].is_some(), sent, "round {round}");
+                    } else {
+                        assert!(seen.is_empty());
+                    }
+                }
+                Some(Poll::Pending) => panic!("round {round}: no outcome after delivery"),
+                None if with_undo => {
+                    assert_eq!(seen.len(), 1, "round {round}: {seen:?}");
+                    match &seen[0] {
+                        None => assert!(!sent, "round {round}"),
+                        Some(r) => {
+                            assert!(sent, "round {round}");
+                            assert_eq!(r.is_ok(), ok, "round {round}");
+                        }
+                    }
+                }
+                None => assert!(seen.is_empty(), "round {round}"),
+            }
+        }
+    }
+
+    /// A caller whose wait timed out hands its undo to the call, which runs it with the
+    /// reply that comes after.
+    #[tokio::test]
+    async fn a_timed_out_caller_undoes_once_the_late_reply_is_in() {
+        let deadlines = Deadlines::new(Duration::from_millis(20));
+        let (mut to, pending) = slot("late", deadlines.place(Limit::Queued));
+        let seen = Seen::default();
+        let undoing = Undoing {
+            pending,
+            make: Some(undo_into(&seen)),
+        };
+        let Err(LockError::RedisTimeout { op: "late", .. }) = undoing.await else {
+            panic!("the wait did not time out")
+        };
+        assert!(seen.lock().unwrap().is_empty(), "undone before the reply");
+        assert!(to.is_gone());
+        to.deliver(Ok(Value::Okay), true);
+        let seen = seen.lock().unwrap();
+        assert!(matches!(seen[..], [Some(Ok(Value::Okay))]), "{seen:?}");
+    }
+}
