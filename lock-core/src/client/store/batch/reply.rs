@@ -36,7 +36,7 @@ enum State {
 
 impl Slot {
     fn lock(&self) -> MutexGuard<'_, State> {
-        // Only whole-state swaps happen under the lock: nothing is left half-changed.
+        // Each change under the lock is one assignment: nothing is left half-changed.
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -50,7 +50,7 @@ pub(super) fn slot<'c>(op: &'static str, place: Place<'c>) -> (ReplyTo, Pending<
             slot,
             op,
             place,
-            left: false,
+            done: false,
         },
     )
 }
@@ -74,8 +74,10 @@ impl ReplyTo {
             return;
         };
         let mut state = slot.lock();
-        match std::mem::replace(&mut *state, State::Done) {
+        // Matched in place: a state is large to move, and most are waiting.
+        match &mut *state {
             State::Waiting(waker) => {
+                let waker = waker.take();
                 *state = State::Ready { reply, sent };
                 drop(state);
                 if let Some(w) = waker {
@@ -83,13 +85,15 @@ impl ReplyTo {
                 }
             }
             State::Gone(cleanup) => {
+                let cleanup = cleanup.take();
+                *state = State::Done;
                 drop(state);
                 if let Some(cleanup) = cleanup {
                     cleanup(sent.then_some(reply));
                 }
             }
             // Delivered once only: the slot was taken out above.
-            done @ (State::Ready { .. } | State::Done) => *state = done,
+            State::Ready { .. } | State::Done => {}
         }
     }
 }
@@ -115,8 +119,8 @@ pub(crate) struct Pending<'c> {
     slot: Arc<Slot>,
     op: &'static str,
     place: Place<'c>,
-    /// The caller has left (timed out): nothing more to take.
-    left: bool,
+    /// The caller took its outcome, or left (dropped, or timed out): its end is done.
+    done: bool,
 }
 
 /// What a poll of a [`Pending`] found.
@@ -144,21 +148,25 @@ impl<'c> Pending<'c> {
     }
 
     fn poll_got(&mut self, cx: &mut Context<'_>) -> Poll<Got> {
-        {
+        if !self.done {
             let mut state = self.slot.lock();
-            match std::mem::replace(&mut *state, State::Done) {
-                State::Ready { reply, sent } => {
-                    drop(state);
-                    self.place.leave();
-                    return Poll::Ready(Got::Reply(reply, sent));
-                }
-                State::Waiting(mut waker) => {
+            match &mut *state {
+                State::Waiting(waker) => {
                     if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                        waker = Some(cx.waker().clone());
+                        *waker = Some(cx.waker().clone());
                     }
-                    *state = State::Waiting(waker);
                 }
-                other => *state = other,
+                State::Ready { .. } => {
+                    if let State::Ready { reply, sent } =
+                        std::mem::replace(&mut *state, State::Done)
+                    {
+                        drop(state);
+                        self.done = true;
+                        self.place.leave();
+                        return Poll::Ready(Got::Reply(reply, sent));
+                    }
+                }
+                State::Gone(_) | State::Done => {}
             }
         }
         self.place
@@ -169,20 +177,22 @@ impl<'c> Pending<'c> {
     /// The caller goes away, leaving `cleanup` to undo: run now if the outcome is in,
     /// else kept for it.
     fn leave(&mut self, cleanup: Option<Cleanup>) {
-        if self.left {
+        if self.done {
             return;
         }
-        self.left = true;
+        self.done = true;
         let mut state = self.slot.lock();
-        match std::mem::replace(&mut *state, State::Done) {
+        match &mut *state {
             State::Waiting(_) => *state = State::Gone(cleanup),
-            State::Ready { reply, sent } => {
-                drop(state);
-                if let Some(cleanup) = cleanup {
-                    cleanup(sent.then_some(reply));
+            State::Ready { .. } => {
+                if let State::Ready { reply, sent } = std::mem::replace(&mut *state, State::Done) {
+                    drop(state);
+                    if let Some(cleanup) = cleanup {
+                        cleanup(sent.then_some(reply));
+                    }
                 }
             }
-            other => *state = other,
+            State::Gone(_) | State::Done => {}
         }
     }
 }
