@@ -8,7 +8,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::{client, eventually, exists, in_flight, one_in_flight, queue_behind_one, sets_of};
-use lock_core::{LockClient, LockConfig, LockError};
+use lock_core::{LockClient, LockConfig, LockError, LockOptions};
 use lock_tests::RedisServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -216,4 +216,117 @@ async fn queued_acquisitions_go_while_earlier_ones_are_in_flight_up_to_the_limit
         assert_eq!(c.queued_calls(), 0, "limit {limit:?}");
         assert_eq!(c.held_count(), 0, "limit {limit:?}");
     }
+}
+
+/// More calls than one batch carries, queued at once on each lane (plain `SET`s, and
+/// fenced acquisitions through the acquire script), some of them dropped before
+/// sending and some busy: each batch carries its share, each caller gets its own
+/// outcome, each grant on the server is its caller's own, and a dropped caller sent
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_past_one_batch_split_into_batches_each_with_its_own_outcome() {
+    const N: usize = 300;
+    let server = RedisServer::start();
+    let c = client(&server, one_in_flight()).await;
+    let other = client(&server, LockConfig::new()).await;
+    let fenced = || LockOptions::new().wait(Duration::ZERO).fenced();
+    c.try_lock("warm").await.unwrap().release().await.unwrap();
+    c.acquire("warm", fenced())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let name = |lane: &str, i: usize| format!("{lane}-{i}");
+    let mut held = Vec::new();
+    for lane in ["plain", "fenced"] {
+        for i in (0..N).filter(|i| i % 7 == 3) {
+            held.push(other.try_lock(name(lane, i)).await.unwrap());
+        }
+    }
+    let mut monitor = server.monitor().await;
+    server.pause();
+    let first_plain = {
+        let c = c.clone();
+        in_flight(async move { c.try_lock("first-plain").await }).await
+    };
+    let first_fenced = {
+        let c = c.clone();
+        in_flight(async move { c.acquire("first-fenced", fenced()).await }).await
+    };
+    let mut queued = Vec::new();
+    for lane in ["plain", "fenced"] {
+        for i in 0..N {
+            let (c, name) = (c.clone(), name(lane, i));
+            queued.push(tokio::spawn(async move {
+                match lane {
+                    "plain" => c.try_lock(name).await,
+                    _ => c.acquire(name, fenced()).await,
+                }
+            }));
+        }
+    }
+    eventually(Duration::from_secs(10), "every call to queue", || async {
+        c.queued_calls() == 2 * N
+    })
+    .await;
+    // None among about the first batch's 128 (so it is sent as split off, with no
+    // caller left out), some among the second's, none among the last.
+    let dropped = |i: usize| (140..250).contains(&i) && i % 11 == 5;
+    for (k, q) in queued.iter().enumerate() {
+        if dropped(k % N) {
+            q.abort();
+        }
+    }
+    server.resume();
+    first_plain.await.unwrap().unwrap().release().await.unwrap();
+    first_fenced
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let mut guards = Vec::new();
+    for (k, q) in queued.into_iter().enumerate() {
+        let (lane, i) = (if k < N { "plain" } else { "fenced" }, k % N);
+        let key = c.keys(name(lane, i)).unwrap().key;
+        match q.await {
+            Err(e) => assert!(e.is_cancelled() && dropped(i), "{lane} {i}: {e}"),
+            Ok(_) if dropped(i) => {}
+            Ok(Err(LockError::Busy { .. })) if i % 7 == 3 => {}
+            Ok(Ok(g)) if i % 7 != 3 => {
+                assert_eq!(
+                    common::get(&server, &key).await.as_deref(),
+                    Some(g.grant_value()),
+                    "{lane} {i}: the server holds another grant"
+                );
+                guards.push(g);
+            }
+            Ok(other) => panic!("{lane} {i}: {other:?}"),
+        }
+    }
+    // A dropped caller's lock was never taken, and its SET never sent.
+    let plain_keys: Vec<String> = (0..N)
+        .map(|i| c.keys(name("plain", i)).unwrap().key)
+        .collect();
+    let sets = sets_of(&server, &mut monitor, &plain_keys).await;
+    for i in 0..N {
+        let key = c.keys(name("fenced", i)).unwrap().key;
+        if dropped(i) {
+            assert_eq!(sets[i], 0, "plain {i} was dropped before sending");
+            if i % 7 != 3 {
+                assert!(!exists(&server, &plain_keys[i]).await, "plain {i}");
+                assert!(!exists(&server, &key).await, "fenced {i}");
+            }
+        } else {
+            assert_eq!(sets[i], 1, "plain {i}: one SET");
+        }
+    }
+    let expected = 2 * (0..N).filter(|&i| !dropped(i) && i % 7 != 3).count();
+    assert_eq!(guards.len(), expected);
+    for g in guards {
+        assert_eq!(g.release().await.unwrap(), lock_core::Released::Unlocked);
+    }
+    drop(held);
 }
