@@ -23,9 +23,9 @@ enum Form {
 }
 
 impl Entry {
-    /// An entry to queue, written into `buf` (emptied first).
-    pub(super) fn packed_in(mut buf: Args) -> Self {
-        buf.clear();
+    /// An entry to queue, written into `buf` (empty).
+    pub(super) fn packed_in(buf: Args) -> Self {
+        debug_assert_eq!(buf.count(), 0, "an entry starts empty");
         Self {
             form: Form::Packed(Packed {
                 args: buf,

@@ -6,9 +6,34 @@ use std::sync::Arc;
 
 use redis::Value;
 
-use super::{Kind, LaneId, Lanes, Queued, Written, each, entry_reply, send_batch};
+use super::super::scripts::Lua;
+use super::{Kind, LaneId, Lanes, Queued, Written, each, entry_reply};
 use crate::client::store::Conn;
 use crate::error::LockError;
+
+/// Sends `entries` entries written in `written` as one call of `script`; the reply of
+/// each, in order.
+async fn send_batch(
+    conn: &Conn,
+    script: &'static Lua,
+    written: &Written,
+    entries: usize,
+) -> Result<Vec<Value>, LockError> {
+    let reply = conn
+        .eval_sized(script, conn.timeout(), written.script_size(), |c| {
+            written.fill_script(c)
+        })
+        .await?;
+    match reply {
+        // A batch of one answers its entry's reply alone.
+        one if entries == 1 => Ok(vec![one]),
+        Value::Array(items) if items.len() == entries => Ok(items),
+        other => Err(LockError::UnexpectedReply(format!(
+            "{}.lua returned {other:?} for {entries} entries",
+            script.op(),
+        ))),
+    }
+}
 
 /// Sends the `count` commands written in `written` as one pipeline; the reply of each,
 /// in order.
@@ -184,18 +209,11 @@ async fn drive(conn: Conn, mut driving: Driving) {
 /// Leaves out of the batch the calls whose callers went away before it was sent (what
 /// they left to undo learns nothing was sent), and their bytes.
 fn leave_out_callers_gone(driving: &mut Driving) {
-    if !driving.batch.iter().any(|q| q.reply.is_gone()) {
-        return;
+    let before = driving.batch.len();
+    driving.batch.retain_mut(|q| !q.reply.leave_out_if_gone());
+    if driving.batch.len() != before {
+        driving
+            .written
+            .retain(driving.batch.iter_mut().map(|q| &mut q.span));
     }
-    driving.batch.retain_mut(|q| {
-        if !q.reply.is_gone() {
-            return true;
-        }
-        q.reply
-            .deliver(Err(LockError::UnexpectedReply("left out".into())), false);
-        false
-    });
-    driving
-        .written
-        .retain(driving.batch.iter_mut().map(|q| &mut q.span));
 }

@@ -324,30 +324,6 @@ impl Conn {
     }
 }
 
-/// Sends `entries` entries written in `written` as one call of `script`; the reply of
-/// each, in order.
-async fn send_batch(
-    conn: &Conn,
-    script: &'static Lua,
-    written: &Written,
-    entries: usize,
-) -> Result<Vec<Value>, LockError> {
-    let reply = conn
-        .eval_sized(script, conn.timeout(), written.script_size(), |c| {
-            written.fill_script(c)
-        })
-        .await?;
-    match reply {
-        // A batch of one answers its entry's reply alone.
-        one if entries == 1 => Ok(vec![one]),
-        Value::Array(items) if items.len() == entries => Ok(items),
-        other => Err(LockError::UnexpectedReply(format!(
-            "{}.lua returned {other:?} for {entries} entries",
-            script.op(),
-        ))),
-    }
-}
-
 /// One entry's reply: `{'error', message}` becomes the entry's error. (A nested error
 /// reply would fail the whole reply in redis-rs, and so every entry of the batch.)
 pub(crate) fn entry_reply(v: Value) -> Result<Value, LockError> {

@@ -61,10 +61,31 @@ pub(super) struct ReplyTo(Option<Arc<Slot>>);
 
 impl ReplyTo {
     /// Whether the caller went away: the call can be left out.
-    pub(super) fn is_gone(&self) -> bool {
+    #[cfg(test)]
+    fn is_gone(&self) -> bool {
         self.0
             .as_ref()
             .is_none_or(|s| matches!(*s.lock(), State::Gone(_) | State::Done))
+    }
+
+    /// If the caller went away, leaves the call out unsent (what the caller left to
+    /// undo learns nothing was sent) and answers true.
+    pub(super) fn leave_out_if_gone(&mut self) -> bool {
+        let Some(slot) = &self.0 else {
+            return true;
+        };
+        let mut state = slot.lock();
+        let State::Gone(cleanup) = &mut *state else {
+            return matches!(*state, State::Done);
+        };
+        let cleanup = cleanup.take();
+        *state = State::Done;
+        drop(state);
+        self.0 = None;
+        if let Some(cleanup) = cleanup {
+            cleanup(None);
+        }
+        true
     }
 
     /// Hands the caller the outcome of its call (`sent`: whether it went to Redis); a

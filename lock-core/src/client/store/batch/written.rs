@@ -86,15 +86,19 @@ impl Buf {
 pub(super) struct Written {
     keys: Buf,
     rest: Buf,
-    /// Where the next entry or command is built, emptied and kept after each.
+    /// Where the next entry or command is built, kept after each.
     scratch: Option<Args>,
 }
 
 impl Written {
+    /// The scratch buffer, empty.
     fn scratch(&mut self) -> Args {
-        self.scratch
+        let mut buf = self
+            .scratch
             .take()
-            .unwrap_or_else(|| Args::with_capacity(8, 256))
+            .unwrap_or_else(|| Args::with_capacity(8, 256));
+        buf.clear();
+        buf
     }
 
     /// Appends the entry `build` writes (into the lane's scratch buffer): where it is.
@@ -107,16 +111,14 @@ impl Written {
             keys: self.keys.push(keys, nkeys),
             rest: self.rest.push(args, nargs),
         };
-        let mut buf = packed.into_buffer();
-        buf.clear();
-        self.scratch = Some(buf);
+        self.scratch = Some(packed.into_buffer());
         Some(span)
     }
 
     /// Appends the command `build` writes (into the lane's scratch buffer, handed to
     /// it empty): where it is.
     pub(super) fn command(&mut self, build: impl FnOnce(Args) -> Args) -> Span {
-        let mut cmd = build(self.scratch());
+        let cmd = build(self.scratch());
         let start = self.rest.data.len();
         cmd.write(&mut self.rest.data);
         self.rest.count += 1;
@@ -128,7 +130,6 @@ impl Written {
                 count: 1,
             },
         };
-        cmd.clear();
         self.scratch = Some(cmd);
         span
     }
@@ -208,8 +209,7 @@ impl Written {
         if !small(&self.keys) || !small(&self.rest) {
             return None;
         }
-        self.keys.clear();
-        self.rest.clear();
+        self.clear();
         if self
             .scratch
             .as_ref()
