@@ -198,10 +198,11 @@ impl LockConfig {
     /// once. Default: no limit; 0 counts as 1.
     ///
     /// Without a limit a batch goes as soon as the tasks already running have queued
-    /// their calls, so Redis runs one batch while this client takes another's replies
-    /// and forms the next: under load neither waits on the other. With 1, a batch goes
-    /// only once the one before it is back: the fewest and biggest calls, but each side
-    /// idles while the other works.
+    /// their calls, and what queued goes in a few parts (a quarter each, at least 16
+    /// calls), so Redis runs one part while this client takes another's replies and
+    /// writes the next: under load neither waits on the other. With 1, a batch takes
+    /// all that queued (up to 128 calls) and goes only once the one before it is back:
+    /// the fewest and biggest calls, but each side idles while the other works.
     ///
     /// ```
     /// use lock_core::LockConfig;

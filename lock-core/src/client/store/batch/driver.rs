@@ -126,7 +126,7 @@ impl Driving {
         let mut all = self.lanes.lock();
         let lane = all.entry(self.lane()).or_default();
         self.state = State::Sending;
-        (self.batch, self.written) = lane.take_batch();
+        (self.batch, self.written) = lane.take_batch(self.lanes.depth);
         lane.claim_driver(self.lanes.depth)
     }
 }

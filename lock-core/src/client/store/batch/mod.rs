@@ -18,10 +18,12 @@
 //!   limit of calls are in flight (`LockConfig::with_batches_in_flight`, none by
 //!   default), a driver task is scheduled for it. The driver first lets every task
 //!   that is ready run (on a multi-thread runtime one yield: a task spawned by a worker
-//!   would run next, before the callers the same reply woke), then sends all that
-//!   queued, up to [`MAX_BATCH`] entries, as one call. So a batch is what arrived
-//!   while the lane's calls were in flight and the client was busy, not what arrived
-//!   within a timer.
+//!   would run next, before the callers the same reply woke), then sends the first of
+//!   what queued as one call: with one batch in flight at most, all of it (up to
+//!   [`MAX_BATCH`] entries); otherwise a quarter of it, at least 16, and another driver
+//!   takes the rest ([`batch_size`]). So a batch is what arrived while the lane's calls
+//!   were in flight and the client was busy, not what arrived within a timer, and a
+//!   wave of calls reaches Redis in a few parts.
 //!   With several calls in flight the server works on one batch while the client
 //!   handles the replies of another and forms the next: neither side waits on the
 //!   other's round trip. At the limit, calls queue until one in flight ends.
@@ -70,6 +72,25 @@ use written::{Span, Spares, Written};
 
 /// The most entries one call carries.
 pub(crate) const MAX_BATCH: usize = 128;
+
+/// The fewest entries a batch split off a longer queue carries.
+const MIN_SPLIT: usize = 16;
+
+/// How many of `queued` waiting calls the next batch takes, with at most `depth`
+/// batches of the lane in flight. Where several may fly, a wave of calls goes as a few
+/// batches (a quarter of it each, at least [`MIN_SPLIT`]): Redis starts on the first
+/// while the client still writes the next, and the client takes the first's replies
+/// while Redis runs the rest, so neither side waits for the whole wave. One batch per
+/// wave made each side idle while the other worked (at 64 tasks, about 1.3x the lock
+/// cycles per second). Capped at one in flight, each batch waits for the one before:
+/// a batch takes all it can.
+fn batch_size(queued: usize, depth: usize) -> usize {
+    let n = match depth {
+        1 => queued,
+        _ => queued.div_ceil(4).max(MIN_SPLIT),
+    };
+    n.min(queued).min(MAX_BATCH)
+}
 
 /// What a lane sends.
 #[derive(Clone, Copy)]
@@ -129,13 +150,13 @@ impl Lane {
         false
     }
 
-    /// Takes what queued, up to [`MAX_BATCH`] entries, and its bytes, as a batch in
-    /// flight. A batch of one (no call joined it) makes the lane quiet: the next call to
-    /// find it idle goes alone.
-    fn take_batch(&mut self) -> (Vec<Queued>, Written) {
+    /// Takes the first of what queued ([`batch_size`] entries, with at most `depth`
+    /// batches in flight), and its bytes, as a batch in flight. A batch of one (no call
+    /// joined it) makes the lane quiet: the next call to find it idle goes alone.
+    fn take_batch(&mut self, depth: usize) -> (Vec<Queued>, Written) {
         self.scheduled = false;
         self.in_flight += 1;
-        let n = self.queue.len().min(MAX_BATCH);
+        let n = batch_size(self.queue.len(), depth);
         self.busy = n > 1;
         let mut batch = std::mem::replace(&mut self.written, self.spares.take());
         batch.move_to(
@@ -339,4 +360,45 @@ pub(crate) fn entry_reply(v: Value) -> Result<Value, LockError> {
         ))));
     }
     Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The batches a wave of `queued` calls goes as, each taken from what is left.
+    fn batches(mut queued: usize, depth: usize) -> Vec<usize> {
+        let mut out = Vec::new();
+        while queued > 0 {
+            let n = batch_size(queued, depth);
+            assert!(n >= 1, "a batch of nothing from {queued} queued");
+            out.push(n);
+            queued -= n;
+        }
+        out
+    }
+
+    #[test]
+    fn a_wave_goes_as_a_few_batches_where_several_may_fly() {
+        for queued in 0..=1000 {
+            for depth in [1, 2, 3, 8, usize::MAX] {
+                let b = batches(queued, depth);
+                assert_eq!(b.iter().sum::<usize>(), queued, "{b:?}");
+                assert!(b.iter().all(|&n| n <= MAX_BATCH), "{b:?}");
+                if depth == 1 {
+                    // Each batch waits for the one before: it takes all it can.
+                    assert!(b.iter().rev().skip(1).all(|&n| n == MAX_BATCH), "{b:?}");
+                    continue;
+                }
+                // Only the last is under the smallest split, and it is what was left.
+                assert!(b.iter().rev().skip(1).all(|&n| n >= MIN_SPLIT), "{b:?}");
+                if queued <= MIN_SPLIT {
+                    assert_eq!(b.len(), usize::from(queued > 0), "{b:?}");
+                } else if queued >= 2 * MIN_SPLIT {
+                    // Never the whole wave at once: Redis starts on the first part.
+                    assert!(b.len() >= 2 && b[0] <= queued / 2, "{queued}: {b:?}");
+                }
+            }
+        }
+    }
 }
