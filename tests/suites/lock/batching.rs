@@ -490,3 +490,62 @@ async fn a_batch_that_times_out_fails_every_entry_and_leaves_no_lock() {
     }
     assert_eq!(c.held_count(), 0);
 }
+
+/// A wave of calls that queued at once goes as several script calls, none carrying more
+/// than half of it, so Redis starts on the first while the client writes the rest; each
+/// caller still gets its own outcome and each entry is sent once. (One thread: the
+/// wave's tasks all queue before any driver runs.)
+#[tokio::test]
+async fn a_large_wave_goes_in_parts_each_entry_sent_once() {
+    const N: usize = 200;
+    let server = RedisServer::start();
+    let c = client(&server, LockConfig::new()).await;
+    warm_up(&c).await;
+    let name = |i: usize| format!("part-{i}");
+    let mut guards = Vec::new();
+    for i in 0..N {
+        guards.push(c.try_lock(name(i)).await.unwrap());
+    }
+    let mut monitor = server.monitor().await;
+    let releases: Vec<_> = guards
+        .into_iter()
+        .map(|g| tokio::spawn(g.release()))
+        .collect();
+    for r in releases {
+        assert_eq!(r.await.unwrap().unwrap(), Released::Unlocked);
+    }
+    let release_sha = lock_core::SCRIPT_SOURCES
+        .iter()
+        .find(|(n, _)| *n == "release.lua")
+        .map(|(_, src)| redis::Script::new(src).get_hash().to_owned())
+        .unwrap();
+    // The names each release call carries.
+    let calls: Vec<std::collections::BTreeSet<usize>> =
+        common::seen_until_now(&server, &mut monitor)
+            .await
+            .iter()
+            .filter(|l| l.contains(&release_sha) && !l.contains(" lua] "))
+            .map(|l| {
+                l.split("part-")
+                    .skip(1)
+                    .map(|rest| {
+                        let digits: String =
+                            rest.chars().take_while(char::is_ascii_digit).collect();
+                        digits.parse().unwrap()
+                    })
+                    .collect()
+            })
+            .collect();
+    let sizes: Vec<usize> = calls.iter().map(|names| names.len()).collect();
+    let mut sent: Vec<usize> = calls.iter().flatten().copied().collect();
+    sent.sort_unstable();
+    assert_eq!(
+        sent,
+        (0..N).collect::<Vec<_>>(),
+        "each release sent once: {sizes:?}"
+    );
+    assert!(
+        sizes.len() > 2 && sizes.iter().all(|&n| n <= N / 2),
+        "the wave goes in parts of at most half of it: {sizes:?}"
+    );
+}
