@@ -192,6 +192,18 @@ async fn without_batching_every_operation_is_a_command() {
     );
 }
 
+/// Releases every guard from a task of its own, all spawned before any runs; each must
+/// answer `Unlocked`.
+async fn release_at_once(guards: Vec<lock_core::LockGuard>) {
+    let releases: Vec<_> = guards
+        .into_iter()
+        .map(|g| tokio::spawn(g.release()))
+        .collect();
+    for r in releases {
+        assert_eq!(r.await.unwrap().unwrap(), Released::Unlocked);
+    }
+}
+
 /// Calls that arrive together go together. On a quiet lane the first of a wave goes
 /// alone and the rest queue behind it (two calls); once calls have queued, the first to
 /// find the lane idle queues too, so the next wave is one call; a batch of one makes the
@@ -209,13 +221,7 @@ async fn a_wave_after_a_busy_spell_goes_as_one_call() {
             for i in 0..n {
                 guards.push(c.try_lock(("wave", i)).await.unwrap());
             }
-            let releases: Vec<_> = guards
-                .into_iter()
-                .map(|g| tokio::spawn(g.release()))
-                .collect();
-            for r in releases {
-                assert_eq!(r.await.unwrap().unwrap(), Released::Unlocked);
-            }
+            release_at_once(guards).await;
         }
     };
     let release_calls =
@@ -507,13 +513,7 @@ async fn a_large_wave_goes_in_parts_each_entry_sent_once() {
         guards.push(c.try_lock(name(i)).await.unwrap());
     }
     let mut monitor = server.monitor().await;
-    let releases: Vec<_> = guards
-        .into_iter()
-        .map(|g| tokio::spawn(g.release()))
-        .collect();
-    for r in releases {
-        assert_eq!(r.await.unwrap().unwrap(), Released::Unlocked);
-    }
+    release_at_once(guards).await;
     let release_sha = lock_core::SCRIPT_SOURCES
         .iter()
         .find(|(n, _)| *n == "release.lua")
