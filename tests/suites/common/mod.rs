@@ -102,6 +102,31 @@ pub async fn get(server: &RedisServer, key: &str) -> Option<String> {
         .expect("GET")
 }
 
+/// Loads the library's scripts (a first call of each: a plain and a fenced lock, a GCRA
+/// decision, an idempotency claim and its completion), so what a test counts or queues
+/// afterwards starts with them loaded.
+pub async fn load_scripts(c: &LockClient) {
+    c.try_lock("warm").await.unwrap().release().await.unwrap();
+    // A lone grant is a plain SET: a fenced one loads acquire.lua.
+    let fenced = lock_core::LockOptions::new().wait(Duration::ZERO).fenced();
+    c.acquire("warm", fenced)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let limiter = c.rate_limiter("warm", lock_core::RateLimit::per_second(10));
+    limiter.check("warm").await.unwrap();
+    let store = c.idempotency_store("warm");
+    if let lock_core::Begin::New(claim) = store
+        .begin("warm", "fp", Duration::from_secs(5))
+        .await
+        .unwrap()
+    {
+        claim.complete(b"x", Duration::from_secs(5)).await.unwrap();
+    }
+}
+
 /// SHA1 of a script in `lua/`, as EVALSHA shows it in MONITOR.
 pub fn script_sha(file: &str) -> String {
     let (_, src) = lock_core::SCRIPT_SOURCES

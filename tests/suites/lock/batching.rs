@@ -6,7 +6,7 @@ use crate::common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{client, eventually, one_in_flight};
+use common::{client, eventually, load_scripts, one_in_flight};
 use lock_core::{
     Begin, Lease, LockClient, LockConfig, LockError, LockOptions, RateLimit, Released,
 };
@@ -61,29 +61,6 @@ fn script_calls(by_name: &BTreeMap<String, u64>) -> u64 {
         .sum()
 }
 
-/// Loads the library's scripts (a first call of each), so counts start after.
-async fn warm_up(c: &LockClient) {
-    c.try_lock("warm").await.unwrap().release().await.unwrap();
-    // A lone grant is a plain SET: a fenced one loads acquire.lua.
-    let fenced = LockOptions::new().wait(Duration::ZERO).fenced();
-    c.acquire("warm", fenced)
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
-    let limiter = c.rate_limiter("warm", RateLimit::per_second(10));
-    limiter.check("warm").await.unwrap();
-    let store = c.idempotency_store("warm");
-    if let Begin::New(claim) = store
-        .begin("warm", "fp", Duration::from_secs(5))
-        .await
-        .unwrap()
-    {
-        claim.complete(b"x", Duration::from_secs(5)).await.unwrap();
-    }
-}
-
 /// What 64 tasks, each on names of its own, send: lock and release, a GCRA decision, an
 /// idempotency claim and its completion, `ROUNDS` times each.
 struct Sent {
@@ -110,7 +87,7 @@ async fn sent_by_64_tasks(batching: bool) -> Sent {
     let c = client(&server, LockConfig::new().with_batching(batching)).await;
     let limiter = c.rate_limiter("api", RateLimit::per_second(1000).with_burst(1000));
     let store = c.idempotency_store("idem");
-    warm_up(&c).await;
+    load_scripts(&c).await;
     let mut monitor = server.monitor().await;
     let tasks: Vec<_> = (0..TASKS)
         .map(|t| {
@@ -212,7 +189,7 @@ async fn release_at_once(guards: Vec<lock_core::LockGuard>) {
 async fn a_wave_after_a_busy_spell_goes_as_one_call() {
     let server = RedisServer::start();
     let c = client(&server, LockConfig::new()).await;
-    warm_up(&c).await;
+    load_scripts(&c).await;
     let mut monitor = server.monitor().await;
     let wave = |n: usize| {
         let c = c.clone();
@@ -244,7 +221,7 @@ async fn a_wave_after_a_busy_spell_goes_as_one_call() {
 async fn a_lone_task_sends_one_command_per_operation() {
     let server = RedisServer::start();
     let c = client(&server, LockConfig::new()).await;
-    warm_up(&c).await;
+    load_scripts(&c).await;
     let mut monitor = server.monitor().await;
     for i in 0..200 {
         c.try_lock(("one", i % 3))
@@ -349,7 +326,7 @@ async fn one_batch_carries_mixed_outcomes_to_their_own_callers() {
         c.try_lock(("bad", "")).await,
         Err(LockError::InvalidKey(_))
     ));
-    warm_up(&c).await;
+    load_scripts(&c).await;
     let mut monitor = server.monitor().await;
     server.pause();
     let take_fenced = |name: &'static str| {
@@ -451,7 +428,7 @@ async fn a_batch_that_times_out_fails_every_entry_and_leaves_no_lock() {
     let c = client(&server, one_in_flight().with_command_timeout(timeout)).await;
     // A script the server does not have yet is loaded by a second call, which a caller
     // that timed out never makes: a running service has its scripts loaded.
-    warm_up(&c).await;
+    load_scripts(&c).await;
     server.pause();
     // Eight through the script (fenced): one alone, seven queued behind it; and four
     // plain SETs beside them: one alone, three queued for the next pipeline.
@@ -506,7 +483,7 @@ async fn a_large_wave_goes_in_parts_each_entry_sent_once() {
     const N: usize = 200;
     let server = RedisServer::start();
     let c = client(&server, LockConfig::new()).await;
-    warm_up(&c).await;
+    load_scripts(&c).await;
     let name = |i: usize| format!("part-{i}");
     let mut guards = Vec::new();
     for i in 0..N {
@@ -514,11 +491,7 @@ async fn a_large_wave_goes_in_parts_each_entry_sent_once() {
     }
     let mut monitor = server.monitor().await;
     release_at_once(guards).await;
-    let release_sha = lock_core::SCRIPT_SOURCES
-        .iter()
-        .find(|(n, _)| *n == "release.lua")
-        .map(|(_, src)| redis::Script::new(src).get_hash().to_owned())
-        .unwrap();
+    let release_sha = common::script_sha("release.lua");
     // The names each release call carries.
     let calls: Vec<std::collections::BTreeSet<usize>> =
         common::seen_until_now(&server, &mut monitor)

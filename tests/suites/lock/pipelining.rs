@@ -7,7 +7,9 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{client, eventually, exists, in_flight, one_in_flight, queue_behind_one, sets_of};
+use common::{
+    client, eventually, exists, in_flight, load_scripts, one_in_flight, queue_behind_one, sets_of,
+};
 use lock_core::{LockClient, LockConfig, LockError, LockOptions};
 use lock_tests::RedisServer;
 
@@ -230,13 +232,7 @@ async fn calls_past_one_batch_split_into_batches_each_with_its_own_outcome() {
     let c = client(&server, one_in_flight()).await;
     let other = client(&server, LockConfig::new()).await;
     let fenced = || LockOptions::new().wait(Duration::ZERO).fenced();
-    c.try_lock("warm").await.unwrap().release().await.unwrap();
-    c.acquire("warm", fenced())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    load_scripts(&c).await;
     let name = |lane: &str, i: usize| format!("{lane}-{i}");
     let mut held = Vec::new();
     for lane in ["plain", "fenced"] {

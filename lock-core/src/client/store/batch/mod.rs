@@ -18,12 +18,11 @@
 //!   limit of calls are in flight (`LockConfig::with_batches_in_flight`, none by
 //!   default), a driver task is scheduled for it. The driver first lets every task
 //!   that is ready run (on a multi-thread runtime one yield: a task spawned by a worker
-//!   would run next, before the callers the same reply woke), then sends the first of
-//!   what queued as one call: with one batch in flight at most, all of it (up to
-//!   [`MAX_BATCH`] entries); otherwise a quarter of it, at least 16, and another driver
-//!   takes the rest ([`batch_size`]). So a batch is what arrived while the lane's calls
-//!   were in flight and the client was busy, not what arrived within a timer, and a
-//!   wave of calls reaches Redis in a few parts.
+//!   would run next, before the callers the same reply woke), then sends the first
+//!   [`batch_size`] of what queued as one call, and another driver takes the rest. So
+//!   a batch is what arrived while the lane's calls were in flight and the client was
+//!   busy, not what arrived within a timer, and a wave of calls reaches Redis in a few
+//!   parts.
 //!   With several calls in flight the server works on one batch while the client
 //!   handles the replies of another and forms the next: neither side waits on the
 //!   other's round trip. At the limit, calls queue until one in flight ends.
@@ -80,10 +79,9 @@ const MIN_SPLIT: usize = 16;
 /// batches of the lane in flight. Where several may fly, a wave of calls goes as a few
 /// batches (a quarter of it each, at least [`MIN_SPLIT`]): Redis starts on the first
 /// while the client still writes the next, and the client takes the first's replies
-/// while Redis runs the rest, so neither side waits for the whole wave. One batch per
-/// wave made each side idle while the other worked (at 64 tasks, about 1.3x the lock
-/// cycles per second). Capped at one in flight, each batch waits for the one before:
-/// a batch takes all it can.
+/// while Redis runs the rest, so neither side waits for the whole wave (one batch per
+/// wave left each side idle while the other worked). Capped at one in flight, each
+/// batch waits for the one before: a batch takes all it can.
 fn batch_size(queued: usize, depth: usize) -> usize {
     let n = match depth {
         1 => queued,
