@@ -155,6 +155,35 @@ fn drop_stops_the_server() {
     assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
 }
 
+/// The session id of process `pid` (`self` for this one), from `/proc/<pid>/stat`.
+#[cfg(target_os = "linux")]
+fn session_of(pid: &str) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read stat");
+    // After the command name (in parentheses): state, ppid, pgrp, session.
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    fields[3].parse().expect("a session id")
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_server_runs_in_a_session_of_its_own() {
+    let mut server = RedisServer::start();
+    let own = session_of("self");
+    for when in ["started", "restarted"] {
+        let pid = server.pid();
+        let session = session_of(&pid.to_string());
+        assert_eq!(session, pid, "a {when} server leads a session");
+        assert_ne!(session, own, "a {when} server is not in the test's session");
+        server.kill();
+        server.restart();
+    }
+}
+
 #[test]
 fn missing_binary_names_redis_server_bin() {
     let result = catch_unwind(|| RedisServer::start_with("/nonexistent/redis-server", &[]));
