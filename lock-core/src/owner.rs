@@ -117,8 +117,10 @@ impl LockScope {
     }
 
     /// Runs `fut` with this scope as the task's current scope.
-    pub async fn run<F: Future>(self, fut: F) -> F::Output {
-        CURRENT.scope(self, fut).await
+    // Not an `async fn`: its state would hold `fut` once more, and every await moves
+    // the whole (often large) future again.
+    pub fn run<F: Future>(self, fut: F) -> impl Future<Output = F::Output> {
+        CURRENT.scope(self, fut)
     }
 
     /// The scope with number `id` (as returned by [`id`](Self::id)).

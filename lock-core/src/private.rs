@@ -4,6 +4,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+use futures_util::future::Either;
+
 pub use crate::{DistributedLock, HeldLock, KeyPart, LockClient, LockError, LockGuard};
 pub use std::result::Result;
 
@@ -16,11 +18,13 @@ pub fn global_client() -> Result<&'static crate::AnyLocks, LockError> {
 }
 
 /// Runs `fut` in the task's current lock scope, or in a new one: nested annotated calls
-/// with the same key then re-enter.
-pub async fn scoped<F: Future>(fut: F) -> F::Output {
+/// with the same key then re-enter. The scope is looked up when called: the generated
+/// code awaits it at once, in the annotated fn's own task.
+// Not an `async fn`, so the annotated body's future is moved once less on each call.
+pub fn scoped<F: Future>(fut: F) -> impl Future<Output = F::Output> {
     match LockScope::current() {
-        Some(_) => fut.await,
-        None => LockScope::new().run(fut).await,
+        Some(_) => Either::Left(fut),
+        None => Either::Right(LockScope::new().run(fut)),
     }
 }
 
