@@ -84,9 +84,9 @@ impl<B: Seam> Core<B> {
     }
 
     /// Gives back the last hold of a live grant (`lost`: of a grant already lost, which
-    /// is given back if still ours and reported as lost). Cancelled mid-call, the release
-    /// finishes in the background. `patiently`: in the background, where a failed call
-    /// is tried again.
+    /// is given back if still ours, never where holds are counted per owner, and
+    /// reported as lost). Cancelled mid-call, the release finishes in the background.
+    /// `patiently`: in the background, where a failed call is tried again.
     pub(crate) async fn release_last(
         self: &Arc<Self>,
         grant: &Arc<Grant<B>>,
@@ -95,7 +95,9 @@ impl<B: Seam> Core<B> {
     ) -> Result<Released, LockError> {
         self.watchdog.unschedule(grant);
         let background = cleanup::OnDrop::new(|| self.release_in_background(grant, lost));
-        let reply = if patiently {
+        let reply = if lost.is_some() && B::CAPABILITIES.owner_counted {
+            Ok(Err(Loss::Expired))
+        } else if patiently {
             give_back_patiently(&*self.backend, &grant.keys, &grant.record).await
         } else {
             self.backend.give_back(&grant.keys, &grant.record).await

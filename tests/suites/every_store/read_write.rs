@@ -16,7 +16,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lock_core::{AnyGuard, AnyLocks, HeldLock, LockError, LockMode, LockOptions, LockScope};
+use lock_core::{AnyGuard, AnyLocks, HeldLock, Lease, LockError, LockMode, LockOptions, LockScope};
 use lock_tests::{MariaDbServer, RedisServer};
 
 use super::model::{self, Backend, seed};
@@ -543,4 +543,66 @@ async fn stores_without_shared_holds_refuse_them_clearly() {
             .await
             .unwrap();
     }
+}
+
+/// A hold that ran out and is given back late must not give back a newer hold of the
+/// same scope, in any mode (Redisson's layout counts an owner's holds in one field).
+async fn a_late_release_of_a_lapsed_hold_leaves_the_newer_one(backend: model::Backend) {
+    let [a, b] = &backend.locks;
+    for (mode, options) in [
+        ("read", read()),
+        ("write", write()),
+        ("plain", LockOptions::new()),
+    ] {
+        let scope = LockScope::new();
+        let name = format!("late-{mode}");
+        let lapsed = now(
+            a,
+            &name,
+            options.clone().lease(Lease::Fixed(ms(50))),
+            &scope,
+        )
+        .await
+        .unwrap();
+        common::eventually(Duration::from_secs(2), "the short lease lapses", || async {
+            lapsed.valid_for() == Duration::ZERO
+        })
+        .await;
+        // Readers share: a writer must wait. A writer or a plain holder: anyone must.
+        let excluded = || {
+            if mode == "read" {
+                write()
+            } else {
+                options.clone()
+            }
+        };
+        // Until the store's lease ran out too, so the newer hold is a grant of its own.
+        common::eventually(Duration::from_secs(2), "the store lets it go", || async {
+            match now(b, &name, excluded(), &LockScope::new()).await {
+                Ok(g) => g.release().await.is_ok(),
+                Err(_) => false,
+            }
+        })
+        .await;
+        let long = Lease::Fixed(Duration::from_secs(10));
+        let newer = now(a, &name, options.clone().lease(long), &scope)
+            .await
+            .unwrap();
+        assert!(
+            lapsed.release().await.is_err(),
+            "{mode}: the lapsed hold is lost"
+        );
+        let other = now(b, &name, excluded(), &LockScope::new()).await;
+        assert!(
+            other.is_err(),
+            "{mode}: another owner got in beside a hold with {:?} left",
+            newer.valid_for()
+        );
+        newer.release().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redisson_a_late_release_of_a_lapsed_hold_leaves_the_newer_one() {
+    a_late_release_of_a_lapsed_hold_leaves_the_newer_one(model::redisson(false).await).await;
 }

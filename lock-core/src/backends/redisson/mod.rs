@@ -227,7 +227,9 @@ impl Seam for RedissonBackend {
         self.client.config()
     }
 
-    const CAPABILITIES: Capabilities = Capabilities::RENEWED_LEASES.with_shared(true);
+    const CAPABILITIES: Capabilities = Capabilities::RENEWED_LEASES
+        .with_shared(true)
+        .counted_per_owner();
 
     async fn take(
         &self,
