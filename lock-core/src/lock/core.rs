@@ -95,8 +95,8 @@ impl<B: Seam> Core<B> {
     ) -> Result<Released, LockError> {
         self.watchdog.unschedule(grant);
         let background = cleanup::OnDrop::new(|| self.release_in_background(grant, lost));
-        let reply = if lost.is_some() && B::CAPABILITIES.owner_counted {
-            Ok(Err(Loss::Expired))
+        let reply = if let Some(kept) = Self::kept_from_store(lost) {
+            Ok(kept)
         } else if patiently {
             give_back_patiently(&*self.backend, &grant.keys, &grant.record).await
         } else {
@@ -131,14 +131,23 @@ impl<B: Seam> Core<B> {
         result
     }
 
+    /// The answer for a lost grant that is not given back: where holds are counted per
+    /// owner ([`Capabilities::owner_counted`](super::seam::Capabilities)), its scope may
+    /// hold a newer grant by now, which the store would give back instead.
+    fn kept_from_store(lost: Option<Loss>) -> Option<Held> {
+        (lost.is_some() && B::CAPABILITIES.owner_counted).then_some(Err(Loss::Expired))
+    }
+
     /// [`release_last`](Self::release_last) without waiting (a dropped guard): at once
-    /// where the store can, else as a background task.
+    /// where nothing needs the store or the store can, else as a background task.
     pub(crate) fn release_in_background(
         self: &Arc<Self>,
         grant: &Arc<Grant<B>>,
         lost: Option<Loss>,
     ) {
-        if let Some(reply) = self.backend.give_back_now(&grant.keys, &grant.record) {
+        let now = Self::kept_from_store(lost)
+            .or_else(|| self.backend.give_back_now(&grant.keys, &grant.record));
+        if let Some(reply) = now {
             self.watchdog.unschedule(grant);
             let _ = self.released(grant, lost, Ok(reply));
             return;

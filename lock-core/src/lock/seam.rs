@@ -126,9 +126,10 @@ pub(crate) struct Capabilities {
     /// In what order waiters are granted, and whether fair locks are offered.
     pub(crate) order: Order,
     /// The store counts holds per owner, not per grant (Redisson's layout: one hash
-    /// field per client and thread). A lost grant is then never given back: its lease
-    /// may have run out and the same scope taken a newer grant, counted in the same
-    /// field, which the late give-back would give back instead. The lease ends it.
+    /// field per client and thread, our scope in the thread's place). A lost grant is
+    /// then never given back: its lease may have run out and the same scope taken a
+    /// newer grant, counted in the same field, which the late give-back would give back
+    /// instead. The lease ends it.
     pub(crate) owner_counted: bool,
 }
 
