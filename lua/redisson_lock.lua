@@ -6,8 +6,10 @@
 -- lock adds a list of waiting fields and a sorted set of their deadlines (ms since the
 -- epoch: Redisson's clients write their own clock, this script the server's).
 --
--- Beyond Redisson: a grant leaves evidence (KEYS[3], one lease long) so that undoing an
--- acquisition whose reply was lost decrements only a hold it really took; a lock hash
+-- Beyond Redisson: a grant leaves evidence (KEYS[3]) that lasts its lease and is renewed
+-- with it, so that undoing an acquisition whose reply was lost decrements only a hold it
+-- really took, and a grant whose lease ran out is neither given back, renewed nor
+-- fenced (by then the field may count a newer grant of the same thread); a lock hash
 -- with a 'mode' field is a read-write lock's, never re-entered as a plain lock.
 --
 -- KEYS[1]  the lock (the name itself)
@@ -90,15 +92,20 @@ end
 -- Makes the lock last at least `lease` ms more, never less: grants of one field share
 -- the key's expiry (one may still be on its way while the next is taken), and each
 -- counts on the lease it was told.
-local function last(lease)
-  if redis.call('PTTL', lock) < tonumber(lease) then
-    redis.call('PEXPIRE', lock, lease)
+local function last(key, lease)
+  if redis.call('PTTL', key) < tonumber(lease) then
+    redis.call('PEXPIRE', key, lease)
   end
+end
+
+-- Whether this grant's lease still runs: its evidence lasts as long.
+local function live()
+  return redis.call('EXISTS', evidence) == 1
 end
 
 local function grant(lease)
   redis.call('HINCRBY', lock, field, 1)
-  last(lease)
+  last(lock, lease)
   redis.call('SET', evidence, '1', 'PX', lease)
   if ARGV[6] == '1' then
     return {1, redis.call('INCR', fence)}
@@ -181,15 +188,16 @@ if action == 'leave' then
 end
 
 if action == 'renew' then
-  if redis.call('HEXISTS', lock, field) == 1 then
-    last(ARGV[5])
+  if redis.call('HEXISTS', lock, field) == 1 and live() then
+    last(lock, ARGV[5])
+    last(evidence, ARGV[5])
     return {1, 0}
   end
   return missing()
 end
 
 if action == 'fence' then
-  if holds() then
+  if holds() and live() then
     return {1, redis.call('INCR', fence)}
   end
   return missing()
@@ -201,14 +209,16 @@ if done then
   -- A release sent again (its reply was lost): answered as the first time.
   return {1, 0}
 end
-if action == 'undo' and redis.call('EXISTS', evidence) == 0 then
+local granted = live()
+if action == 'undo' and not granted then
   return {1, 0} -- never granted: nothing to give back
 end
 redis.call('DEL', evidence)
 if fair then
   drop_lapsed()
 end
-if redis.call('HEXISTS', lock, field) == 0 then
+-- Without evidence the grant's lease ran out: a hold in the field is a newer grant's.
+if not granted or redis.call('HEXISTS', lock, field) == 0 then
   if fair and redis.call('EXISTS', lock) == 0 then
     wake_head()
   end

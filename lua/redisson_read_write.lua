@@ -8,9 +8,11 @@
 -- expires with the longest of them. A writer may take read holds beside its write hold
 -- (a downgrade); readers are never held back by a waiting writer (as in Redisson).
 --
--- Beyond Redisson: a grant leaves evidence (KEYS[3], one lease long) so that undoing an
--- acquisition whose reply was lost gives back only a hold it really took; a hash
--- without 'mode' is a plain lock's, never taken as a read-write lock.
+-- Beyond Redisson: a grant leaves evidence (KEYS[3]) that lasts its lease and is renewed
+-- with it, so that undoing an acquisition whose reply was lost gives back only a hold it
+-- really took, and a hold whose lease ran out is neither given back, renewed nor fenced
+-- (by then the field may count a newer hold of the same thread); a hash without 'mode'
+-- is a plain lock's, never taken as a read-write lock.
 --
 -- KEYS[1]  the lock (the name itself)
 -- KEYS[2]  the unlock latch of this release: 'redisson_unlock_latch:{<name>}:<request>'
@@ -47,6 +49,11 @@ local function last(key, ms)
   if redis.call('PTTL', key) < tonumber(ms) then
     redis.call('PEXPIRE', key, ms)
   end
+end
+
+-- Whether this hold's lease still runs: its evidence lasts as long.
+local function live()
+  return redis.call('EXISTS', evidence) == 1
 end
 
 local function missing()
@@ -112,25 +119,21 @@ if action == 'acquire' then
 end
 
 if action == 'renew' then
-  if read then
-    if redis.call('HEXISTS', lock, field) == 0 then
-      return missing()
-    end
-    last(lock, ARGV[5])
-    for n = tonumber(redis.call('HGET', lock, field)), 1, -1 do
-      last(mine .. ':' .. n, ARGV[5])
-    end
-    return {1, 0}
-  end
-  if redis.call('HEXISTS', lock, writer) == 0 then
+  if redis.call('HEXISTS', lock, read and field or writer) == 0 or not live() then
     return missing()
   end
   last(lock, ARGV[5])
+  last(evidence, ARGV[5])
+  if read then
+    for n = tonumber(redis.call('HGET', lock, field)), 1, -1 do
+      last(mine .. ':' .. n, ARGV[5])
+    end
+  end
   return {1, 0}
 end
 
 if action == 'fence' then
-  if mode == 'write' and redis.call('HEXISTS', lock, writer) == 1 then
+  if mode == 'write' and redis.call('HEXISTS', lock, writer) == 1 and live() then
     return {1, redis.call('INCR', fence)}
   end
   return missing()
@@ -140,7 +143,8 @@ end
 if redis.call('GET', latch) then
   return {1, 0} -- a release sent again (its reply was lost): answered as the first time
 end
-if action == 'undo' and redis.call('EXISTS', evidence) == 0 then
+local granted = live()
+if action == 'undo' and not granted then
   return {1, 0} -- never granted: nothing to give back
 end
 redis.call('DEL', evidence)
@@ -148,6 +152,9 @@ local life = ARGV[5]
 if not mode then
   publish(read and '0' or '1') -- as Redisson: whoever waits looks again
   return {-1, 0}
+end
+if not granted then
+  return missing() -- the lease ran out: a hold in the field is a newer one's
 end
 
 if read then

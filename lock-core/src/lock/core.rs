@@ -84,9 +84,9 @@ impl<B: Seam> Core<B> {
     }
 
     /// Gives back the last hold of a live grant (`lost`: of a grant already lost, which
-    /// is given back if still ours, never where holds are counted per owner, and
-    /// reported as lost). Cancelled mid-call, the release finishes in the background.
-    /// `patiently`: in the background, where a failed call is tried again.
+    /// is given back if still ours and reported as lost). Cancelled mid-call, the release
+    /// finishes in the background. `patiently`: in the background, where a failed call
+    /// is tried again.
     pub(crate) async fn release_last(
         self: &Arc<Self>,
         grant: &Arc<Grant<B>>,
@@ -95,9 +95,7 @@ impl<B: Seam> Core<B> {
     ) -> Result<Released, LockError> {
         self.watchdog.unschedule(grant);
         let background = cleanup::OnDrop::new(|| self.release_in_background(grant, lost));
-        let reply = if let Some(kept) = Self::kept_from_store(lost) {
-            Ok(kept)
-        } else if patiently {
+        let reply = if patiently {
             give_back_patiently(&*self.backend, &grant.keys, &grant.record).await
         } else {
             self.backend.give_back(&grant.keys, &grant.record).await
@@ -131,23 +129,14 @@ impl<B: Seam> Core<B> {
         result
     }
 
-    /// The answer for a lost grant that is not given back: where holds are counted per
-    /// owner ([`Capabilities::owner_counted`](super::seam::Capabilities)), its scope may
-    /// hold a newer grant by now, which the store would give back instead.
-    fn kept_from_store(lost: Option<Loss>) -> Option<Held> {
-        (lost.is_some() && B::CAPABILITIES.owner_counted).then_some(Err(Loss::Expired))
-    }
-
     /// [`release_last`](Self::release_last) without waiting (a dropped guard): at once
-    /// where nothing needs the store or the store can, else as a background task.
+    /// where the store can, else as a background task.
     pub(crate) fn release_in_background(
         self: &Arc<Self>,
         grant: &Arc<Grant<B>>,
         lost: Option<Loss>,
     ) {
-        let now = Self::kept_from_store(lost)
-            .or_else(|| self.backend.give_back_now(&grant.keys, &grant.record));
-        if let Some(reply) = now {
+        if let Some(reply) = self.backend.give_back_now(&grant.keys, &grant.record) {
             self.watchdog.unschedule(grant);
             let _ = self.released(grant, lost, Ok(reply));
             return;

@@ -125,12 +125,6 @@ pub(crate) struct Capabilities {
     pub(crate) values: bool,
     /// In what order waiters are granted, and whether fair locks are offered.
     pub(crate) order: Order,
-    /// The store counts holds per owner, not per grant (Redisson's layout: one hash
-    /// field per client and thread, our scope in the thread's place). A lost grant is
-    /// then never given back: its lease may have run out and the same scope taken a
-    /// newer grant, counted in the same field, which the late give-back would give back
-    /// instead. The lease ends it.
-    pub(crate) owner_counted: bool,
 }
 
 impl Capabilities {
@@ -142,7 +136,6 @@ impl Capabilities {
         downgrade: false,
         values: false,
         order: Order::Line,
-        owner_counted: false,
     };
     /// Leases on the local clock; watched grants kept until given back (memory).
     pub(crate) const LOCAL_LEASES: Self = Self {
@@ -152,7 +145,6 @@ impl Capabilities {
         downgrade: false,
         values: false,
         order: Order::Line,
-        owner_counted: false,
     };
     /// A session per grant, checked by the watchdog (PostgreSQL, MySQL), or a session
     /// lease the watchdog keeps alive (etcd).
@@ -167,7 +159,6 @@ impl Capabilities {
         downgrade: false,
         values: false,
         order: Order::Arrival,
-        owner_counted: false,
     };
     /// A session that keeps its grants and reports their loss (ZooKeeper).
     #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
@@ -178,7 +169,6 @@ impl Capabilities {
         downgrade: false,
         values: false,
         order: Order::Arrival,
-        owner_counted: false,
     };
 }
 
@@ -188,14 +178,6 @@ impl Capabilities {
         Self {
             shared: true,
             downgrade,
-            ..self
-        }
-    }
-
-    /// These, with holds counted per owner (the `owner_counted` field).
-    pub(crate) const fn counted_per_owner(self) -> Self {
-        Self {
-            owner_counted: true,
             ..self
         }
     }

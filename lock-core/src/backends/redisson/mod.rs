@@ -227,9 +227,7 @@ impl Seam for RedissonBackend {
         self.client.config()
     }
 
-    const CAPABILITIES: Capabilities = Capabilities::RENEWED_LEASES
-        .with_shared(true)
-        .counted_per_owner();
+    const CAPABILITIES: Capabilities = Capabilities::RENEWED_LEASES.with_shared(true);
 
     async fn take(
         &self,

@@ -5,7 +5,7 @@ use std::time::Duration;
 use lock_core::{LockOptions, LockScope, RedissonLocks, Released};
 use lock_tests::RedisServer;
 
-use super::{Java, Listener, client, hash, locks};
+use super::{Java, Listener, client, hash, locks, script};
 use crate::checks;
 use crate::common::pttl;
 
@@ -184,12 +184,4 @@ async fn an_undo_gives_back_only_the_hold_its_acquisition_took() {
         "the attempt's hold given back"
     );
     drop(g);
-}
-
-fn script(file: &str) -> &'static str {
-    lock_core::SCRIPT_SOURCES
-        .iter()
-        .find(|(name, _)| *name == file)
-        .map(|(_, source)| *source)
-        .unwrap()
 }

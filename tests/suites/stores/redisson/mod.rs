@@ -6,6 +6,7 @@
 //! and the read-write lock.
 
 mod fair;
+mod grants;
 mod lease;
 mod lock;
 mod read_write;
@@ -442,4 +443,13 @@ async fn hash(server: &RedisServer, name: &str) -> Vec<(String, String)> {
         .unwrap();
     all.sort();
     all
+}
+
+/// The source of our script `file` (as lock-core loads it).
+fn script(file: &str) -> &'static str {
+    lock_core::SCRIPT_SOURCES
+        .iter()
+        .find(|(name, _)| *name == file)
+        .map(|(_, source)| *source)
+        .unwrap()
 }
