@@ -37,7 +37,7 @@
 --               release and undo: the hold was given back (undo also when it was never
 --               taken); renew: the lease is at least lease ms from now; leave: done
 --   {0, ms}     acquire: busy; ask again within ms
---   {-1, 0}     release, renew, fence: the lock is gone (the lease ran out)
+--   {-1, 0}     release, renew, fence: the lock is gone, or this grant's lease ran out
 --   {-2, 0}     release, renew, fence: another holder has it
 local lock, latch, evidence, fence, queue, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local action, field, channel, fair = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == 'fair'
@@ -76,9 +76,10 @@ local function wake_head()
   end
 end
 
--- Why a hold of `field` is not there: the lock is gone, or another has it.
-local function missing()
-  if redis.call('EXISTS', lock) == 0 then
+-- Why a hold of this grant is not there: its lease ran out (`granted` false: its
+-- evidence went with it) or the lock is gone, or another has it.
+local function missing(granted)
+  if not granted or redis.call('EXISTS', lock) == 0 then
     return {-1, 0}
   end
   return {-2, 0}
@@ -188,19 +189,21 @@ if action == 'leave' then
 end
 
 if action == 'renew' then
-  if redis.call('HEXISTS', lock, field) == 1 and live() then
+  local granted = live()
+  if granted and redis.call('HEXISTS', lock, field) == 1 then
     last(lock, ARGV[5])
     last(evidence, ARGV[5])
     return {1, 0}
   end
-  return missing()
+  return missing(granted)
 end
 
 if action == 'fence' then
-  if holds() and live() then
+  local granted = live()
+  if granted and holds() then
     return {1, redis.call('INCR', fence)}
   end
-  return missing()
+  return missing(granted)
 end
 
 -- release, undo: give one hold back.
@@ -222,7 +225,7 @@ if not granted or redis.call('HEXISTS', lock, field) == 0 then
   if fair and redis.call('EXISTS', lock) == 0 then
     wake_head()
   end
-  return missing()
+  return missing(granted)
 end
 if redis.call('HINCRBY', lock, field, -1) > 0 then
   redis.call('SET', latch, '0', 'PX', ARGV[5])

@@ -32,7 +32,7 @@
 --               the new token; release and undo: the hold was given back (undo also
 --               when it was never taken); renew: the lease is at least lease ms from now
 --   {0, ms}     acquire: busy; ask again within ms
---   {-1, 0}     release, renew, fence: the lock is gone (the lease ran out)
+--   {-1, 0}     release, renew, fence: the lock is gone, or this grant's lease ran out
 --   {-2, 0}     release, renew, fence: it is held, but not by this hold
 local lock, latch, evidence, fence, mine, prefix = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local action, read, field, channel = ARGV[1], ARGV[2] == 'r', ARGV[3], ARGV[4]
@@ -56,8 +56,10 @@ local function live()
   return redis.call('EXISTS', evidence) == 1
 end
 
-local function missing()
-  if redis.call('EXISTS', lock) == 0 then
+-- Why a hold of this grant is not there: its lease ran out (`granted` false: its
+-- evidence went with it) or the lock is gone, or another has it.
+local function missing(granted)
+  if not granted or redis.call('EXISTS', lock) == 0 then
     return {-1, 0}
   end
   return {-2, 0}
@@ -119,8 +121,9 @@ if action == 'acquire' then
 end
 
 if action == 'renew' then
-  if redis.call('HEXISTS', lock, read and field or writer) == 0 or not live() then
-    return missing()
+  local granted = live()
+  if not granted or redis.call('HEXISTS', lock, read and field or writer) == 0 then
+    return missing(granted)
   end
   last(lock, ARGV[5])
   last(evidence, ARGV[5])
@@ -133,10 +136,11 @@ if action == 'renew' then
 end
 
 if action == 'fence' then
-  if mode == 'write' and redis.call('HEXISTS', lock, writer) == 1 and live() then
+  local granted = live()
+  if granted and mode == 'write' and redis.call('HEXISTS', lock, writer) == 1 then
     return {1, redis.call('INCR', fence)}
   end
-  return missing()
+  return missing(granted)
 end
 
 -- release, undo: give one hold back.
@@ -154,12 +158,12 @@ if not mode then
   return {-1, 0}
 end
 if not granted then
-  return missing() -- the lease ran out: a hold in the field is a newer one's
+  return missing(granted) -- a hold in the field now is a newer one's
 end
 
 if read then
   if redis.call('HEXISTS', lock, field) == 0 then
-    return missing()
+    return missing(granted)
   end
   local left = redis.call('HINCRBY', lock, field, -1)
   if left == 0 then
@@ -193,7 +197,7 @@ if read then
 end
 
 if mode ~= 'write' or redis.call('HEXISTS', lock, writer) == 0 then
-  return missing()
+  return missing(granted)
 end
 redis.call('SET', latch, '1', 'PX', life)
 if redis.call('HINCRBY', lock, writer, -1) > 0 then

@@ -126,7 +126,10 @@ async fn what_a_lapsed_grant_sends_late_leaves_the_newer_grant_of_its_field() {
         assert_eq!(granted, 1, "{kind:?}: the newer grant of the same field");
 
         let (renewed, _) = call(&mut c, kind, &name, "old", "renew", 10_000).await;
-        assert!(renewed < 0, "{kind:?}: the lapsed grant was renewed");
+        assert_eq!(
+            renewed, -1,
+            "{kind:?}: the lapsed grant was renewed, or not told its lease ran out"
+        );
         if kind != Kind::Read {
             let mut c2 = server.connection().await;
             let token: i64 = redis::cmd("GET")
@@ -135,7 +138,10 @@ async fn what_a_lapsed_grant_sends_late_leaves_the_newer_grant_of_its_field() {
                 .await
                 .unwrap();
             let (fenced, _) = call(&mut c, kind, &name, "old", "fence", 0).await;
-            assert!(fenced < 0, "{kind:?}: the lapsed grant was fenced");
+            assert_eq!(
+                fenced, -1,
+                "{kind:?}: the lapsed grant was fenced, or not told its lease ran out"
+            );
             let after: i64 = redis::cmd("GET")
                 .arg(format!("redisson_lock_token:{{{name}}}"))
                 .query_async(&mut c2)
@@ -144,7 +150,10 @@ async fn what_a_lapsed_grant_sends_late_leaves_the_newer_grant_of_its_field() {
             assert_eq!(after, token, "{kind:?}: a lapsed grant moved the token");
         }
         let (released, _) = call(&mut c, kind, &name, "old", "release", 5_000).await;
-        assert!(released < 0, "{kind:?}: the lapsed grant was given back");
+        assert_eq!(
+            released, -1,
+            "{kind:?}: the lapsed grant was given back, or not told its lease ran out"
+        );
         assert_eq!(
             count(&server, &name, kind).await.as_deref(),
             Some("1"),
