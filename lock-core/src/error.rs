@@ -104,9 +104,11 @@ pub enum LockError {
         /// What one of the failing nodes said, if any failed with an error.
         cause: Option<String>,
     },
-    /// [`Redlock`](crate::Redlock): a quorum granted the lock, but asking it took so
-    /// long that nothing of the lease was left (validity = lease - elapsed - drift), so
-    /// the grant was given back.
+    /// The store granted the lock, but its answer came so late that nothing of the
+    /// lease was left (a request that sat in a paused or overloaded server, or a lease
+    /// shorter than a round trip; for a [`Redlock`](crate::Redlock), a quorum granted
+    /// but validity = lease - elapsed - drift was used up), so the grant was given
+    /// back. Nobody else holds the lock for it.
     ValidityExhausted {
         /// The lock's name (escaped).
         key: String,
@@ -183,8 +185,8 @@ impl LockError {
         )
     }
 
-    /// A [`Redlock`](crate::Redlock) operation failed for want of a quorum, or its grant
-    /// came too late to leave any validity.
+    /// A [`Redlock`](crate::Redlock) operation failed for want of a quorum, or a grant
+    /// (of a Redlock or any store) came too late to leave any validity.
     pub fn is_no_quorum(&self) -> bool {
         matches!(self, Self::NoQuorum { .. } | Self::ValidityExhausted { .. })
     }
@@ -296,9 +298,9 @@ impl fmt::Display for LockError {
                 lease,
             } => write!(
                 f,
-                "redlock acquire of `{key}` took {elapsed:?}, which used up its {lease:?} \
-                 lease, so the grant was given back; use a longer lease or a shorter \
-                 per-node timeout"
+                "acquiring `{key}` took {elapsed:?}, which used up its {lease:?} lease, so \
+                 the grant was given back (nobody else holds it); use a longer lease (or, for \
+                 a Redlock, a shorter per-node timeout)"
             ),
         }
     }

@@ -211,6 +211,7 @@ impl<B: Backend> Core<B> {
         failure: &std::sync::Mutex<Option<LockError>>,
     ) -> Result<Turn<Granted<B::Grant>>, LockError> {
         let seq = self.next_seq();
+        let sent = Instant::now();
         match self.backend.take(req, seq, deadline).await? {
             Taken::Granted {
                 grant,
@@ -227,6 +228,14 @@ impl<B: Backend> Core<B> {
                     undo.disarm();
                     // Lost in the meantime or not, it is not ours any more.
                     let _ = result?;
+                    // Unless a later attempt says otherwise, this is why it failed:
+                    // nobody else holds the lock.
+                    *failure.lock().unwrap_or_else(|e| e.into_inner()) =
+                        Some(LockError::ValidityExhausted {
+                            key: req.keys.name().to_owned(),
+                            elapsed: arrived.duration_since(sent),
+                            lease: req.lease,
+                        });
                     return Ok(Turn::Retry(Duration::ZERO));
                 }
                 Ok(Turn::Done(Granted {

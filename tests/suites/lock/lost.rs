@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{client, eventually, exists};
-use lock_core::{FencedWrite, Lease, LockClient, LockConfig, LockOptions};
+use lock_core::{FencedWrite, Lease, LockClient, LockConfig, LockError, LockOptions};
 use lock_tests::{RedisServer, TcpProxy};
 
 fn fixed(ms: u64) -> LockOptions {
@@ -317,7 +317,19 @@ async fn a_grant_with_no_validity_left_is_given_back_at_once() {
     server.resume();
     let resumed = Instant::now();
     let outcome = attempt.await.unwrap();
-    assert!(outcome.unwrap_err().is_busy(), "no usable grant");
+    // Said as it is: the lock was free, but the grant came too late to be used.
+    match outcome.unwrap_err() {
+        LockError::ValidityExhausted {
+            key: name,
+            elapsed,
+            lease,
+        } => {
+            assert_eq!(name, "late");
+            assert_eq!(lease, Duration::from_millis(300));
+            assert!(elapsed >= lease, "took {elapsed:?}");
+        }
+        other => panic!("no usable grant, but: {other}"),
+    }
     // Gone well before the 300 ms the server granted from its resumption.
     assert!(!exists(&server, &key).await);
     assert!(resumed.elapsed() < Duration::from_millis(250));
