@@ -107,3 +107,34 @@ async fn renewing_one_reader_keeps_another_readers_longer_lease() {
     outlives_its_believer(&server, "catalog", &long, 0).await;
     long.release().await.unwrap();
 }
+
+/// A watched hold kept past its first lease is still its grant's: renewals carry the
+/// grant's evidence along, so the release gives it back at once, in every kind of hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watched_hold_kept_past_its_first_lease_is_given_back() {
+    let server = RedisServer::start();
+    let locks = locks(&server).await;
+    let kinds = [
+        ("plain", LockOptions::new()),
+        ("fair", LockOptions::new().fair()),
+        ("read", LockOptions::new().read()),
+        ("write", LockOptions::new().write()),
+    ];
+    for (n, (kind, options)) in kinds.into_iter().enumerate() {
+        let guard = locks.acquire(("kept", n), options).await.unwrap();
+        let key = format!("kept:{n}");
+        let granted = Instant::now();
+        // Renewed every 100 ms: four renewals take it past the 300 ms it was granted.
+        let before = script_calls(&server).await;
+        eventually(Duration::from_secs(5), "renewals", || async {
+            script_calls(&server).await >= before + 4 && granted.elapsed() > WATCHDOG_LEASE
+        })
+        .await;
+        assert!(guard.valid_for() > Duration::ZERO, "{kind}: still held");
+        guard
+            .release()
+            .await
+            .unwrap_or_else(|e| panic!("{kind}: the release was refused: {e}"));
+        assert_eq!(pttl(&server, &key).await, -2, "{kind}: the lock is free");
+    }
+}
