@@ -147,7 +147,7 @@ impl<B: Backend> Core<B> {
         let in_line = req.fair && B::CAPABILITIES.order == Order::Line && !wait.is_zero();
         let leave = in_line.then(|| OnDrop::new(|| self.leave_in_background(req)));
         let turn = wait_for_turn(&self.config().backoff, listen, deadline, |_| {
-            self.attempt(req, deadline, &failure)
+            self.attempt(req, started, deadline, &failure)
         })
         .await;
         if let Some(leave) = leave {
@@ -202,16 +202,16 @@ impl<B: Backend> Core<B> {
         }
     }
 
-    /// One acquisition attempt, as a fresh grant number, waiting at most until
-    /// `deadline` where the store waits inside the server.
+    /// One acquisition attempt of the acquisition begun at `started`, as a fresh grant
+    /// number, waiting at most until `deadline` where the store waits inside the server.
     async fn attempt(
         self: &Arc<Self>,
         req: &Request,
+        started: Instant,
         deadline: Instant,
         failure: &std::sync::Mutex<Option<LockError>>,
     ) -> Result<Turn<Granted<B::Grant>>, LockError> {
         let seq = self.next_seq();
-        let sent = Instant::now();
         match self.backend.take(req, seq, deadline).await? {
             Taken::Granted {
                 grant,
@@ -233,7 +233,7 @@ impl<B: Backend> Core<B> {
                     *failure.lock().unwrap_or_else(|e| e.into_inner()) =
                         Some(LockError::ValidityExhausted {
                             key: req.keys.name().to_owned(),
-                            elapsed: arrived.duration_since(sent),
+                            elapsed: arrived.duration_since(started),
                             lease: req.lease,
                         });
                     return Ok(Turn::Retry(Duration::ZERO));

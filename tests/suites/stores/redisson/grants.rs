@@ -11,30 +11,31 @@ use std::time::Duration;
 use lock_tests::RedisServer;
 use redis::aio::MultiplexedConnection;
 
-use super::{hash, script};
+use super::hash;
 use crate::common::{eventually, pttl};
 
 const FIELD: &str = "0a1b2c3d-0000-0000-0000-000000000000:7";
 
 /// A hold kind and the script that keeps it.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Kind {
+pub(super) enum Kind {
     Plain,
     Read,
     Write,
 }
 
 /// One call of the kind's script, as `RedissonBackend::call` makes it: `action` by the
-/// grant `request` of [`FIELD`], with `ms` (a lease, or the unlock latch's life) and,
-/// for an acquisition, the rest of its arguments.
-async fn call(
+/// grant `request` of `field`, with `ms` (a lease, or the unlock latch's life) and, for
+/// an acquisition, the rest of its arguments. Answers the reply's code.
+pub(super) async fn call(
     c: &mut MultiplexedConnection,
     kind: Kind,
     name: &str,
+    field: &str,
     request: &str,
     action: &str,
     ms: u64,
-) -> (i64, i64) {
+) -> i64 {
     let tagged = format!("{{{name}}}");
     let per_request = |prefix: &str| format!("{prefix}:{tagged}:{request}");
     let (file, keys, mut args) = match kind {
@@ -50,7 +51,7 @@ async fn call(
             ],
             vec![
                 action.to_owned(),
-                FIELD.to_owned(),
+                field.to_owned(),
                 format!("redisson_lock__channel:{tagged}"),
                 "plain".to_owned(),
                 ms.to_string(),
@@ -63,13 +64,13 @@ async fn call(
                 per_request("redisson_unlock_latch"),
                 per_request("redisson_lock_grant"),
                 format!("redisson_lock_token:{tagged}"),
-                format!("{tagged}:{FIELD}:rwlock_timeout"),
+                format!("{tagged}:{field}:rwlock_timeout"),
                 tagged.clone(),
             ],
             vec![
                 action.to_owned(),
                 if kind == Kind::Read { "r" } else { "w" }.to_owned(),
-                FIELD.to_owned(),
+                field.to_owned(),
                 format!("redisson_rwlock:{tagged}"),
                 ms.to_string(),
             ],
@@ -92,7 +93,26 @@ async fn call(
         invocation.arg(arg);
     }
     let reply: Vec<i64> = invocation.invoke_async(c).await.unwrap();
-    (reply[0], reply[1])
+    reply[0]
+}
+
+/// The source of our script `file` (as lock-core loads it).
+fn script(file: &str) -> &'static str {
+    lock_core::SCRIPT_SOURCES
+        .iter()
+        .find(|(name, _)| *name == file)
+        .map(|(_, source)| *source)
+        .unwrap()
+}
+
+/// The fencing counter of `name`.
+async fn token(server: &RedisServer, name: &str) -> i64 {
+    let mut c = server.connection().await;
+    redis::cmd("GET")
+        .arg(format!("redisson_lock_token:{{{name}}}"))
+        .query_async(&mut c)
+        .await
+        .unwrap()
 }
 
 /// The hold count of [`FIELD`] in the lock's hash (a writer's field for `Write`).
@@ -114,7 +134,7 @@ async fn what_a_lapsed_grant_sends_late_leaves_the_newer_grant_of_its_field() {
     let mut c = server.connection().await;
     for kind in [Kind::Plain, Kind::Read, Kind::Write] {
         let name = format!("late-{kind:?}");
-        let (granted, _) = call(&mut c, kind, &name, "old", "acquire", 40).await;
+        let granted = call(&mut c, kind, &name, FIELD, "old", "acquire", 40).await;
         assert_eq!(granted, 1, "{kind:?}: the first grant");
         eventually(
             Duration::from_secs(2),
@@ -122,34 +142,28 @@ async fn what_a_lapsed_grant_sends_late_leaves_the_newer_grant_of_its_field() {
             || async { pttl(&server, &name).await == -2 },
         )
         .await;
-        let (granted, _) = call(&mut c, kind, &name, "new", "acquire", 10_000).await;
+        let granted = call(&mut c, kind, &name, FIELD, "new", "acquire", 10_000).await;
         assert_eq!(granted, 1, "{kind:?}: the newer grant of the same field");
 
-        let (renewed, _) = call(&mut c, kind, &name, "old", "renew", 10_000).await;
+        let renewed = call(&mut c, kind, &name, FIELD, "old", "renew", 10_000).await;
         assert_eq!(
             renewed, -1,
             "{kind:?}: the lapsed grant was renewed, or not told its lease ran out"
         );
         if kind != Kind::Read {
-            let mut c2 = server.connection().await;
-            let token: i64 = redis::cmd("GET")
-                .arg(format!("redisson_lock_token:{{{name}}}"))
-                .query_async(&mut c2)
-                .await
-                .unwrap();
-            let (fenced, _) = call(&mut c, kind, &name, "old", "fence", 0).await;
+            let before = token(&server, &name).await;
+            let fenced = call(&mut c, kind, &name, FIELD, "old", "fence", 0).await;
             assert_eq!(
                 fenced, -1,
                 "{kind:?}: the lapsed grant was fenced, or not told its lease ran out"
             );
-            let after: i64 = redis::cmd("GET")
-                .arg(format!("redisson_lock_token:{{{name}}}"))
-                .query_async(&mut c2)
-                .await
-                .unwrap();
-            assert_eq!(after, token, "{kind:?}: a lapsed grant moved the token");
+            assert_eq!(
+                token(&server, &name).await,
+                before,
+                "{kind:?}: a lapsed grant moved the token"
+            );
         }
-        let (released, _) = call(&mut c, kind, &name, "old", "release", 5_000).await;
+        let released = call(&mut c, kind, &name, FIELD, "old", "release", 5_000).await;
         assert_eq!(
             released, -1,
             "{kind:?}: the lapsed grant was given back, or not told its lease ran out"
@@ -166,13 +180,13 @@ async fn what_a_lapsed_grant_sends_late_leaves_the_newer_grant_of_its_field() {
         );
 
         // The newer grant renews, fences and gives back as ever.
-        let (renewed, _) = call(&mut c, kind, &name, "new", "renew", 10_000).await;
+        let renewed = call(&mut c, kind, &name, FIELD, "new", "renew", 10_000).await;
         assert_eq!(renewed, 1, "{kind:?}: the newer grant renews");
         if kind != Kind::Read {
-            let (fenced, _) = call(&mut c, kind, &name, "new", "fence", 0).await;
+            let fenced = call(&mut c, kind, &name, FIELD, "new", "fence", 0).await;
             assert_eq!(fenced, 1, "{kind:?}: the newer grant fences");
         }
-        let (released, _) = call(&mut c, kind, &name, "new", "release", 5_000).await;
+        let released = call(&mut c, kind, &name, FIELD, "new", "release", 5_000).await;
         assert_eq!(released, 1, "{kind:?}: the newer grant is given back");
         assert!(
             hash(&server, &name).await.is_empty(),
@@ -189,9 +203,9 @@ async fn a_renewed_grant_is_given_back_after_its_first_lease() {
     let mut c = server.connection().await;
     for kind in [Kind::Plain, Kind::Read, Kind::Write] {
         let name = format!("renewed-{kind:?}");
-        let (granted, _) = call(&mut c, kind, &name, "one", "acquire", 300).await;
+        let granted = call(&mut c, kind, &name, FIELD, "one", "acquire", 300).await;
         assert_eq!(granted, 1, "{kind:?}: granted");
-        let (renewed, _) = call(&mut c, kind, &name, "one", "renew", 10_000).await;
+        let renewed = call(&mut c, kind, &name, FIELD, "one", "renew", 10_000).await;
         assert_eq!(renewed, 1, "{kind:?}: renewed");
         // The renewed hash's expiry tells the time since the renewal.
         eventually(
@@ -200,7 +214,7 @@ async fn a_renewed_grant_is_given_back_after_its_first_lease() {
             || async { pttl(&server, &name).await < 9_600 },
         )
         .await;
-        let (released, _) = call(&mut c, kind, &name, "one", "release", 5_000).await;
+        let released = call(&mut c, kind, &name, FIELD, "one", "release", 5_000).await;
         assert_eq!(released, 1, "{kind:?}: a renewed grant is given back");
         assert!(
             hash(&server, &name).await.is_empty(),

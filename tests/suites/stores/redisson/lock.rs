@@ -5,7 +5,8 @@ use std::time::Duration;
 use lock_core::{LockOptions, LockScope, RedissonLocks, Released};
 use lock_tests::RedisServer;
 
-use super::{Java, Listener, client, hash, locks, script};
+use super::grants::{Kind, call};
+use super::{Java, Listener, client, hash, locks};
 use crate::checks;
 use crate::common::pttl;
 
@@ -148,37 +149,22 @@ async fn an_undo_gives_back_only_the_hold_its_acquisition_took() {
         .unwrap();
     assert_eq!(evidence.len(), 1, "{evidence:?}");
     let request = evidence[0].rsplit_once("}:").unwrap().1.to_owned();
-    let script = redis::Script::new(script("redisson_lock.lua"));
-    let undo = |request: &str| {
-        let mut invocation = script.prepare_invoke();
-        for key in [
-            "crate".to_owned(),
-            format!("redisson_unlock_latch:{{crate}}:{request}"),
-            format!("redisson_lock_grant:{{crate}}:{request}"),
-            "redisson_lock_token:{crate}".into(),
-            "redisson_lock_queue:{crate}".into(),
-            "redisson_lock_timeout:{crate}".into(),
-        ] {
-            invocation.key(key);
-        }
-        for arg in [
-            "undo",
-            &field,
-            "redisson_lock__channel:{crate}",
-            "plain",
-            "5000",
-        ] {
-            invocation.arg(arg);
-        }
-        invocation
-    };
-    let _: Vec<i64> = undo("never-granted").invoke_async(&mut c).await.unwrap();
+    call(
+        &mut c,
+        Kind::Plain,
+        "crate",
+        &field,
+        "never-granted",
+        "undo",
+        5000,
+    )
+    .await;
     assert_eq!(
         hash(&server, "crate").await.len(),
         1,
         "an attempt that took nothing"
     );
-    let _: Vec<i64> = undo(&request).invoke_async(&mut c).await.unwrap();
+    call(&mut c, Kind::Plain, "crate", &field, &request, "undo", 5000).await;
     assert!(
         hash(&server, "crate").await.is_empty(),
         "the attempt's hold given back"

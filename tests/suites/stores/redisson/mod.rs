@@ -444,12 +444,3 @@ async fn hash(server: &RedisServer, name: &str) -> Vec<(String, String)> {
     all.sort();
     all
 }
-
-/// The source of our script `file` (as lock-core loads it).
-fn script(file: &str) -> &'static str {
-    lock_core::SCRIPT_SOURCES
-        .iter()
-        .find(|(name, _)| *name == file)
-        .map(|(_, source)| *source)
-        .unwrap()
-}
