@@ -11,18 +11,29 @@
 -- readers wait while it is marked: waiting writers are not starved by readers that
 -- keep coming. A writer that stops waiting holds readers back at most `linger` ms.
 --
--- ARGV[1] is the operation; KEYS[1] is always the lock:
---   acquire: KEYS[2] the writer mark, KEYS[3] the fencing counter;
---            ARGV[2] 'r' or 'w', ARGV[3] the grant's value, ARGV[4] the lease (ms),
---            ARGV[5] linger (ms; 0: the caller does not wait)
---            Returns {1, token} granted (a reader's token is 0), {0, ms} busy for at
---            most ms
---   release: KEYS[2] the release channel; ARGV[2] the value, ARGV[3] the payload
---            Returns 1 released, -1 the hold was gone already; publishes either way
---   extend:  ARGV[2] the value, ARGV[3] the lease (ms)
---            Returns 1 its lease ends no sooner than lease ms from now, -1 it was gone
-local lock = KEYS[1]
-local op = ARGV[1]
+-- Entries are independent, one per call of the lock, and many go in one script call: a
+-- batch of one is the plain call. Each gets its own reply, in order, as if called alone.
+--
+-- Entry i (i = 1 .. #KEYS / 3) uses KEYS[3i-2 .. 3i] and ARGV[4i-3 .. 4i]:
+-- KEYS[3i-2]  the lock
+-- KEYS[3i-1]  its writer mark (read by acquisitions: a release or an extension may
+--             repeat the lock here)
+-- KEYS[3i]    its fencing counter (a write hold's token: the other operations may
+--             repeat the lock here)
+-- ARGV[4i-3]  the operation: 'r' or 'w' (acquire a read or write hold), 'release-r' or
+--             'release-w' (give back a read or write hold), 'extend'
+-- ARGV[4i-2]  the grant's value
+-- ARGV[4i-1]  the lease (ms) to acquire or extend with; for a release, the payload
+--             published on the lock's channel, '<lock>:released' (a channel is no key,
+--             so it is not declared)
+-- ARGV[4i]    linger (ms) of an acquisition (0: the caller does not wait); else unused
+--
+-- Returns one reply per entry (an array of them, or for a batch of one that reply alone):
+--   acquire  {1, token} granted (a reader's token is 0), {0, ms} busy for at most ms
+--   release  1 released, -1 the hold was gone already; publishes either way
+--   extend   1 its lease ends no sooner than lease ms from now, -1 it was gone
+--   {'error', message}  this entry failed (its key holds another type, or an unknown
+--                       operation); the others stand
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 
@@ -31,16 +42,14 @@ local function owner(value)
   return string.match(value, '^(.*):')
 end
 
--- Makes the key last at least `lease` ms.
-local function last(lease)
+-- Makes `lock` last at least `lease` ms.
+local function last(lock, lease)
   if redis.call('PTTL', lock) < lease then
     redis.call('PEXPIRE', lock, lease)
   end
 end
 
-if op == 'acquire' then
-  local write = ARGV[2] == 'w'
-  local value, lease, linger = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+local function acquire(lock, mark, fence, write, value, lease, linger)
   -- The live holders: how many, the earliest end, the writer and its end.
   local flat = redis.call('HGETALL', lock)
   local live, earliest, writer = 0, nil, nil
@@ -71,8 +80,8 @@ if op == 'acquire' then
       local wait = earliest - now
       if linger > 0 then
         -- Another waiting writer's longer mark stands.
-        if redis.call('PTTL', KEYS[2]) < linger then
-          redis.call('SET', KEYS[2], '1', 'PX', linger)
+        if redis.call('PTTL', mark) < linger then
+          redis.call('SET', mark, '1', 'PX', linger)
         end
         wait = math.min(wait, math.floor(linger / 2))
       end
@@ -83,7 +92,7 @@ if op == 'acquire' then
       return {0, ends[writer] - now}
     end
   else
-    local marked = redis.call('PTTL', KEYS[2])
+    local marked = redis.call('PTTL', mark)
     if marked > 0 then
       return {0, marked}
     end
@@ -92,31 +101,37 @@ if op == 'acquire' then
   local token = 0
   if write then
     redis.call('HSET', lock, '=w', value)
-    redis.call('DEL', KEYS[2])
-    token = redis.call('INCR', KEYS[3])
+    redis.call('DEL', mark)
+    token = redis.call('INCR', fence)
   end
-  last(lease)
+  if #flat == 0 then
+    -- The hash was just made (Redis keeps no empty hash), so it has no expiry yet.
+    redis.call('PEXPIRE', lock, lease)
+  else
+    last(lock, lease)
+  end
   return {1, token}
-elseif op == 'release' then
-  local value = ARGV[2]
+end
+
+local function release(lock, write, value, payload)
   local e = redis.call('HGET', lock, value)
   local held = e and tonumber(e) > now
   if e then
+    -- Redis deletes the hash with its last field.
     redis.call('HDEL', lock, value)
   end
-  if redis.call('HGET', lock, '=w') == value then
+  -- Only a write hold's value can name the writer.
+  if write and redis.call('HGET', lock, '=w') == value then
     redis.call('HDEL', lock, '=w')
   end
-  if redis.call('HLEN', lock) == 0 then
-    redis.call('DEL', lock)
-  end
-  redis.call('PUBLISH', KEYS[2], ARGV[3])
+  redis.call('PUBLISH', lock .. ':released', payload)
   if held then
     return 1
   end
   return -1
-elseif op == 'extend' then
-  local value, lease = ARGV[2], tonumber(ARGV[3])
+end
+
+local function extend(lock, value, lease)
   local e = redis.call('HGET', lock, value)
   if not e or tonumber(e) <= now then
     return -1
@@ -124,7 +139,36 @@ elseif op == 'extend' then
   if now + lease > tonumber(e) then
     redis.call('HSET', lock, value, now + lease)
   end
-  last(lease)
+  last(lock, lease)
   return 1
 end
-return redis.error_reply('read_write.lua: unknown operation ' .. tostring(op))
+
+-- One entry; an error of Redis's (the key holds another type) is this entry's alone.
+local function entry(i)
+  local lock, mark, fence = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local op, value, n = ARGV[4 * i - 3], ARGV[4 * i - 2], ARGV[4 * i - 1]
+  if op == 'r' or op == 'w' then
+    return acquire(lock, mark, fence, op == 'w', value, tonumber(n), tonumber(ARGV[4 * i]))
+  elseif op == 'release-r' or op == 'release-w' then
+    return release(lock, op == 'release-w', value, n)
+  elseif op == 'extend' then
+    return extend(lock, value, tonumber(n))
+  end
+  return {'error', 'read_write.lua: unknown operation ' .. tostring(op)}
+end
+
+local function guarded(i)
+  local ok, reply = pcall(entry, i)
+  if ok then
+    return reply
+  end
+  return {'error', type(reply) == 'table' and reply.err or tostring(reply)}
+end
+
+-- A batch of one answers its entry's reply alone (one array level less to parse).
+if #KEYS == 3 then return guarded(1) end
+local out = {}
+for i = 1, #KEYS / 3 do
+  out[i] = guarded(i)
+end
+return out

@@ -171,8 +171,9 @@ impl LockConfig {
 
     /// Coalesce concurrent calls into one redis-rs call per batch. Default on.
     ///
-    /// Lock releases, GCRA decisions, idempotency claims and completions, and the
-    /// acquisitions that need the acquire script (fenced ones, and a lock found busy)
+    /// Lock releases, read-write holds taken and given back, GCRA decisions,
+    /// idempotency claims and completions, and the acquisitions that need the acquire
+    /// script (fenced ones, and a lock found busy)
     /// that arrive while an earlier call of the same kind (on the same hash slot) is in
     /// flight on this client's connection are sent together, as one script call over all
     /// their keys, as soon as the tasks already running have had their turn (or, with

@@ -17,7 +17,10 @@ const ROUNDS: usize = 40;
 
 /// Commands the clients sent (not those scripts ran) from what `monitor` saw up to
 /// now, by name.
-async fn sent_since(server: &RedisServer, monitor: &mut Monitor) -> BTreeMap<String, u64> {
+pub(crate) async fn sent_since(
+    server: &RedisServer,
+    monitor: &mut Monitor,
+) -> BTreeMap<String, u64> {
     let lines = common::seen_until_now(server, monitor).await;
     let mut by_name = BTreeMap::new();
     for l in &lines {
@@ -53,7 +56,7 @@ fn total(by_name: &BTreeMap<String, u64>) -> u64 {
 }
 
 /// Script calls (`EVALSHA`, `EVAL`) among `by_name`.
-fn script_calls(by_name: &BTreeMap<String, u64>) -> u64 {
+pub(crate) fn script_calls(by_name: &BTreeMap<String, u64>) -> u64 {
     by_name
         .iter()
         .filter(|(name, _)| name.starts_with("EVAL"))
@@ -293,7 +296,7 @@ async fn a_lone_call_gets_each_outcome_of_its_entry() {
 
 /// Freezes the server, starts `n` calls, waits until all but the first queued behind
 /// it, and lets the server go: the queued ones go as one batch.
-async fn in_one_batch<T: Send + 'static>(
+pub(crate) async fn in_one_batch<T: Send + 'static>(
     server: &RedisServer,
     c: &LockClient,
     calls: Vec<tokio::task::JoinHandle<T>>,

@@ -8,6 +8,7 @@ mod common;
 
 mod bad_input;
 mod batching;
+mod batching_read_write;
 mod cancellation;
 mod connection;
 mod fencing;

@@ -23,7 +23,7 @@ use crate::client::config::{LockConfig, proven};
 use crate::client::store::batch::{Entry, Turn as LaneTurn};
 use crate::client::store::key::{LockKeys, QUEUE, WAITERS};
 use crate::client::store::scripts::{
-    ACQUIRE, AcquireReply, Code, FENCE, FenceReply, GrantReply, RELEASE, RENEW, codes,
+    ACQUIRE, AcquireReply, Code, FENCE, FenceReply, GrantReply, Lua, RELEASE, RENEW, codes,
 };
 use crate::client::store::{Args, refused};
 use crate::client::wait::Listen;
@@ -126,7 +126,6 @@ impl RedisBackend {
         linger: u64,
     ) -> Result<AcquireReply, LockError> {
         let keys = &req.keys;
-        let undo = || OnDrop::new(|| self.give_back_in_background(keys, value));
         let entry = |e: Entry| {
             e.key(&keys.key)
                 .key(&keys.fence())
@@ -136,10 +135,26 @@ impl RedisBackend {
                 .arg(linger)
                 .arg(u8::from(req.fenced))
         };
-        let (reply, undo) = match self.client.conn().turn(&ACQUIRE, &keys.key, entry) {
+        self.take_in_lane(&ACQUIRE, keys, value, entry).await
+    }
+
+    /// One acquisition of `value` as the entry `entry` builds, of a `script` that
+    /// answers like the acquire script: alone, or an entry of the lane's next batched
+    /// call. Until the reply is in, the grant may exist: a cancelled or failed call is
+    /// given back in the background.
+    pub(super) async fn take_in_lane(
+        &self,
+        script: &'static Lua,
+        keys: &Arc<LockKeys>,
+        value: &Arc<str>,
+        entry: impl FnOnce(Entry) -> Entry,
+    ) -> Result<AcquireReply, LockError> {
+        let undo = || OnDrop::new(|| self.give_back_in_background(keys, value));
+        let conn = self.client.conn();
+        let (reply, undo) = match conn.turn(script, &keys.key, entry) {
             LaneTurn::Alone(alone, entry) => {
                 let undo = undo();
-                let reply = self.client.conn().send_one(&ACQUIRE, entry).await;
+                let reply = conn.send_one(script, entry).await;
                 drop(alone);
                 (reply?, undo)
             }

@@ -8,7 +8,8 @@ use tokio::time::Instant;
 
 use super::{RedisBackend, held, renewed};
 use crate::client::config::proven;
-use crate::client::store::key::{LockKeys, LockMode};
+use crate::client::store::batch::Entry;
+use crate::client::store::key::{LockKeys, LockMode, WAITERS};
 use crate::client::store::scripts::{AcquireReply, GrantReply, READ_WRITE};
 use crate::error::LockError;
 use crate::lock::Request;
@@ -16,7 +17,8 @@ use crate::lock::registry::Loss;
 use crate::lock::seam::Held;
 
 impl RedisBackend {
-    /// One attempt at a read or write hold, as the grant `value`.
+    /// One attempt at a read or write hold, as the grant `value` (see
+    /// [`take_in_lane`](RedisBackend::take_in_lane)).
     pub(super) async fn take_shared(
         &self,
         req: &Request,
@@ -32,35 +34,43 @@ impl RedisBackend {
         } else {
             0
         };
-        let conn = self.client.conn();
-        let call = conn.eval(&READ_WRITE, conn.timeout(), |c| {
-            c.arg(3)
-                .arg(&keys.key)
-                .arg(keys.waiters())
-                .arg(keys.fence())
-                .arg("acquire")
-                .arg(if write { "w" } else { "r" })
+        let entry = |e: Entry| {
+            let e = e.key(&keys.key).key_suffixed(&keys.key, WAITERS);
+            // Only a writer takes a token: the others name the lock again.
+            let e = if write {
+                e.key(&keys.fence())
+            } else {
+                e.key(&keys.key)
+            };
+            e.arg(if write { "w" } else { "r" })
                 .arg(&**value)
                 .arg(req.lease.as_millis() as u64)
-                .arg(linger);
-        });
-        self.take_by_script(keys, value, call).await
+                .arg(linger)
+        };
+        self.take_in_lane(&READ_WRITE, keys, value, entry).await
     }
 
+    /// Gives back a read or write hold, alone or an entry of the next batched call.
     pub(super) async fn give_back_shared(
         &self,
         keys: &LockKeys,
         value: &str,
     ) -> Result<Held, LockError> {
-        let conn = self.client.conn();
-        let reply = conn
-            .eval(&READ_WRITE, conn.timeout(), |c| {
-                c.arg(2)
-                    .arg(&keys.key)
-                    .arg(keys.channel())
-                    .arg("release")
+        let op = match keys.mode {
+            LockMode::Write => "release-w",
+            _ => "release-r",
+        };
+        let reply = self
+            .client
+            .conn()
+            .call(&READ_WRITE, &keys.key, |e| {
+                e.key(&keys.key)
+                    .key(&keys.key)
+                    .key(&keys.key)
+                    .arg(op)
                     .arg(value)
-                    .arg(self.client.id_hex());
+                    .arg(self.client.id_hex())
+                    .arg(0)
             })
             .await?;
         let reply = GrantReply::decode("read_write", reply)?;
@@ -68,6 +78,7 @@ impl RedisBackend {
         Ok(held(reply))
     }
 
+    /// Extends one hold within `within` (a call of its own: the watchdog's time limit).
     pub(super) async fn extend_shared(
         &self,
         keys: &LockKeys,
@@ -80,11 +91,14 @@ impl RedisBackend {
             .client
             .conn()
             .eval(&READ_WRITE, within, |c| {
-                c.arg(1)
+                c.arg(3)
+                    .arg(&keys.key)
+                    .arg(&keys.key)
                     .arg(&keys.key)
                     .arg("extend")
                     .arg(value)
-                    .arg(lease.as_millis() as u64);
+                    .arg(lease.as_millis() as u64)
+                    .arg(0);
             })
             .await?;
         Ok(held(GrantReply::decode("read_write", reply)?).map(|()| proven(sent, lease)))

@@ -79,7 +79,7 @@ pub(crate) static FENCE: Lua = Lua::new("fence", include_str!("../../../lua/fenc
 pub(crate) static RENEW: Lua = Lua::new("renew", include_str!("../../../lua/renew.lua"));
 /// Take, give back or extend a hold of a read-write lock. See `lua/read_write.lua`.
 pub(crate) static READ_WRITE: Lua =
-    Lua::new("read_write", include_str!("../../../lua/read_write.lua"));
+    Lua::batched("read_write", include_str!("../../../lua/read_write.lua"), 3);
 /// Write guarded by a fencing token and its holder. See `lua/fenced_write.lua`.
 pub(crate) static FENCED_WRITE: Lua = Lua::new(
     "fenced_write",
@@ -373,7 +373,13 @@ mod tests {
     /// alone writes that count as `numkeys` before its keys.
     #[test]
     fn batched_scripts_declare_the_keys_of_one_entry() {
-        for script in [&ACQUIRE, &RELEASE, &GCRA, &IDEMPOTENCY_COMPLETE] {
+        for script in [
+            &ACQUIRE,
+            &RELEASE,
+            &READ_WRITE,
+            &GCRA,
+            &IDEMPOTENCY_COMPLETE,
+        ] {
             let per_entry = match script.entry_keys() {
                 1 => "for i = 1, #KEYS do".to_string(),
                 n => format!("for i = 1, #KEYS / {n} do"),
@@ -386,15 +392,18 @@ mod tests {
         }
     }
 
-    /// A channel is no key, so the release script names it itself: as the keys do.
+    /// A channel is no key, so the release scripts name it themselves: as the keys do.
     #[test]
-    fn the_release_script_publishes_on_the_lock_keys_channel() {
+    fn the_release_scripts_publish_on_the_lock_keys_channel() {
         use crate::client::store::key::{RELEASED, lock_keys};
         let suffix = format!("lock .. '{RELEASED}'");
-        assert!(
-            RELEASE.source().contains(&suffix),
-            "release.lua lacks {suffix}"
-        );
+        for script in [&RELEASE, &READ_WRITE] {
+            assert!(
+                script.source().contains(&suffix),
+                "{}.lua lacks {suffix}",
+                script.op()
+            );
+        }
         let keys = lock_keys("ns", ":", "a").unwrap();
         assert_eq!(keys.channel(), format!("{}{RELEASED}", keys.key));
     }
