@@ -187,3 +187,57 @@ async fn holds_granted_after_their_callers_left_are_given_back() {
     );
     assert_eq!(c.held_count(), 0);
 }
+
+/// Watched holds renewed in one pass (a plain lock beside them) are extended by one
+/// call of the script, one entry each, and stay held past several leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watched_holds_are_extended_together() {
+    let server = RedisServer::start();
+    let lease = Duration::from_millis(600);
+    let c = client(&server, LockConfig::new().with_watchdog_lease(lease)).await;
+    let other = client(&server, LockConfig::new()).await;
+    let watched =
+        |mode: fn() -> LockOptions| mode().lease(Lease::Watchdog).wait(Duration::from_secs(1));
+    let mut monitor = server.monitor().await;
+    // Taken together, so every renewal pass carries all of them.
+    let (r1, r2, w, plain) = tokio::join!(
+        c.acquire("r1", watched(read)),
+        c.acquire("r2", watched(read)),
+        c.acquire("w", watched(write)),
+        c.try_lock("plain"),
+    );
+    let guards = [r1.unwrap(), r2.unwrap(), w.unwrap(), plain.unwrap()];
+    let sha = lock_core::SCRIPT_SOURCES
+        .iter()
+        .find(|(name, _)| *name == "read_write.lua")
+        .map(|(_, src)| redis::Script::new(src).get_hash().to_owned())
+        .unwrap();
+    let extensions = format!("\"EVALSHA\" \"{sha}\"");
+    // Three passes of renewals.
+    let mut calls = Vec::new();
+    for _ in 0..3 {
+        let lines = monitor
+            .wait_for("\"extend\"", Duration::from_secs(10))
+            .await
+            .expect("a renewal pass");
+        calls.extend(lines.last().cloned());
+    }
+    for call in &calls {
+        // After the script's hash: its number of keys, three per hold.
+        let numkeys = call
+            .split(extensions.as_str())
+            .nth(1)
+            .and_then(|r| r.split('"').nth(1));
+        assert_eq!(numkeys, Some("9"), "{call}");
+    }
+    for g in &guards {
+        assert!(g.is_held(), "{} was lost", g.name());
+    }
+    for name in ["r1", "w"] {
+        let e = other.acquire(name, write()).await.unwrap_err();
+        assert!(e.is_busy(), "{name}: {e}");
+    }
+    for g in guards {
+        assert_eq!(g.release().await.unwrap(), Released::Unlocked);
+    }
+}

@@ -4,11 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use redis::Value;
 use tokio::time::Instant;
 
 use super::{RedisBackend, held, renewed};
 use crate::client::config::proven;
-use crate::client::store::batch::Entry;
+use crate::client::store::batch::{Entry, entry_reply};
 use crate::client::store::key::{LockKeys, LockMode, WAITERS};
 use crate::client::store::scripts::{AcquireReply, GrantReply, READ_WRITE};
 use crate::error::LockError;
@@ -78,33 +79,52 @@ impl RedisBackend {
         Ok(held(reply))
     }
 
-    /// Extends one hold within `within` (a call of its own: the watchdog's time limit).
-    pub(super) async fn extend_shared(
+    /// Extends read-write holds in one call of the script, one entry each, within
+    /// `within` (the watchdog's time limit); an answer per hold, in order.
+    async fn extend_shared(
         &self,
-        keys: &LockKeys,
-        value: &str,
+        holds: &[(&LockKeys, &Arc<str>)],
         lease: Duration,
         within: Duration,
-    ) -> Result<Held<Instant>, LockError> {
+    ) -> Result<Vec<Held<Instant>>, LockError> {
         let sent = Instant::now();
         let reply = self
             .client
             .conn()
             .eval(&READ_WRITE, within, |c| {
-                c.arg(3)
-                    .arg(&keys.key)
-                    .arg(&keys.key)
-                    .arg(&keys.key)
-                    .arg("extend")
-                    .arg(value)
-                    .arg(lease.as_millis() as u64)
-                    .arg(0);
+                c.arg(3 * holds.len());
+                for (keys, _) in holds {
+                    c.arg(&keys.key).arg(&keys.key).arg(&keys.key);
+                }
+                for (_, value) in holds {
+                    c.arg("extend")
+                        .arg(&***value)
+                        .arg(lease.as_millis() as u64)
+                        .arg(0);
+                }
             })
             .await?;
-        Ok(held(GrantReply::decode("read_write", reply)?).map(|()| proven(sent, lease)))
+        // A batch of one answers its entry's reply alone.
+        let replies = match reply {
+            Value::Array(items) if holds.len() > 1 && items.len() == holds.len() => items,
+            Value::Array(_) if holds.len() > 1 => {
+                return Err(LockError::UnexpectedReply(format!(
+                    "read_write.lua answered {reply:?} to {} extensions",
+                    holds.len()
+                )));
+            }
+            one => vec![one],
+        };
+        replies
+            .into_iter()
+            .map(|r| {
+                let r = GrantReply::decode("read_write", entry_reply(r)?)?;
+                Ok(held(r).map(|()| proven(sent, lease)))
+            })
+            .collect()
     }
 
-    /// Renews plain grants in one call, and read-write holds one call each, at once.
+    /// Renews plain grants in one call and read-write holds in another, at once.
     pub(super) async fn renew_mixed(
         &self,
         grants: &[(&LockKeys, &Arc<str>)],
@@ -121,19 +141,20 @@ impl RedisBackend {
             }
             renewed(self.renew_values(&plain, lease, within).await?, sent, lease)
         };
-        let shared_renewals = futures_util::future::join_all(
-            shared
-                .iter()
-                .map(|(keys, value)| self.extend_shared(keys, value, lease, within)),
-        );
-        let (plain_held, shared_held) = tokio::join!(plain_renewal, shared_renewals);
+        let shared_renewal = async {
+            if shared.is_empty() {
+                return Ok(Vec::new());
+            }
+            self.extend_shared(&shared, lease, within).await
+        };
+        let (plain_held, shared_held) = tokio::join!(plain_renewal, shared_renewal);
         let mut plain_held = plain_held?.into_iter();
-        let mut shared_held = shared_held.into_iter();
+        let mut shared_held = shared_held?.into_iter();
         grants
             .iter()
             .map(|(keys, _)| {
                 if keys.mode.is_read_write() {
-                    shared_held.next().unwrap_or(Ok(Err(Loss::Expired)))
+                    Ok(shared_held.next().unwrap_or(Err(Loss::Expired)))
                 } else {
                     Ok(plain_held.next().unwrap_or(Err(Loss::Expired)))
                 }
