@@ -37,21 +37,14 @@
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 
--- The owner (client id and scope) of a grant value `<client>:<scope>:<grant>`.
-local function owner(value)
-  return string.match(value, '^(.*):')
-end
-
--- Makes `lock` last at least `lease` ms.
-local function last(lock, lease)
-  if redis.call('PTTL', lock) < lease then
-    redis.call('PEXPIRE', lock, lease)
-  end
-end
-
+-- Each operation reads the lock first with `redis.pcall`: a key of another type fails
+-- that entry alone, before it wrote anything.
 local function acquire(lock, mark, fence, write, value, lease, linger)
   -- The live holders: how many, the earliest end, the writer and its end.
-  local flat = redis.call('HGETALL', lock)
+  local flat = redis.pcall('HGETALL', lock)
+  if flat.err then
+    return {'error', flat.err}
+  end
   local live, earliest, writer = 0, nil, nil
   local ends = {}
   for i = 1, #flat, 2 do
@@ -88,7 +81,8 @@ local function acquire(lock, mark, fence, write, value, lease, linger)
       return {0, wait}
     end
   elseif writer then
-    if owner(writer) ~= owner(value) then
+    -- Owners: a grant value is `<client>:<scope>:<grant>`.
+    if string.match(writer, '^(.*):') ~= string.match(value, '^(.*):') then
       return {0, ends[writer] - now}
     end
   else
@@ -104,17 +98,19 @@ local function acquire(lock, mark, fence, write, value, lease, linger)
     redis.call('DEL', mark)
     token = redis.call('INCR', fence)
   end
-  if #flat == 0 then
-    -- The hash was just made (Redis keeps no empty hash), so it has no expiry yet.
+  -- The key lasts at least the lease. A hash just made (Redis keeps no empty hash)
+  -- has no expiry yet.
+  if #flat == 0 or redis.call('PTTL', lock) < lease then
     redis.call('PEXPIRE', lock, lease)
-  else
-    last(lock, lease)
   end
   return {1, token}
 end
 
 local function release(lock, write, value, payload)
-  local e = redis.call('HGET', lock, value)
+  local e = redis.pcall('HGET', lock, value)
+  if type(e) == 'table' then
+    return {'error', e.err}
+  end
   local held = e and tonumber(e) > now
   if e then
     -- Redis deletes the hash with its last field.
@@ -132,43 +128,37 @@ local function release(lock, write, value, payload)
 end
 
 local function extend(lock, value, lease)
-  local e = redis.call('HGET', lock, value)
+  local e = redis.pcall('HGET', lock, value)
+  if type(e) == 'table' then
+    return {'error', e.err}
+  end
   if not e or tonumber(e) <= now then
     return -1
   end
   if now + lease > tonumber(e) then
     redis.call('HSET', lock, value, now + lease)
   end
-  last(lock, lease)
+  if redis.call('PTTL', lock) < lease then
+    redis.call('PEXPIRE', lock, lease)
+  end
   return 1
 end
 
--- One entry; an error of Redis's (the key holds another type) is this entry's alone.
-local function entry(i)
-  local lock, mark, fence = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
-  local op, value, n = ARGV[4 * i - 3], ARGV[4 * i - 2], ARGV[4 * i - 1]
-  if op == 'r' or op == 'w' then
-    return acquire(lock, mark, fence, op == 'w', value, tonumber(n), tonumber(ARGV[4 * i]))
-  elseif op == 'release-r' or op == 'release-w' then
-    return release(lock, op == 'release-w', value, n)
-  elseif op == 'extend' then
-    return extend(lock, value, tonumber(n))
-  end
-  return {'error', 'read_write.lua: unknown operation ' .. tostring(op)}
-end
-
-local function guarded(i)
-  local ok, reply = pcall(entry, i)
-  if ok then
-    return reply
-  end
-  return {'error', type(reply) == 'table' and reply.err or tostring(reply)}
-end
-
--- A batch of one answers its entry's reply alone (one array level less to parse).
-if #KEYS == 3 then return guarded(1) end
 local out = {}
 for i = 1, #KEYS / 3 do
-  out[i] = guarded(i)
+  local lock = KEYS[3 * i - 2]
+  local op, value, n = ARGV[4 * i - 3], ARGV[4 * i - 2], ARGV[4 * i - 1]
+  if op == 'r' or op == 'w' then
+    out[i] = acquire(lock, KEYS[3 * i - 1], KEYS[3 * i], op == 'w', value, tonumber(n),
+      tonumber(ARGV[4 * i]))
+  elseif op == 'release-r' or op == 'release-w' then
+    out[i] = release(lock, op == 'release-w', value, n)
+  elseif op == 'extend' then
+    out[i] = extend(lock, value, tonumber(n))
+  else
+    out[i] = {'error', 'read_write.lua: unknown operation ' .. tostring(op)}
+  end
 end
+-- A batch of one answers its entry's reply alone (one array level less to parse).
+if #out == 1 then return out[1] end
 return out

@@ -80,7 +80,8 @@ impl RedisBackend {
     }
 
     /// Extends read-write holds in one call of the script, one entry each, within
-    /// `within` (the watchdog's time limit); an answer per hold, in order.
+    /// `within` (the watchdog's time limit); an answer per hold, in order, or an
+    /// error for them all if an entry failed (as a renewal of plain grants does).
     async fn extend_shared(
         &self,
         holds: &[(&LockKeys, &Arc<str>)],
@@ -106,14 +107,14 @@ impl RedisBackend {
             .await?;
         // A batch of one answers its entry's reply alone.
         let replies = match reply {
-            Value::Array(items) if holds.len() > 1 && items.len() == holds.len() => items,
-            Value::Array(_) if holds.len() > 1 => {
+            one if holds.len() == 1 => vec![one],
+            Value::Array(items) if items.len() == holds.len() => items,
+            other => {
                 return Err(LockError::UnexpectedReply(format!(
-                    "read_write.lua answered {reply:?} to {} extensions",
+                    "read_write.lua answered {other:?} to {} extensions",
                     holds.len()
                 )));
             }
-            one => vec![one],
         };
         replies
             .into_iter()
