@@ -6,10 +6,10 @@
 -- lock nobody gives back goes away by itself; a holder whose lease ended is dropped by
 -- the next call that looks.
 --
--- A writer that waits marks the lock (KEYS[2], for `linger` ms after each attempt: as
--- long as it still waits, at most the longest pause between its attempts) and new
--- readers wait while it is marked: waiting writers are not starved by readers that
--- keep coming. A writer that stops waiting holds readers back at most `linger` ms.
+-- A writer that waits sets the lock's writer mark (for `linger` ms after each attempt:
+-- as long as it still waits, at most the longest pause between its attempts) and new
+-- readers wait while it is set: waiting writers are not starved by readers that keep
+-- coming. A writer that stops waiting holds readers back at most `linger` ms.
 --
 -- Entries are independent, one per call of the lock, and many go in one script call: a
 -- batch of one is the plain call. Each gets its own reply, in order, as if called alone.

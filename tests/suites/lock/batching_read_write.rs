@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::batching::{in_one_batch, script_calls, sent_since};
-use crate::common::{client, eventually, exists, in_flight, one_in_flight};
+use crate::common::{client, eventually, exists, get, in_flight, one_in_flight, script_sha};
 use lock_core::{Lease, LockClient, LockConfig, LockError, LockOptions, Released};
 use lock_tests::RedisServer;
 
@@ -34,13 +34,7 @@ async fn hash_of(c: &LockClient, name: &str) -> String {
 
 /// The fencing counter `fence`.
 async fn fence_count(server: &RedisServer, fence: &str) -> u64 {
-    let mut raw = server.connection().await;
-    redis::cmd("GET")
-        .arg(fence)
-        .query_async::<Option<u64>>(&mut raw)
-        .await
-        .unwrap()
-        .unwrap_or(0)
+    get(server, fence).await.map_or(0, |n| n.parse().unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -207,12 +201,7 @@ async fn watched_holds_are_extended_together() {
         c.try_lock("plain"),
     );
     let guards = [r1.unwrap(), r2.unwrap(), w.unwrap(), plain.unwrap()];
-    let sha = lock_core::SCRIPT_SOURCES
-        .iter()
-        .find(|(name, _)| *name == "read_write.lua")
-        .map(|(_, src)| redis::Script::new(src).get_hash().to_owned())
-        .unwrap();
-    let extensions = format!("\"EVALSHA\" \"{sha}\"");
+    let extensions = format!("\"EVALSHA\" \"{}\"", script_sha("read_write.lua"));
     // Three passes of renewals.
     let mut calls = Vec::new();
     for _ in 0..3 {

@@ -426,7 +426,12 @@ impl Seam for RedisBackend {
             return self.renew_mixed(grants, lease, within).await;
         }
         let sent = Instant::now();
-        renewed(self.renew_values(grants, lease, within).await?, sent, lease)
+        renewed(
+            "renew",
+            self.renew_values(grants, lease, within).await?,
+            sent,
+            lease,
+        )
     }
 
     fn group(&self, key: &str) -> u16 {
@@ -493,15 +498,16 @@ impl RedisBackend {
     }
 }
 
-/// The renew script's `codes` as the engine reads them: each renewed grant is proven
-/// for `lease` from `sent`.
+/// A renewal script's (`op`'s) `codes` as the engine reads them: each renewed grant is
+/// proven for `lease` from `sent`.
 pub(super) fn renewed(
+    op: &str,
     codes: Vec<Code>,
     sent: Instant,
     lease: Duration,
 ) -> Result<Vec<Held<Instant>>, LockError> {
     codes
         .into_iter()
-        .map(|code| Ok(held(GrantReply::from_code("renew", code)?).map(|()| proven(sent, lease))))
+        .map(|code| Ok(held(GrantReply::from_code(op, code)?).map(|()| proven(sent, lease))))
         .collect()
 }

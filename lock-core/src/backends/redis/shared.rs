@@ -4,14 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::Value;
 use tokio::time::Instant;
 
 use super::{RedisBackend, held, renewed};
-use crate::client::config::proven;
-use crate::client::store::batch::{Entry, entry_reply};
+use crate::client::store::batch::{Entry, entry_replies, entry_reply};
 use crate::client::store::key::{LockKeys, LockMode, WAITERS};
-use crate::client::store::scripts::{AcquireReply, GrantReply, READ_WRITE};
+use crate::client::store::scripts::{AcquireReply, Code, GrantReply, READ_WRITE, code_value};
 use crate::error::LockError;
 use crate::lock::Request;
 use crate::lock::registry::Loss;
@@ -80,15 +78,14 @@ impl RedisBackend {
     }
 
     /// Extends read-write holds in one call of the script, one entry each, within
-    /// `within` (the watchdog's time limit); an answer per hold, in order, or an
-    /// error for them all if an entry failed (as a renewal of plain grants does).
+    /// `within` (the watchdog's time limit): a code per hold, in order, or an error
+    /// for them all if an entry failed (as a renewal of plain grants does).
     async fn extend_shared(
         &self,
         holds: &[(&LockKeys, &Arc<str>)],
         lease: Duration,
         within: Duration,
-    ) -> Result<Vec<Held<Instant>>, LockError> {
-        let sent = Instant::now();
+    ) -> Result<Vec<Code>, LockError> {
         let reply = self
             .client
             .conn()
@@ -105,23 +102,9 @@ impl RedisBackend {
                 }
             })
             .await?;
-        // A batch of one answers its entry's reply alone.
-        let replies = match reply {
-            one if holds.len() == 1 => vec![one],
-            Value::Array(items) if items.len() == holds.len() => items,
-            other => {
-                return Err(LockError::UnexpectedReply(format!(
-                    "read_write.lua answered {other:?} to {} extensions",
-                    holds.len()
-                )));
-            }
-        };
-        replies
+        entry_replies(&READ_WRITE, reply, holds.len())?
             .into_iter()
-            .map(|r| {
-                let r = GrantReply::decode("read_write", entry_reply(r)?)?;
-                Ok(held(r).map(|()| proven(sent, lease)))
-            })
+            .map(|r| Ok(code_value("read_write", entry_reply(r)?)?.0))
             .collect()
     }
 
@@ -140,13 +123,19 @@ impl RedisBackend {
             if plain.is_empty() {
                 return Ok(Vec::new());
             }
-            renewed(self.renew_values(&plain, lease, within).await?, sent, lease)
+            renewed(
+                "renew",
+                self.renew_values(&plain, lease, within).await?,
+                sent,
+                lease,
+            )
         };
         let shared_renewal = async {
             if shared.is_empty() {
                 return Ok(Vec::new());
             }
-            self.extend_shared(&shared, lease, within).await
+            let codes = self.extend_shared(&shared, lease, within).await?;
+            renewed("read_write", codes, sent, lease)
         };
         let (plain_held, shared_held) = tokio::join!(plain_renewal, shared_renewal);
         let mut plain_held = plain_held?.into_iter();

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use redis::Value;
 
 use super::super::scripts::Lua;
-use super::{Kind, LaneId, Lanes, Queued, Written, each, entry_reply};
+use super::{Kind, LaneId, Lanes, Queued, Written, each, entry_replies, entry_reply};
 use crate::client::store::Conn;
 use crate::error::LockError;
 
@@ -24,15 +24,7 @@ async fn send_batch(
             written.fill_script(c)
         })
         .await?;
-    match reply {
-        // A batch of one answers its entry's reply alone.
-        one if entries == 1 => Ok(vec![one]),
-        Value::Array(items) if items.len() == entries => Ok(items),
-        other => Err(LockError::UnexpectedReply(format!(
-            "{}.lua returned {other:?} for {entries} entries",
-            script.op(),
-        ))),
-    }
+    entry_replies(script, reply, entries)
 }
 
 /// Sends the `count` commands written in `written` as one pipeline; the reply of each,

@@ -343,6 +343,23 @@ impl Conn {
     }
 }
 
+/// The replies of a call of `script` over `entries` entries, in order: a batch of one
+/// answers its entry's reply alone.
+pub(crate) fn entry_replies(
+    script: &Lua,
+    reply: Value,
+    entries: usize,
+) -> Result<Vec<Value>, LockError> {
+    match reply {
+        one if entries == 1 => Ok(vec![one]),
+        Value::Array(items) if items.len() == entries => Ok(items),
+        other => Err(LockError::UnexpectedReply(format!(
+            "{}.lua returned {other:?} for {entries} entries",
+            script.op(),
+        ))),
+    }
+}
+
 /// One entry's reply: `{'error', message}` becomes the entry's error. (A nested error
 /// reply would fail the whole reply in redis-rs, and so every entry of the batch.)
 pub(crate) fn entry_reply(v: Value) -> Result<Value, LockError> {
