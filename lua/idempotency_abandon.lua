@@ -2,7 +2,8 @@
 -- idempotency_abandon.lua: free a claimed key without storing anything (a retry runs again).
 --
 -- KEYS[1]   the record: a string "F<fingerprint> <owner>" while in flight (set by
---           `SET NX PX GET` in lock-core's IdempotencyStore::begin), or
+--           `SET NX PX GET` in lock-core's IdempotencyStore::begin), "W<fingerprint>
+--           <owner>" once a waiter marked it (idempotency_wait.lua), or
 --           "D<fingerprint> <response>" once completed
 -- KEYS[2]   channel announcing that the key is no longer in flight (waiters subscribe)
 -- ARGV[1]   the claim's in-flight value, "F<fingerprint> <owner>"
@@ -16,7 +17,7 @@ local v = redis.call('GET', KEYS[1])
 if not v then
   return 0
 end
-if v ~= ARGV[1] then
+if v ~= ARGV[1] and v ~= 'W' .. string.sub(ARGV[1], 2) then
   return -1
 end
 redis.call('DEL', KEYS[1])

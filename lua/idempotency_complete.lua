@@ -3,15 +3,18 @@
 -- retention, one entry per key, in one call: a batch of one is the plain call. Entries
 -- are independent: each gets its own reply, in order, as if called alone.
 --
--- Entry i (i = 1 .. #KEYS / 2) uses KEYS[2i-1 .. 2i] and ARGV[4i-3 .. 4i]:
--- KEYS[2i-1]  the record: a string "F<fingerprint> <owner>" while in flight (set by
+-- Entry i (i = 1 .. #KEYS) uses KEYS[i] and ARGV[4i-3 .. 4i]:
+-- KEYS[i]     the record: a string "F<fingerprint> <owner>" while in flight (set by
 --             `SET NX PX GET` in lock-core's IdempotencyStore::begin, alone or
---             pipelined), or "D<fingerprint> <response>" once completed
--- KEYS[2i]    channel announcing that the key is no longer in flight (waiters subscribe)
+--             pipelined), "W<fingerprint> <owner>" once a waiter marked it
+--             (idempotency_wait.lua), or "D<fingerprint> <response>" once completed
 -- ARGV[4i-3]  the claim's in-flight value, "F<fingerprint> <owner>"
 -- ARGV[4i-2]  the completed value, "D<fingerprint> <response>"
 -- ARGV[4i-1]  retention in milliseconds
--- ARGV[4i]    payload published on KEYS[2i] (the completing client's id)
+-- ARGV[4i]    payload published to waiters (the completing client's id)
+-- Waiters listen on the channel '<record>-done' (a channel is no key, so it is not
+-- declared); it is published only for a marked record, so a completion nobody waits
+-- for costs no PUBLISH.
 --
 -- Returns an array with one reply per entry, or for a batch of one that reply alone:
 --   1    stored, and waiters were told
@@ -19,19 +22,22 @@
 --   -1   not owner: the key was claimed again by someone else, or already completed
 --   {'error', message}  this entry failed (its key holds another type); the others stand
 local out = {}
-for i = 1, #KEYS / 2 do
-  local record, channel = KEYS[2 * i - 1], KEYS[2 * i]
+for i = 1, #KEYS do
+  local record, mine = KEYS[i], ARGV[4 * i - 3]
   local v = redis.pcall('GET', record)
   if type(v) == 'table' then
     out[i] = {'error', v.err}
   elseif not v then
     out[i] = 0
-  elseif v ~= ARGV[4 * i - 3] then
-    out[i] = -1
-  else
+  elseif v == mine then
     redis.call('SET', record, ARGV[4 * i - 2], 'PX', ARGV[4 * i - 1])
-    redis.call('PUBLISH', channel, ARGV[4 * i])
     out[i] = 1
+  elseif v == 'W' .. string.sub(mine, 2) then
+    redis.call('SET', record, ARGV[4 * i - 2], 'PX', ARGV[4 * i - 1])
+    redis.call('PUBLISH', record .. '-done', ARGV[4 * i])
+    out[i] = 1
+  else
+    out[i] = -1
   end
 end
 -- A batch of one answers its entry's reply alone (one array level less to parse).

@@ -128,7 +128,6 @@ impl Claim {
         done.extend_from_slice(record);
         let entry = |e: Entry| {
             e.key(&s.keys.record)
-                .key(&s.keys.channel)
                 .arg(&s.in_flight)
                 .arg(&done[..])
                 .arg(retention.as_millis() as u64)

@@ -16,6 +16,7 @@ use tokio::runtime::Handle;
 use crate::client::config::{MAX_LEASE, check_lease};
 use crate::client::store::batch::Turn as BatchTurn;
 use crate::client::store::key::{LockName, suffixed};
+use crate::client::store::scripts::IDEMPOTENCY_WAIT;
 use crate::client::store::{Args, refused};
 use crate::client::wait::{Listen, Turn, wait_for_turn};
 use crate::client::{Client, in_span, wanted};
@@ -48,10 +49,11 @@ pub enum Begin {
 pub struct IdempotencyKeys {
     /// The escaped, joined name (store name, then the caller's parts).
     pub name: String,
-    /// The record: the string `F<fingerprint> <owner>` while in flight,
-    /// `D<fingerprint> <record>` once completed.
+    /// The record: the string `F<fingerprint> <owner>` while in flight (`W...` once a
+    /// waiter marked it), `D<fingerprint> <record>` once completed.
     pub record: String,
-    /// The channel announcing that the key is no longer in flight.
+    /// The channel announcing that the key is no longer in flight: the record's name
+    /// followed by `-done`.
     pub channel: String,
 }
 
@@ -74,9 +76,13 @@ pub struct IdempotencyKeys {
 /// - **Every path frees the key**: a dropped [`Claim`] (early return, panic, cancelled
 ///   future, failed `complete`) is abandoned in the background.
 /// - **Waiting** ([`begin_or_wait`](Self::begin_or_wait)): a caller that finds the key in
-///   flight sleeps on the key's channel (over the client's one pub/sub connection) and
+///   flight subscribes to the key's channel (over the client's one pub/sub connection),
+///   marks the record as waited for (`lua/idempotency_wait.lua`: `F` becomes `W`), and
 ///   tries again when the claim completes or is abandoned, with jittered backoff as a
-///   fallback, up to its wait budget.
+///   fallback, up to its wait budget. A completion publishes only for a marked record:
+///   one that nobody waits for costs Redis no `PUBLISH`. The mark is a state the
+///   scripts of this version accept; a client of an earlier version, which knows only
+///   `F`, cannot complete a claim that a waiter of this version marked.
 /// - **Keys.** `<namespace>:{<store name><delim><parts>...}:idempotency` (the record,
 ///   see [`IdempotencyKeys::record`]) and `...:idempotency-done` (the channel), built by
 ///   [`crate::key`], so user input cannot forge another record's key.
@@ -118,6 +124,10 @@ impl std::fmt::Debug for IdempotencyStore {
     }
 }
 
+/// What a record's name ends with to name its channel: the completion script, which
+/// names the channel itself (a channel is no key), appends the same.
+pub(crate) const DONE: &str = "-done";
+
 /// Makes claim owner ids unique within the process; the client id makes them unique
 /// across processes.
 static NEXT_CLAIM: AtomicU64 = AtomicU64::new(1);
@@ -144,9 +154,10 @@ impl IdempotencyStore {
     /// The Redis keys of `key` (any [`LockName`]: one part or several).
     pub fn keys<N: LockName + ?Sized>(&self, key: &N) -> Result<IdempotencyKeys, LockError> {
         let keys = self.client.prefixed_keys(&self.name, key)?;
+        let record = suffixed(&keys.key, ":idempotency");
         Ok(IdempotencyKeys {
-            record: suffixed(&keys.key, ":idempotency"),
-            channel: suffixed(&keys.key, ":idempotency-done"),
+            channel: suffixed(&record, DONE),
+            record,
             name: keys.name().to_owned(),
         })
     }
@@ -217,16 +228,18 @@ impl IdempotencyStore {
             listen,
             deadline.into(),
             |subscribed| async move {
-                Ok(match self.attempt(keys, fingerprint, lease).await? {
-                    Begin::InFlight { retry_after } => Turn::Retry(retry_after),
-                    found => {
-                        if subscribed && !matches!(found, Begin::New(_)) {
-                            // One local waiter is woken per message: pass the turn on.
-                            inner.hub().notify_local(&keys.channel);
+                Ok(
+                    match self.attempt(keys, fingerprint, lease, subscribed).await? {
+                        Begin::InFlight { retry_after } => Turn::Retry(retry_after),
+                        found => {
+                            if subscribed && !matches!(found, Begin::New(_)) {
+                                // One local waiter is woken per message: pass the turn on.
+                                inner.hub().notify_local(&keys.channel);
+                            }
+                            Turn::Done(found)
                         }
-                        Turn::Done(found)
-                    }
-                })
+                    },
+                )
             },
         )
         .await?;
@@ -234,12 +247,15 @@ impl IdempotencyStore {
     }
 
     /// One claim attempt: `SET <record> "F<fingerprint> <owner>" NX PX <lease> GET`,
-    /// atomic by itself, claims a free key or returns what is stored there.
+    /// atomic by itself, claims a free key or returns what is stored there. A waiter
+    /// (`subscribed` to the record's channel) that finds the key in flight marks the
+    /// record, so that its completion publishes.
     async fn attempt(
         &self,
         keys: &Arc<IdempotencyKeys>,
         fingerprint: &str,
         lease: Duration,
+        subscribed: bool,
     ) -> Result<Begin, LockError> {
         let inner = &self.client;
         let in_flight = format!(
@@ -297,10 +313,11 @@ impl IdempotencyStore {
             return Ok(Begin::New(claim));
         };
         claim.disarm();
-        // "F<fingerprint> <owner>" (in flight) or "D<fingerprint> <record>" (completed).
+        // "F<fingerprint> <owner>" (in flight), "W<fingerprint> <owner>" (in flight and
+        // waited for) or "D<fingerprint> <record>" (completed).
         let at = fingerprint.len() + 2;
         let state = found.first().copied();
-        if !matches!(state, Some(b'F' | b'D')) {
+        if !matches!(state, Some(b'F' | b'W' | b'D')) {
             return Err(LockError::UnexpectedReply(format!(
                 "`{}` does not hold an idempotency record",
                 keys.record
@@ -316,10 +333,23 @@ impl IdempotencyStore {
             found.drain(..at);
             return Ok(Begin::Completed(found));
         }
-        let pttl: i64 = inner
-            .conn()
-            .query("idempotency begin", Args::cmd("PTTL").arg(&keys.record))
-            .await?;
+        let pttl: i64 = if subscribed {
+            let mut inv = IDEMPOTENCY_WAIT.prepare_invoke();
+            inv.key(&keys.record);
+            let left: i64 = inner.conn().invoke("idempotency wait", &inv).await?;
+            match left {
+                // Completed, freed or expired since the claim's reply: look again now.
+                -2 => 0,
+                // In flight without an expiry: only the message (or backoff) ends it.
+                -1 => MAX_LEASE.as_millis() as i64,
+                left => left,
+            }
+        } else {
+            inner
+                .conn()
+                .query("idempotency begin", Args::cmd("PTTL").arg(&keys.record))
+                .await?
+        };
         Ok(Begin::InFlight {
             retry_after: Duration::from_millis(pttl.max(1) as u64),
         })

@@ -7,7 +7,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{client, eventually, exists, subscribers};
+use common::{client, eventually, exists, get, subscribers};
+use futures_util::StreamExt;
 use lock_core::{Begin, IdempotencyStore, LockConfig};
 use lock_tests::RedisServer;
 
@@ -167,6 +168,95 @@ async fn waiters_replay_on_completion_and_claim_on_abandon() {
         .await
         .unwrap();
     assert!(matches!(found, Begin::InFlight { .. }), "{found:?}");
+}
+
+/// The payloads published on `channel` from now on, as a raw subscriber sees them.
+async fn listen(server: &RedisServer, channel: &str) -> impl futures_util::Stream<Item = String> {
+    let mut pubsub = server.client().get_async_pubsub().await.unwrap();
+    pubsub.subscribe(channel).await.unwrap();
+    pubsub
+        .into_on_message()
+        .map(|m| m.get_payload::<String>().unwrap())
+}
+
+/// The first payload published on `channel` after whatever the caller did: a sentinel
+/// published now, on another connection, comes after every earlier message.
+async fn first_message<S: futures_util::Stream<Item = String> + Unpin>(
+    server: &RedisServer,
+    channel: &str,
+    messages: &mut S,
+) -> String {
+    let mut c = server.connection().await;
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg(channel)
+        .arg("sentinel")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), messages.next())
+        .await
+        .expect("no message within 5 s, not even the sentinel")
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_publishes_only_for_a_key_someone_waits_for() {
+    let server = RedisServer::start();
+    let s = store(&server).await;
+    let other = store(&server).await;
+    // Nobody waits: stored without a message.
+    let c = claim(s.begin("quiet", "fp", LEASE).await.unwrap());
+    let channel = c.keys().channel.clone();
+    let mut messages = Box::pin(listen(&server, &channel).await);
+    c.complete(b"done", DAY).await.unwrap();
+    assert_eq!(
+        first_message(&server, &channel, &mut messages).await,
+        "sentinel",
+        "a completion nobody waited for published"
+    );
+    // A waiter marks the record; its owner still renews and completes it, and the
+    // completion publishes (to the waiter, and to this raw subscriber).
+    for complete in [true, false] {
+        let key = format!("waited-{complete}");
+        let c = claim(s.begin(key.as_str(), "fp", LEASE).await.unwrap());
+        let (record, channel) = (c.keys().record.clone(), c.keys().channel.clone());
+        let mut messages = Box::pin(listen(&server, &channel).await);
+        let waiter = {
+            let (other, key) = (other.clone(), key.clone());
+            tokio::spawn(async move {
+                other
+                    .begin_or_wait(key.as_str(), "fp", LEASE, Duration::from_secs(30))
+                    .await
+                    .unwrap()
+            })
+        };
+        eventually(
+            Duration::from_secs(5),
+            "the waiter to mark the record",
+            || async {
+                get(&server, &record)
+                    .await
+                    .is_some_and(|v| v.starts_with('W'))
+            },
+        )
+        .await;
+        c.extend().await.unwrap();
+        if complete {
+            c.complete(b"done", DAY).await.unwrap();
+            match waiter.await.unwrap() {
+                Begin::Completed(r) => assert_eq!(r, b"done"),
+                other => panic!("{other:?}"),
+            }
+        } else {
+            c.abandon().await.unwrap();
+            claim(waiter.await.unwrap()).abandon().await.unwrap();
+        }
+        assert_ne!(
+            first_message(&server, &channel, &mut messages).await,
+            "sentinel",
+            "no message for a waited-for key (complete: {complete})"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -285,11 +285,15 @@ pub(crate) static RESERVE_IDS: LazyLock<Script> =
 pub(crate) static IDEMPOTENCY_COMPLETE: Lua = Lua::batched(
     "idempotency_complete",
     include_str!("../../../lua/idempotency_complete.lua"),
-    2,
+    1,
 );
 /// Free a claimed key. See `lua/idempotency_abandon.lua`.
 pub(crate) static IDEMPOTENCY_ABANDON: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/idempotency_abandon.lua")));
+
+/// Mark an in-flight key as waited for. See `lua/idempotency_wait.lua`.
+pub(crate) static IDEMPOTENCY_WAIT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/idempotency_wait.lua")));
 
 /// Renew the in-flight lease of a claimed key. See `lua/idempotency_extend.lua`.
 pub(crate) static IDEMPOTENCY_EXTEND: LazyLock<Script> =
@@ -363,6 +367,10 @@ pub const SOURCES: &[(&str, &str)] = &[
         "idempotency_extend.lua",
         include_str!("../../../lua/idempotency_extend.lua"),
     ),
+    (
+        "idempotency_wait.lua",
+        include_str!("../../../lua/idempotency_wait.lua"),
+    ),
 ];
 
 #[cfg(test)]
@@ -406,6 +414,15 @@ mod tests {
         }
         let keys = lock_keys("ns", ":", "a").unwrap();
         assert_eq!(keys.channel(), format!("{}{RELEASED}", keys.key));
+    }
+
+    /// The completion publishes on the channel waiters subscribe to, which it names
+    /// from the record as the store's keys do.
+    #[test]
+    fn the_completion_publishes_on_the_records_channel() {
+        use crate::idempotency::DONE;
+        let publish = format!("redis.call('PUBLISH', record .. '{DONE}'");
+        assert!(IDEMPOTENCY_COMPLETE.source().contains(&publish));
     }
 
     #[test]
