@@ -49,9 +49,10 @@ const IN_FLIGHT_MS: u64 = 10_000;
 /// How long the replay servers keep a completed record (the one key every replay
 /// repeats must outlive the run).
 const RETENTION: Duration = Duration::from_secs(24 * 3600);
-/// How long the fresh servers keep a completed record: long past the request, short
-/// enough that the records of a run expire while it goes on.
-const FRESH_RETENTION: Duration = Duration::from_secs(3);
+/// How long the fresh servers keep a completed record: long past the request, and
+/// short beside a turn (2 s by default), so that Redis expires an implementation's
+/// records during its own turn rather than during the next implementation's.
+const FRESH_RETENTION: Duration = Duration::from_millis(250);
 
 /// The handler's own work, the same in both servers.
 fn work(body: &[u8]) -> Response<Body> {
