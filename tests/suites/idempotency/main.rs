@@ -134,7 +134,8 @@ async fn waiters_replay_on_completion_and_claim_on_abandon() {
     for complete in [true, false] {
         let key = format!("wait-{complete}");
         let c = claim(s.begin(key.as_str(), "fp", LEASE).await.unwrap());
-        let channel = c.keys().channel.clone();
+        let (record, channel) = (c.keys().record.clone(), c.keys().channel.clone());
+        let mut messages = Box::pin(listen(&server, &channel).await);
         let waiter = {
             let (other, key) = (other.clone(), key.clone());
             tokio::spawn(async move {
@@ -147,9 +148,22 @@ async fn waiters_replay_on_completion_and_claim_on_abandon() {
         eventually(
             Duration::from_secs(5),
             "the waiter to subscribe",
-            || async { subscribers(&server, &channel).await >= 1 },
+            || async { subscribers(&server, &channel).await >= 2 },
         )
         .await;
+        // Subscribed, the waiter marks the record, so that its end is published; the
+        // owner still renews it.
+        eventually(
+            Duration::from_secs(5),
+            "the waiter to mark the record",
+            || async {
+                get(&server, &record)
+                    .await
+                    .is_some_and(|v| v.starts_with('W'))
+            },
+        )
+        .await;
+        c.extend().await.unwrap();
         if complete {
             c.complete(b"done", DAY).await.unwrap();
             match waiter.await.unwrap() {
@@ -160,6 +174,11 @@ async fn waiters_replay_on_completion_and_claim_on_abandon() {
             c.abandon().await.unwrap();
             claim(waiter.await.unwrap()).abandon().await.unwrap();
         }
+        assert_ne!(
+            first_message(&server, &channel, &mut messages).await,
+            "sentinel",
+            "no message for a waited-for key (complete: {complete})"
+        );
     }
     // A short wait ends in flight.
     let _held = claim(s.begin("busy", "fp", LEASE).await.unwrap());
@@ -200,11 +219,9 @@ async fn first_message<S: futures_util::Stream<Item = String> + Unpin>(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_completion_publishes_only_for_a_key_someone_waits_for() {
+async fn a_completion_nobody_waits_for_publishes_nothing() {
     let server = RedisServer::start();
     let s = store(&server).await;
-    let other = store(&server).await;
-    // Nobody waits: stored without a message.
     let c = claim(s.begin("quiet", "fp", LEASE).await.unwrap());
     let channel = c.keys().channel.clone();
     let mut messages = Box::pin(listen(&server, &channel).await);
@@ -214,49 +231,6 @@ async fn a_completion_publishes_only_for_a_key_someone_waits_for() {
         "sentinel",
         "a completion nobody waited for published"
     );
-    // A waiter marks the record; its owner still renews and completes it, and the
-    // completion publishes (to the waiter, and to this raw subscriber).
-    for complete in [true, false] {
-        let key = format!("waited-{complete}");
-        let c = claim(s.begin(key.as_str(), "fp", LEASE).await.unwrap());
-        let (record, channel) = (c.keys().record.clone(), c.keys().channel.clone());
-        let mut messages = Box::pin(listen(&server, &channel).await);
-        let waiter = {
-            let (other, key) = (other.clone(), key.clone());
-            tokio::spawn(async move {
-                other
-                    .begin_or_wait(key.as_str(), "fp", LEASE, Duration::from_secs(30))
-                    .await
-                    .unwrap()
-            })
-        };
-        eventually(
-            Duration::from_secs(5),
-            "the waiter to mark the record",
-            || async {
-                get(&server, &record)
-                    .await
-                    .is_some_and(|v| v.starts_with('W'))
-            },
-        )
-        .await;
-        c.extend().await.unwrap();
-        if complete {
-            c.complete(b"done", DAY).await.unwrap();
-            match waiter.await.unwrap() {
-                Begin::Completed(r) => assert_eq!(r, b"done"),
-                other => panic!("{other:?}"),
-            }
-        } else {
-            c.abandon().await.unwrap();
-            claim(waiter.await.unwrap()).abandon().await.unwrap();
-        }
-        assert_ne!(
-            first_message(&server, &channel, &mut messages).await,
-            "sentinel",
-            "no message for a waited-for key (complete: {complete})"
-        );
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
