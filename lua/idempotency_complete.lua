@@ -29,12 +29,11 @@ for i = 1, #KEYS do
     out[i] = {'error', v.err}
   elseif not v then
     out[i] = 0
-  elseif v == mine then
+  elseif v == mine or v == 'W' .. string.sub(mine, 2) then
     redis.call('SET', record, ARGV[4 * i - 2], 'PX', ARGV[4 * i - 1])
-    out[i] = 1
-  elseif v == 'W' .. string.sub(mine, 2) then
-    redis.call('SET', record, ARGV[4 * i - 2], 'PX', ARGV[4 * i - 1])
-    redis.call('PUBLISH', record .. '-done', ARGV[4 * i])
+    if v ~= mine then
+      redis.call('PUBLISH', record .. '-done', ARGV[4 * i])
+    end
     out[i] = 1
   else
     out[i] = -1

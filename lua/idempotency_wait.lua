@@ -7,10 +7,10 @@
 --           flight and marked, "D<fingerprint> <response>" completed
 -- ARGV[..]  none
 --
--- Returns
+-- Returns what PTTL would (the caller reads both alike, as a hint of when to look again)
 --   n >= 0  the record is in flight (now marked): its remaining lease in milliseconds
---   -1      in flight without an expiry (written by hand): wait for the message
---   -2      not in flight any more (completed, freed or expired): look again now
+--   -1      in flight without an expiry (written by hand)
+--   -2      not in flight any more (completed, freed or expired)
 local v = redis.call('GET', KEYS[1])
 if not v then
   return -2

@@ -333,17 +333,11 @@ impl IdempotencyStore {
             found.drain(..at);
             return Ok(Begin::Completed(found));
         }
+        // A waiter's mark answers as PTTL does, so both are read alike.
         let pttl: i64 = if subscribed {
             let mut inv = IDEMPOTENCY_WAIT.prepare_invoke();
             inv.key(&keys.record);
-            let left: i64 = inner.conn().invoke("idempotency wait", &inv).await?;
-            match left {
-                // Completed, freed or expired since the claim's reply: look again now.
-                -2 => 0,
-                // In flight without an expiry: only the message (or backoff) ends it.
-                -1 => MAX_LEASE.as_millis() as i64,
-                left => left,
-            }
+            inner.conn().invoke("idempotency wait", &inv).await?
         } else {
             inner
                 .conn()
@@ -384,4 +378,18 @@ fn outcome_of(found: &Result<Begin, LockError>) -> Option<IdempotencyOutcome> {
         Err(e) if e.is_redis() => IdempotencyOutcome::Unavailable,
         Err(_) => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DONE;
+    use crate::client::store::scripts::IDEMPOTENCY_COMPLETE;
+
+    /// The completion publishes on the channel waiters subscribe to, which it names
+    /// from the record as the store's keys do.
+    #[test]
+    fn the_completion_publishes_on_the_records_channel() {
+        let publish = format!("redis.call('PUBLISH', record .. '{DONE}'");
+        assert!(IDEMPOTENCY_COMPLETE.source().contains(&publish));
+    }
 }

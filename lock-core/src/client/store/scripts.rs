@@ -416,15 +416,6 @@ mod tests {
         assert_eq!(keys.channel(), format!("{}{RELEASED}", keys.key));
     }
 
-    /// The completion publishes on the channel waiters subscribe to, which it names
-    /// from the record as the store's keys do.
-    #[test]
-    fn the_completion_publishes_on_the_records_channel() {
-        use crate::idempotency::DONE;
-        let publish = format!("redis.call('PUBLISH', record .. '{DONE}'");
-        assert!(IDEMPOTENCY_COMPLETE.source().contains(&publish));
-    }
-
     #[test]
     fn replies_decode_by_one_convention() {
         let arr = |v: &[i64]| Value::Array(v.iter().map(|i| Value::Int(*i)).collect());
