@@ -5,6 +5,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
 use lock_core::{LockClient, LockConfig};
 use lock_tests::{Monitor, RedisServer};
 
@@ -235,4 +236,46 @@ where
     })
     .await;
     (first, queued)
+}
+
+/// A raw subscriber to one channel: what a waiter of another client, or of another
+/// library, receives.
+pub struct Listener {
+    channel: String,
+    messages: std::pin::Pin<Box<dyn futures_util::Stream<Item = redis::Msg> + Send>>,
+}
+
+impl Listener {
+    /// Subscribed to `channel` when this returns.
+    pub async fn on(server: &RedisServer, channel: &str) -> Self {
+        let mut pubsub = server.client().get_async_pubsub().await.unwrap();
+        pubsub.subscribe(channel).await.unwrap();
+        Self {
+            channel: channel.to_owned(),
+            messages: Box::pin(pubsub.into_on_message()),
+        }
+    }
+
+    /// The next message's payload, within 5 s.
+    pub async fn next(&mut self, what: &str) -> String {
+        let msg = tokio::time::timeout(Duration::from_secs(5), self.messages.next())
+            .await
+            .unwrap_or_else(|_| panic!("no message: {what}"))
+            .unwrap();
+        msg.get_payload().unwrap()
+    }
+
+    /// The first payload not yet read, or `"sentinel"` if nothing was published since:
+    /// a sentinel published now, on another connection, comes after every earlier
+    /// message.
+    pub async fn next_before_sentinel(&mut self, server: &RedisServer) -> String {
+        let mut c = server.connection().await;
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(&self.channel)
+            .arg("sentinel")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        self.next("not even the sentinel").await
+    }
 }

@@ -7,8 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{client, eventually, exists, get, subscribers};
-use futures_util::StreamExt;
+use common::{Listener, client, eventually, exists, get, subscribers};
 use lock_core::{Begin, IdempotencyStore, LockConfig};
 use lock_tests::RedisServer;
 
@@ -135,7 +134,7 @@ async fn waiters_replay_on_completion_and_claim_on_abandon() {
         let key = format!("wait-{complete}");
         let c = claim(s.begin(key.as_str(), "fp", LEASE).await.unwrap());
         let (record, channel) = (c.keys().record.clone(), c.keys().channel.clone());
-        let mut messages = Box::pin(listen(&server, &channel).await);
+        let mut listener = Listener::on(&server, &channel).await;
         let waiter = {
             let (other, key) = (other.clone(), key.clone());
             tokio::spawn(async move {
@@ -175,7 +174,7 @@ async fn waiters_replay_on_completion_and_claim_on_abandon() {
             claim(waiter.await.unwrap()).abandon().await.unwrap();
         }
         assert_ne!(
-            first_message(&server, &channel, &mut messages).await,
+            listener.next_before_sentinel(&server).await,
             "sentinel",
             "no message for a waited-for key (complete: {complete})"
         );
@@ -189,45 +188,16 @@ async fn waiters_replay_on_completion_and_claim_on_abandon() {
     assert!(matches!(found, Begin::InFlight { .. }), "{found:?}");
 }
 
-/// The payloads published on `channel` from now on, as a raw subscriber sees them.
-async fn listen(server: &RedisServer, channel: &str) -> impl futures_util::Stream<Item = String> {
-    let mut pubsub = server.client().get_async_pubsub().await.unwrap();
-    pubsub.subscribe(channel).await.unwrap();
-    pubsub
-        .into_on_message()
-        .map(|m| m.get_payload::<String>().unwrap())
-}
-
-/// The first payload published on `channel` after whatever the caller did: a sentinel
-/// published now, on another connection, comes after every earlier message.
-async fn first_message<S: futures_util::Stream<Item = String> + Unpin>(
-    server: &RedisServer,
-    channel: &str,
-    messages: &mut S,
-) -> String {
-    let mut c = server.connection().await;
-    let _: i64 = redis::cmd("PUBLISH")
-        .arg(channel)
-        .arg("sentinel")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    tokio::time::timeout(Duration::from_secs(5), messages.next())
-        .await
-        .expect("no message within 5 s, not even the sentinel")
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_nobody_waits_for_publishes_nothing() {
     let server = RedisServer::start();
     let s = store(&server).await;
     let c = claim(s.begin("quiet", "fp", LEASE).await.unwrap());
     let channel = c.keys().channel.clone();
-    let mut messages = Box::pin(listen(&server, &channel).await);
+    let mut listener = Listener::on(&server, &channel).await;
     c.complete(b"done", DAY).await.unwrap();
     assert_eq!(
-        first_message(&server, &channel, &mut messages).await,
+        listener.next_before_sentinel(&server).await,
         "sentinel",
         "a completion nobody waited for published"
     );

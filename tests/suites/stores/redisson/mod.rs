@@ -13,10 +13,12 @@ mod read_write;
 
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use lock_core::{Backoff, LockClient, LockConfig, RedissonLocks};
 use lock_tests::RedisServer;
 use redis::aio::MultiplexedConnection;
+
+// What a Java waiter receives: a raw subscriber to the lock's channel.
+use crate::common::Listener;
 
 /// Our locks on `server`, with a backoff so slow (10 s) that a waiter granted within
 /// 5 s of a release was woken by its message.
@@ -407,30 +409,6 @@ fn now_ms() -> u128 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis()
-}
-
-/// A Java waiter's subscription to `channel`: what Redisson's waiters listen on.
-struct Listener {
-    messages: std::pin::Pin<Box<dyn futures_util::Stream<Item = redis::Msg> + Send>>,
-}
-
-impl Listener {
-    async fn on(server: &RedisServer, channel: &str) -> Self {
-        let mut pubsub = server.client().get_async_pubsub().await.unwrap();
-        pubsub.subscribe(channel).await.unwrap();
-        Self {
-            messages: Box::pin(pubsub.into_on_message()),
-        }
-    }
-
-    /// The next message's payload, within 5 s.
-    async fn next(&mut self, what: &str) -> String {
-        let msg = tokio::time::timeout(Duration::from_secs(5), self.messages.next())
-            .await
-            .unwrap_or_else(|_| panic!("no message: {what}"))
-            .unwrap();
-        msg.get_payload().unwrap()
-    }
 }
 
 /// The fields of the hash `name`, with their values.
