@@ -17,6 +17,29 @@
 //!
 //! Features: `axum` reads the peer address from axum's `ConnectInfo`, and makes
 //! `Problem` an axum `IntoResponse`.
+//!
+//! Several layers on one route: stack them in one `tower::ServiceBuilder` and apply it
+//! with one `.layer` call. axum boxes the service of every `.layer` call and clones
+//! the boxes once per request, so one stack costs one box instead of one per layer:
+//!
+//! ```no_run
+//! use axum::{Router, routing::post};
+//! use lock_core::{LockClient, RateLimit};
+//! use lock_tower::idempotency::IdempotencyLayer;
+//! use lock_tower::rate_limit::{PeerIp, RateLimitLayer};
+//!
+//! # async fn app() -> Result<(), lock_core::LockError> {
+//! let client = LockClient::open("redis://127.0.0.1:6379/").await?;
+//! let protections = tower::ServiceBuilder::new()
+//!     // Outermost first: a request over its rate is refused before it claims a key.
+//!     .layer(RateLimitLayer::new(
+//!         client.rate_limiter("pay", RateLimit::per_second(5)),
+//!         PeerIp::new(),
+//!     ))
+//!     .layer(IdempotencyLayer::new(client.idempotency_store("pay")));
+//! let app: Router = Router::new().route("/pay", post(|| async { "paid" }).layer(protections));
+//! # let _ = app; Ok(()) }
+//! ```
 
 // Lints: `[workspace.lints]` in the workspace Cargo.toml.
 

@@ -35,17 +35,21 @@ pub(crate) fn router(
     crash_after_takes: Option<u64>,
 ) -> Router {
     // Outermost first: who is it (400), too fast (429), a retry (replayed), then the
-    // handler with its lock.
-    let place_order = with_fault(post::<_, _, App>(create_order), crash_after_takes)
-        .layer::<_, std::convert::Infallible>(
+    // handler with its lock. One `ServiceBuilder` stack is one boxed route, which axum
+    // clones once per request; a `.layer` call per protection would box (and clone)
+    // each of them.
+    let protections = tower::ServiceBuilder::new()
+        .layer(middleware::from_fn(require_user))
+        .layer(RateLimitLayer::new(limiter, buyer))
+        .layer(
             IdempotencyLayer::new(idempotency)
                 .require_key(true)
                 .in_flight_lease(order::CLAIM_LEASE)
                 .expect("CLAIM_LEASE is within MIN_LEASE..=MAX_LEASE")
                 .principal(buyer),
-        )
-        .layer::<_, std::convert::Infallible>(RateLimitLayer::new(limiter, buyer))
-        .layer::<_, std::convert::Infallible>(middleware::from_fn(require_user));
+        );
+    let place_order = with_fault(post::<_, _, App>(create_order), crash_after_takes)
+        .layer::<_, std::convert::Infallible>(protections);
     routes(place_order).with_state(app)
 }
 

@@ -18,12 +18,12 @@ use crate::semaphore::Semaphore;
 impl LockClient {
     /// A GCRA limiter named `name` (the first part of its keys) enforcing `limit`.
     pub fn rate_limiter(&self, name: impl Into<String>, limit: RateLimit) -> RateLimiter {
-        RateLimiter::new(self.client().clone(), name.into(), limit)
+        RateLimiter::new(self.client().clone(), name.into().into(), limit)
     }
 
     /// A limiter applying `rule` to each key under `name`; see [`LimitRule`].
     pub fn limit_rule(&self, name: impl Into<String>, rule: LimitRule) -> RuleLimiter {
-        RuleLimiter::new(self.client().clone(), name.into(), rule)
+        RuleLimiter::new(self.client().clone(), name.into().into(), rule)
     }
 
     /// A handle on the distributed semaphore `name` with `permits` permits (see

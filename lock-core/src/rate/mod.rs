@@ -3,6 +3,7 @@
 
 mod rule;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use rule::{LimitRule, RuleDecision, RuleLimiter};
@@ -133,12 +134,12 @@ pub struct Decision {
 #[derive(Debug, Clone)]
 pub struct RateLimiter {
     client: Client,
-    name: String,
+    name: Arc<str>,
     limit: RateLimit,
 }
 
 impl RateLimiter {
-    pub(crate) fn new(client: Client, name: String, limit: RateLimit) -> Self {
+    pub(crate) fn new(client: Client, name: Arc<str>, limit: RateLimit) -> Self {
         Self {
             client,
             name,

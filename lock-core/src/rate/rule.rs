@@ -1,5 +1,6 @@
 //! A fixed-window rate rule with a lockout for keys that keep going over it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::client::Client;
@@ -84,12 +85,12 @@ pub struct RuleDecision {
 #[derive(Debug, Clone)]
 pub struct RuleLimiter {
     client: Client,
-    name: String,
+    name: Arc<str>,
     rule: LimitRule,
 }
 
 impl RuleLimiter {
-    pub(crate) fn new(client: Client, name: String, rule: LimitRule) -> Self {
+    pub(crate) fn new(client: Client, name: Arc<str>, rule: LimitRule) -> Self {
         Self { client, name, rule }
     }
 

@@ -2,6 +2,7 @@ use lock_core::RateLimiter;
 use tower::Layer;
 
 use super::RateLimitService;
+use super::verdict::Limits;
 
 /// Applies a GCRA rate limit to every request; see the [module docs](super).
 #[derive(Debug, Clone)]
@@ -35,9 +36,8 @@ impl<S, K: Clone> Layer<S> for RateLimitLayer<K> {
     fn layer(&self, inner: S) -> Self::Service {
         RateLimitService {
             inner,
-            limiter: self.limiter.clone(),
             extractor: self.extractor.clone(),
-            fail_closed: self.fail_closed,
+            limits: Limits::new(self.limiter.clone(), self.fail_closed),
         }
     }
 }

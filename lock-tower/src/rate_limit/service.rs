@@ -1,11 +1,12 @@
 use std::task::{Context, Poll};
 
+use std::sync::Arc;
+
 use http::{Request, Response, StatusCode};
-use lock_core::RateLimiter;
 use tower::Service;
 
 use super::key::LimitKey;
-use super::verdict::check;
+use super::verdict::{Limits, check};
 use crate::check::ResponseFuture;
 use crate::problem::problem;
 use crate::{KeyExtractor, ResponseBody};
@@ -17,9 +18,8 @@ use crate::{KeyExtractor, ResponseBody};
 #[derive(Debug, Clone)]
 pub struct RateLimitService<S, K> {
     pub(crate) inner: S,
-    pub(crate) limiter: RateLimiter,
     pub(crate) extractor: K,
-    pub(crate) fail_closed: bool,
+    pub(crate) limits: Arc<Limits>,
 }
 
 impl<S, K> RateLimitService<S, K> {
@@ -79,7 +79,7 @@ where
             .map(|k| k.and_then(LimitKey::new))
         {
             Ok(Some(key)) => {
-                let check = Box::pin(check(self.limiter.clone(), key, self.fail_closed));
+                let check = Box::pin(check(self.limits.clone(), key));
                 ResponseFuture::checking(check, inner, request)
             }
             Ok(None) => ResponseFuture::answered(problem(

@@ -1,22 +1,45 @@
 //! What the limiter's answer means for a request: pass with the RateLimit headers, 429,
 //! or (Redis unreachable or misconfigured) fail open, 503 or 500.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
-use lock_core::{Decision, RateLimiter};
+use lock_core::{Decision, RateLimit, RateLimiter};
 
 use super::key::LimitKey;
 use crate::check::Verdict;
 use crate::problem::problem;
 
-/// Asks `limiter` about `key` and decides.
-pub(crate) async fn check(limiter: RateLimiter, key: LimitKey, fail_closed: bool) -> Verdict {
+/// What a layer decides with, shared by its services' clones (axum clones a route's
+/// service for every request).
+#[derive(Debug)]
+pub(crate) struct Limits {
+    limiter: RateLimiter,
+    fail_closed: bool,
+    /// The `RateLimit-Policy` header: fixed by the limiter's quota, so built once.
+    policy: Option<HeaderValue>,
+}
+
+impl Limits {
+    pub(crate) fn new(limiter: RateLimiter, fail_closed: bool) -> Arc<Self> {
+        let policy = HeaderValue::try_from(policy(&limiter.limit())).ok();
+        Arc::new(Self {
+            limiter,
+            fail_closed,
+            policy,
+        })
+    }
+}
+
+/// Asks the limiter about `key` and decides.
+pub(crate) async fn check(limits: Arc<Limits>, key: LimitKey) -> Verdict {
+    let limiter = &limits.limiter;
     match limiter.check(key).await {
-        Ok(d) if d.allowed => Verdict::Call(rate_headers(&d)),
-        Ok(d) => Verdict::Respond(too_many(&d)),
+        Ok(d) if d.allowed => Verdict::Call(rate_headers(&d, &limits.policy)),
+        Ok(d) => Verdict::Respond(too_many(&d, &limits.policy)),
         // Only an unreachable Redis follows the fail-open setting: a refused key or
         // setting must never switch the limit off.
         Err(e) if !e.is_redis() => {
@@ -28,7 +51,7 @@ pub(crate) async fn check(limiter: RateLimiter, key: LimitKey, fail_closed: bool
                 "the server's rate-limit settings are wrong",
             ))
         }
-        Err(e) if fail_closed => {
+        Err(e) if limits.fail_closed => {
             tracing::warn!(error = %e, "rate limit unavailable; failing closed");
             lock_core::__private::rate_limit_failed(false);
             Verdict::Respond(problem(
@@ -50,35 +73,41 @@ fn secs_ceil(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
-/// The IETF `RateLimit-Policy` and `RateLimit` headers
+/// The IETF `RateLimit-Policy` value of `limit`
 /// (draft-ietf-httpapi-ratelimit-headers): quota `q` = the burst, window `w` = the time
-/// to refill it; remaining `r`, and `t` = seconds until the quota is full again.
-fn rate_headers(d: &Decision) -> HeaderMap {
-    let limit = d.limit;
+/// to refill it.
+fn policy(limit: &RateLimit) -> String {
     let window = secs_ceil(limit.emission_interval() * limit.burst()).max(1);
-    let mut h = HeaderMap::new();
-    let policy = format!("\"default\";q={};w={window}", limit.burst());
+    format!("\"default\";q={};w={window}", limit.burst())
+}
+
+/// The `RateLimit-Policy` (`policy`, built once per layer) and `RateLimit` headers:
+/// remaining `r`, and `t` = seconds until the quota is full again.
+fn rate_headers(d: &Decision, policy: &Option<HeaderValue>) -> HeaderMap {
+    let mut h = HeaderMap::with_capacity(2);
+    if let Some(policy) = policy {
+        h.insert(HeaderName::from_static("ratelimit-policy"), policy.clone());
+    }
     let state = format!(
         "\"default\";r={};t={}",
         d.remaining,
         secs_ceil(d.reset_after)
     );
-    for (name, value) in [("ratelimit-policy", policy), ("ratelimit", state)] {
-        if let Ok(v) = HeaderValue::from_str(&value) {
-            h.insert(HeaderName::from_static(name), v);
-        }
+    // From the String itself: no copy.
+    if let Ok(v) = HeaderValue::try_from(state) {
+        h.insert(HeaderName::from_static("ratelimit"), v);
     }
     h
 }
 
-fn too_many(d: &Decision) -> Response<Bytes> {
+fn too_many(d: &Decision, policy: &Option<HeaderValue>) -> Response<Bytes> {
     let retry = secs_ceil(d.retry_after.unwrap_or_default()).max(1);
     let mut r = problem(
         StatusCode::TOO_MANY_REQUESTS,
         "rate-limited",
         &format!("too many requests; retry in {retry} s"),
     );
-    r.headers_mut().extend(rate_headers(d));
+    r.headers_mut().extend(rate_headers(d, policy));
     r.headers_mut()
         .insert(RETRY_AFTER, HeaderValue::from(retry));
     r
