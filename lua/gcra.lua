@@ -11,13 +11,13 @@
 -- ARGV[3i]    cost of this request (>= 1), or 0 to peek without consuming
 --
 -- Returns an array with one reply per entry, or for a batch of one that reply alone:
---   {allowed, remaining, retry_after_us, reset_after_us}
---     allowed          1 if the request (of cost 1 when peeking) fits (and, with cost > 0,
---                      was counted), else 0
---     remaining        requests of cost 1 that would still fit right now
---     retry_after_us   when refused: how long until this cost would fit; else -1
---     reset_after_us   how long until the key is back to a full burst
---   or {'error', message}  this entry failed (its key holds another type); the others stand
+--   backlog          allowed (and, with cost > 0, counted): how far the key's TAT was
+--                    ahead of now before this request, in microseconds (>= 0)
+--   -1 - backlog     refused
+--   {'error', message}  this entry failed (its key holds another type); the others stand
+-- One number, not a table per entry: the caller derives remaining, retry-after and
+-- reset-after from it and the quota it sent, and a table costs this Redis a conversion
+-- per entry.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local out = {}
@@ -33,25 +33,22 @@ for i = 1, #KEYS do
     if tat < now then
       tat = now
     end
-    local burst_offset = interval * burst
+    local backlog = tat - now
     -- A peek decides a request of cost 1, without counting it.
     local probe = cost
     if probe == 0 then
       probe = 1
     end
-    local new_tat = tat + interval * probe
-    local diff = now - (new_tat - burst_offset)
-    if diff < 0 then
-      -- Refused: report what one more unit would need as well.
-      out[i] = {0, 0, new_tat - burst_offset - now, tat - now}
-    elseif cost == 0 then
-      -- Remaining counts the probed request too: nothing was taken.
-      out[i] = {1, math.floor(diff / interval) + 1, -1, tat - now}
+    if backlog + interval * probe > interval * burst then
+      out[i] = -1 - backlog
     else
-      -- %d: the default number format would round a microsecond timestamp.
-      redis.call('SET', KEYS[i], string.format('%d', new_tat), 'PX',
-        math.ceil((new_tat - now) / 1000) + 1)
-      out[i] = {1, math.floor(diff / interval), -1, new_tat - now}
+      if cost > 0 then
+        local new_tat = tat + interval * cost
+        -- %d: the default number format would round a microsecond timestamp.
+        redis.call('SET', KEYS[i], string.format('%d', new_tat), 'PX',
+          math.ceil((new_tat - now) / 1000) + 1)
+      end
+      out[i] = backlog
     end
   end
 end

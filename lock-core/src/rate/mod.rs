@@ -194,32 +194,141 @@ impl RateLimiter {
         self.limit.validate()?;
         let k = self.client.prefixed_key(&self.name, key, "gcra")?;
         let conn = self.client.conn();
-        let reply: Vec<i64> = conn
+        let interval = interval_us(&self.limit);
+        let reply: i64 = conn
             .call(&GCRA, &k, |e| {
-                e.key(&k)
-                    .arg(self.limit.emission_interval().as_micros() as u64)
-                    .arg(self.limit.burst)
-                    .arg(cost)
+                e.key(&k).arg(interval).arg(self.limit.burst).arg(cost)
             })
             .await?;
-        let us = |v: i64| Duration::from_micros(v.max(0) as u64);
-        match reply[..] {
-            [allowed, remaining, retry_us, reset_us] => {
-                if cost > 0 {
-                    // A peek (cost 0) decides nothing.
-                    metrics::rate_limit(RateOutcome::of(allowed == 1));
-                }
-                Ok(Decision {
-                    allowed: allowed == 1,
-                    remaining: u32::try_from(remaining.max(0)).unwrap_or(u32::MAX),
-                    retry_after: (allowed != 1).then(|| us(retry_us)),
-                    reset_after: us(reset_us),
-                    limit: self.limit,
-                })
-            }
-            _ => Err(LockError::UnexpectedReply(format!(
-                "gcra.lua returned {reply:?}"
-            ))),
+        let decision = decision(reply, self.limit, cost);
+        if cost > 0 {
+            // A peek (cost 0) decides nothing.
+            metrics::rate_limit(RateOutcome::of(decision.allowed));
         }
+        Ok(decision)
+    }
+}
+
+/// The emission interval as `gcra.lua` is given it: whole microseconds (at least 1, as
+/// [`RateLimit::validate`] requires).
+fn interval_us(limit: &RateLimit) -> u64 {
+    u64::try_from(limit.emission_interval().as_micros()).unwrap_or(u64::MAX)
+}
+
+/// The decision `gcra.lua` answered with `reply` (see the script: the key's backlog
+/// before the request, `-1 - backlog` if refused) for a request of `cost` (0: a peek
+/// of cost 1) under `limit`: the same arithmetic the script decided with, in integers.
+fn decision(reply: i64, limit: RateLimit, cost: u32) -> Decision {
+    let allowed = reply >= 0;
+    let backlog = i128::from(if allowed { reply } else { -1 - reply });
+    let interval = i128::from(interval_us(&limit));
+    let burst_offset = interval * i128::from(limit.burst);
+    let probe = i128::from(cost.max(1));
+    let us = |v: i128| Duration::from_micros(u64::try_from(v.max(0)).unwrap_or(u64::MAX));
+    let (remaining, retry_after, reset_after) = if !allowed {
+        (
+            0,
+            Some(us(backlog + interval * probe - burst_offset)),
+            backlog,
+        )
+    } else {
+        // Counted, the request moved the TAT on; a peek left it where it was.
+        let after = backlog + interval * i128::from(cost);
+        ((burst_offset - after) / interval, None, after)
+    };
+    Decision {
+        allowed,
+        remaining: u32::try_from(remaining.max(0)).unwrap_or(u32::MAX),
+        retry_after,
+        reset_after: us(reset_after),
+        limit,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The four numbers `gcra.lua` answered before it answered the backlog alone
+    /// (allowed, remaining, retry-after, reset-after), computed as the script computes
+    /// them: the model `decision` must agree with.
+    fn model(tat_ahead: i64, limit: RateLimit, cost: u32) -> Decision {
+        let now = 1_795_000_000_000_000_f64;
+        let interval = interval_us(&limit) as f64;
+        let tat = now + tat_ahead as f64;
+        let burst_offset = interval * f64::from(limit.burst);
+        let probe = f64::from(cost.max(1));
+        let new_tat = tat + interval * probe;
+        let diff = now - (new_tat - burst_offset);
+        let us = |v: f64| Duration::from_micros(v.max(0.0) as u64);
+        let (allowed, remaining, retry, reset) = if diff < 0.0 {
+            (
+                false,
+                0.0,
+                Some(us(new_tat - burst_offset - now)),
+                tat - now,
+            )
+        } else if cost == 0 {
+            (true, (diff / interval).floor() + 1.0, None, tat - now)
+        } else {
+            (true, (diff / interval).floor(), None, new_tat - now)
+        };
+        Decision {
+            allowed,
+            remaining: remaining as u32,
+            retry_after: retry,
+            reset_after: us(reset),
+            limit,
+        }
+    }
+
+    /// The script's one-number reply for a key whose TAT is `tat_ahead` microseconds
+    /// past now (the script clamps a TAT in the past to now).
+    fn reply(tat_ahead: i64, limit: RateLimit, cost: u32) -> i64 {
+        let interval = interval_us(&limit) as i64;
+        let burst = i64::from(limit.burst);
+        if tat_ahead + interval * i64::from(cost.max(1)) > interval * burst {
+            -1 - tat_ahead
+        } else {
+            tat_ahead
+        }
+    }
+
+    #[test]
+    fn the_backlog_alone_gives_every_field_of_the_decision() {
+        let mut rng = fastrand::Rng::with_seed(23);
+        for _ in 0..20_000 {
+            let limit = RateLimit::new(
+                rng.u32(1..=1000),
+                Duration::from_millis(rng.u64(1..=60_000)),
+            )
+            .with_burst(rng.u32(1..=50));
+            let interval = interval_us(&limit) as i64;
+            let cost = rng.u32(0..=limit.burst());
+            let tat_ahead = rng.i64(0..=interval * i64::from(limit.burst()) + interval);
+            let got = decision(reply(tat_ahead, limit, cost), limit, cost);
+            assert_eq!(
+                got,
+                model(tat_ahead, limit, cost),
+                "{limit:?} cost {cost} ahead {tat_ahead}"
+            );
+        }
+    }
+
+    #[test]
+    fn edges_of_the_burst() {
+        let limit = RateLimit::per_second(10).with_burst(2);
+        // An empty key: the whole burst, one of it taken.
+        let d = decision(0, limit, 1);
+        assert!(d.allowed);
+        assert_eq!((d.remaining, d.retry_after), (1, None));
+        assert_eq!(d.reset_after, Duration::from_millis(100));
+        // A peek on an empty key counts itself in what remains.
+        assert_eq!(decision(0, limit, 0).remaining, 2);
+        // Refused with the burst used up: retry when one interval has passed.
+        let d = decision(-1 - 200_000, limit, 1);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, Some(Duration::from_millis(100)));
+        assert_eq!(d.reset_after, Duration::from_millis(200));
     }
 }
