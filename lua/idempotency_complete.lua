@@ -3,18 +3,19 @@
 -- retention, one entry per key, in one call: a batch of one is the plain call. Entries
 -- are independent: each gets its own reply, in order, as if called alone.
 --
--- Entry i (i = 1 .. #KEYS) uses KEYS[i] and ARGV[4i-3 .. 4i]:
+-- Entry i (i = 1 .. #KEYS) uses KEYS[i] and ARGV[3i-2 .. 3i]:
 -- KEYS[i]     the record: a string "F<fingerprint> <owner>" while in flight (set by
 --             `SET NX PX GET` in lock-core's IdempotencyStore::begin, alone or
 --             pipelined), "W<fingerprint> <owner>" once a waiter marked it
 --             (idempotency_wait.lua), or "D<fingerprint> <response>" once completed
--- ARGV[4i-3]  the claim's in-flight value, "F<fingerprint> <owner>"
--- ARGV[4i-2]  the completed value, "D<fingerprint> <response>"
--- ARGV[4i-1]  retention in milliseconds
--- ARGV[4i]    payload published to waiters (the completing client's id)
+-- ARGV[3i-2]  the claim's in-flight value, "F<fingerprint> <owner>", the owner being
+--             "<client id>:<claim number>"
+-- ARGV[3i-1]  the completed value, "D<fingerprint> <response>"
+-- ARGV[3i]    retention in milliseconds
 -- Waiters listen on the channel '<record>-done' (a channel is no key, so it is not
 -- declared); it is published only for a marked record, so a completion nobody waits
--- for costs no PUBLISH.
+-- for costs no PUBLISH. The message is the completing client's id (from the owner), so
+-- that client's own listener skips it.
 --
 -- Returns an array with one reply per entry, or for a batch of one that reply alone:
 --   1    stored, and waiters were told
@@ -23,16 +24,16 @@
 --   {'error', message}  this entry failed (its key holds another type); the others stand
 local out = {}
 for i = 1, #KEYS do
-  local record, mine = KEYS[i], ARGV[4 * i - 3]
+  local record, mine = KEYS[i], ARGV[3 * i - 2]
   local v = redis.pcall('GET', record)
   if type(v) == 'table' then
     out[i] = {'error', v.err}
   elseif not v then
     out[i] = 0
   elseif v == mine or v == 'W' .. string.sub(mine, 2) then
-    redis.call('SET', record, ARGV[4 * i - 2], 'PX', ARGV[4 * i - 1])
+    redis.call('SET', record, ARGV[3 * i - 1], 'PX', ARGV[3 * i])
     if v ~= mine then
-      redis.call('PUBLISH', record .. '-done', ARGV[4 * i])
+      redis.call('PUBLISH', record .. '-done', string.match(mine, ' ([^:]*)'))
     end
     out[i] = 1
   else

@@ -131,7 +131,6 @@ impl Claim {
                 .arg(&s.in_flight)
                 .arg(&done[..])
                 .arg(retention.as_millis() as u64)
-                .arg(inner.id_hex())
         };
         let conn = inner.conn();
         let reply = match conn.turn(&IDEMPOTENCY_COMPLETE, &s.keys.record, entry) {
