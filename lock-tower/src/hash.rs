@@ -11,12 +11,13 @@ pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
 /// `bytes` as lowercase hex.
 pub(crate) fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    // Bytes into a buffer of the final size, then one check that they are text: pushing
-    // a `char` at a time costs a UTF-8 encoding step per digit, and collecting from
-    // `flat_map` grows the buffer as it goes, on every keyed request.
-    let mut digits = Vec::with_capacity(2 * bytes.len());
-    for b in bytes {
-        digits.extend_from_slice(&[DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 15)]]);
+    // Bytes written in place into a buffer of the final size, then one check that they
+    // are text: pushing a `char` at a time costs a UTF-8 encoding step per digit, and
+    // growing the buffer a capacity check per push, on every keyed request.
+    let mut digits = vec![0; 2 * bytes.len()];
+    for (pair, b) in digits.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 15)];
     }
     String::from_utf8(digits).unwrap_or_default()
 }
