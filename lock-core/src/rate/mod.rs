@@ -249,9 +249,9 @@ fn decision(reply: i64, limit: RateLimit, cost: u32) -> Decision {
 mod tests {
     use super::*;
 
-    /// The four numbers `gcra.lua` answered before it answered the backlog alone
-    /// (allowed, remaining, retry-after, reset-after), computed as the script computes
-    /// them: the model `decision` must agree with.
+    /// The decision as GCRA defines it (redis-cell's allowed, remaining, retry-after and
+    /// reset-after), computed from the key's TAT in floats, as a Lua script would: the
+    /// model `decision` must agree with.
     fn model(tat_ahead: i64, limit: RateLimit, cost: u32) -> Decision {
         let now = 1_795_000_000_000_000_f64;
         let interval = interval_us(&limit) as f64;
