@@ -5,9 +5,11 @@
 --           `SET NX PX GET` in lock-core's IdempotencyStore::begin), "W<fingerprint>
 --           <owner>" once a waiter marked it (idempotency_wait.lua), or
 --           "D<fingerprint> <response>" once completed
--- KEYS[2]   channel announcing that the key is no longer in flight (waiters subscribe)
--- ARGV[1]   the claim's in-flight value, "F<fingerprint> <owner>"
--- ARGV[2]   payload published on KEYS[2] (the abandoning client's id)
+-- ARGV[1]   the claim's in-flight value, "F<fingerprint> <owner>", the owner being
+--           "<client id>:<claim number>"
+-- Waiters listen on the channel '<record>-done' (a channel is no key, so it is not
+-- declared), as for idempotency_complete.lua; the message is the abandoning client's id
+-- (from the owner), so that client's own listener skips it.
 --
 -- Returns
 --   1    freed: the record is deleted and waiters were told
@@ -21,5 +23,5 @@ if v ~= ARGV[1] and v ~= 'W' .. string.sub(ARGV[1], 2) then
   return -1
 end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', KEYS[2], ARGV[2])
+redis.call('PUBLISH', KEYS[1] .. '-done', string.match(ARGV[1], ' ([^:]*)'))
 return 1

@@ -262,10 +262,7 @@ fn outcome(reply: i64, keys: &IdempotencyKeys, script: &str) -> Result<(), LockE
 async fn abandon(s: &Shared) -> Result<(), LockError> {
     let inner = &s.client;
     let mut inv = IDEMPOTENCY_ABANDON.prepare_invoke();
-    inv.key(&s.keys.record)
-        .key(&s.keys.channel)
-        .arg(&s.in_flight)
-        .arg(inner.id_hex());
+    inv.key(&s.keys.record).arg(&s.in_flight);
     let reply: i64 = inner.conn().invoke("idempotency abandon", &inv).await?;
     let result = outcome(reply, &s.keys, "idempotency_abandon.lua");
     if result.is_ok() {

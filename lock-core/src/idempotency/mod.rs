@@ -385,11 +385,13 @@ mod tests {
     use super::DONE;
     use crate::client::store::scripts::IDEMPOTENCY_COMPLETE;
 
-    /// The completion publishes on the channel waiters subscribe to, which it names
-    /// from the record as the store's keys do.
+    /// The completion and the abandon publish on the channel waiters subscribe to,
+    /// which they name from the record as the store's keys do.
     #[test]
     fn the_completion_publishes_on_the_records_channel() {
         let publish = format!("redis.call('PUBLISH', record .. '{DONE}'");
         assert!(IDEMPOTENCY_COMPLETE.source().contains(&publish));
+        let publish = format!("redis.call('PUBLISH', KEYS[1] .. '{DONE}'");
+        assert!(include_str!("../../../lua/idempotency_abandon.lua").contains(&publish));
     }
 }
