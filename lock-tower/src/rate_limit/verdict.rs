@@ -23,23 +23,12 @@ pub(crate) struct Limits {
     policy: Option<HeaderValue>,
 }
 
-impl Limits {
-    pub(crate) fn new(limiter: RateLimiter, fail_closed: bool) -> Arc<Self> {
-        let policy = HeaderValue::try_from(policy(&limiter.limit())).ok();
-        Arc::new(Self {
-            limiter,
-            fail_closed,
-            policy,
-        })
-    }
-}
-
 /// Asks the limiter about `key` and decides.
 pub(crate) async fn check(limits: Arc<Limits>, key: LimitKey) -> Verdict {
     let limiter = &limits.limiter;
     match limiter.check(key).await {
-        Ok(d) if d.allowed => Verdict::Call(rate_headers(&d, &limits.policy)),
-        Ok(d) => Verdict::Respond(too_many(&d, &limits.policy)),
+        Ok(d) if d.allowed => Verdict::Call(limits.headers(&d)),
+        Ok(d) => Verdict::Respond(limits.too_many(&d)),
         // Only an unreachable Redis follows the fail-open setting: a refused key or
         // setting must never switch the limit off.
         Err(e) if !e.is_redis() => {
@@ -81,34 +70,45 @@ fn policy(limit: &RateLimit) -> String {
     format!("\"default\";q={};w={window}", limit.burst())
 }
 
-/// The `RateLimit-Policy` (`policy`, built once per layer) and `RateLimit` headers:
-/// remaining `r`, and `t` = seconds until the quota is full again.
-fn rate_headers(d: &Decision, policy: &Option<HeaderValue>) -> HeaderMap {
-    let mut h = HeaderMap::with_capacity(2);
-    if let Some(policy) = policy {
-        h.insert(HeaderName::from_static("ratelimit-policy"), policy.clone());
+impl Limits {
+    pub(crate) fn new(limiter: RateLimiter, fail_closed: bool) -> Arc<Self> {
+        let policy = HeaderValue::try_from(policy(&limiter.limit())).ok();
+        Arc::new(Self {
+            limiter,
+            fail_closed,
+            policy,
+        })
     }
-    let state = format!(
-        "\"default\";r={};t={}",
-        d.remaining,
-        secs_ceil(d.reset_after)
-    );
-    // From the String itself: no copy.
-    if let Ok(v) = HeaderValue::try_from(state) {
-        h.insert(HeaderName::from_static("ratelimit"), v);
-    }
-    h
-}
 
-fn too_many(d: &Decision, policy: &Option<HeaderValue>) -> Response<Bytes> {
-    let retry = secs_ceil(d.retry_after.unwrap_or_default()).max(1);
-    let mut r = problem(
-        StatusCode::TOO_MANY_REQUESTS,
-        "rate-limited",
-        &format!("too many requests; retry in {retry} s"),
-    );
-    r.headers_mut().extend(rate_headers(d, policy));
-    r.headers_mut()
-        .insert(RETRY_AFTER, HeaderValue::from(retry));
-    r
+    /// The `RateLimit-Policy` (built once per layer) and `RateLimit` headers: remaining
+    /// `r`, and `t` = seconds until the quota is full again.
+    fn headers(&self, d: &Decision) -> HeaderMap {
+        let mut h = HeaderMap::with_capacity(2);
+        if let Some(policy) = &self.policy {
+            h.insert(HeaderName::from_static("ratelimit-policy"), policy.clone());
+        }
+        let state = format!(
+            "\"default\";r={};t={}",
+            d.remaining,
+            secs_ceil(d.reset_after)
+        );
+        // From the String itself: no copy.
+        if let Ok(v) = HeaderValue::try_from(state) {
+            h.insert(HeaderName::from_static("ratelimit"), v);
+        }
+        h
+    }
+
+    fn too_many(&self, d: &Decision) -> Response<Bytes> {
+        let retry = secs_ceil(d.retry_after.unwrap_or_default()).max(1);
+        let mut r = problem(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate-limited",
+            &format!("too many requests; retry in {retry} s"),
+        );
+        r.headers_mut().extend(self.headers(d));
+        r.headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from(retry));
+        r
+    }
 }
