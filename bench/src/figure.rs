@@ -137,6 +137,31 @@ impl Figure {
         self.spread().filter(|s| exceeds_bound(*s))
     }
 
+    /// Where the rounds stand on target `t`: `Some(true)` when every round's ratio meets
+    /// it, `Some(false)` when every one misses it, `None` when they fall on both sides
+    /// or there are none.
+    pub fn every_round(&self, t: f64) -> Option<bool> {
+        if self.ratios.is_empty() {
+            None
+        } else if self.ratios.iter().all(|&r| r >= t) {
+            Some(true)
+        } else if self.ratios.iter().all(|&r| r < t) {
+            Some(false)
+        } else {
+            None
+        }
+    }
+
+    /// Whether the figure leaves its question open: disturbed, and either without a
+    /// target or with one that its rounds fall on both sides of. A disturbed figure
+    /// whose every round meets (or misses) each target still answers it: the rounds
+    /// disagree on the number, not on the verdict.
+    pub fn undecided(&self) -> bool {
+        self.disturbed().is_some()
+            && (self.targets.is_empty()
+                || self.targets.iter().any(|&t| self.every_round(t).is_none()))
+    }
+
     /// The ratio as printed: `DISTURBED` for a disturbed figure (the rounds disagree,
     /// so no one number stands for them), else two decimals, `-` without a baseline.
     pub fn ratio_text(&self) -> String {
@@ -152,13 +177,18 @@ impl Figure {
         self.spread().map_or("-".into(), |s| format!("{s:.2}"))
     }
 
-    /// The targets as printed, `; ` between them: `>= t (met)`, `>= t (missed)`, `>= t
-    /// (not judged: disturbed)`; then `client instr <= tx (met)`, `(missed)` or `(not
-    /// counted)`; `-` without a target.
+    /// The targets as printed, `; ` between them: `>= t (met)`, `>= t (missed)`; for a
+    /// disturbed figure `>= t (met in every round)`, `>= t (missed in every round)` or
+    /// `>= t (not judged: disturbed)`; then `client instr <= tx (met)`, `(missed)` or
+    /// `(not counted)`; `-` without a target.
     pub fn target_text(&self) -> String {
         let ratio = self.ratio();
         let ratios = self.targets.iter().map(|&t| match ratio {
-            _ if self.disturbed().is_some() => format!(">= {t} (not judged: disturbed)"),
+            _ if self.disturbed().is_some() => match self.every_round(t) {
+                Some(true) => format!(">= {t} (met in every round)"),
+                Some(false) => format!(">= {t} (missed in every round)"),
+                None => format!(">= {t} (not judged: disturbed)"),
+            },
             Some(r) if r >= t => format!(">= {t} (met)"),
             Some(_) => format!(">= {t} (missed)"),
             None => format!(">= {t} (no baseline)"),
@@ -228,11 +258,11 @@ mod tests {
 
     #[test]
     fn disturbed_only_when_the_ratios_disagree() {
-        // Ratios 1.0, 1.3, 1.0: spread 0.3.
-        let f = Figure::rounds("x", "ops/s", &[100.0, 130.0, 100.0], &[100.0; 3]).target(0.9);
+        // Ratios 1.0, 1.3, 1.0: spread 0.3, on both sides of 1.2.
+        let f = Figure::rounds("x", "ops/s", &[100.0, 130.0, 100.0], &[100.0; 3]).target(1.2);
         assert!(close(f.disturbed().unwrap(), 0.3));
         assert_eq!(f.ratio_text(), "DISTURBED");
-        assert_eq!(f.target_text(), ">= 0.9 (not judged: disturbed)");
+        assert_eq!(f.target_text(), ">= 1.2 (not judged: disturbed)");
         // Five rounds: the outermost ratio on each side is set aside, as for rates.
         let ours = [100.0, 100.0, 101.0, 99.0, 300.0];
         let f = Figure::rounds("x", "ops/s", &ours, &[100.0; 5]);
@@ -242,6 +272,38 @@ mod tests {
         // A zero baseline in one round: no meaningful ratio, disturbed.
         let f = Figure::rounds("x", "ops/s", &[1.0, 1.0], &[1.0, 0.0]);
         assert_eq!(f.disturbed(), Some(f64::INFINITY));
+    }
+
+    #[test]
+    fn a_disturbed_figure_is_judged_only_where_every_round_agrees() {
+        // Ratios 1.6 to 2.5: disturbed (middle rounds 1.9 to 2.4 over 2.0), yet every
+        // round is above 1.3 and below 2.6.
+        let ours = [190.0, 250.0, 200.0, 240.0, 160.0];
+        let f = Figure::rounds("x", "ops/s", &ours, &[100.0; 5]).targets(&[1.3, 2.6]);
+        assert!(close(f.disturbed().unwrap(), 0.25), "{:?}", f.spread());
+        assert_eq!(f.ratio_text(), "DISTURBED");
+        assert_eq!(
+            f.target_text(),
+            ">= 1.3 (met in every round); >= 2.6 (missed in every round)"
+        );
+        assert!(!f.undecided());
+        // Rounds on both sides of a target leave it open, and the figure undecided.
+        let f = Figure::rounds("x", "ops/s", &ours, &[100.0; 5]).targets(&[1.3, 2.2]);
+        assert_eq!(
+            f.target_text(),
+            ">= 1.3 (met in every round); >= 2.2 (not judged: disturbed)"
+        );
+        assert!(f.undecided());
+        // Without a target a disturbed figure answers nothing.
+        assert!(Figure::rounds("x", "ops/s", &ours, &[100.0; 5]).undecided());
+        // A round exactly on the target meets it.
+        let f = Figure::rounds("x", "ops/s", &[130.0, 200.0], &[100.0; 2]).target(1.3);
+        assert_eq!(f.every_round(1.3), Some(true));
+        // An undisturbed figure is decided by its median, whatever one round says.
+        let f = Figure::rounds("x", "ops/s", &[100.0, 101.0, 99.0], &[100.0; 3]).target(1.0);
+        assert!(f.disturbed().is_none() && !f.undecided());
+        assert_eq!(f.every_round(1.0), None);
+        assert_eq!(f.target_text(), ">= 1 (met)");
     }
 
     #[test]

@@ -60,13 +60,16 @@
 //! beside a neighbour's burst says nothing of the others.
 //!
 //! A figure whose spread exceeds [`measure::MAX_ROUND_SPREAD`], 0.15, is disturbed: a
-//! `disturbed <name> ratio spread <x.xx> (bound 0.15)` line follows its ratio line, its
-//! ratio reads `DISTURBED` and its target is not judged. Every run ends with
-//! `figures: N, disturbed: K ...` and, if K > 0, says why the run is not a result and
-//! exits with status 1; `all` still prints its table, with each disturbed figure's
-//! ratio reading `DISTURBED` and its target not judged, then the disturbed figures'
+//! `disturbed <name> ratio spread <x.xx> (bound 0.15)` line follows its ratio line and
+//! its ratio reads `DISTURBED`. Its rounds still answer a target they all fall on one
+//! side of: `>= t (met in every round)` or `>= t (missed in every round)`; a target
+//! with rounds on both sides is `not judged: disturbed`, and such a figure (or a
+//! disturbed one without a target) is undecided. Every run ends with `figures: N,
+//! disturbed: K, undecided: U ...` and, if U > 0, says why the run is not a result and
+//! exits with status 1; `all` still prints its table, then the disturbed figures'
 //! names.
-//! However much the absolute rates drift, a run whose ratios agree is a result.
+//! However much the absolute rates drift, a run whose ratios agree, or agree on each
+//! verdict, is a result.
 //!
 //! Figures without a baseline (the hot key's `handoffs_to_other_task_pct` and
 //! `longest_wait_ms`) are informational: shown as medians, never judged, never
@@ -136,7 +139,8 @@
 //! with one markdown table ([`report::table`]): bench, figure, ours, baseline (medians),
 //! ratio (median of the per-round ratios), spread, instructions per operation on the
 //! client and on redis (ours / baseline, and their ratio), and target (`>= t (met)`,
-//! `>= t (missed)`, or `>= t (not judged: disturbed)`; a missed target stays in the
+//! `>= t (missed)`, for a disturbed figure `>= t (met in every round)`, `>= t (missed
+//! in every round)` or `>= t (not judged: disturbed)`; a missed target stays in the
 //! table), then the disturbed-figures summary. A benchmark joins the table by one line
 //! in [`BENCHES`].
 
@@ -287,13 +291,14 @@ async fn run_one(bench: &Bench, args: &Args, timing: Timing) -> Result<Vec<Figur
     (bench.run)(url, timing, args.rounds).await
 }
 
-/// Prints how many of `figures` are disturbed; if any is, says on stderr why the run is
-/// not a result and exits with status 1.
+/// Prints how many of `figures` are disturbed and undecided; if any is undecided, says
+/// on stderr why the run is not a result and exits with status 1.
 fn finish<'a>(figures: impl IntoIterator<Item = &'a Figure>) {
     let figures: Vec<&Figure> = figures.into_iter().collect();
     let disturbed = report::disturbed_count(figures.iter().copied());
-    println!("{}", report::summary(figures.len(), disturbed));
-    if disturbed > 0 {
+    let undecided = report::undecided_count(figures.iter().copied());
+    println!("{}", report::summary(figures.len(), disturbed, undecided));
+    if undecided > 0 {
         eprintln!("{}", report::not_a_result());
         std::process::exit(1);
     }
@@ -343,8 +348,8 @@ async fn all(args: &Args, timing: Timing) -> Result<(), BoxError> {
             );
         }
     }
-    // Disturbed rows stay in the table, unjudged and marked; the exit status says
-    // whether the whole run is a result.
+    // Disturbed rows stay in the table, marked, judged only where every round agrees;
+    // the exit status says whether the whole run is a result.
     println!("{}", report::table(&rows));
     for (bench, f) in rows.iter().filter(|(_, f)| f.disturbed().is_some()) {
         println!(

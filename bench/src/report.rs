@@ -2,7 +2,9 @@
 //!
 //! A figure is disturbed when its per-round ratios disagree by more than
 //! [`MAX_ROUND_SPREAD`] (see [`Figure::disturbed`]); its ratio then renders as
-//! `DISTURBED` and its target is not judged.
+//! `DISTURBED`, and a target is judged only where every round meets it, or every round
+//! misses it. A disturbed figure with a target its rounds straddle, or with no target,
+//! is undecided ([`Figure::undecided`]), and the run is then not a result.
 
 use crate::figure::{Figure, PerOp};
 use crate::measure::MAX_ROUND_SPREAD;
@@ -15,18 +17,25 @@ pub fn disturbed_count<'a>(figures: impl IntoIterator<Item = &'a Figure>) -> usi
         .count()
 }
 
-/// The run's summary line: how many of `total` figures were disturbed.
-pub fn summary(total: usize, disturbed: usize) -> String {
+/// How many of `figures` are undecided ([`Figure::undecided`]).
+pub fn undecided_count<'a>(figures: impl IntoIterator<Item = &'a Figure>) -> usize {
+    figures.into_iter().filter(|f| f.undecided()).count()
+}
+
+/// The run's summary line: how many of `total` figures were disturbed, and how many of
+/// those left a target undecided.
+pub fn summary(total: usize, disturbed: usize, undecided: usize) -> String {
     format!(
-        "figures: {total}, disturbed: {disturbed} (per-round ratio spread bound {MAX_ROUND_SPREAD:.2})"
+        "figures: {total}, disturbed: {disturbed}, undecided: {undecided} (per-round ratio \
+         spread bound {MAX_ROUND_SPREAD:.2})"
     )
 }
 
-/// Why a run with a disturbed figure is not a result.
+/// Why a run with an undecided figure is not a result.
 pub fn not_a_result() -> String {
     format!(
-        "the per-round ratios of a figure disagree by more than {:.0}%: rerun on a quieter \
-         machine; this run is not a result",
+        "the per-round ratios of a figure disagree by more than {:.0}%, and on which side of \
+         its target they fall: rerun on a quieter machine; this run is not a result",
         MAX_ROUND_SPREAD * 100.0
     )
 }
@@ -174,6 +183,7 @@ mod tests {
             "{t}"
         );
         assert_eq!(disturbed_count(rows.iter().map(|(_, f)| f)), 1);
+        assert_eq!(undecided_count(rows.iter().map(|(_, f)| f)), 1);
     }
 
     #[test]
@@ -188,13 +198,13 @@ mod tests {
     #[test]
     fn summary_lines() {
         assert_eq!(
-            summary(5, 2),
-            "figures: 5, disturbed: 2 (per-round ratio spread bound 0.15)"
+            summary(5, 2, 1),
+            "figures: 5, disturbed: 2, undecided: 1 (per-round ratio spread bound 0.15)"
         );
         assert_eq!(
             not_a_result(),
-            "the per-round ratios of a figure disagree by more than 15%: rerun on a quieter \
-             machine; this run is not a result"
+            "the per-round ratios of a figure disagree by more than 15%, and on which side \
+             of its target they fall: rerun on a quieter machine; this run is not a result"
         );
     }
 }
