@@ -352,6 +352,14 @@ impl<B: Seam> Shared<B> {
                 for (grant, outcome) in batch.iter().zip(answers) {
                     metrics::renewed(self.kind, renewal_outcome(&outcome), 1);
                     match outcome {
+                        Ok(_) if grant.overdue(&grant.state()) => {
+                            // The answer came after the lease it could prove ran out:
+                            // `lost()` may have fired, and a loss is final.
+                            grant.state().renewing = false;
+                            if self.registry.lose(grant, Loss::Expired) {
+                                tracing::warn!(lock = %grant.keys.name(), "lock lost: renewed only after its lease ran out");
+                            }
+                        }
                         Ok(valid_until) => {
                             let mut st = grant.state();
                             st.renewing = false;

@@ -225,6 +225,32 @@ async fn lost_fires_on_time_when_redis_stops_answering() {
     assert!(!g.is_held());
     assert!(g.valid_for().is_zero());
     server.resume();
+    // The renewal sent during the pause is answered now, and can find the key still
+    // there (Redis counts the lease from a later instant than the client can prove).
+    // Wait until Redis took it (the key refreshed, or gone), then ask on the same
+    // connection, whose replies come in order: the loss must stay.
+    let c = server.connection().await;
+    eventually(
+        Duration::from_secs(5),
+        "the queued renewal answered",
+        || {
+            let mut c = c.clone();
+            async move {
+                let pttl: i64 = redis::cmd("PTTL")
+                    .arg("paused")
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+                pttl == -2 || pttl > (lease / 2).as_millis() as i64
+            }
+        },
+    )
+    .await;
+    let _ = a.try_lock("paused-after").await;
+    assert!(
+        !g.is_held(),
+        "a renewal answered after lost() fired revived the grant"
+    );
     let released = g.release().await;
     assert!(released.unwrap_err().is_lost());
 }
