@@ -210,14 +210,10 @@ impl<B: Seam> Core<B> {
             .extend(&grant.keys, &grant.record, lease)
             .await?;
         match reply {
-            // Answered after the lease it could prove ran out: a loss is final.
-            Ok(_) if grant.overdue(&grant.state()) => Err(self.lose(grant, Loss::Expired)),
             Ok(valid_until) => {
-                let mut st = grant.state();
-                if st.lost.is_none() {
-                    st.valid_until = st.valid_until.max(valid_until);
+                if !grant.lengthen(&mut grant.state(), valid_until) {
+                    return Err(self.lose(grant, Loss::Expired));
                 }
-                drop(st);
                 self.schedule(grant);
                 Ok(())
             }

@@ -157,6 +157,21 @@ impl<B: Seam> Grant<B> {
         !self.kept && st.lost.is_none() && now >= st.valid_until
     }
 
+    /// Takes a store's answer (a renewal or an extension) that the grant holds until
+    /// `valid_until`, `st` being its locked state; never shortens what it was told.
+    /// False when the answer came after the lease the client could prove ran out:
+    /// `lost()` may have fired by then and a loss is final, so the caller marks the
+    /// grant lost instead.
+    pub(crate) fn lengthen(&self, st: &mut GrantState, valid_until: Instant) -> bool {
+        if self.overdue(st) {
+            return false;
+        }
+        if st.lost.is_none() {
+            st.valid_until = st.valid_until.max(valid_until);
+        }
+        true
+    }
+
     /// Counts the release of one hold that returned `result`.
     pub(crate) fn count_release(
         &self,

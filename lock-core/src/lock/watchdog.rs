@@ -352,22 +352,16 @@ impl<B: Seam> Shared<B> {
                 for (grant, outcome) in batch.iter().zip(answers) {
                     metrics::renewed(self.kind, renewal_outcome(&outcome), 1);
                     match outcome {
-                        Ok(_) if grant.overdue(&grant.state()) => {
-                            // The answer came after the lease it could prove ran out:
-                            // `lost()` may have fired, and a loss is final.
-                            grant.state().renewing = false;
-                            if self.registry.lose(grant, Loss::Expired) {
-                                tracing::warn!(lock = %grant.keys.name(), "lock lost: renewed only after its lease ran out");
-                            }
-                        }
                         Ok(valid_until) => {
                             let mut st = grant.state();
                             st.renewing = false;
-                            if st.lost.is_none() {
-                                st.valid_until = st.valid_until.max(valid_until);
-                                if st.next_renewal.is_some() {
-                                    st.next_renewal = Some(sent + self.period);
+                            if !grant.lengthen(&mut st, valid_until) {
+                                drop(st);
+                                if self.registry.lose(grant, Loss::Expired) {
+                                    tracing::warn!(lock = %grant.keys.name(), "lock lost: renewed only after its lease ran out");
                                 }
+                            } else if st.lost.is_none() && st.next_renewal.is_some() {
+                                st.next_renewal = Some(sent + self.period);
                             }
                         }
                         Err(Loss::TakenOver) => {
