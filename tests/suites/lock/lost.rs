@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{client, eventually, exists};
+use common::{client, eventually, exists, pttl};
 use lock_core::{FencedWrite, Lease, LockClient, LockConfig, LockError, LockOptions};
 use lock_tests::{RedisServer, TcpProxy};
 
@@ -229,20 +229,12 @@ async fn lost_fires_on_time_when_redis_stops_answering() {
     // there (Redis counts the lease from a later instant than the client can prove).
     // Wait until Redis took it (the key refreshed, or gone), then ask on the same
     // connection, whose replies come in order: the loss must stay.
-    let c = server.connection().await;
     eventually(
         Duration::from_secs(5),
         "the queued renewal answered",
-        || {
-            let mut c = c.clone();
-            async move {
-                let pttl: i64 = redis::cmd("PTTL")
-                    .arg("paused")
-                    .query_async(&mut c)
-                    .await
-                    .unwrap();
-                pttl == -2 || pttl > (lease / 2).as_millis() as i64
-            }
+        || async {
+            let left = pttl(&server, "paused").await;
+            left == -2 || left > (lease / 2).as_millis() as i64
         },
     )
     .await;
