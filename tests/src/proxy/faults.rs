@@ -1,7 +1,8 @@
 //! Faults on one exchange: a reply lost after the server executed its request
 //! ([`TcpProxy::reset_next_reply`], [`TcpProxy::reset_reply_to`]), a reply followed by
-//! a partition ([`TcpProxy::close_after_reply_to`]), a request lost before the server
-//! saw it ([`TcpProxy::reset_request`]).
+//! a partition ([`TcpProxy::close_after_reply_to`]), a reply held back until the test
+//! lets it go ([`TcpProxy::hold_reply_to`]), a request lost before the server saw it
+//! ([`TcpProxy::reset_request`]).
 
 use std::collections::{HashMap, HashSet};
 use std::io::{self, Write};
@@ -23,6 +24,8 @@ pub(super) enum Fault {
     CloseAfter,
     /// The request is dropped as by `Reset`.
     LoseRequest,
+    /// Held, with whatever follows on the connection, until [`TcpProxy::release_reply`].
+    Hold,
 }
 
 /// The faults armed on a proxy.
@@ -37,6 +40,9 @@ pub(super) struct Faults {
     /// Connections a fault ended: their other direction stops without forwarding a
     /// close (which would reach the client as a FIN before the reset).
     ended: HashSet<u64>,
+    /// A reply is held by [`TcpProxy::hold_reply_to`] until
+    /// [`TcpProxy::release_reply`].
+    pub(super) holding: bool,
 }
 
 impl TcpProxy {
@@ -73,6 +79,47 @@ impl TcpProxy {
     /// and cannot reconnect until [`heal`](Self::heal).
     pub fn close_after_reply_to(&self, request: impl Fn(&[u8]) -> bool + Send + 'static) {
         self.shared.lock().faults.request = Some((Box::new(request), Fault::CloseAfter));
+    }
+
+    /// Arms the proxy for one request, as [`reset_reply_to`](Self::reset_reply_to),
+    /// except that the server's next chunk on that connection (the reply) waits in the
+    /// proxy, with everything after it on that connection, until
+    /// [`release_reply`](Self::release_reply); then it is delivered in order. The
+    /// server executed the request at once: its answer reaches the client late, as
+    /// over a slow network. [`is_holding`](Self::is_holding) tells when the reply is
+    /// held. Fires once; arming again replaces an unfired fault.
+    ///
+    /// ```
+    /// use std::io::{Read, Write};
+    /// use lock_tests::{RedisServer, TcpProxy};
+    ///
+    /// let server = RedisServer::start();
+    /// let proxy = TcpProxy::start(server.port());
+    /// proxy.hold_reply_to(|chunk| chunk.starts_with(b"INCR"));
+    /// let mut conn = std::net::TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+    /// conn.write_all(b"INCR n\r\n").unwrap();
+    /// while !proxy.is_holding() {
+    ///     std::thread::sleep(std::time::Duration::from_millis(1));
+    /// }
+    /// proxy.release_reply();
+    /// let mut reply = [0; 4];
+    /// conn.read_exact(&mut reply).unwrap();
+    /// assert_eq!(&reply, b":1\r\n");
+    /// ```
+    pub fn hold_reply_to(&self, request: impl Fn(&[u8]) -> bool + Send + 'static) {
+        self.shared.lock().faults.request = Some((Box::new(request), Fault::Hold));
+    }
+
+    /// Whether a reply armed by [`hold_reply_to`](Self::hold_reply_to) is held now.
+    pub fn is_holding(&self) -> bool {
+        self.shared.lock().faults.holding
+    }
+
+    /// Lets a reply held by [`hold_reply_to`](Self::hold_reply_to) go, with what came
+    /// after it. Does nothing when none is held.
+    pub fn release_reply(&self) {
+        self.shared.lock().faults.holding = false;
+        self.shared.changed.notify_all();
     }
 
     /// Arms the proxy for one request: the next chunk a client sends, on any
@@ -115,9 +162,23 @@ impl Shared {
             None if faults.next_reply => Fault::Reset,
             None => return None,
         };
+        if let Fault::Hold = fault {
+            faults.holding = true;
+            return Some(fault);
+        }
         faults.next_reply = false;
         faults.ended.insert(id);
         Some(fault)
+    }
+
+    /// Blocks while a held reply waits for [`TcpProxy::release_reply`]. `false` once
+    /// the proxy is shutting down.
+    pub(super) fn await_released(&self) -> bool {
+        let mut state = self.lock();
+        while state.faults.holding && !state.shutdown {
+            state = self.wait(state);
+        }
+        !state.shutdown
     }
 
     /// Whether a fault ended connection `id`.
@@ -136,6 +197,7 @@ impl Shared {
     pub(super) fn apply(&self, fault: Fault, chunk: &[u8], client: &TcpStream, server: &TcpStream) {
         match fault {
             Fault::Reset | Fault::LoseRequest => reset(client),
+            Fault::Hold => unreachable!("a held reply is forwarded, not applied"),
             Fault::CloseAfter => {
                 let _ = write_fully(client, chunk);
                 self.lock().cut = true;

@@ -1,7 +1,7 @@
 //! Self-test of [`TcpProxy`]: it forwards faithfully, `cut` partitions
 //! silently (requests hang, connections stay open, bytes are held),
 //! `heal` delivers what was held, dropping it closes everything, and a
-//! single reply can be lost (reset) or followed by a partition.
+//! single reply can be lost (reset), held until released, or followed by a partition.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -356,6 +356,43 @@ async fn reset_reply_to_loses_only_the_matching_requests_reply() {
     );
     assert_eq!(direct.get::<_, u64>("n").await.unwrap(), 1);
     assert_eq!(send(&mut idle, "INCR n").unwrap(), ":2\r\n", "fired once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_reply_to_delivers_the_executed_reply_when_released() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let mut direct = server.connection().await;
+    let (mut idle, mut conn) = (raw(&proxy), raw(&proxy));
+    proxy.hold_reply_to(|chunk| chunk.starts_with(b"INCR"));
+    assert_eq!(send(&mut conn, "PING").unwrap(), "+PONG\r\n");
+    assert!(!proxy.is_holding());
+    conn.write_all(b"INCR n\r\nPING\r\n").unwrap();
+    let deadline = Instant::now() + PROMPTLY;
+    while !proxy.is_holding() {
+        assert!(Instant::now() < deadline, "the reply was never held");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // Executed at once; the answer, and what follows it, wait in the proxy.
+    assert_eq!(direct.get::<_, u64>("n").await.unwrap(), 1);
+    conn.set_read_timeout(Some(HANG)).unwrap();
+    let mut buffer = [0; 64];
+    assert!(
+        conn.read(&mut buffer).is_err(),
+        "a held reply was delivered"
+    );
+    // Other connections are answered meanwhile, and it fired once.
+    assert_eq!(send(&mut idle, "INCR n").unwrap(), ":2\r\n");
+    proxy.release_reply();
+    assert!(!proxy.is_holding());
+    conn.set_read_timeout(Some(PROMPTLY)).unwrap();
+    let mut reply = Vec::new();
+    while reply.len() < b":1\r\n+PONG\r\n".len() {
+        let n = conn.read(&mut buffer).unwrap();
+        assert!(n > 0, "closed instead of the held reply");
+        reply.extend_from_slice(&buffer[..n]);
+    }
+    assert_eq!(reply, b":1\r\n+PONG\r\n", "in order, after the release");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -225,6 +225,7 @@ async fn lost_fires_on_time_when_redis_stops_answering() {
     assert!(!g.is_held());
     assert!(g.valid_for().is_zero());
     server.resume();
+    let key = &g.keys().key;
     // The renewal sent during the pause is answered now, and can find the key still
     // there (Redis counts the lease from a later instant than the client can prove).
     // Wait until Redis took it (the key refreshed, or gone), then ask on the same
@@ -233,7 +234,7 @@ async fn lost_fires_on_time_when_redis_stops_answering() {
         Duration::from_secs(5),
         "the queued renewal answered",
         || async {
-            let left = pttl(&server, "paused").await;
+            let left = pttl(&server, key).await;
             left == -2 || left > (lease / 2).as_millis() as i64
         },
     )
@@ -245,6 +246,40 @@ async fn lost_fires_on_time_when_redis_stops_answering() {
     );
     let released = g.release().await;
     assert!(released.unwrap_err().is_lost());
+}
+
+/// An extension that Redis took in time, answered after the lease the client can prove
+/// ran out (its reply held in the network while `lost()` fired): the grant stays lost, and
+/// its extension and release say so. A loss is final.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_answered_after_the_lease_ran_out_does_not_revive_the_grant() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let config = LockConfig::new().with_command_timeout(Duration::from_secs(10));
+    let a = LockClient::open_with_config(proxy.url().as_str(), config)
+        .await
+        .unwrap();
+    let g = a.acquire("late-extend", fixed(500)).await.unwrap();
+    // Loads the script, so that the held reply is the extension's, not a NOSCRIPT.
+    g.extend(Duration::from_millis(500)).await.unwrap();
+    proxy.hold_reply_to(|chunk| chunk.windows(11).any(|w| w == b"late-extend"));
+    let (extended, ()) = tokio::join!(g.extend(Duration::from_secs(30)), async {
+        tokio::time::timeout(Duration::from_secs(5), g.lost())
+            .await
+            .expect("lost() fires when the fixed lease runs out");
+        // Redis extended the key before the lease ran out; only its answer is late.
+        let left = pttl(&server, &g.keys().key).await;
+        assert!(
+            left > 20_000,
+            "the extension was not executed in time: {left}"
+        );
+        assert!(proxy.is_holding(), "the extension's reply was not held");
+        proxy.release_reply();
+    });
+    let e = extended.expect_err("an extension answered after lost() fired succeeded");
+    assert!(e.is_lost(), "{e:?}");
+    assert!(!g.is_held(), "the late answer revived the grant");
+    assert!(g.release().await.unwrap_err().is_lost());
 }
 
 /// A real partition: a proxy stops forwarding without closing. The
