@@ -20,7 +20,8 @@ pub enum LockError {
     Busy {
         /// The lock's name as the caller gave it (escaped).
         key: String,
-        /// The holder's remaining lease when we asked.
+        /// The holder's remaining lease when we asked. A key without expiry (written by
+        /// something other than this crate) has none: the config's longest backoff step.
         retry_after: Duration,
     },
     /// `lock`: the wait budget ran out while another owner kept the lock.

@@ -325,6 +325,17 @@ pub(crate) enum Turn<T> {
     Retry(Duration),
 }
 
+/// A waiter's hint from a key's PTTL (`pttl_ms`): the key's remaining lease, at least
+/// 1 ms. A key without expiry (-1: written by something other than this crate) has no
+/// lease to wait for, so `no_expiry` stands in (the config's longest backoff step), and
+/// the waiter backs off rather than asking every millisecond.
+pub(crate) fn pttl_hint(pttl_ms: i64, no_expiry: Duration) -> Duration {
+    match pttl_ms {
+        -1 => no_expiry,
+        ms => Duration::from_millis(ms.max(1) as u64),
+    }
+}
+
 /// The one waiting loop of the crate (locks, semaphores, idempotency keys).
 ///
 /// Runs `attempt` until it is [`Turn::Done`] or `deadline` passes. After the first miss
@@ -402,5 +413,20 @@ where
             }
             None => tokio::time::sleep(pause).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pttl_hint_is_the_lease_left_or_the_stand_in_without_expiry() {
+        let longest = Duration::from_secs(1);
+        assert_eq!(pttl_hint(250, longest), Duration::from_millis(250));
+        assert_eq!(pttl_hint(0, longest), Duration::from_millis(1));
+        // Gone since: look again at once.
+        assert_eq!(pttl_hint(-2, longest), Duration::from_millis(1));
+        assert_eq!(pttl_hint(-1, longest), longest);
     }
 }

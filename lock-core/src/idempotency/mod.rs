@@ -18,7 +18,7 @@ use crate::client::store::batch::Turn as BatchTurn;
 use crate::client::store::key::{LockName, suffixed};
 use crate::client::store::scripts::IDEMPOTENCY_WAIT;
 use crate::client::store::{Args, refused};
-use crate::client::wait::{Listen, Turn, wait_for_turn};
+use crate::client::wait::{Listen, Turn, pttl_hint, wait_for_turn};
 use crate::client::{Client, in_span, wanted};
 use crate::error::LockError;
 use crate::metrics::{self, IdempotencyOutcome};
@@ -32,7 +32,9 @@ pub enum Begin {
     New(Claim),
     /// Another claim holds the key and has not finished yet.
     InFlight {
-        /// The remaining in-flight lease of that claim.
+        /// The remaining in-flight lease of that claim. A record without expiry
+        /// (written by something other than this crate) has none: the config's longest
+        /// backoff step.
         retry_after: Duration,
     },
     /// The key was completed with this record (the bytes given to
@@ -345,7 +347,7 @@ impl IdempotencyStore {
                 .await?
         };
         Ok(Begin::InFlight {
-            retry_after: Duration::from_millis(pttl.max(1) as u64),
+            retry_after: pttl_hint(pttl, inner.config().backoff.max),
         })
     }
 }

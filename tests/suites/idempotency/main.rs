@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Listener, client, eventually, exists, get, subscribers};
-use lock_core::{Begin, IdempotencyStore, LockConfig};
+use lock_core::{Backoff, Begin, IdempotencyStore, LockConfig};
 use lock_tests::RedisServer;
 
 const LEASE: Duration = Duration::from_secs(10);
@@ -188,6 +188,39 @@ async fn waiters_replay_on_completion_and_claim_on_abandon() {
         .await
         .unwrap();
     assert!(matches!(found, Begin::InFlight { .. }), "{found:?}");
+}
+
+/// A record in flight without expiry (written by something other than this crate) has
+/// no lease to wait for: a waiter backs off instead of asking every millisecond, and is
+/// told to come back after the longest backoff step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_without_expiry_is_waited_for_with_backoff_not_polled() {
+    let server = RedisServer::start();
+    let s = store(&server).await;
+    let record = s.keys("by-hand").unwrap().record;
+    let mut raw = server.connection().await;
+    redis::cmd("SET")
+        .arg(&record)
+        .arg("Ffp another-program:1")
+        .query_async::<()>(&mut raw)
+        .await
+        .unwrap();
+    let mut monitor = server.monitor().await;
+    let found = s
+        .begin_or_wait("by-hand", "fp", LEASE, Duration::from_millis(600))
+        .await
+        .unwrap();
+    match found {
+        Begin::InFlight { retry_after } => assert_eq!(retry_after, Backoff::default().max),
+        other => panic!("expected in flight, got {other:?}"),
+    }
+    let lines = monitor.lines_within(Duration::from_millis(50)).await;
+    let asked = lines.iter().filter(|l| l.contains(&record)).count();
+    // Backoff from 20 ms doubling (full jitter) asks about ten times in 600 ms.
+    assert!(
+        asked < 60,
+        "the waiter polled: {asked} commands on the record in 600 ms"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

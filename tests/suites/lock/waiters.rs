@@ -5,7 +5,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::{client, eventually, script_sha};
-use lock_core::{LockConfig, LockOptions};
+use lock_core::{Backoff, LockConfig, LockOptions};
 use lock_tests::RedisServer;
 
 async fn pubsub_clients(server: &RedisServer) -> usize {
@@ -186,4 +186,42 @@ async fn pubsub_connection_loss_is_repaired() {
         .unwrap()
         .unwrap();
     g2.release().await.unwrap();
+}
+
+/// A lock key without expiry (written by something other than this crate) gives a
+/// waiter no lease to wait for: it backs off as it would without a hint instead of
+/// asking every millisecond, and `try_lock` says to come back after the longest backoff
+/// step rather than at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_without_expiry_is_waited_for_with_backoff_not_polled() {
+    let server = RedisServer::start();
+    let longest = Backoff::default().max;
+    let c = client(&server, LockConfig::new()).await;
+    let key = c.keys("by-hand").unwrap().key;
+    let mut raw = server.connection().await;
+    redis::cmd("SET")
+        .arg(&key)
+        .arg("written by another program")
+        .query_async::<()>(&mut raw)
+        .await
+        .unwrap();
+    let mut monitor = server.monitor().await;
+    let waited = c
+        .acquire(
+            "by-hand",
+            LockOptions::new().wait(Duration::from_millis(600)),
+        )
+        .await
+        .unwrap_err();
+    assert!(waited.is_timeout(), "{waited:?}");
+    let lines = monitor.lines_within(Duration::from_millis(50)).await;
+    let attempts = lines.iter().filter(|l| l.contains(&key)).count();
+    // Backoff from 20 ms doubling (full jitter) asks about ten times in 600 ms; a
+    // waiter polling every millisecond asks hundreds of times.
+    assert!(
+        attempts < 60,
+        "the waiter polled: {attempts} commands on the key in 600 ms"
+    );
+    let busy = c.try_lock("by-hand").await.unwrap_err();
+    assert_eq!(busy.retry_after(), Some(longest), "{busy:?}");
 }

@@ -26,7 +26,7 @@ use crate::client::store::scripts::{
     ACQUIRE, AcquireReply, Code, FENCE, FenceReply, GrantReply, Lua, RELEASE, RENEW, codes,
 };
 use crate::client::store::{Args, refused};
-use crate::client::wait::Listen;
+use crate::client::wait::{Listen, pttl_hint};
 use crate::error::LockError;
 use crate::lock::Request;
 use crate::lock::registry::Loss;
@@ -348,7 +348,7 @@ pub(crate) fn taken<G>(
             valid: Validity::Until(proven(sent, lease)),
         },
         AcquireReply::Busy { pttl_ms } => Taken::Busy {
-            retry_after: Duration::from_millis(pttl_ms),
+            retry_after: pttl_hint(pttl_ms, client.config().backoff.max),
             failure: None,
         },
     }

@@ -162,8 +162,13 @@ pub(crate) fn codes(op: &str, reply: Value, n: usize) -> Result<Vec<Code>, LockE
 /// What `acquire.lua` answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AcquireReply {
-    Granted { token: Option<u64> },
-    Busy { pttl_ms: u64 },
+    Granted {
+        token: Option<u64>,
+    },
+    /// The holder's PTTL: -1 for a key without expiry.
+    Busy {
+        pttl_ms: i64,
+    },
 }
 
 impl AcquireReply {
@@ -173,9 +178,7 @@ impl AcquireReply {
             (Code::Done, token) if token >= 0 => Ok(Self::Granted {
                 token: (token > 0).then_some(token as u64),
             }),
-            (Code::Busy, pttl) => Ok(Self::Busy {
-                pttl_ms: pttl.max(1) as u64,
-            }),
+            (Code::Busy, pttl_ms) => Ok(Self::Busy { pttl_ms }),
             other => Err(unexpected("acquire", &other)),
         }
     }
@@ -435,6 +438,11 @@ mod tests {
         assert_eq!(
             AcquireReply::decode(arr(&[0, 250])).unwrap(),
             AcquireReply::Busy { pttl_ms: 250 }
+        );
+        assert_eq!(
+            AcquireReply::decode(arr(&[0, -1])).unwrap(),
+            AcquireReply::Busy { pttl_ms: -1 },
+            "a key without expiry"
         );
         assert_eq!(
             AcquireReply::decode(arr(&[1, 0])).unwrap(),
