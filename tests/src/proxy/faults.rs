@@ -42,7 +42,7 @@ pub(super) struct Faults {
     ended: HashSet<u64>,
     /// A reply is held by [`TcpProxy::hold_reply_to`] until
     /// [`TcpProxy::release_reply`].
-    pub(super) holding: bool,
+    holding: bool,
 }
 
 impl TcpProxy {
