@@ -103,6 +103,17 @@ pub async fn get(server: &RedisServer, key: &str) -> Option<String> {
         .expect("GET")
 }
 
+/// Writes `value` to `key` without expiry, as another program might.
+pub async fn set_by_hand(server: &RedisServer, key: &str, value: &str) {
+    let mut c = server.connection().await;
+    redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .query_async::<()>(&mut c)
+        .await
+        .expect("SET");
+}
+
 /// Loads the library's scripts (a first call of each: a plain and a fenced lock, a GCRA
 /// decision, an idempotency claim and its completion), so what a test counts or queues
 /// afterwards starts with them loaded.

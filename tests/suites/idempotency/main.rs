@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Listener, client, eventually, exists, get, subscribers};
+use common::{Listener, client, eventually, exists, get, set_by_hand, subscribers};
 use lock_core::{Backoff, Begin, IdempotencyStore, LockConfig};
 use lock_tests::RedisServer;
 
@@ -198,13 +198,7 @@ async fn a_record_without_expiry_is_waited_for_with_backoff_not_polled() {
     let server = RedisServer::start();
     let s = store(&server).await;
     let record = s.keys("by-hand").unwrap().record;
-    let mut raw = server.connection().await;
-    redis::cmd("SET")
-        .arg(&record)
-        .arg("Ffp another-program:1")
-        .query_async::<()>(&mut raw)
-        .await
-        .unwrap();
+    set_by_hand(&server, &record, "Ffp another-program:1").await;
     let mut monitor = server.monitor().await;
     let found = s
         .begin_or_wait("by-hand", "fp", LEASE, Duration::from_millis(600))

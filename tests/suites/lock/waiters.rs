@@ -4,7 +4,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{client, eventually, script_sha};
+use common::{client, eventually, script_sha, set_by_hand};
 use lock_core::{Backoff, LockConfig, LockOptions};
 use lock_tests::RedisServer;
 
@@ -198,13 +198,7 @@ async fn a_key_without_expiry_is_waited_for_with_backoff_not_polled() {
     let longest = Backoff::default().max;
     let c = client(&server, LockConfig::new()).await;
     let key = c.keys("by-hand").unwrap().key;
-    let mut raw = server.connection().await;
-    redis::cmd("SET")
-        .arg(&key)
-        .arg("written by another program")
-        .query_async::<()>(&mut raw)
-        .await
-        .unwrap();
+    set_by_hand(&server, &key, "written by another program").await;
     let mut monitor = server.monitor().await;
     let waited = c
         .acquire(
