@@ -153,7 +153,9 @@ impl Shared {
         None
     }
 
-    /// The fault that the server's chunk just read on connection `id` meets, if any.
+    /// The fault that the server's chunk just read on connection `id` meets, if any. A
+    /// held chunk meets none: this returns once [`TcpProxy::release_reply`] lets it go
+    /// (or the proxy shuts down, which stops its forwarding).
     pub(super) fn reply_fault(&self, id: u64) -> Option<Fault> {
         let mut state = self.lock();
         let faults = &mut state.faults;
@@ -164,21 +166,14 @@ impl Shared {
         };
         if let Fault::Hold = fault {
             faults.holding = true;
-            return Some(fault);
+            while state.faults.holding && !state.shutdown {
+                state = self.wait(state);
+            }
+            return None;
         }
         faults.next_reply = false;
         faults.ended.insert(id);
         Some(fault)
-    }
-
-    /// Blocks while a held reply waits for [`TcpProxy::release_reply`]. `false` once
-    /// the proxy is shutting down.
-    pub(super) fn await_released(&self) -> bool {
-        let mut state = self.lock();
-        while state.faults.holding && !state.shutdown {
-            state = self.wait(state);
-        }
-        !state.shutdown
     }
 
     /// Whether a fault ended connection `id`.
@@ -197,7 +192,8 @@ impl Shared {
     pub(super) fn apply(&self, fault: Fault, chunk: &[u8], client: &TcpStream, server: &TcpStream) {
         match fault {
             Fault::Reset | Fault::LoseRequest => reset(client),
-            Fault::Hold => unreachable!("a held reply is forwarded, not applied"),
+            // Held in `reply_fault`, then forwarded: never applied, nothing to close.
+            Fault::Hold => return,
             Fault::CloseAfter => {
                 let _ = write_fully(client, chunk);
                 self.lock().cut = true;

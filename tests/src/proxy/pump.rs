@@ -6,7 +6,6 @@ use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpStream};
 use std::sync::Arc;
 
-use super::faults::Fault;
 use super::{BUFFER_SIZE, CONNECT_TIMEOUT, Shared, WRITE_SLICE};
 
 /// Forwards one client connection until both directions are closed.
@@ -95,11 +94,11 @@ fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, pipe: Pipe) {
                     return shared.apply(fault, &buffer[..len], &from, &to);
                 }
             }
-            Pipe::Down(_) => match shared.reply_fault(id) {
-                Some(Fault::Hold) if !shared.await_released() => return,
-                Some(Fault::Hold) | None => {}
-                Some(fault) => return shared.apply(fault, &buffer[..len], &to, &from),
-            },
+            Pipe::Down(_) => {
+                if let Some(fault) = shared.reply_fault(id) {
+                    return shared.apply(fault, &buffer[..len], &to, &from);
+                }
+            }
         }
         let mut sent = 0;
         while sent < len {

@@ -59,6 +59,11 @@ pub async fn seen_until_now(server: &RedisServer, monitor: &mut Monitor) -> Vec<
         .expect("the marker comes through")
 }
 
+/// Whether a line MONITOR saw is a command a client sent, not one a script ran.
+fn sent_by_a_client(line: &str) -> bool {
+    !line.contains(" lua] ")
+}
+
 /// Of the `lines` MONITOR saw, the `SET` commands clients sent (not those scripts ran)
 /// on each of `keys`.
 pub fn client_sets<K: AsRef<str>>(lines: &[String], keys: &[K]) -> Vec<usize> {
@@ -67,10 +72,20 @@ pub fn client_sets<K: AsRef<str>>(lines: &[String], keys: &[K]) -> Vec<usize> {
             let set = format!("\"SET\" \"{}\"", k.as_ref());
             lines
                 .iter()
-                .filter(|l| l.contains(&set) && !l.contains(" lua] "))
+                .filter(|l| l.contains(&set) && sent_by_a_client(l))
                 .count()
         })
         .collect()
+}
+
+/// The commands clients sent (not those scripts ran) naming `key`, among what `monitor`
+/// saw up to now.
+pub async fn client_commands_on(server: &RedisServer, monitor: &mut Monitor, key: &str) -> usize {
+    seen_until_now(server, monitor)
+        .await
+        .iter()
+        .filter(|l| l.contains(key) && sent_by_a_client(l))
+        .count()
 }
 
 /// The `SET` commands clients sent on each of `keys` among what `monitor` saw up to now.

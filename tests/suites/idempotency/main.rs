@@ -7,7 +7,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Listener, client, eventually, exists, get, set_by_hand, subscribers};
+use common::{
+    Listener, client, client_commands_on, eventually, exists, get, set_by_hand, subscribers,
+};
 use lock_core::{Backoff, Begin, IdempotencyStore, LockConfig};
 use lock_tests::RedisServer;
 
@@ -208,12 +210,7 @@ async fn a_record_without_expiry_is_waited_for_with_backoff_not_polled() {
         Begin::InFlight { retry_after } => assert_eq!(retry_after, Backoff::default().max),
         other => panic!("expected in flight, got {other:?}"),
     }
-    let lines = monitor.lines_within(Duration::from_millis(50)).await;
-    // Commands sent on the record, not those its scripts ran (`[0 lua]`).
-    let asked = lines
-        .iter()
-        .filter(|l| l.contains(&record) && !l.contains("lua]"))
-        .count();
+    let asked = client_commands_on(&server, &mut monitor, &record).await;
     // Backoff from 20 ms doubling (full jitter) asks about ten times in 600 ms, two
     // commands each (19 seen); a waiter asking every millisecond sent over 400.
     assert!(

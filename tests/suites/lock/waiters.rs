@@ -4,7 +4,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{client, eventually, script_sha, set_by_hand};
+use common::{client, client_commands_on, eventually, script_sha, set_by_hand};
 use lock_core::{Backoff, LockConfig, LockOptions};
 use lock_tests::RedisServer;
 
@@ -208,12 +208,7 @@ async fn a_key_without_expiry_is_waited_for_with_backoff_not_polled() {
         .await
         .unwrap_err();
     assert!(waited.is_timeout(), "{waited:?}");
-    let lines = monitor.lines_within(Duration::from_millis(50)).await;
-    // Commands sent on the key, not those its scripts ran (`[0 lua]`).
-    let attempts = lines
-        .iter()
-        .filter(|l| l.contains(&key) && !l.contains("lua]"))
-        .count();
+    let attempts = client_commands_on(&server, &mut monitor, &key).await;
     // Backoff from 20 ms doubling (full jitter) asks about ten times in 600 ms, two
     // commands each (19 seen); a waiter asking every millisecond sent over 300.
     assert!(
