@@ -36,7 +36,7 @@
 --   {1, token}  acquire: granted (token 0 when not asked for); fence: the new token;
 --               release and undo: the hold was given back (undo also when it was never
 --               taken); renew: the lease is at least lease ms from now; leave: done
---   {0, ms}     acquire: busy; ask again within ms
+--   {0, ms}     acquire: busy; ask again within ms (-1: the lock has no expiry)
 --   {-1, 0}     release, renew, fence: the lock is gone, or this grant's lease ran out
 --   {-2, 0}     release, renew, fence: another holder has it
 local lock, latch, evidence, fence, queue, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -99,6 +99,15 @@ local function last(key, lease)
   end
 end
 
+-- A busy answer from the holder's PTTL: ask again within it, at least 1 ms. -1 (a lock
+-- without expiry, written by another program) is passed on: the client backs off.
+local function busy(pttl)
+  if pttl == -1 then
+    return {0, -1}
+  end
+  return {0, math.max(pttl, 1)}
+end
+
 -- Whether this grant's lease still runs: its evidence lasts as long.
 local function live()
   return redis.call('EXISTS', evidence) == 1
@@ -120,7 +129,7 @@ if action == 'acquire' then
     if redis.call('EXISTS', lock) == 0 or holds() then
       return grant(lease)
     end
-    return {0, math.max(redis.call('PTTL', lock), 1)}
+    return busy(redis.call('PTTL', lock))
   end
   local wait, waits = tonumber(ARGV[7]), ARGV[8] == '1'
   drop_lapsed()
@@ -140,12 +149,12 @@ if action == 'acquire' then
     return grant(lease)
   end
   if not waits then
-    return {0, math.max(redis.call('PTTL', lock), 1)}
+    return busy(redis.call('PTTL', lock))
   end
   if redis.call('ZSCORE', deadlines, field) then
     local pttl = redis.call('PTTL', lock)
-    if pttl > 0 then
-      return {0, pttl}
+    if pttl > 0 or pttl == -1 then
+      return busy(pttl)
     end
     -- Free, but another waiter heads the line: it has until its place lapses.
     local first = tonumber(redis.call('ZSCORE', deadlines, head) or now)
@@ -154,16 +163,18 @@ if action == 'acquire' then
   -- A new place at the end: it lapses one wait time after the place before it (or the
   -- holder's lease, when nobody queues).
   local last = redis.call('LINDEX', queue, -1)
-  local ttl
+  local ttl, answer
   if last and last ~= field then
     ttl = tonumber(redis.call('ZSCORE', deadlines, last)) - now
+    answer = {0, math.max(ttl, 1)}
   else
     ttl = redis.call('PTTL', lock)
+    answer = busy(ttl)
   end
   if redis.call('ZADD', deadlines, ttl + wait + now, field) == 1 then
     redis.call('RPUSH', queue, field)
   end
-  return {0, math.max(ttl, 1)}
+  return answer
 end
 
 if action == 'leave' then

@@ -31,7 +31,7 @@
 --   {1, token}  acquire: granted (token 0 when not asked for, and for readers); fence:
 --               the new token; release and undo: the hold was given back (undo also
 --               when it was never taken); renew: the lease is at least lease ms from now
---   {0, ms}     acquire: busy; ask again within ms
+--   {0, ms}     acquire: busy; ask again within ms (-1: the lock has no expiry)
 --   {-1, 0}     release, renew, fence: the lock is gone, or this grant's lease ran out
 --   {-2, 0}     release, renew, fence: it is held, but not by this hold
 local lock, latch, evidence, fence, mine, prefix = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -49,6 +49,15 @@ local function last(key, ms)
   if redis.call('PTTL', key) < tonumber(ms) then
     redis.call('PEXPIRE', key, ms)
   end
+end
+
+-- A busy answer from the holder's PTTL: ask again within it, at least 1 ms. -1 (a lock
+-- without expiry, written by another program) is passed on: the client backs off.
+local function busy(pttl)
+  if pttl == -1 then
+    return {0, -1}
+  end
+  return {0, math.max(pttl, 1)}
 end
 
 -- Whether this hold's lease still runs: its evidence lasts as long.
@@ -90,7 +99,7 @@ local mode = redis.call('HGET', lock, 'mode')
 if action == 'acquire' then
   local lease = tonumber(ARGV[5])
   if not mode and redis.call('EXISTS', lock) == 1 then
-    return {0, math.max(redis.call('PTTL', lock), 1)} -- a plain lock of this name
+    return busy(redis.call('PTTL', lock)) -- a plain lock of this name
   end
   if read then
     if not mode then
@@ -117,7 +126,7 @@ if action == 'acquire' then
       return granted(lease)
     end
   end
-  return {0, math.max(redis.call('PTTL', lock), 1)}
+  return busy(redis.call('PTTL', lock))
 end
 
 if action == 'renew' then

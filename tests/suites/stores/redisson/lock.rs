@@ -8,7 +8,7 @@ use lock_tests::RedisServer;
 use super::grants::{Kind, call};
 use super::{Java, Listener, client, hash, locks};
 use crate::checks;
-use crate::common::pttl;
+use crate::common::{client_commands_on, pttl};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redisson_holder_excludes_ours_and_its_unlock_wakes_our_waiter() {
@@ -170,4 +170,56 @@ async fn an_undo_gives_back_only_the_hold_its_acquisition_took() {
         "the attempt's hold given back"
     );
     drop(g);
+}
+
+/// A Redisson lock whose key lost its expiry (a `PERSIST` by another program) gives
+/// waiters no lease to wait for: waiters of every kind back off instead of asking
+/// every millisecond, and a refusal says to come back after the longest backoff step
+/// (10 s here) rather than at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_without_expiry_is_waited_for_with_backoff_not_polled() {
+    let server = RedisServer::start();
+    let locks = locks(&server).await;
+    let mut java = Java::new(&server).await;
+    assert_eq!(java.lock("plain-held", 1).await, None);
+    assert_eq!(java.write_lock("write-held", 1).await, None);
+    let mut c = server.connection().await;
+    for held in ["plain-held", "write-held"] {
+        let persisted: i64 = redis::cmd("PERSIST")
+            .arg(held)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(persisted, 1, "{held} had an expiry to take away");
+    }
+    let kinds = [
+        ("plain", LockOptions::new()),
+        ("fair", LockOptions::new().fair()),
+        ("read", LockOptions::new().read()),
+        ("write", LockOptions::new().write()),
+    ];
+    for held in ["plain-held", "write-held"] {
+        for (kind, options) in &kinds {
+            let mut monitor = server.monitor().await;
+            let wait = options.clone().wait(Duration::from_millis(600));
+            let waited = locks.acquire(held, wait).await.unwrap_err();
+            assert!(waited.is_timeout(), "{kind} on {held}: {waited:?}");
+            let asked = client_commands_on(&server, &mut monitor, held).await;
+            // A few attempts and the subscription (4 to 7 seen); every millisecond
+            // was 176 and more.
+            assert!(
+                asked < 20,
+                "the {kind} waiter on {held} polled: {asked} commands in 600 ms"
+            );
+            let busy = locks
+                .acquire(held, options.clone().wait(Duration::ZERO))
+                .await
+                .unwrap_err();
+            assert_eq!(
+                busy.retry_after(),
+                Some(Duration::from_secs(10)),
+                "{kind} on {held}: {busy:?}"
+            );
+        }
+    }
 }
