@@ -186,6 +186,17 @@ impl LockError {
         )
     }
 
+    /// Redis gave no answer (unreachable, the connection dropped, timed out), or too few
+    /// Redlock nodes did: the same call may go through if sent again, unlike an error
+    /// reply (a key of another type, say).
+    pub(crate) fn is_no_answer(&self) -> bool {
+        match self {
+            Self::RedisTimeout { .. } | Self::NoQuorum { .. } => true,
+            Self::Redis(e) => e.is_io_error(),
+            _ => false,
+        }
+    }
+
     /// A [`Redlock`](crate::Redlock) operation failed for want of a quorum, or a grant
     /// (of a Redlock or any store) came too late to leave any validity.
     pub fn is_no_quorum(&self) -> bool {

@@ -87,6 +87,11 @@ impl<B: Seam> Core<B> {
     /// is given back if still ours and reported as lost). Cancelled mid-call, the release
     /// finishes in the background. `patiently`: in the background, where a failed call
     /// is tried again.
+    ///
+    /// A call Redis did not answer (unreachable, dropped, timed out; too few Redlock
+    /// nodes) is returned as its error and tried again in the background, as a dropped
+    /// guard's release: a blip then frees the lock within a second, not at the end of
+    /// its lease.
     pub(crate) async fn release_last(
         self: &Arc<Self>,
         grant: &Arc<Grant<B>>,
@@ -100,8 +105,15 @@ impl<B: Seam> Core<B> {
         } else {
             self.backend.give_back(&grant.keys, &grant.record).await
         };
-        background.disarm();
-        self.released(grant, lost, reply)
+        match reply {
+            // `background` fires on return: it counts the release and ends it in the
+            // registry.
+            Err(e) if !patiently && e.is_no_answer() => Err(e),
+            reply => {
+                background.disarm();
+                self.released(grant, lost, reply)
+            }
+        }
     }
 
     /// A store's answer to the release of `grant`'s last hold, as the caller sees it.

@@ -181,6 +181,11 @@ impl<B: Backend> LockGuard<B> {
     /// Gives back this hold. The last hold of the grant gives it back to the store (only
     /// this grant: on Redis a compare-and-delete of its value); other holds are counted
     /// locally. Cancelled while the call is in flight, it finishes in the background.
+    ///
+    /// A call that Redis does not answer (unreachable, the connection dropped, timed
+    /// out; too few Redlock nodes) returns that error, and the release is sent again in
+    /// the background as a dropped guard's is: the lock is freed as soon as a try gets
+    /// through, else by its lease.
     pub async fn release(mut self) -> Result<Released, LockError> {
         self.done = true;
         match self.core.registry.release(&self.grant, self.watched, true) {

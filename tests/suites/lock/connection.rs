@@ -6,8 +6,8 @@ use crate::common;
 use std::time::Duration;
 
 use common::{client, eventually};
-use lock_core::{LockClient, LockConfig};
-use lock_tests::RedisServer;
+use lock_core::{Lease, LockClient, LockConfig, LockOptions};
+use lock_tests::{RedisServer, TcpProxy};
 
 /// How many keys database `db` holds.
 async fn keys_in(conn: &mut redis::aio::MultiplexedConnection, db: i64) -> usize {
@@ -127,7 +127,8 @@ async fn calls_on_a_dropped_connection_answer_and_the_next_ones_reconnect() {
         stop.store(true, Ordering::Relaxed);
         for task in tasks {
             for e in task.await.unwrap() {
-                // A lock whose release was cut short stays held until its lease ends.
+                // A lock whose release or grant was cut short is given back in the
+                // background: until then its name is busy.
                 if e.is_busy() {
                     continue;
                 }
@@ -153,6 +154,43 @@ async fn calls_on_a_dropped_connection_answer_and_the_next_ones_reconnect() {
         keys.is_empty()
     })
     .await;
+}
+
+/// A release whose call fails (the connection breaks with it on the wire: Redis never
+/// sees it) answers the error, and is sent again in the background: the lock is free
+/// long before its lease would end, for this client and for others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_failed_is_tried_again_in_the_background() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let c = LockClient::open_with_config(proxy.url().as_str(), LockConfig::new())
+        .await
+        .unwrap();
+    let other = client(&server, LockConfig::new()).await;
+    common::load_scripts(&c).await;
+    let a_minute = LockOptions::new().lease(Lease::Fixed(Duration::from_secs(60)));
+    let g = c.acquire("cut-release", a_minute).await.unwrap();
+    let key = g.keys().key.clone();
+    proxy.reset_request(|chunk| chunk.windows(11).any(|w| w == b"cut-release"));
+    let err = g.release().await.unwrap_err();
+    assert!(err.is_redis() && !err.is_lost(), "{err}");
+    eventually(Duration::from_secs(5), "the lock given back", || async {
+        !common::exists(&server, &key).await
+    })
+    .await;
+    other
+        .try_lock("cut-release")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    c.try_lock("cut-release")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
