@@ -27,7 +27,9 @@
 //!   acquisition); a future dropped before it returns is not counted. A re-entry of a
 //!   lock the scope already holds is `reentered`, not `granted`, and its release is
 //!   `still_held` unless it was the last hold.
-//! - A dropped guard's background release is counted with its result, on every store.
+//! - A dropped guard's background release is counted with its result, on every store;
+//!   so is a release sent again in the background after Redis did not answer it (once,
+//!   with the last try's result, not the error its caller got).
 //! - A [`Redlock`](crate::Redlock) counts everything once per Redlock grant, under
 //!   `redlock` (its node copies are not counted on their own; one lost copy is not
 //!   yet a lost Redlock).
