@@ -92,6 +92,8 @@
 //! * `ours_watchdog_vs_floor_{N}_tasks`: as `ours_vs_floor`, with the watchdog lease;
 //! * `ours_vs_rslock_{N}_tasks`: against the peer crate;
 //! * `ours_unbatched_vs_floor_{N}_tasks`, `ours_vs_ours_unbatched_{N}_tasks`: batching;
+//! * `ours_read_hold_vs_ours_{N}_tasks`: a read hold's cycle (read-write lock) against
+//!   a plain lock's;
 //! * `hot_handoffs_ours_{1_client,4_clients}_vs_rslock`: handoffs per second on the
 //!   hot key against rslock;
 //! * `hot_handoff_p50_ours_1_client_vs_rslock`: rslock's median handoff time over ours
