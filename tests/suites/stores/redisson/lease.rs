@@ -114,13 +114,7 @@ async fn renewing_one_reader_keeps_another_readers_longer_lease() {
 async fn a_watched_hold_kept_past_its_first_lease_is_given_back() {
     let server = RedisServer::start();
     let locks = locks(&server).await;
-    let kinds = [
-        ("plain", LockOptions::new()),
-        ("fair", LockOptions::new().fair()),
-        ("read", LockOptions::new().read()),
-        ("write", LockOptions::new().write()),
-    ];
-    for (n, (kind, options)) in kinds.into_iter().enumerate() {
+    for (n, (kind, options)) in super::every_kind().into_iter().enumerate() {
         let guard = locks.acquire(("kept", n), options).await.unwrap();
         let key = format!("kept:{n}");
         let granted = Instant::now();

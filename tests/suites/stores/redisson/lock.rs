@@ -192,12 +192,7 @@ async fn a_lock_without_expiry_is_waited_for_with_backoff_not_polled() {
             .unwrap();
         assert_eq!(persisted, 1, "{held} had an expiry to take away");
     }
-    let kinds = [
-        ("plain", LockOptions::new()),
-        ("fair", LockOptions::new().fair()),
-        ("read", LockOptions::new().read()),
-        ("write", LockOptions::new().write()),
-    ];
+    let kinds = super::every_kind();
     for held in ["plain-held", "write-held"] {
         for (kind, options) in &kinds {
             let mut monitor = server.monitor().await;

@@ -13,7 +13,7 @@ mod read_write;
 
 use std::time::Duration;
 
-use lock_core::{Backoff, LockClient, LockConfig, RedissonLocks};
+use lock_core::{Backoff, LockClient, LockConfig, LockOptions, RedissonLocks};
 use lock_tests::RedisServer;
 use redis::aio::MultiplexedConnection;
 
@@ -36,6 +36,16 @@ async fn client(server: &RedisServer) -> LockClient {
     LockClient::open_with_config(server.url().as_str(), config)
         .await
         .unwrap()
+}
+
+/// Every kind of hold our Redisson locks take, by name.
+fn every_kind() -> [(&'static str, LockOptions); 4] {
+    [
+        ("plain", LockOptions::new()),
+        ("fair", LockOptions::new().fair()),
+        ("read", LockOptions::new().read()),
+        ("write", LockOptions::new().write()),
+    ]
 }
 
 /// Redisson's `RLock` acquire: nil when taken (or re-entered), else the lock's PTTL.
