@@ -69,7 +69,7 @@ impl Scratch {
         Ok(Self(dir))
     }
 
-    fn file(&self, name: &str) -> PathBuf {
+    pub fn file(&self, name: &str) -> PathBuf {
         self.0.join(name)
     }
 }
@@ -103,7 +103,7 @@ fn tail(log: &Path) -> String {
     lines[lines.len().saturating_sub(15)..].join("\n")
 }
 
-fn totals_of(out: &Path) -> Result<u64, BoxError> {
+pub fn totals_of(out: &Path) -> Result<u64, BoxError> {
     let text = std::fs::read_to_string(out)
         .map_err(|e| format!("cannot read callgrind's {}: {e}", out.display()))?;
     parse_totals(&text).ok_or_else(|| format!("no totals: line in {}", out.display()).into())
@@ -157,17 +157,13 @@ pub async fn count_server(
     program: &Path,
     args: &[String],
 ) -> Result<u64, BoxError> {
-    let (out, log) = (
-        scratch.file(&format!("{tag}.out")),
-        scratch.file(&format!("{tag}.log")),
-    );
-    let (mut server, port) = start_server(scratch, &out, &log).await?;
+    let server = CountedRedis::start(scratch, tag).await?;
     let client_log = scratch.file(&format!("{tag}.client.log"));
     let output = std::fs::File::create(&client_log)?;
     let mut client = Command::new(program)
         .args(args)
         .arg("--redis")
-        .arg(format!("redis://127.0.0.1:{port}/"))
+        .arg(server.url())
         .stdin(Stdio::null())
         .stdout(output.try_clone()?)
         .stderr(output)
@@ -180,16 +176,72 @@ pub async fn count_server(
         &client_log,
     )
     .await?;
-    // The reply never comes: the server closes the connection as it exits.
-    send(port, b"SHUTDOWN NOSAVE\r\n").await?;
-    finished(
-        &mut server,
-        SERVER_TIMEOUT,
-        &format!("callgrind {tag}"),
-        &log,
-    )
-    .await?;
-    totals_of(&out)
+    server.finish().await
+}
+
+/// A redis-server under callgrind, answering PING; [`CountedRedis::finish`] ends it
+/// and reads its count. Killed on drop.
+#[derive(Debug)]
+pub struct CountedRedis {
+    child: Child,
+    port: u16,
+    tag: String,
+    out: PathBuf,
+    log: PathBuf,
+}
+
+impl CountedRedis {
+    /// Starts one on a free port, `tag` naming its files in `scratch`.
+    pub async fn start(scratch: &Scratch, tag: &str) -> Result<Self, BoxError> {
+        let (out, log) = (
+            scratch.file(&format!("{tag}.out")),
+            scratch.file(&format!("{tag}.log")),
+        );
+        let (child, port) = start_server(scratch, &out, &log).await?;
+        Ok(Self {
+            child,
+            port,
+            tag: tag.to_string(),
+            out,
+            log,
+        })
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Ends the server (`SHUTDOWN NOSAVE`), waits for callgrind to write its file, and
+    /// returns the instructions counted from start to end.
+    pub async fn finish(mut self) -> Result<u64, BoxError> {
+        // The reply never comes: the server closes the connection as it exits.
+        send(self.port, b"SHUTDOWN NOSAVE\r\n").await?;
+        finished(
+            &mut self.child,
+            SERVER_TIMEOUT,
+            &format!("callgrind {}", self.tag),
+            &self.log,
+        )
+        .await?;
+        totals_of(&self.out)
+    }
+}
+
+/// valgrind's arguments to count a program's instructions into `<tag>.out` in
+/// `scratch`, its own messages going to `<tag>.log` (the program's output stays its
+/// own), and the out file: for a program started by someone else, such as a
+/// `seckill-server` instance.
+pub fn wrapper(scratch: &Scratch, tag: &str) -> (Vec<String>, PathBuf) {
+    let (out, log) = (
+        scratch.file(&format!("{tag}.out")),
+        scratch.file(&format!("{tag}.log")),
+    );
+    let args = vec![
+        "--tool=callgrind".to_string(),
+        format!("--callgrind-out-file={}", out.display()),
+        format!("--log-file={}", log.display()),
+    ];
+    (args, out)
 }
 
 /// `$REDIS_SERVER_BIN`, or `redis-server` from PATH (as the test harness).

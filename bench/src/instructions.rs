@@ -16,6 +16,7 @@ use crate::callgrind::{Scratch, check_valgrind, count_client, count_server};
 use crate::figure::{Figure, PerOp};
 use crate::measure::BoxError;
 use crate::report::number;
+use crate::sale_instructions;
 
 /// One implementation as `lock-bench ops` runs it: `<bench>.<impl>` at `tasks` tasks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -52,8 +53,9 @@ const fn pair(
 }
 
 /// Every figure with instruction counts. Not counted: the hot key (its cost per
-/// handoff depends on how long waiters wait), Redlock (five servers) and the flash sale
-/// (several processes).
+/// handoff depends on how long waiters wait) and Redlock (five servers). The flash
+/// sale's are per order request, the service instance as the client
+/// ([`crate::sale_instructions`]).
 #[rustfmt::skip]
 pub const PAIRS: &[Pair] = &[
     // bench, figure, ours, baseline (as `lock-bench ops` names them), tasks
@@ -91,6 +93,8 @@ pub const PAIRS: &[Pair] = &[
          "idempotency.fresh_ours", "idempotency.fresh_by_hand", 32),
     pair("idempotency", "idempotency_replay_ours_vs_by_hand",
          "idempotency.replay_ours", "idempotency.replay_by_hand", 32),
+    pair("seckill", crate::seckill::VS_FLOOR,
+         sale_instructions::OURS, sale_instructions::FLOOR, sale_instructions::CONFIG.buyers),
 ];
 
 /// Counted instructions per operation of every implementation measured.
@@ -145,39 +149,57 @@ pub async fn measure(ops: &[Op], n: u64) -> Result<Counts, BoxError> {
     let scratch = Scratch::new()?;
     let exe = std::env::current_exe()?;
     println!(
-        "instructions: {} implementations, each run for {n} and {} operations under \
-         callgrind, client side then redis side, a fresh redis-server per run",
+        "instructions: {} implementations, each run for {n} and {} operations (the flash \
+         sale: {} and {} sales) under callgrind, client side then redis side, a fresh \
+         redis-server per run",
         ops.len(),
-        2 * n
+        2 * n,
+        sale_instructions::SALES,
+        2 * sale_instructions::SALES,
     );
     let mut counts = Counts::new();
     for &op in ops {
-        let mut client = [0u64; 2];
-        let mut server = [0u64; 2];
-        for (i, len) in [n, 2 * n].into_iter().enumerate() {
-            let tag = format!("{}-{}-{len}", op.imp, op.tasks);
-            let redis = RedisServer::start();
-            let mut args = ops_args(op, len);
-            args.extend(["--redis".to_string(), redis.url()]);
-            client[i] = count_client(&scratch, &format!("{tag}-client"), &exe, &args).await?;
-            drop(redis);
-            let args = ops_args(op, len);
-            server[i] = count_server(&scratch, &format!("{tag}-redis"), &exe, &args).await?;
-        }
-        let per = PerOp {
-            client: per_op(n, client[0], client[1]),
-            server: per_op(n, server[0], server[1]),
+        let per = if op.imp.starts_with("seckill.") {
+            sale_instructions::measure(&scratch, op.imp).await?
+        } else {
+            count_op(&scratch, &exe, op, n).await?
         };
-        println!(
-            "instructions {} tasks={} client {} redis {}",
-            op.imp,
-            op.tasks,
-            side_text(per.client, n, (client[0], client[1])),
-            side_text(per.server, n, (server[0], server[1])),
-        );
         counts.insert(op, per);
     }
     Ok(counts)
+}
+
+/// One `lock-bench ops` implementation, both sides; prints one line.
+async fn count_op(
+    scratch: &Scratch,
+    exe: &std::path::Path,
+    op: Op,
+    n: u64,
+) -> Result<PerOp, BoxError> {
+    let mut client = [0u64; 2];
+    let mut server = [0u64; 2];
+    for (i, len) in [n, 2 * n].into_iter().enumerate() {
+        let tag = format!("{}-{}-{len}", op.imp, op.tasks);
+        let redis = RedisServer::start();
+        let mut args = ops_args(op, len);
+        args.extend(["--redis".to_string(), redis.url()]);
+        client[i] = count_client(scratch, &format!("{tag}-client"), exe, &args).await?;
+        drop(redis);
+        let args = ops_args(op, len);
+        server[i] = count_server(scratch, &format!("{tag}-redis"), exe, &args).await?;
+    }
+    let per = PerOp {
+        client: per_op(n, client[0], client[1]),
+        server: per_op(n, server[0], server[1]),
+    };
+    println!(
+        "instructions {} tasks={} client {} redis {}",
+        op.imp,
+        op.tasks,
+        side_text(per.client, n, (client[0], client[1])),
+        side_text(per.server, n, (server[0], server[1])),
+    );
+    Ok(per)
 }
 
 fn cell(v: Option<f64>) -> String {
@@ -258,14 +280,20 @@ mod tests {
             ops.iter().filter(|o| o.imp.starts_with("lock.")).count(),
             11
         );
+        // Every implementation is one `measure` knows how to run.
         let known = crate::ops::names();
+        let sale = [sale_instructions::OURS, sale_instructions::FLOOR];
         for op in &ops {
             assert!(
-                known.iter().any(|k| k == op.imp),
-                "{} is an ops name",
+                known.iter().any(|k| k == op.imp) || sale.contains(&op.imp),
+                "{} is an ops name or a flash-sale side",
                 op.imp
             );
         }
+        assert_eq!(
+            ops.iter().filter(|o| o.imp.starts_with("seckill.")).count(),
+            2
+        );
         let p = pair(
             "lock",
             "ours_vs_floor_64_tasks",

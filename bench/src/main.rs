@@ -115,7 +115,9 @@
 //! uncontended cycle (ours with a fixed lease and with the watchdog lease, unbatched,
 //! the floor, rslock) at 1 and 64 tasks (64 on distinct names), `#[cache_lock]` and by
 //! hand, GCRA and its script baselines, segment and per-id ids, idempotent POSTs and by
-//! hand. Each implementation runs exactly N operations (`--ops`, default
+//! hand, and the flash sale's order requests, ours and the floor
+//! ([`sale_instructions`]: one `seckill-server` instance is the client side). Each
+//! other implementation runs exactly N operations (`--ops`, default
 //! [`cli::DEFAULT_OPS`]), then 2N, in the hidden `lock-bench ops` subcommand ([`ops`],
 //! on a one-thread runtime, so idle workers searching for work add nothing), on a
 //! fresh redis-server each time; the difference of the two counts over N is one
@@ -130,8 +132,8 @@
 //! counted side. Lines: `instructions <impl> tasks=T client X (N ops: a, 2N ops: b)
 //! redis Y (...)`, then per figure `instructions <bench> <figure>: <ours> client ..
 //! redis .. | <baseline> client .. redis .. | ours/baseline client .. redis ..`. No
-//! counts: the hot key (a handoff's cost depends on how long waiters wait), Redlock
-//! (five servers), the flash sale (several processes).
+//! counts: the hot key (a handoff's cost depends on how long waiters wait) and Redlock
+//! (five servers).
 //!
 //! # Every benchmark at once
 //!
@@ -164,6 +166,7 @@ mod ops;
 mod ratelimit;
 mod redlock;
 mod report;
+mod sale_instructions;
 mod seckill;
 mod uncontended;
 

@@ -53,7 +53,26 @@ impl Instance {
         db: impl AsRef<std::ffi::OsStr>,
         extra: &[&str],
     ) -> Result<Instance, BoxError> {
-        let mut cmd = Command::new(bin);
+        Self::spawn_under(None, bin, redis, db, extra).await
+    }
+
+    /// [`Instance::spawn`], with `wrapper` (a program and its arguments, such as
+    /// `valgrind --tool=callgrind ...`) running `bin` and its arguments when given.
+    pub async fn spawn_under(
+        wrapper: Option<(&Path, &[String])>,
+        bin: &Path,
+        redis: &str,
+        db: impl AsRef<std::ffi::OsStr>,
+        extra: &[&str],
+    ) -> Result<Instance, BoxError> {
+        let mut cmd = match wrapper {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(bin);
+                cmd
+            }
+            None => Command::new(bin),
+        };
         cmd.args(["--listen", "127.0.0.1:0", "--redis", redis, "--db"])
             .arg(db)
             .args(extra)
@@ -63,6 +82,30 @@ impl Instance {
             );
         let (child, url) = spawn_listening(cmd, bin).await?;
         Ok(Instance { child, url })
+    }
+
+    /// Stops the process the way an operator does, SIGTERM (a graceful shutdown), and
+    /// waits at most `limit` for it to exit; an error if it does not, or exits with a
+    /// failure. SIGTERM is sent by `kill(1)`.
+    pub async fn terminate(&mut self, limit: Duration) -> Result<(), BoxError> {
+        let pid = self.child.id().ok_or("the instance has already exited")?;
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .await
+            .map_err(|e| format!("cannot run kill(1): {e}"))?;
+        if !sent.success() {
+            return Err(format!("kill -TERM {pid} failed: {sent}").into());
+        }
+        match tokio::time::timeout(limit, self.child.wait()).await {
+            Ok(Ok(status)) if status.success() => Ok(()),
+            Ok(Ok(status)) => Err(format!("the instance exited with {status}").into()),
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => {
+                let _ = self.child.kill().await;
+                Err(format!("the instance still ran {limit:?} after SIGTERM; killed it").into())
+            }
+        }
     }
 
     /// Kills the process (SIGKILL) and waits for it.
