@@ -1,4 +1,4 @@
-#!lua
+#!lua flags=allow-oom
 -- idempotency_abandon.lua: free a claimed key without storing anything (a retry runs again).
 --
 -- KEYS[1]   the record: a string "F<fingerprint> <owner>" while in flight (set by

@@ -1,4 +1,4 @@
-#!lua
+#!lua flags=allow-oom
 -- idempotency_extend.lua: renew the in-flight lease of a claimed key.
 --
 -- KEYS[1]   the record: a string "F<fingerprint> <owner>" while in flight (set by

@@ -1,4 +1,4 @@
-#!lua
+#!lua flags=allow-oom
 -- release.lua: give back grants (compare-and-delete) and wake waiters if any, one entry
 -- per grant, in one call: a batch of one is the plain call. Entries are independent:
 -- each gets its own reply, in order, as if called alone.

@@ -1,4 +1,4 @@
-#!lua
+#!lua flags=allow-oom
 -- renew.lua: lengthen the lease of one or many grants in one call (watchdog batches,
 -- extend). Never shortens one (PEXPIRE GT): renewals and extensions of one grant may
 -- cross on the way, and the client counts on the longest it was told.

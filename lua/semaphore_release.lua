@@ -1,4 +1,4 @@
-#!lua
+#!lua flags=allow-oom
 -- semaphore_release.lua: give back permits of an expiring semaphore by id.
 --
 -- KEYS[1]   sorted set {permit id -> expiry}, expiry in ms on the Redis server's clock

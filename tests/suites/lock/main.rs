@@ -12,6 +12,7 @@ mod batching_read_write;
 mod cancellation;
 mod connection;
 mod fencing;
+mod full_server;
 mod lost;
 mod pipelining;
 mod reentrancy;

@@ -11,10 +11,16 @@
 //! `1` done, `0` busy, `-1` expired (no such lock), `-2` not owner (another grant).
 //! The other scripts run through [`redis::Script`] (EVALSHA, loading on NOSCRIPT).
 //!
-//! Every script starts with the Redis 7 shebang `#!lua` (no flags): Redis runs such
-//! scripts about a fifth faster than flag-less legacy scripts, refuses them when it is
-//! out of memory (right for scripts that write), and requires them to name every key in
-//! KEYS. This is why Redis 7.0 or newer is required.
+//! Every script starts with the Redis 7 shebang `#!lua`: Redis runs such scripts about
+//! a fifth faster than flag-less legacy scripts, and requires them to name every key in
+//! KEYS. This is why Redis 7.0 or newer is required. A shebang script is refused while
+//! the server is out of memory (at `maxmemory` under `noeviction`, the policy this
+//! crate requires), right for the scripts that write. The scripts that only give back
+//! or keep what is held (release, renew, an idempotency claim's abandon and extend, a
+//! semaphore's release) say `flags=allow-oom` (the tests' `ALLOW_OOM`): a full server still
+//! frees locks and keeps the held ones alive, instead of leaving them to their leases
+//! and losing them. Such a script may run any command while full, so it calls only
+//! commands that free memory or leave it as it is (a unit test holds them to that).
 
 use std::sync::LazyLock;
 
@@ -313,6 +319,17 @@ pub(crate) static REDISSON_READ_WRITE: Lua = Lua::new(
     include_str!("../../../lua/redisson_read_write.lua"),
 );
 
+/// The scripts whose shebang is `#!lua flags=allow-oom`: they run on a full server
+/// (see the module docs).
+#[cfg(test)]
+const ALLOW_OOM: &[&str] = &[
+    "release.lua",
+    "renew.lua",
+    "idempotency_abandon.lua",
+    "idempotency_extend.lua",
+    "semaphore_release.lua",
+];
+
 /// Source of every script, by file name, for tooling and tests.
 pub const SOURCES: &[(&str, &str)] = &[
     ("acquire.lua", include_str!("../../../lua/acquire.lua")),
@@ -493,9 +510,14 @@ mod tests {
     #[test]
     fn every_script_documents_keys_argv_and_returns() {
         for (name, src) in super::SOURCES {
+            let shebang = if super::ALLOW_OOM.contains(name) {
+                "#!lua flags=allow-oom\n"
+            } else {
+                "#!lua\n"
+            };
             assert!(
-                src.starts_with("#!lua\n"),
-                "{name}: Redis 7 script shebang missing"
+                src.starts_with(shebang),
+                "{name}: the Redis 7 script shebang must be {shebang:?}"
             );
             let header: String = src
                 .lines()
@@ -505,6 +527,49 @@ mod tests {
             for word in ["KEYS[", "ARGV[", "Returns"] {
                 assert!(header.contains(word), "{name} header lacks {word}");
             }
+        }
+    }
+
+    /// A script that runs on a full server may call any command there: those of
+    /// [`super::ALLOW_OOM`] call only commands that free memory or leave it as it is.
+    #[test]
+    fn scripts_that_run_when_full_never_grow_the_data() {
+        const SHRINK_OR_KEEP: &[&str] = &[
+            "GET",
+            "PTTL",
+            "TIME",
+            "LINDEX",
+            "DEL",
+            "ZREM",
+            "ZREMRANGEBYSCORE",
+            "PEXPIRE",
+            "PUBLISH",
+        ];
+        for name in super::ALLOW_OOM {
+            let (_, src) = super::SOURCES
+                .iter()
+                .find(|(n, _)| n == name)
+                .unwrap_or_else(|| panic!("{name} is not a script"));
+            let mut called = 0;
+            for call in src.split("redis.").skip(1) {
+                let Some(args) = call
+                    .strip_prefix("call(")
+                    .or_else(|| call.strip_prefix("pcall("))
+                else {
+                    continue;
+                };
+                // A command named by a variable could be anything.
+                let command = args
+                    .strip_prefix('\'')
+                    .and_then(|rest| rest.split('\'').next())
+                    .unwrap_or_else(|| panic!("{name}: a command that is not a literal"));
+                assert!(
+                    SHRINK_OR_KEEP.contains(&command),
+                    "{name} runs when the server is full, but calls {command}"
+                );
+                called += 1;
+            }
+            assert!(called > 0, "{name}: no redis.call found");
         }
     }
 

@@ -1,0 +1,107 @@
+//! A Redis server at its `maxmemory` (under `noeviction`, the only policy a client
+//! accepts) refuses what would add data, and still takes back and keeps alive what is
+//! held: a release frees its lock, the watchdog renews a held one, an idempotency claim
+//! is abandoned or extended, semaphore permits are given back.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::{client, exists, pttl};
+use lock_core::{Begin, Lease, LockConfig, LockOptions, Released};
+use lock_tests::RedisServer;
+
+async fn set_maxmemory(server: &RedisServer, bytes: u64) {
+    let mut c = server.connection().await;
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(bytes)
+        .exec_async(&mut c)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_server_still_takes_back_and_keeps_what_is_held() {
+    let server = RedisServer::start();
+    let lease = Duration::from_millis(900);
+    let c = client(&server, LockConfig::new().with_watchdog_lease(lease)).await;
+    let now = LockOptions::new().wait(Duration::ZERO);
+    let kept = c.acquire("kept", now.clone()).await.unwrap();
+    let freed = c
+        .acquire(
+            "freed",
+            now.clone().lease(Lease::Fixed(Duration::from_secs(60))),
+        )
+        .await
+        .unwrap();
+    let store = c.idempotency_store("full");
+    let claim = |key: &'static str| {
+        let store = store.clone();
+        async move {
+            match store
+                .begin(key, "fp", Duration::from_secs(60))
+                .await
+                .unwrap()
+            {
+                Begin::New(claim) => claim,
+                other => panic!("{key}: expected a new claim, got {other:?}"),
+            }
+        }
+    };
+    let (abandoned, extended) = (claim("abandoned").await, claim("extended").await);
+    let semaphore = c.semaphore("slots", 2).unwrap();
+    let permits = semaphore.try_acquire(2).await.unwrap();
+
+    set_maxmemory(&server, 1).await;
+
+    // What would add data is refused, with the server's own words.
+    let e = c.try_lock("new").await.unwrap_err();
+    assert!(e.to_string().contains("OOM"), "{e}");
+
+    assert_eq!(freed.release().await.unwrap(), Released::Unlocked);
+    let freed_key = c.keys("freed").unwrap().key;
+    assert!(
+        !exists(&server, &freed_key).await,
+        "the release left its lock"
+    );
+
+    let record = abandoned.keys().record.clone();
+    abandoned.abandon().await.unwrap();
+    assert!(
+        !exists(&server, &record).await,
+        "the abandon left its claim"
+    );
+    // A fresh in-flight lease of 60 s, against the few seconds that have passed.
+    extended.extend().await.unwrap();
+    assert!(pttl(&server, &extended.keys().record).await > 59_000);
+
+    assert_eq!(permits.release().await.unwrap(), 2);
+    let held: i64 = redis::cmd("ZCARD")
+        .arg(semaphore.key())
+        .query_async(&mut server.connection().await)
+        .await
+        .unwrap();
+    assert_eq!(held, 0, "the permits are still in the semaphore");
+
+    // Three leases while full: only the watchdog's renewals keep the lock.
+    let kept_key = c.keys("kept").unwrap().key;
+    let until = tokio::time::Instant::now() + lease * 3;
+    while tokio::time::Instant::now() < until {
+        assert!(
+            kept.is_held(),
+            "the watchdog lost the lock on a full server"
+        );
+        assert!(
+            exists(&server, &kept_key).await,
+            "the lock expired while held"
+        );
+        tokio::time::sleep(lease / 4).await;
+    }
+
+    set_maxmemory(&server, 0).await;
+    let new = c.try_lock("new").await.unwrap();
+    assert_eq!(new.release().await.unwrap(), Released::Unlocked);
+    assert_eq!(kept.release().await.unwrap(), Released::Unlocked);
+}
