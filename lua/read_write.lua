@@ -11,26 +11,25 @@
 -- readers wait while it is set: waiting writers are not starved by readers that keep
 -- coming. A writer that stops waiting holds readers back at most `linger` ms.
 --
+-- Holds are given back by read_write_release.lua, which only deletes, so that a full
+-- server (one that refuses this script) still runs it.
+--
 -- Entries are independent, one per call of the lock, and many go in one script call: a
 -- batch of one is the plain call. Each gets its own reply, in order, as if called alone.
 --
 -- Entry i (i = 1 .. #KEYS / 3) uses KEYS[3i-2 .. 3i] and ARGV[4i-3 .. 4i]:
 -- KEYS[3i-2]  the lock
--- KEYS[3i-1]  its writer mark (read by acquisitions: a release or an extension may
---             repeat the lock here)
--- KEYS[3i]    its fencing counter (a write hold's token: the other operations may
---             repeat the lock here)
--- ARGV[4i-3]  the operation: 'r' or 'w' (acquire a read or write hold), 'release-r' or
---             'release-w' (give back a read or write hold), 'extend'
+-- KEYS[3i-1]  its writer mark (read by acquisitions: an extension may repeat the lock
+--             here)
+-- KEYS[3i]    its fencing counter (a write hold's token: an extension may repeat the
+--             lock here)
+-- ARGV[4i-3]  the operation: 'r' or 'w' (acquire a read or write hold), or 'extend'
 -- ARGV[4i-2]  the grant's value
--- ARGV[4i-1]  the lease (ms) to acquire or extend with; for a release, the payload
---             published on the lock's channel, '<lock>:released' (a channel is no key,
---             so it is not declared)
+-- ARGV[4i-1]  the lease (ms) to acquire or extend with
 -- ARGV[4i]    linger (ms) of an acquisition (0: the caller does not wait); else unused
 --
 -- Returns one reply per entry (an array of them, or for a batch of one that reply alone):
 --   acquire  {1, token} granted (a reader's token is 0), {0, ms} busy for at most ms
---   release  1 released, -1 the hold was gone already; publishes either way
 --   extend   1 its lease ends no sooner than lease ms from now, -1 it was gone
 --   {'error', message}  this entry failed (its key holds another type, or an unknown
 --                       operation); the others stand
@@ -106,27 +105,6 @@ local function acquire(lock, mark, fence, write, value, lease, linger)
   return {1, token}
 end
 
-local function release(lock, write, value, payload)
-  local e = redis.pcall('HGET', lock, value)
-  if type(e) == 'table' then
-    return {'error', e.err}
-  end
-  local held = e and tonumber(e) > now
-  if e then
-    -- Redis deletes the hash with its last field.
-    redis.call('HDEL', lock, value)
-  end
-  -- Only a write hold's value can name the writer.
-  if write and redis.call('HGET', lock, '=w') == value then
-    redis.call('HDEL', lock, '=w')
-  end
-  redis.call('PUBLISH', lock .. ':released', payload)
-  if held then
-    return 1
-  end
-  return -1
-end
-
 local function extend(lock, value, lease)
   local e = redis.pcall('HGET', lock, value)
   if type(e) == 'table' then
@@ -151,8 +129,6 @@ for i = 1, #KEYS / 3 do
   if op == 'r' or op == 'w' then
     out[i] = acquire(lock, KEYS[3 * i - 1], KEYS[3 * i], op == 'w', value, tonumber(n),
       tonumber(ARGV[4 * i]))
-  elseif op == 'release-r' or op == 'release-w' then
-    out[i] = release(lock, op == 'release-w', value, n)
   elseif op == 'extend' then
     out[i] = extend(lock, value, tonumber(n))
   else

@@ -1,6 +1,7 @@
-//! Batching of read-write holds: acquisitions and releases of read and write holds that
-//! queue behind a call in flight share one call of `read_write.lua`, each caller still
-//! gets its own outcome, and a grant whose caller left before the reply is given back.
+//! Batching of read-write holds: acquisitions of read and write holds that queue behind
+//! a call in flight share one call of `read_write.lua`, releases one of
+//! `read_write_release.lua`, each caller still gets its own outcome, and a grant whose
+//! caller left before the reply is given back.
 
 use std::time::Duration;
 
@@ -99,6 +100,9 @@ async fn one_script_call_carries_each_holds_own_outcome() {
         !brief.is_held()
     })
     .await;
+    // The release script's first call loads it (NOSCRIPT, then EVAL): not counted.
+    let warm = c.acquire("warm", read()).await.unwrap();
+    warm.release().await.unwrap();
     let _ = sent_since(&server, &mut monitor).await;
     server.pause();
     let pending = vec![
@@ -119,7 +123,10 @@ async fn one_script_call_carries_each_holds_own_outcome() {
     );
     let sent = sent_since(&server, &mut monitor).await;
     assert_eq!(
-        (sent.get("EVALSHA read_write.lua"), script_calls(&sent)),
+        (
+            sent.get("EVALSHA read_write_release.lua"),
+            script_calls(&sent)
+        ),
         (Some(&2), 2),
         "one release alone, then one batch of four: {sent:?}"
     );

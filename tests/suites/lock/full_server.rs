@@ -1,7 +1,8 @@
 //! A Redis server at its `maxmemory` (under `noeviction`, the only policy a client
 //! accepts) refuses what would add data, and still takes back and keeps alive what is
-//! held: a release frees its lock, the watchdog renews a held one, an idempotency claim
-//! is abandoned or extended, semaphore permits are given back.
+//! held: a release frees its lock (a plain one, or a read or write hold), the watchdog
+//! renews a held one, an idempotency claim is abandoned or extended, semaphore permits
+//! are given back.
 
 use crate::common;
 
@@ -36,6 +37,9 @@ async fn a_full_server_still_takes_back_and_keeps_what_is_held() {
         )
         .await
         .unwrap();
+    let fixed = now.clone().lease(Lease::Fixed(Duration::from_secs(60)));
+    let reader = c.acquire("shared", fixed.clone().read()).await.unwrap();
+    let writer = c.acquire("exclusive", fixed.write()).await.unwrap();
     let store = c.idempotency_store("full");
     let claim = |key: &'static str| {
         let store = store.clone();
@@ -66,6 +70,16 @@ async fn a_full_server_still_takes_back_and_keeps_what_is_held() {
         !exists(&server, &freed_key).await,
         "the release left its lock"
     );
+
+    // A read-write lock's key is a hash of its holders: gone with the last one.
+    for (name, hold) in [("shared", reader), ("exclusive", writer)] {
+        let key = hold.keys().key.clone();
+        assert_eq!(hold.release().await.unwrap(), Released::Unlocked, "{name}");
+        assert!(
+            !exists(&server, &key).await,
+            "the release left {name}'s hold"
+        );
+    }
 
     let record = abandoned.keys().record.clone();
     abandoned.abandon().await.unwrap();

@@ -1,5 +1,6 @@
-//! Read-write locks on Redis: one script (`lua/read_write.lua`) over a hash of holders,
-//! beside the plain lock's `SET NX PX`.
+//! Read-write locks on Redis: a script (`lua/read_write.lua`) over a hash of holders,
+//! beside the plain lock's `SET NX PX`, and one that gives holds back
+//! (`lua/read_write_release.lua`: it only deletes, so a full server still runs it).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,7 +10,9 @@ use tokio::time::Instant;
 use super::{RedisBackend, held, renewed};
 use crate::client::store::batch::{Entry, entry_replies, entry_reply};
 use crate::client::store::key::{LockKeys, LockMode, WAITERS};
-use crate::client::store::scripts::{AcquireReply, Code, GrantReply, READ_WRITE, code_value};
+use crate::client::store::scripts::{
+    AcquireReply, Code, GrantReply, READ_WRITE, READ_WRITE_RELEASE, code_value,
+};
 use crate::error::LockError;
 use crate::lock::Request;
 use crate::lock::registry::Loss;
@@ -55,24 +58,21 @@ impl RedisBackend {
         keys: &LockKeys,
         value: &str,
     ) -> Result<Held, LockError> {
-        let op = match keys.mode {
-            LockMode::Write => "release-w",
-            _ => "release-r",
+        let kind = match keys.mode {
+            LockMode::Write => "w",
+            _ => "r",
         };
         let reply = self
             .client
             .conn()
-            .call(&READ_WRITE, &keys.key, |e| {
+            .call(&READ_WRITE_RELEASE, &keys.key, |e| {
                 e.key(&keys.key)
-                    .key(&keys.key)
-                    .key(&keys.key)
-                    .arg(op)
+                    .arg(kind)
                     .arg(value)
                     .arg(self.client.id_hex())
-                    .arg(0)
             })
             .await?;
-        let reply = GrantReply::decode("read_write", reply)?;
+        let reply = GrantReply::decode("read_write_release", reply)?;
         self.wake_local_waiters(keys);
         Ok(held(reply))
     }

@@ -16,8 +16,8 @@
 //! KEYS. This is why Redis 7.0 or newer is required. A shebang script is refused while
 //! the server is out of memory (at `maxmemory` under `noeviction`, the policy this
 //! crate requires), right for the scripts that write. The scripts that only give back
-//! or keep what is held (release, renew, an idempotency claim's abandon and extend, a
-//! semaphore's release) say `flags=allow-oom` (the tests' `ALLOW_OOM`): a full server still
+//! or keep what is held (release, renew, a read-write lock's release, an idempotency
+//! claim's abandon and extend, a semaphore's release) say `flags=allow-oom` (the tests' `ALLOW_OOM`): a full server still
 //! frees locks and keeps the held ones alive, instead of leaving them to their leases
 //! and losing them. Such a script may run any command while full, so it calls only
 //! commands that free memory or leave it as it is (a unit test holds them to that).
@@ -83,9 +83,16 @@ pub(crate) static FAIR: Lua = Lua::new("fair", include_str!("../../../lua/fair.l
 pub(crate) static FENCE: Lua = Lua::new("fence", include_str!("../../../lua/fence.lua"));
 /// Renew one or many leases. See `lua/renew.lua`.
 pub(crate) static RENEW: Lua = Lua::new("renew", include_str!("../../../lua/renew.lua"));
-/// Take, give back or extend a hold of a read-write lock. See `lua/read_write.lua`.
+/// Take or extend a hold of a read-write lock. See `lua/read_write.lua`.
 pub(crate) static READ_WRITE: Lua =
     Lua::batched("read_write", include_str!("../../../lua/read_write.lua"), 3);
+
+/// Give back a hold of a read-write lock. See `lua/read_write_release.lua`.
+pub(crate) static READ_WRITE_RELEASE: Lua = Lua::batched(
+    "read_write_release",
+    include_str!("../../../lua/read_write_release.lua"),
+    1,
+);
 /// Write guarded by a fencing token and its holder. See `lua/fenced_write.lua`.
 pub(crate) static FENCED_WRITE: Lua = Lua::new(
     "fenced_write",
@@ -328,6 +335,7 @@ const ALLOW_OOM: &[&str] = &[
     "idempotency_abandon.lua",
     "idempotency_extend.lua",
     "semaphore_release.lua",
+    "read_write_release.lua",
 ];
 
 /// Source of every script, by file name, for tooling and tests.
@@ -340,6 +348,10 @@ pub const SOURCES: &[(&str, &str)] = &[
     (
         "read_write.lua",
         include_str!("../../../lua/read_write.lua"),
+    ),
+    (
+        "read_write_release.lua",
+        include_str!("../../../lua/read_write_release.lua"),
     ),
     (
         "fenced_write.lua",
@@ -405,6 +417,7 @@ mod tests {
             &ACQUIRE,
             &RELEASE,
             &READ_WRITE,
+            &READ_WRITE_RELEASE,
             &GCRA,
             &IDEMPOTENCY_COMPLETE,
         ] {
@@ -425,7 +438,7 @@ mod tests {
     fn the_release_scripts_publish_on_the_lock_keys_channel() {
         use crate::client::store::key::{RELEASED, lock_keys};
         let suffix = format!("lock .. '{RELEASED}'");
-        for script in [&RELEASE, &READ_WRITE] {
+        for script in [&RELEASE, &READ_WRITE_RELEASE] {
             assert!(
                 script.source().contains(&suffix),
                 "{}.lua lacks {suffix}",
@@ -536,10 +549,12 @@ mod tests {
     fn scripts_that_run_when_full_never_grow_the_data() {
         const SHRINK_OR_KEEP: &[&str] = &[
             "GET",
+            "HGET",
             "PTTL",
             "TIME",
             "LINDEX",
             "DEL",
+            "HDEL",
             "ZREM",
             "ZREMRANGEBYSCORE",
             "PEXPIRE",
