@@ -29,6 +29,7 @@ local function release(lock, write, value, payload)
     -- Redis deletes the hash with its last field.
     redis.call('HDEL', lock, value)
   end
+  -- Only a write hold's value can name the writer.
   if write and redis.call('HGET', lock, '=w') == value then
     redis.call('HDEL', lock, '=w')
   end

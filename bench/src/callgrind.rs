@@ -72,6 +72,14 @@ impl Scratch {
     pub fn file(&self, name: &str) -> PathBuf {
         self.0.join(name)
     }
+
+    /// The files of one counted run named `tag`: callgrind's out file and its log.
+    fn counted(&self, tag: &str) -> (PathBuf, PathBuf) {
+        (
+            self.file(&format!("{tag}.out")),
+            self.file(&format!("{tag}.log")),
+        )
+    }
 }
 
 impl Drop for Scratch {
@@ -140,10 +148,7 @@ pub async fn count_client(
     program: &Path,
     args: &[String],
 ) -> Result<u64, BoxError> {
-    let (out, log) = (
-        scratch.file(&format!("{tag}.out")),
-        scratch.file(&format!("{tag}.log")),
-    );
+    let (out, log) = scratch.counted(tag);
     let mut child = callgrind(&out, &log, program, args)?.spawn()?;
     finished(&mut child, RUN_TIMEOUT, &format!("callgrind {tag}"), &log).await?;
     totals_of(&out)
@@ -193,10 +198,7 @@ pub struct CountedRedis {
 impl CountedRedis {
     /// Starts one on a free port, `tag` naming its files in `scratch`.
     pub async fn start(scratch: &Scratch, tag: &str) -> Result<Self, BoxError> {
-        let (out, log) = (
-            scratch.file(&format!("{tag}.out")),
-            scratch.file(&format!("{tag}.log")),
-        );
+        let (out, log) = scratch.counted(tag);
         let (child, port) = start_server(scratch, &out, &log).await?;
         Ok(Self {
             child,
@@ -232,10 +234,7 @@ impl CountedRedis {
 /// own), and the out file: for a program started by someone else, such as a
 /// `seckill-server` instance.
 pub fn wrapper(scratch: &Scratch, tag: &str) -> (Vec<String>, PathBuf) {
-    let (out, log) = (
-        scratch.file(&format!("{tag}.out")),
-        scratch.file(&format!("{tag}.log")),
-    );
+    let (out, log) = scratch.counted(tag);
     let args = vec![
         "--tool=callgrind".to_string(),
         format!("--callgrind-out-file={}", out.display()),

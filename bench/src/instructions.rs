@@ -159,10 +159,10 @@ pub async fn measure(ops: &[Op], n: u64) -> Result<Counts, BoxError> {
     );
     let mut counts = Counts::new();
     for &op in ops {
-        let per = if op.imp.starts_with("seckill.") {
-            sale_instructions::measure(&scratch, op.imp).await?
-        } else {
-            count_op(&scratch, &exe, op, n).await?
+        let per = match op.imp {
+            sale_instructions::OURS => sale_instructions::measure(&scratch, false).await?,
+            sale_instructions::FLOOR => sale_instructions::measure(&scratch, true).await?,
+            _ => count_op(&scratch, &exe, op, n).await?,
         };
         counts.insert(op, per);
     }

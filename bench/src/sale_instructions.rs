@@ -130,14 +130,10 @@ fn side_text(per: Option<f64>, [short, long]: [Run; 2]) -> String {
     }
 }
 
-/// Instructions per order request of `imp` ([`OURS`] or [`FLOOR`]) on the service's
-/// side (the `client` of [`PerOp`]) and Redis's; prints one line.
-pub async fn measure(scratch: &Scratch, imp: &str) -> Result<PerOp, BoxError> {
-    let floor = match imp {
-        OURS => false,
-        FLOOR => true,
-        other => return Err(format!("no flash-sale implementation {other:?}").into()),
-    };
+/// Instructions per order request of [`OURS`] or, with `floor`, [`FLOOR`] on the
+/// service's side (the `client` of [`PerOp`]) and Redis's; prints one line.
+pub async fn measure(scratch: &Scratch, floor: bool) -> Result<PerOp, BoxError> {
+    let imp = if floor { FLOOR } else { OURS };
     let mut service = [Run {
         instructions: 0,
         requests: 0,

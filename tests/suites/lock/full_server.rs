@@ -30,14 +30,8 @@ async fn a_full_server_still_takes_back_and_keeps_what_is_held() {
     let c = client(&server, LockConfig::new().with_watchdog_lease(lease)).await;
     let now = LockOptions::new().wait(Duration::ZERO);
     let kept = c.acquire("kept", now.clone()).await.unwrap();
-    let freed = c
-        .acquire(
-            "freed",
-            now.clone().lease(Lease::Fixed(Duration::from_secs(60))),
-        )
-        .await
-        .unwrap();
-    let fixed = now.clone().lease(Lease::Fixed(Duration::from_secs(60)));
+    let fixed = now.lease(Lease::Fixed(Duration::from_secs(60)));
+    let freed = c.acquire("freed", fixed.clone()).await.unwrap();
     let reader = c.acquire("shared", fixed.clone().read()).await.unwrap();
     let writer = c.acquire("exclusive", fixed.write()).await.unwrap();
     let store = c.idempotency_store("full");

@@ -17,10 +17,11 @@
 //! the server is out of memory (at `maxmemory` under `noeviction`, the policy this
 //! crate requires), right for the scripts that write. The scripts that only give back
 //! or keep what is held (release, renew, a read-write lock's release, an idempotency
-//! claim's abandon and extend, a semaphore's release) say `flags=allow-oom` (the tests' `ALLOW_OOM`): a full server still
-//! frees locks and keeps the held ones alive, instead of leaving them to their leases
-//! and losing them. Such a script may run any command while full, so it calls only
-//! commands that free memory or leave it as it is (a unit test holds them to that).
+//! claim's abandon and extend, a semaphore's release) start `#!lua flags=allow-oom`: a
+//! full server still frees locks and keeps the held ones alive, instead of leaving them
+//! to their leases and losing them. Such a script may run any command while full, so it
+//! calls only commands that free memory or leave it as it is (a unit test holds every
+//! script with the flag to that).
 
 use std::sync::LazyLock;
 
@@ -326,18 +327,6 @@ pub(crate) static REDISSON_READ_WRITE: Lua = Lua::new(
     include_str!("../../../lua/redisson_read_write.lua"),
 );
 
-/// The scripts whose shebang is `#!lua flags=allow-oom`: they run on a full server
-/// (see the module docs).
-#[cfg(test)]
-const ALLOW_OOM: &[&str] = &[
-    "release.lua",
-    "renew.lua",
-    "idempotency_abandon.lua",
-    "idempotency_extend.lua",
-    "semaphore_release.lua",
-    "read_write_release.lua",
-];
-
 /// Source of every script, by file name, for tooling and tests.
 pub const SOURCES: &[(&str, &str)] = &[
     ("acquire.lua", include_str!("../../../lua/acquire.lua")),
@@ -520,17 +509,15 @@ mod tests {
         assert!(codes("renew", arr(&[1]), 2).is_err());
     }
 
+    /// The shebang of a script that runs on a full server (see the module docs).
+    const ALLOW_OOM: &str = "#!lua flags=allow-oom\n";
+
     #[test]
     fn every_script_documents_keys_argv_and_returns() {
         for (name, src) in super::SOURCES {
-            let shebang = if super::ALLOW_OOM.contains(name) {
-                "#!lua flags=allow-oom\n"
-            } else {
-                "#!lua\n"
-            };
             assert!(
-                src.starts_with(shebang),
-                "{name}: the Redis 7 script shebang must be {shebang:?}"
+                src.starts_with("#!lua\n") || src.starts_with(ALLOW_OOM),
+                "{name}: the Redis 7 script shebang must be \"#!lua\" or {ALLOW_OOM:?}"
             );
             let header: String = src
                 .lines()
@@ -543,8 +530,8 @@ mod tests {
         }
     }
 
-    /// A script that runs on a full server may call any command there: those of
-    /// [`super::ALLOW_OOM`] call only commands that free memory or leave it as it is.
+    /// A script that runs on a full server may call any command there: those with the
+    /// flag call only commands that free memory or leave it as it is.
     #[test]
     fn scripts_that_run_when_full_never_grow_the_data() {
         const SHRINK_OR_KEEP: &[&str] = &[
@@ -560,11 +547,10 @@ mod tests {
             "PEXPIRE",
             "PUBLISH",
         ];
-        for name in super::ALLOW_OOM {
-            let (_, src) = super::SOURCES
-                .iter()
-                .find(|(n, _)| n == name)
-                .unwrap_or_else(|| panic!("{name} is not a script"));
+        let flagged = super::SOURCES
+            .iter()
+            .filter(|(_, src)| src.starts_with(ALLOW_OOM));
+        for (name, src) in flagged {
             let mut called = 0;
             for call in src.split("redis.").skip(1) {
                 let Some(args) = call
