@@ -10,23 +10,23 @@
 -- KEYS[3]  the queue's deadlines: a sorted set, owner -> server time (ms) its place lapses
 -- KEYS[4]  the waiter marker of the lock (a release publishes only while it exists)
 -- KEYS[5]  the fencing counter of the lock's hash slot
--- ARGV[1]  'acquire' or 'leave'
--- ARGV[2]  the owner (client id and scope: the same for every attempt of one acquisition)
--- ARGV[3]  the release channel: the head of the queue is woken on '<channel>:<owner>'
--- acquire:
--- ARGV[4]  the grant's value
--- ARGV[5]  lease in milliseconds
--- ARGV[6]  the place lease in milliseconds; 0 when the caller does not wait (it takes the
+-- ARGV[1]  the owner (client id and scope: the same for every attempt of one acquisition)
+-- ARGV[2]  the release channel: the head of the queue is woken on '<channel>:<owner>'
+-- ARGV[3]  the grant's value
+-- ARGV[4]  lease in milliseconds
+-- ARGV[5]  the place lease in milliseconds; 0 when the caller does not wait (it takes the
 --          lock only if nobody queues before it, and leaves no place)
--- ARGV[7]  1 to take the grant's fencing token with it, 0 not to
+-- ARGV[6]  1 to take the grant's fencing token with it, 0 not to
+--
+-- A waiter leaves the line with fair_leave.lua, which only removes, so that a full
+-- server (one that refuses this script) still runs it.
 --
 -- Returns:
---   {1, token}  acquire: granted; token is the grant's fencing token, 0 when not asked for
---   {0, ms}     acquire: not granted; ask again within ms (the holder's lease, or the
---               place of the waiter before us, whichever ends first)
---   {1, 0}      leave: done (whether or not the owner queued)
+--   {1, token}  granted; token is the grant's fencing token, 0 when not asked for
+--   {0, ms}     not granted; ask again within ms (the holder's lease, or the place of
+--               the waiter before us, whichever ends first)
 local lock, queue, deadlines, waiters, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local action, owner, channel = ARGV[1], ARGV[2], ARGV[3]
+local owner, channel = ARGV[1], ARGV[2]
 
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -41,16 +41,6 @@ local function wake_head()
   end
 end
 
-if action == 'leave' then
-  local was_head = redis.call('LINDEX', queue, 0) == owner
-  redis.call('LREM', queue, 0, owner)
-  redis.call('ZREM', deadlines, owner)
-  if was_head then
-    wake_head()
-  end
-  return {1, 0}
-end
-
 -- Waiters whose place lapsed are forgotten, wherever they stand.
 local lapsed = redis.call('ZRANGEBYSCORE', deadlines, '-inf', now)
 for _, gone in ipairs(lapsed) do
@@ -60,7 +50,7 @@ if #lapsed > 0 then
   redis.call('ZREMRANGEBYSCORE', deadlines, '-inf', now)
 end
 
-local value, lease, place = ARGV[4], ARGV[5], tonumber(ARGV[6])
+local value, lease, place = ARGV[3], ARGV[4], tonumber(ARGV[5])
 local head = redis.call('LINDEX', queue, 0)
 local pttl = redis.call('PTTL', lock)
 if pttl == -2 and (not head or head == owner) then
@@ -73,7 +63,7 @@ if pttl == -2 and (not head or head == owner) then
       redis.call('SET', waiters, '1', 'PX', tonumber(lease) + place)
     end
   end
-  if ARGV[7] == '1' then
+  if ARGV[6] == '1' then
     return {1, redis.call('INCR', fence)}
   end
   return {1, 0}

@@ -2,13 +2,13 @@
 //! accepts) refuses what would add data, and still takes back and keeps alive what is
 //! held: a release frees its lock (a plain one, or a read or write hold), the watchdog
 //! renews a held one, an idempotency claim is abandoned or extended, semaphore permits
-//! are given back.
+//! are given back, a fair lock's waiter leaves its line.
 
 use crate::common;
 
 use std::time::Duration;
 
-use common::{client, exists, pttl};
+use common::{client, eventually, exists, pttl};
 use lock_core::{Begin, Lease, LockConfig, LockOptions, Released};
 use lock_tests::RedisServer;
 
@@ -33,7 +33,7 @@ async fn a_full_server_still_takes_back_and_keeps_what_is_held() {
     let fixed = now.lease(Lease::Fixed(Duration::from_secs(60)));
     let freed = c.acquire("freed", fixed.clone()).await.unwrap();
     let reader = c.acquire("shared", fixed.clone().read()).await.unwrap();
-    let writer = c.acquire("exclusive", fixed.write()).await.unwrap();
+    let writer = c.acquire("exclusive", fixed.clone().write()).await.unwrap();
     let store = c.idempotency_store("full");
     let claim = |key: &'static str| {
         let store = store.clone();
@@ -51,6 +51,19 @@ async fn a_full_server_still_takes_back_and_keeps_what_is_held() {
     let (abandoned, extended) = (claim("abandoned").await, claim("extended").await);
     let semaphore = c.semaphore("slots", 2).unwrap();
     let permits = semaphore.try_acquire(2).await.unwrap();
+    // A fair lock held, and a waiter in its line (which ends while the server is full).
+    let head = c.acquire("line", fixed.fair()).await.unwrap();
+    let line = head.keys().key.clone();
+    let (queue, deadlines) = (format!("{line}:queue"), format!("{line}:timeouts"));
+    let waiter = tokio::spawn({
+        let c = c.clone();
+        let wait = LockOptions::new().fair().wait(lease * 3);
+        async move { c.acquire("line", wait).await.map(|_| ()) }
+    });
+    eventually(Duration::from_secs(5), "the waiter in the line", || {
+        exists(&server, &queue)
+    })
+    .await;
 
     set_maxmemory(&server, 1).await;
 
@@ -108,8 +121,21 @@ async fn a_full_server_still_takes_back_and_keeps_what_is_held() {
         tokio::time::sleep(lease / 4).await;
     }
 
+    // Its wait over (its attempts refused), the waiter left: the line is empty.
+    assert!(
+        waiter.await.unwrap().is_err(),
+        "the waiter took a held lock"
+    );
+    for key in [&queue, &deadlines] {
+        assert!(
+            !exists(&server, key).await,
+            "the waiter that left is still in {key}"
+        );
+    }
+
     set_maxmemory(&server, 0).await;
     let new = c.try_lock("new").await.unwrap();
     assert_eq!(new.release().await.unwrap(), Released::Unlocked);
     assert_eq!(kept.release().await.unwrap(), Released::Unlocked);
+    assert_eq!(head.release().await.unwrap(), Released::Unlocked);
 }

@@ -1,4 +1,4 @@
-//! The line of a fair lock on Redis (`lua/fair.lua`): the plain lock's key, granted to
+//! The line of a fair lock on Redis (`lua/fair.lua`, left by `lua/fair_leave.lua`): the plain lock's key, granted to
 //! the waiters of a list (`<key>:queue`) in order, each place kept by a deadline in a
 //! sorted set (`<key>:timeouts`) that each attempt pushes back by one place lease.
 //!
@@ -10,9 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::RedisBackend;
-use crate::client::store::Args;
 use crate::client::store::key::{QUEUE, RELEASED, TIMEOUTS, WAITERS, suffixed};
-use crate::client::store::scripts::{AcquireReply, Code, FAIR, code_value};
+use crate::client::store::scripts::{AcquireReply, Code, FAIR, FAIR_LEAVE, code_value};
 use crate::error::LockError;
 use crate::lock::Request;
 
@@ -47,49 +46,46 @@ impl RedisBackend {
     ) -> Result<AcquireReply, LockError> {
         let place = self.linger_ms(!wait.is_zero());
         let owner = self.owner(req);
-        let call = self.fair_call(req, "acquire", &owner, |c| {
-            c.arg(&**value)
-                .arg(req.lease.as_millis() as u64)
-                .arg(place)
-                .arg(u8::from(req.fenced));
-        });
-        self.take_by_script(&req.keys, value, call).await
-    }
-
-    /// Takes `req`'s waiter out of the line, waking the next one if it heads it now.
-    pub(super) async fn leave_fair(&self, req: &Request) -> Result<(), LockError> {
-        let owner = self.owner(req);
-        let reply = self.fair_call(req, "leave", &owner, |_| {}).await?;
-        match code_value("fair", reply)? {
-            (Code::Done, _) => Ok(()),
-            (code, _) => Err(LockError::UnexpectedReply(format!(
-                "fair.lua leave answered {code:?}"
-            ))),
-        }
-    }
-
-    /// `fair.lua` on `req`'s lock: `action` for `owner`, then the action's own arguments.
-    async fn fair_call(
-        &self,
-        req: &Request,
-        action: &str,
-        owner: &str,
-        args: impl Fn(&mut Args),
-    ) -> Result<redis::Value, LockError> {
         let keys = &req.keys;
         let conn = self.client.conn();
-        conn.eval(&FAIR, conn.timeout(), |c| {
+        let call = conn.eval(&FAIR, conn.timeout(), |c| {
             c.arg(5)
                 .arg(&keys.key)
                 .arg(suffixed(&keys.key, QUEUE))
                 .arg(suffixed(&keys.key, TIMEOUTS))
                 .arg(suffixed(&keys.key, WAITERS))
                 .arg(keys.fence())
-                .arg(action)
-                .arg(owner)
-                .arg(suffixed(&keys.key, RELEASED));
-            args(c);
-        })
-        .await
+                .arg(&owner)
+                .arg(suffixed(&keys.key, RELEASED))
+                .arg(&**value)
+                .arg(req.lease.as_millis() as u64)
+                .arg(place)
+                .arg(u8::from(req.fenced));
+        });
+        self.take_by_script(keys, value, call).await
+    }
+
+    /// Takes `req`'s waiter out of the line, waking the next one if it heads it now.
+    /// `fair_leave.lua` only removes, so a full server still runs it.
+    pub(super) async fn leave_fair(&self, req: &Request) -> Result<(), LockError> {
+        let owner = self.owner(req);
+        let keys = &req.keys;
+        let conn = self.client.conn();
+        let reply = conn
+            .eval(&FAIR_LEAVE, conn.timeout(), |c| {
+                c.arg(3)
+                    .arg(&keys.key)
+                    .arg(suffixed(&keys.key, QUEUE))
+                    .arg(suffixed(&keys.key, TIMEOUTS))
+                    .arg(&owner)
+                    .arg(suffixed(&keys.key, RELEASED));
+            })
+            .await?;
+        match code_value("fair_leave", reply)? {
+            (Code::Done, _) => Ok(()),
+            (code, _) => Err(LockError::UnexpectedReply(format!(
+                "fair_leave.lua answered {code:?}"
+            ))),
+        }
     }
 }

@@ -17,7 +17,8 @@
 //! the server is out of memory (at `maxmemory` under `noeviction`, the policy this
 //! crate requires), right for the scripts that write. The scripts that only give back
 //! or keep what is held (release, renew, a read-write lock's release, an idempotency
-//! claim's abandon and extend, a semaphore's release) start `#!lua flags=allow-oom`: a
+//! claim's abandon and extend, a semaphore's release, a fair waiter's leave) start
+//! `#!lua flags=allow-oom`: a
 //! full server still frees locks and keeps the held ones alive, instead of leaving them
 //! to their leases and losing them. Such a script may run any command while full, so it
 //! calls only commands that free memory or leave it as it is (a unit test holds every
@@ -78,8 +79,11 @@ pub(crate) static ACQUIRE: Lua =
 /// Give back one grant. See `lua/release.lua`.
 pub(crate) static RELEASE: Lua =
     Lua::batched("release", include_str!("../../../lua/release.lua"), 3);
-/// Take a fair lock in its line's order, or leave the line. See `lua/fair.lua`.
+/// Take a fair lock in its line's order. See `lua/fair.lua`.
 pub(crate) static FAIR: Lua = Lua::new("fair", include_str!("../../../lua/fair.lua"));
+/// Leave a fair lock's line. See `lua/fair_leave.lua`.
+pub(crate) static FAIR_LEAVE: Lua =
+    Lua::new("fair_leave", include_str!("../../../lua/fair_leave.lua"));
 /// The token of a grant taken without one. See `lua/fence.lua`.
 pub(crate) static FENCE: Lua = Lua::new("fence", include_str!("../../../lua/fence.lua"));
 /// Renew one or many leases. See `lua/renew.lua`.
@@ -332,6 +336,10 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("acquire.lua", include_str!("../../../lua/acquire.lua")),
     ("release.lua", include_str!("../../../lua/release.lua")),
     ("fair.lua", include_str!("../../../lua/fair.lua")),
+    (
+        "fair_leave.lua",
+        include_str!("../../../lua/fair_leave.lua"),
+    ),
     ("fence.lua", include_str!("../../../lua/fence.lua")),
     ("renew.lua", include_str!("../../../lua/renew.lua")),
     (
@@ -546,6 +554,8 @@ mod tests {
             "ZREMRANGEBYSCORE",
             "PEXPIRE",
             "PUBLISH",
+            "EXISTS",
+            "LREM",
         ];
         let flagged = super::SOURCES
             .iter()
