@@ -4,13 +4,13 @@
 -- KEYS[1]   sorted set {permit id -> expiry}, expiry in ms on the Redis server's clock
 -- ARGV[1]   limit: permits that may be in use at once (every user of the name passes the same)
 -- ARGV[2]   lease of the new permits, in milliseconds
--- ARGV[3..] ids of the n new permits (unique, made by the client); none: only count
+-- ARGV[3..] ids of the n >= 1 new permits (unique, made by the client)
 --
 -- Expired permits are removed first. The set's own PEXPIRE follows its latest expiry, so
 -- an abandoned semaphore disappears by itself.
 --
 -- Returns one of
---   {1, free}            granted (with no ids: counted only); free permits left now
+--   {1, free}            granted; free permits left now
 --   {0, retry_ms, free}  not enough free permits; in retry_ms enough of them expire
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -18,9 +18,6 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local limit = tonumber(ARGV[1])
 local used = redis.call('ZCARD', KEYS[1])
 local n = #ARGV - 2
-if n <= 0 then
-  return {1, math.max(limit - used, 0)}
-end
 if used + n <= limit then
   local expiry = now + tonumber(ARGV[2])
   for i = 3, #ARGV do

@@ -12,7 +12,7 @@ use tokio::runtime::Handle;
 
 use crate::client::config::{MAX_LEASE, check_lease, proven};
 use crate::client::store::key::{LockName, suffixed};
-use crate::client::store::scripts::SEMAPHORE_ACQUIRE;
+use crate::client::store::scripts::{SEMAPHORE_ACQUIRE, SEMAPHORE_AVAILABLE};
 use crate::client::wait::{Listen, Turn, wait_for_turn};
 use crate::client::{Client, in_span, wanted};
 use crate::error::LockError;
@@ -225,20 +225,17 @@ impl Semaphore {
     /// Permits free right now (expired ones count as free). A snapshot for inspection:
     /// it may be stale by the time it is read.
     pub async fn available(&self) -> Result<u32, LockError> {
-        let mut inv = SEMAPHORE_ACQUIRE.prepare_invoke();
-        inv.key(&self.shared.key).arg(self.shared.limit).arg(0);
-        let reply: Vec<i64> = self
+        let mut inv = SEMAPHORE_AVAILABLE.prepare_invoke();
+        inv.key(&self.shared.key).arg(self.shared.limit);
+        let free: i64 = self
             .shared
             .client
             .conn()
             .invoke("semaphore available", &inv)
             .await?;
-        match reply[..] {
-            [1, free] if free >= 0 => Ok(u32::try_from(free).unwrap_or(u32::MAX)),
-            _ => Err(LockError::UnexpectedReply(format!(
-                "semaphore_acquire.lua (count only) returned {reply:?}"
-            ))),
-        }
+        u32::try_from(free).map_err(|_| {
+            LockError::UnexpectedReply(format!("semaphore_available.lua returned {free}"))
+        })
     }
 
     fn check_count(&self, n: u32) -> Result<(), LockError> {

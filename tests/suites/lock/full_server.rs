@@ -2,7 +2,7 @@
 //! accepts) refuses what would add data, and still takes back and keeps alive what is
 //! held: a release frees its lock (a plain one, or a read or write hold), the watchdog
 //! renews a held one, an idempotency claim is abandoned or extended, semaphore permits
-//! are given back, a fair lock's waiter leaves its line.
+//! are given back (and counted), a fair lock's waiter leaves its line.
 
 use crate::common;
 
@@ -98,7 +98,10 @@ async fn a_full_server_still_takes_back_and_keeps_what_is_held() {
     extended.extend().await.unwrap();
     assert!(pttl(&server, &extended.keys().record).await > 59_000);
 
+    // Counting permits writes nothing, so a full server answers it.
+    assert_eq!(semaphore.available().await.unwrap(), 0);
     assert_eq!(permits.release().await.unwrap(), 2);
+    assert_eq!(semaphore.available().await.unwrap(), 2);
     let held: i64 = redis::cmd("ZCARD")
         .arg(semaphore.key())
         .query_async(&mut server.connection().await)

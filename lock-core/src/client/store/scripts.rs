@@ -22,7 +22,8 @@
 //! full server still frees locks and keeps the held ones alive, instead of leaving them
 //! to their leases and losing them. Such a script may run any command while full, so it
 //! calls only commands that free memory or leave it as it is (a unit test holds every
-//! script with the flag to that).
+//! script with the flag to that). A script that only reads (a semaphore's count) says
+//! `#!lua flags=no-writes`: Redis refuses its writes and runs it on a full server.
 
 use std::sync::LazyLock;
 
@@ -289,6 +290,9 @@ pub(crate) static LIMIT_RULE: LazyLock<Script> =
 /// Take permits of an expiring semaphore. See `lua/semaphore_acquire.lua`.
 pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/semaphore_acquire.lua")));
+/// Count a semaphore's free permits, writing nothing. See `lua/semaphore_available.lua`.
+pub(crate) static SEMAPHORE_AVAILABLE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/semaphore_available.lua")));
 /// Give back semaphore permits by id. See `lua/semaphore_release.lua`.
 pub(crate) static SEMAPHORE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/semaphore_release.lua")));
@@ -370,6 +374,10 @@ pub const SOURCES: &[(&str, &str)] = &[
     (
         "semaphore_acquire.lua",
         include_str!("../../../lua/semaphore_acquire.lua"),
+    ),
+    (
+        "semaphore_available.lua",
+        include_str!("../../../lua/semaphore_available.lua"),
     ),
     (
         "semaphore_release.lua",
@@ -519,13 +527,18 @@ mod tests {
 
     /// The shebang of a script that runs on a full server (see the module docs).
     const ALLOW_OOM: &str = "#!lua flags=allow-oom\n";
+    /// The shebang of a script that only reads (Redis refuses its writes, and runs it
+    /// on a full server).
+    const NO_WRITES: &str = "#!lua flags=no-writes\n";
 
     #[test]
     fn every_script_documents_keys_argv_and_returns() {
         for (name, src) in super::SOURCES {
             assert!(
-                src.starts_with("#!lua\n") || src.starts_with(ALLOW_OOM),
-                "{name}: the Redis 7 script shebang must be \"#!lua\" or {ALLOW_OOM:?}"
+                src.starts_with("#!lua\n")
+                    || src.starts_with(ALLOW_OOM)
+                    || src.starts_with(NO_WRITES),
+                "{name}: the Redis 7 script shebang must be \"#!lua\", {ALLOW_OOM:?} or {NO_WRITES:?}"
             );
             let header: String = src
                 .lines()
