@@ -11,26 +11,25 @@
 -- readers wait while it is set: waiting writers are not starved by readers that keep
 -- coming. A writer that stops waiting holds readers back at most `linger` ms.
 --
--- Holds are given back by read_write_release.lua, which only deletes, so that a full
--- server (one that refuses this script) still runs it.
+-- Holds are extended by read_write_extend.lua and given back by read_write_release.lua,
+-- which only overwrite or delete, so that a full server (one that refuses this script)
+-- still runs them.
 --
 -- Entries are independent, one per call of the lock, and many go in one script call: a
 -- batch of one is the plain call. Each gets its own reply, in order, as if called alone.
 --
 -- Entry i (i = 1 .. #KEYS / 3) uses KEYS[3i-2 .. 3i] and ARGV[4i-3 .. 4i]:
 -- KEYS[3i-2]  the lock
--- KEYS[3i-1]  its writer mark (read by acquisitions: an extension may repeat the lock
---             here)
--- KEYS[3i]    its fencing counter (a write hold's token: an extension may repeat the
---             lock here)
--- ARGV[4i-3]  the operation: 'r' or 'w' (acquire a read or write hold), or 'extend'
+-- KEYS[3i-1]  its writer mark
+-- KEYS[3i]    its fencing counter (a write hold's token: a reader repeats the lock here)
+-- ARGV[4i-3]  'r' or 'w': acquire a read or a write hold
 -- ARGV[4i-2]  the grant's value
--- ARGV[4i-1]  the lease (ms) to acquire or extend with
--- ARGV[4i]    linger (ms) of an acquisition (0: the caller does not wait); else unused
+-- ARGV[4i-1]  the lease (ms)
+-- ARGV[4i]    linger (ms): 0 when the caller does not wait
 --
 -- Returns one reply per entry (an array of them, or for a batch of one that reply alone):
---   acquire  {1, token} granted (a reader's token is 0), {0, ms} busy for at most ms
---   extend   1 its lease ends no sooner than lease ms from now, -1 it was gone
+--   {1, token}  granted (a reader's token is 0)
+--   {0, ms}     busy for at most ms
 --   {'error', message}  this entry failed (its key holds another type, or an unknown
 --                       operation); the others stand
 local time = redis.call('TIME')
@@ -105,23 +104,6 @@ local function acquire(lock, mark, fence, write, value, lease, linger)
   return {1, token}
 end
 
-local function extend(lock, value, lease)
-  local e = redis.pcall('HGET', lock, value)
-  if type(e) == 'table' then
-    return {'error', e.err}
-  end
-  if not e or tonumber(e) <= now then
-    return -1
-  end
-  if now + lease > tonumber(e) then
-    redis.call('HSET', lock, value, now + lease)
-  end
-  if redis.call('PTTL', lock) < lease then
-    redis.call('PEXPIRE', lock, lease)
-  end
-  return 1
-end
-
 local out = {}
 for i = 1, #KEYS / 3 do
   local lock = KEYS[3 * i - 2]
@@ -129,8 +111,6 @@ for i = 1, #KEYS / 3 do
   if op == 'r' or op == 'w' then
     out[i] = acquire(lock, KEYS[3 * i - 1], KEYS[3 * i], op == 'w', value, tonumber(n),
       tonumber(ARGV[4 * i]))
-  elseif op == 'extend' then
-    out[i] = extend(lock, value, tonumber(n))
   else
     out[i] = {'error', 'read_write.lua: unknown operation ' .. tostring(op)}
   end

@@ -1,8 +1,8 @@
 //! A Redis server at its `maxmemory` (under `noeviction`, the only policy a client
 //! accepts) refuses what would add data, and still takes back and keeps alive what is
 //! held: a release frees its lock (a plain one, or a read or write hold), the watchdog
-//! renews a held one, an idempotency claim is abandoned or extended, semaphore permits
-//! are given back (and counted), a fair lock's waiter leaves its line.
+//! renews a held one (of either kind), an idempotency claim is abandoned or extended,
+//! semaphore permits are given back (and counted), a fair lock's waiter leaves its line.
 
 use crate::common;
 
@@ -30,6 +30,11 @@ async fn a_full_server_still_takes_back_and_keeps_what_is_held() {
     let c = client(&server, LockConfig::new().with_watchdog_lease(lease)).await;
     let now = LockOptions::new().wait(Duration::ZERO);
     let kept = c.acquire("kept", now.clone()).await.unwrap();
+    let kept_reader = c.acquire("kept-shared", now.clone().read()).await.unwrap();
+    let kept_writer = c
+        .acquire("kept-exclusive", now.clone().write())
+        .await
+        .unwrap();
     let fixed = now.lease(Lease::Fixed(Duration::from_secs(60)));
     let freed = c.acquire("freed", fixed.clone()).await.unwrap();
     let reader = c.acquire("shared", fixed.clone().read()).await.unwrap();
@@ -109,18 +114,18 @@ async fn a_full_server_still_takes_back_and_keeps_what_is_held() {
         .unwrap();
     assert_eq!(held, 0, "the permits are still in the semaphore");
 
-    // Three leases while full: only the watchdog's renewals keep the lock.
-    let kept_key = c.keys("kept").unwrap().key;
+    // Three leases while full: only the watchdog's renewals keep the locks (a plain
+    // one, a read and a write hold).
     let until = tokio::time::Instant::now() + lease * 3;
     while tokio::time::Instant::now() < until {
-        assert!(
-            kept.is_held(),
-            "the watchdog lost the lock on a full server"
-        );
-        assert!(
-            exists(&server, &kept_key).await,
-            "the lock expired while held"
-        );
+        for guard in [&kept, &kept_reader, &kept_writer] {
+            let name = guard.keys().name().to_owned();
+            assert!(guard.is_held(), "the watchdog lost {name} on a full server");
+            assert!(
+                exists(&server, &guard.keys().key).await,
+                "{name} expired while held"
+            );
+        }
         tokio::time::sleep(lease / 4).await;
     }
 
@@ -139,6 +144,8 @@ async fn a_full_server_still_takes_back_and_keeps_what_is_held() {
     set_maxmemory(&server, 0).await;
     let new = c.try_lock("new").await.unwrap();
     assert_eq!(new.release().await.unwrap(), Released::Unlocked);
-    assert_eq!(kept.release().await.unwrap(), Released::Unlocked);
+    for guard in [kept, kept_reader, kept_writer] {
+        assert_eq!(guard.release().await.unwrap(), Released::Unlocked);
+    }
     assert_eq!(head.release().await.unwrap(), Released::Unlocked);
 }

@@ -1,6 +1,7 @@
 //! Read-write locks on Redis: a script (`lua/read_write.lua`) over a hash of holders,
-//! beside the plain lock's `SET NX PX`, and one that gives holds back
-//! (`lua/read_write_release.lua`: it only deletes, so a full server still runs it).
+//! beside the plain lock's `SET NX PX`, and two that extend and give holds back
+//! (`lua/read_write_extend.lua`, `lua/read_write_release.lua`: they only overwrite or
+//! delete, so a full server still runs them).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +12,7 @@ use super::{RedisBackend, held, renewed};
 use crate::client::store::batch::{Entry, entry_replies, entry_reply};
 use crate::client::store::key::{LockKeys, LockMode, WAITERS};
 use crate::client::store::scripts::{
-    AcquireReply, Code, GrantReply, READ_WRITE, READ_WRITE_RELEASE, code_value,
+    AcquireReply, Code, GrantReply, READ_WRITE, READ_WRITE_EXTEND, READ_WRITE_RELEASE, code_value,
 };
 use crate::error::LockError;
 use crate::lock::Request;
@@ -89,22 +90,19 @@ impl RedisBackend {
         let reply = self
             .client
             .conn()
-            .eval(&READ_WRITE, within, |c| {
-                c.arg(3 * holds.len());
+            .eval(&READ_WRITE_EXTEND, within, |c| {
+                c.arg(holds.len());
                 for (keys, _) in holds {
-                    c.arg(&keys.key).arg(&keys.key).arg(&keys.key);
+                    c.arg(&keys.key);
                 }
                 for (_, value) in holds {
-                    c.arg("extend")
-                        .arg(&***value)
-                        .arg(lease.as_millis() as u64)
-                        .arg(0);
+                    c.arg(&***value).arg(lease.as_millis() as u64);
                 }
             })
             .await?;
-        entry_replies(&READ_WRITE, reply, holds.len())?
+        entry_replies(&READ_WRITE_EXTEND, reply, holds.len())?
             .into_iter()
-            .map(|r| Ok(code_value("read_write", entry_reply(r)?)?.0))
+            .map(|r| Ok(code_value("read_write_extend", entry_reply(r)?)?.0))
             .collect()
     }
 
@@ -135,7 +133,7 @@ impl RedisBackend {
                 return Ok(Vec::new());
             }
             let codes = self.extend_shared(&shared, lease, within).await?;
-            renewed("read_write", codes, sent, lease)
+            renewed("read_write_extend", codes, sent, lease)
         };
         let (plain_held, shared_held) = tokio::join!(plain_renewal, shared_renewal);
         let mut plain_held = plain_held?.into_iter();
