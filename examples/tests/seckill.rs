@@ -372,6 +372,30 @@ async fn the_floor_serves_orders_without_their_protections() {
     assert_eq!(order(2).await.status, 410, "sold out");
 }
 
+/// An instance loads the stock script when it starts: the first orders of a sale on a
+/// fresh Redis find it instead of each loading it after a NOSCRIPT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stock_script_is_loaded_before_the_first_order() {
+    let redis = persistent_redis();
+    let dir = Dir::new("preload");
+    let take = redis::Script::new(include_str!("../lua/seckill_take.lua"));
+    let mut conn = redis.connection().await;
+    let mut loaded = async || {
+        let exists: Vec<bool> = redis::cmd("SCRIPT")
+            .arg("EXISTS")
+            .arg(take.get_hash())
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        exists == [true]
+    };
+    assert!(!loaded().await, "a fresh Redis has no scripts");
+    let _instance = Instance::spawn(server_bin(), &redis.url(), &dir.db(), &[])
+        .await
+        .unwrap();
+    assert!(loaded().await, "the instance started without loading it");
+}
+
 /// The value of the series `series` (name and labels, as rendered) in a Prometheus text
 /// page; 0 if absent.
 fn counter(text: &str, series: &str) -> u64 {

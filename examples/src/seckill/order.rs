@@ -21,6 +21,15 @@ use super::voucher;
 static TAKE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../lua/seckill_take.lua")));
 
+/// Loads the stock script into Redis, so that the first orders of a sale find it:
+/// otherwise every order of the first moment is answered NOSCRIPT and loads it itself.
+/// (Redis forgets it on a restart or `SCRIPT FLUSH`; an order then loads it again.)
+pub(crate) async fn load_stock_script(
+    conn: &mut redis::aio::ConnectionManager,
+) -> Result<(), redis::RedisError> {
+    TAKE.load_async(conn).await.map(|_| ())
+}
+
 /// How long the claims of an order in flight (its idempotency key, the per-user lock)
 /// outlive an instance that died holding them. Both are renewed every third of it while
 /// the handler runs, so a slow order keeps them; a dead instance frees them this long

@@ -13,7 +13,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::watch;
 
 use super::app::App;
-use super::order::CLAIM_LEASE;
+use super::order::{self, CLAIM_LEASE};
 use super::queue::OrderQueue;
 use super::queue::rabbit::{RabbitConfig, RabbitQueue};
 use super::queue::stream::{StreamQueue, WorkerConfig};
@@ -217,6 +217,9 @@ pub async fn start(
     if !config.allow_volatile_redis {
         check_persistence(&mut redis.clone(), &config.redis).await?;
     }
+    order::load_stock_script(&mut redis.clone())
+        .await
+        .map_err(unreachable)?;
     let worker_conn = connection(&client, Duration::from_secs(3))
         .await
         .map_err(unreachable)?;
