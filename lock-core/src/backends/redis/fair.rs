@@ -1,6 +1,7 @@
-//! The line of a fair lock on Redis (`lua/fair.lua`, left by `lua/fair_leave.lua`): the plain lock's key, granted to
-//! the waiters of a list (`<key>:queue`) in order, each place kept by a deadline in a
-//! sorted set (`<key>:timeouts`) that each attempt pushes back by one place lease.
+//! The line of a fair lock on Redis (`lua/fair.lua`, left by `lua/fair_leave.lua`): the
+//! plain lock's key, granted to the waiters of a list (`<key>:queue`) in order, each
+//! place kept by a deadline in a sorted set (`<key>:timeouts`) that each attempt pushes
+//! back by one place lease.
 //!
 //! A waiter is its owner (client id and scope: the same for every attempt of one
 //! acquisition, as Redisson's `<uuid>:<threadId>`), and listens on its own channel

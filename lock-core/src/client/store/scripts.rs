@@ -16,14 +16,14 @@
 //! KEYS. This is why Redis 7.0 or newer is required. A shebang script is refused while
 //! the server is out of memory (at `maxmemory` under `noeviction`, the policy this
 //! crate requires), right for the scripts that write. The scripts that only give back
-//! or keep what is held (release, renew, a read-write lock's extension and release, an idempotency
-//! claim's abandon and extend, a semaphore's release, a fair waiter's leave) start
-//! `#!lua flags=allow-oom`: a
-//! full server still frees locks and keeps the held ones alive, instead of leaving them
-//! to their leases and losing them. Such a script may run any command while full, so it
-//! calls only commands that free memory or leave it as it is (a unit test holds every
-//! script with the flag to that). A script that only reads (a semaphore's count) says
-//! `#!lua flags=no-writes`: Redis refuses its writes and runs it on a full server.
+//! or keep what is held (release, renew, a read-write lock's extension and release, an
+//! idempotency claim's abandon and extend, a semaphore's release, a fair waiter's
+//! leave) start `#!lua flags=allow-oom`: a full server still frees locks and keeps the
+//! held ones alive, instead of leaving them to their leases and losing them. Such a
+//! script may run any command while full, so it calls only commands that free memory or
+//! leave it as it is (a unit test holds every script with the flag to that). A script
+//! that only reads (a semaphore's count) says `#!lua flags=no-writes`: Redis refuses its
+//! writes and runs it on a full server.
 
 use std::sync::LazyLock;
 
