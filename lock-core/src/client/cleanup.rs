@@ -55,6 +55,11 @@ impl<F: FnOnce()> Drop for OnDrop<F> {
 /// reset) fails while it reconnects. Only for calls that are safe to repeat (owner-
 /// checked deletes). Returns the last answer, and whether an earlier try failed (its
 /// outcome unknown: it may have done the work).
+///
+/// Any Redis failure is tried again, error replies too, where a caller who is there to
+/// be told gets an error reply at once (`LockError::is_no_answer` decides there): a
+/// restarted server answers `LOADING`, and a resharding cluster `TRYAGAIN`, until the
+/// call can go through.
 pub(crate) async fn patiently<T, Fut>(
     what: &'static str,
     mut call: impl FnMut() -> Fut,
