@@ -83,7 +83,7 @@ pub use port::free_port;
 pub use postgres::PostgresServer;
 pub use proxy::TcpProxy;
 pub use rabbitmq::RabbitMqServer;
-pub use server::RedisServer;
+pub use server::{RedisServer, connect};
 pub use zookeeper::ZooKeeperServer;
 
 /// The README's code blocks, compiled as doctests so the README stays true.

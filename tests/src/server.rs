@@ -147,11 +147,7 @@ impl RedisServer {
     ///
     /// If the server cannot be reached.
     pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(5)))
-            .set_response_timeout(Some(Duration::from_secs(10)));
-        self.client()
-            .get_multiplexed_async_connection_with_config(&config)
+        connect(&self.client())
             .await
             .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", self.url()))
     }
@@ -443,4 +439,18 @@ fn read_from(path: &Path, start: u64) -> String {
         let _ = file.read_to_end(&mut bytes);
     }
     String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// A multiplexed connection with generous timeouts (5 s to connect, 10 s per response,
+/// where redis-rs gives up after 1 s and 500 ms): the tests' own commands and their
+/// worker processes' must not fail for a machine loaded with a whole suite's servers.
+pub async fn connect(
+    client: &redis::Client,
+) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(5)))
+        .set_response_timeout(Some(Duration::from_secs(10)));
+    client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
 }

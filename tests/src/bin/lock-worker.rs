@@ -48,19 +48,6 @@ async fn main() {
 
 type Res = Result<(), Box<dyn std::error::Error>>;
 
-/// A connection to the counters' server. redis-rs gives up on a reply after 500 ms by
-/// default; on a loaded machine (a whole suite of servers on 2 cores) a counter's GET
-/// can take longer, and the worker must not fail for it.
-async fn data_connection(
-    redis: &redis::Client,
-) -> Result<redis::aio::MultiplexedConnection, redis::RedisError> {
-    let config =
-        redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(10)));
-    redis
-        .get_multiplexed_async_connection_with_config(&config)
-        .await
-}
-
 fn arg<T: std::str::FromStr>(args: &[String], i: usize) -> Result<T, String> {
     args.get(i)
         .and_then(|a| a.parse().ok())
@@ -85,7 +72,7 @@ async fn count(args: &[String]) -> Res {
     let mut handles = Vec::new();
     for t in 0..tasks {
         let client = client.clone();
-        let mut conn = data_connection(&redis).await?;
+        let mut conn = lock_tests::connect(&redis).await?;
         handles.push(tokio::spawn(async move {
             let mut per_key = vec![0u64; keys];
             for i in 0..iters {
@@ -206,7 +193,7 @@ async fn redlock_count(args: &[String]) -> Res {
     let mut handles = Vec::new();
     for t in 0..tasks {
         let redlock = redlock.clone();
-        let mut conn = data_connection(&redis).await?;
+        let mut conn = lock_tests::connect(&redis).await?;
         handles.push(tokio::spawn(async move {
             let mut per_key = vec![0u64; keys];
             let mut failed = 0u64;

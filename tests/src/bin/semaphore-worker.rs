@@ -61,7 +61,7 @@ async fn count(args: &[String]) -> Res {
     for t in 0..tasks {
         let semaphore = semaphore.clone();
         let counter = counter.clone();
-        let mut conn = redis.get_multiplexed_async_connection().await?;
+        let mut conn = lock_tests::connect(&redis).await?;
         handles.push(tokio::spawn(async move {
             let mut tally = Tally::default();
             for i in 0..iters {
