@@ -1,6 +1,6 @@
 //! The lock of `LockClient` on one redis-server: reentrancy, waiting, the watchdog,
-//! lost locks, cancellation, fencing, restarts, runtimes, batching, pipelining and input
-//! checks.
+//! lost locks, cancellation, fencing, restarts, runtimes, batching (and the release
+//! script's batch against its entries one by one), pipelining and input checks.
 //! Every test starts its own server, so the modules run side by side.
 
 #[path = "../common/mod.rs"]
@@ -16,6 +16,7 @@ mod full_server;
 mod lost;
 mod pipelining;
 mod reentrancy;
+mod release_batch;
 mod restart;
 mod runtimes;
 mod script_flush;

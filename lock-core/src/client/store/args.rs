@@ -65,6 +65,49 @@ impl Args {
         self.count += count;
     }
 
+    /// Appends `count` arguments that are already bulk strings, as
+    /// [`push_bulks`](Self::push_bulks) does, a column at a time: `bulks` holds rows of
+    /// `columns` arguments, and every row's first argument goes first, then every row's
+    /// second, and so on. `false`, with nothing appended, if `bulks` is not `count`
+    /// whole bulk strings in whole rows.
+    pub(super) fn push_bulks_by_column(
+        &mut self,
+        bulks: &[u8],
+        count: usize,
+        columns: usize,
+    ) -> bool {
+        if columns <= 1 {
+            self.push_bulks(bulks, count);
+            return true;
+        }
+        if count % columns != 0 {
+            return false;
+        }
+        // Where each argument starts, and where the last ends.
+        let mut starts = Vec::with_capacity(count + 1);
+        let mut rest = bulks;
+        for _ in 0..count {
+            starts.push(bulks.len() - rest.len());
+            match first_bulk(rest) {
+                Some((_, after)) => rest = after,
+                None => return false,
+            }
+        }
+        if !rest.is_empty() {
+            return false;
+        }
+        starts.push(bulks.len());
+        self.data.reserve(bulks.len());
+        for column in 0..columns {
+            for arg in (column..count).step_by(columns) {
+                self.data
+                    .extend_from_slice(&bulks[starts[arg]..starts[arg + 1]]);
+            }
+        }
+        self.count += count;
+        true
+    }
+
     /// Appends the whole command, as Redis reads it, to `out`.
     pub(crate) fn write(&self, out: &mut Vec<u8>) {
         out.reserve(self.data.len() + 16);
@@ -267,6 +310,37 @@ mod tests {
             assert_eq!(packed, cmd.get_packed_command());
             assert_eq!(args.each().map(<[u8]>::to_vec).collect::<Vec<_>>(), want);
             assert_eq!(args.to_cmd().get_packed_command(), cmd.get_packed_command());
+        }
+    }
+
+    /// Keys that are not whole rows, or not whole bulk strings, append nothing.
+    #[test]
+    fn only_whole_rows_go_by_column() {
+        let mut rows = Args::default();
+        rows.arg("a1")
+            .arg("b1")
+            .arg("a2")
+            .arg("b2")
+            .arg("a3")
+            .arg("b3");
+        let mut out = Args::cmd("X");
+        assert!(out.push_bulks_by_column(rows.bulks(), 6, 2));
+        let got: Vec<&[u8]> = out.each().collect();
+        assert_eq!(got, [&b"X"[..], b"a1", b"a2", b"a3", b"b1", b"b2", b"b3"]);
+        assert_eq!(out.count(), 7);
+        for (bytes, count, columns) in [
+            (rows.bulks(), 6, 4),
+            (rows.bulks(), 4, 2),
+            (&rows.bulks()[..rows.bulks().len() - 1], 6, 2),
+            (&b"$9\r\nshort\r\n$1\r\nx\r\n"[..], 2, 2),
+        ] {
+            let mut out = Args::cmd("X");
+            assert!(!out.push_bulks_by_column(bytes, count, columns));
+            assert_eq!(
+                (out.count(), out.bulks().len()),
+                (1, 7),
+                "{count} in {columns}"
+            );
         }
     }
 }

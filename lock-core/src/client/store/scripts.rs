@@ -37,6 +37,8 @@ pub(crate) struct Lua {
     source: &'static str,
     /// Keys per entry of a batched script (0 for the others).
     entry_keys: usize,
+    /// How a batch lays out its entries' keys (a batched script's header says which).
+    layout: Layout,
     sha: std::sync::OnceLock<String>,
 }
 
@@ -52,12 +54,33 @@ impl Lua {
             op,
             source,
             entry_keys,
+            layout: Layout::Rows,
+            sha: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// A batched script whose keys come a column at a time ([`Layout::Columns`]).
+    const fn batched_by_column(op: &'static str, source: &'static str, entry_keys: usize) -> Self {
+        Self {
+            op,
+            source,
+            entry_keys,
+            layout: Layout::Columns,
             sha: std::sync::OnceLock::new(),
         }
     }
 
     pub(crate) fn entry_keys(&self) -> usize {
         self.entry_keys
+    }
+
+    /// How many keys a batch's key columns hold: the keys per entry for a script laid
+    /// out by column, 1 (one column of every key, entry after entry) for the others.
+    pub(crate) fn key_columns(&self) -> usize {
+        match self.layout {
+            Layout::Rows => 1,
+            Layout::Columns => self.entry_keys.max(1),
+        }
     }
 
     pub(crate) fn op(&self) -> &'static str {
@@ -74,12 +97,25 @@ impl Lua {
     }
 }
 
+/// Where a batched script finds entry i's keys in KEYS (arguments are always entry
+/// after entry).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    /// Entry after entry: entry i's k keys are KEYS[k(i-1)+1 .. ki].
+    Rows,
+    /// A column at a time: every entry's first key, then every entry's second, and so
+    /// on, so that entry i's j-th key of n entries is KEYS[(j-1)n + i]. A script can then
+    /// hand one kind of key of the whole batch to one command (`MGET`, `DEL`) with
+    /// `unpack(KEYS, from, to)`, where rows would need a table built key by key.
+    Columns,
+}
+
 /// Take a lock with a fresh grant. See `lua/acquire.lua`.
 pub(crate) static ACQUIRE: Lua =
     Lua::batched("acquire", include_str!("../../../lua/acquire.lua"), 3);
 /// Give back one grant. See `lua/release.lua`.
 pub(crate) static RELEASE: Lua =
-    Lua::batched("release", include_str!("../../../lua/release.lua"), 3);
+    Lua::batched_by_column("release", include_str!("../../../lua/release.lua"), 3);
 /// Take a fair lock in its line's order. See `lua/fair.lua`.
 pub(crate) static FAIR: Lua = Lua::new("fair", include_str!("../../../lua/fair.lua"));
 /// Leave a fair lock's line. See `lua/fair_leave.lua`.
@@ -437,9 +473,10 @@ mod tests {
             &GCRA,
             &IDEMPOTENCY_COMPLETE,
         ] {
-            let per_entry = match script.entry_keys() {
-                1 => "for i = 1, #KEYS do".to_string(),
-                n => format!("for i = 1, #KEYS / {n} do"),
+            let per_entry = match (script.entry_keys(), script.layout) {
+                (1, _) => "for i = 1, #KEYS do".to_string(),
+                (n, Layout::Rows) => format!("for i = 1, #KEYS / {n} do"),
+                (n, Layout::Columns) => format!("local n = #KEYS / {n}\n"),
             };
             assert!(
                 script.source().contains(&per_entry),
@@ -568,6 +605,7 @@ mod tests {
     fn scripts_that_run_when_full_never_grow_the_data() {
         const SHRINK_OR_KEEP: &[&str] = &[
             "GET",
+            "MGET",
             "HGET",
             "PTTL",
             "TIME",
