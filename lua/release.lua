@@ -79,7 +79,9 @@ for i = 1, n do
   end
 end
 if released > 0 then
-  local doomed, count = KEYS, 2 * n
+  -- Every lock, and their markers if any was found: a DEL of a missing key still costs
+  -- its lookup.
+  local doomed, count = KEYS, woken and 2 * n or n
   if released < n then
     -- Only the released entries' locks and markers (a marker may be missing).
     doomed, count = {}, 0

@@ -83,25 +83,22 @@ impl Args {
         if count % columns != 0 {
             return false;
         }
-        // Where each argument starts, and where the last ends.
-        let mut starts = Vec::with_capacity(count + 1);
-        let mut rest = bulks;
+        let mut args = Vec::with_capacity(count);
+        let mut at = 0;
         for _ in 0..count {
-            starts.push(bulks.len() - rest.len());
-            match first_bulk(rest) {
-                Some((_, after)) => rest = after,
-                None => return false,
-            }
+            let Some(size) = bulks.get(at..).and_then(bulk_size) else {
+                return false;
+            };
+            args.push(&bulks[at..at + size]);
+            at += size;
         }
-        if !rest.is_empty() {
+        if at != bulks.len() {
             return false;
         }
-        starts.push(bulks.len());
         self.data.reserve(bulks.len());
         for column in 0..columns {
-            for arg in (column..count).step_by(columns) {
-                self.data
-                    .extend_from_slice(&bulks[starts[arg]..starts[arg + 1]]);
+            for arg in args.iter().skip(column).step_by(columns) {
+                self.data.extend_from_slice(arg);
             }
         }
         self.count += count;
@@ -182,6 +179,26 @@ fn split_command(bytes: &[u8]) -> Option<(Args, &[u8])> {
     }
     let data = body[..body.len() - rest.len()].to_vec();
     Some((Args { data, count }, rest))
+}
+
+/// The size of the first bulk string of `bytes` (`$<len>\r\n<bytes>\r\n`), its header
+/// and last `\r\n` included: [`first_bulk`] without its search and number parsing, for a
+/// batch's every key.
+fn bulk_size(bytes: &[u8]) -> Option<usize> {
+    if *bytes.first()? != b'$' {
+        return None;
+    }
+    let (mut at, mut len) = (1, 0usize);
+    loop {
+        match *bytes.get(at)? {
+            b'\r' if at > 1 => break,
+            d @ b'0'..=b'9' if at < 19 => len = len * 10 + usize::from(d - b'0'),
+            _ => return None,
+        }
+        at += 1;
+    }
+    let size = at + 2 + len + 2;
+    (*bytes.get(at + 1)? == b'\n' && bytes.get(size - 2..size)? == b"\r\n").then_some(size)
 }
 
 /// The first bulk string of `bytes` (`$<len>\r\n<bytes>\r\n`, as written here) and
@@ -309,6 +326,13 @@ mod tests {
             args.write(&mut packed);
             assert_eq!(packed, cmd.get_packed_command());
             assert_eq!(args.each().map(<[u8]>::to_vec).collect::<Vec<_>>(), want);
+            // Sized one by one, the arguments are exactly the bulks.
+            let (mut at, mut n) = (0, 0);
+            while let Some(size) = bulk_size(&args.bulks()[at..]) {
+                assert_eq!(first_bulk(&args.bulks()[at..]).unwrap().0, &want[n][..]);
+                (at, n) = (at + size, n + 1);
+            }
+            assert_eq!((at, n), (args.bulks().len(), want.len()));
             assert_eq!(args.to_cmd().get_packed_command(), cmd.get_packed_command());
         }
     }
