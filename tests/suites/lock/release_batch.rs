@@ -172,7 +172,16 @@ async fn a_batch_of_releases_acts_as_its_entries_called_one_by_one() {
         let batch_messages = published(&mut conn, &mut messages, "batch").await;
         let mut alone = Vec::new();
         for entry in &entries {
-            alone.push(release(&mut conn, &script, round, "alone", &[entry.clone()]).await);
+            alone.push(
+                release(
+                    &mut conn,
+                    &script,
+                    round,
+                    "alone",
+                    std::slice::from_ref(entry),
+                )
+                .await,
+            );
         }
         let alone_messages = published(&mut conn, &mut messages, "alone").await;
 

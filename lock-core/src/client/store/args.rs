@@ -80,7 +80,7 @@ impl Args {
             self.push_bulks(bulks, count);
             return true;
         }
-        if count % columns != 0 {
+        if !count.is_multiple_of(columns) {
             return false;
         }
         let mut args = Vec::with_capacity(count);
