@@ -198,7 +198,9 @@ fn bulk_size(bytes: &[u8]) -> Option<usize> {
         at += 1;
     }
     let size = at + 2 + len + 2;
-    (*bytes.get(at + 1)? == b'\n' && bytes.get(size - 2..size)? == b"\r\n").then_some(size)
+    // Byte by byte: a slice comparison would call `bcmp` for two bytes.
+    let ends = |at: usize| bytes.get(at) == Some(&b'\r') && bytes.get(at + 1) == Some(&b'\n');
+    (ends(at) && ends(size - 2)).then_some(size)
 }
 
 /// The first bulk string of `bytes` (`$<len>\r\n<bytes>\r\n`, as written here) and
