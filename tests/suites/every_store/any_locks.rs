@@ -142,7 +142,7 @@ async fn redlock_and_cluster_urls_sign_in_on_every_host() {
     for node in masters.iter() {
         let url = format!("redis://locker:secret@127.0.0.1:{}/", node.port());
         let client = redis::Client::open(url).unwrap();
-        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        let mut c = lock_tests::connect(&client).await.unwrap();
         let copies: i64 = redis::cmd("EXISTS")
             .arg(&key)
             .query_async(&mut c)

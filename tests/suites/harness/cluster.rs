@@ -66,7 +66,7 @@ async fn five_masters_kill_restart_pause() {
     assert_eq!(masters.urls()[2], masters[2].url());
 
     for (i, client) in masters.clients().into_iter().enumerate() {
-        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let mut conn = lock_tests::connect(&client).await.unwrap();
         let () = conn.set("who", i).await.unwrap();
     }
     for (i, server) in masters.iter().enumerate() {

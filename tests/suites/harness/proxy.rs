@@ -19,15 +19,10 @@ const HANG: Duration = Duration::from_millis(300);
 /// Upper bound for anything that should happen promptly.
 const PROMPTLY: Duration = Duration::from_secs(5);
 
-/// A multiplexed connection through the proxy, with the same generous
-/// timeouts as [`RedisServer::connection`].
+/// A multiplexed connection through the proxy, with the generous timeouts of
+/// [`lock_tests::connect`].
 async fn connect(proxy: &TcpProxy) -> MultiplexedConnection {
-    let config = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(5)))
-        .set_response_timeout(Some(Duration::from_secs(10)));
-    proxy
-        .client()
-        .get_multiplexed_async_connection_with_config(&config)
+    lock_tests::connect(&proxy.client())
         .await
         .unwrap_or_else(|e| panic!("cannot connect through {proxy:?}: {e}"))
 }
