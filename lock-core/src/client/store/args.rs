@@ -181,10 +181,10 @@ fn split_command(bytes: &[u8]) -> Option<(Args, &[u8])> {
     Some((Args { data, count }, rest))
 }
 
-/// The size of the first bulk string of `bytes` (`$<len>\r\n<bytes>\r\n`), its header
-/// and last `\r\n` included: [`first_bulk`] without its search and number parsing, for a
-/// batch's every key.
-fn bulk_size(bytes: &[u8]) -> Option<usize> {
+/// Where the first bulk string of `bytes` (`$<len>\r\n<bytes>\r\n`, as written here)
+/// starts its bytes, and its whole size, header and last `\r\n` included. Digit by
+/// digit, with no search and no string parse: it runs for every key of a batch.
+fn bulk(bytes: &[u8]) -> Option<(usize, usize)> {
     if *bytes.first()? != b'$' {
         return None;
     }
@@ -200,16 +200,18 @@ fn bulk_size(bytes: &[u8]) -> Option<usize> {
     let size = at + 2 + len + 2;
     // Byte by byte: a slice comparison would call `bcmp` for two bytes.
     let ends = |at: usize| bytes.get(at) == Some(&b'\r') && bytes.get(at + 1) == Some(&b'\n');
-    (ends(at) && ends(size - 2)).then_some(size)
+    (ends(at) && ends(size - 2)).then_some((at + 2, size))
 }
 
-/// The first bulk string of `bytes` (`$<len>\r\n<bytes>\r\n`, as written here) and
-/// what follows it.
+/// The size of the first bulk string of `bytes` (see [`bulk`]).
+fn bulk_size(bytes: &[u8]) -> Option<usize> {
+    bulk(bytes).map(|(_, size)| size)
+}
+
+/// The first bulk string of `bytes` (see [`bulk`]) and what follows it.
 fn first_bulk(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
-    let header = memchr::memchr(b'\n', bytes)?;
-    let len = number(bytes.get(1..header.checked_sub(1)?)?)?;
-    let arg = bytes.get(header + 1..header + 1 + len)?;
-    Some((arg, bytes.get(header + 3 + len..)?))
+    let (start, size) = bulk(bytes)?;
+    Some((&bytes[start..size - 2], &bytes[size..]))
 }
 
 fn number(digits: &[u8]) -> Option<usize> {
