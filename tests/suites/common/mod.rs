@@ -154,13 +154,20 @@ pub async fn load_scripts(c: &LockClient) {
     }
 }
 
-/// SHA1 of a script in `lua/`, as EVALSHA shows it in MONITOR.
-pub fn script_sha(file: &str) -> String {
+/// The source of a script in `lua/`.
+pub fn script_source(file: &str) -> &'static str {
     let (_, src) = lock_core::SCRIPT_SOURCES
         .iter()
         .find(|(name, _)| *name == file)
         .expect("script exists");
-    redis::Script::new(src).get_hash().to_string()
+    src
+}
+
+/// SHA1 of a script in `lua/`, as EVALSHA shows it in MONITOR.
+pub fn script_sha(file: &str) -> String {
+    redis::Script::new(script_source(file))
+        .get_hash()
+        .to_string()
 }
 
 /// Subscribers of `channel` on the server (PUBSUB NUMSUB).

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use crate::common;
 use futures_util::StreamExt;
 use lock_tests::RedisServer;
 use redis::Value;
@@ -133,11 +134,7 @@ async fn published(
 async fn a_batch_of_releases_acts_as_its_entries_called_one_by_one() {
     let server = RedisServer::start();
     let mut conn = server.connection().await;
-    let (_, source) = lock_core::SCRIPT_SOURCES
-        .iter()
-        .find(|(name, _)| *name == "release.lua")
-        .unwrap();
-    let script = redis::Script::new(source);
+    let script = redis::Script::new(common::script_source("release.lua"));
     let mut pubsub = server.client().get_async_pubsub().await.unwrap();
     pubsub.psubscribe("*").await.unwrap();
     let mut messages = pubsub.into_on_message();
