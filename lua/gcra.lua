@@ -21,10 +21,14 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local out = {}
+-- Entries of one limiter send the same quota: a string equal to the previous entry's
+-- (a comparison of interned strings) keeps its number instead of parsing it again.
+local si, sb, sc, interval, burst, cost
 for i = 1, #KEYS do
-  local interval = tonumber(ARGV[3 * i - 2])
-  local burst = tonumber(ARGV[3 * i - 1])
-  local cost = tonumber(ARGV[3 * i])
+  local a, b, c = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
+  if a ~= si then si, interval = a, tonumber(a) end
+  if b ~= sb then sb, burst = b, tonumber(b) end
+  if c ~= sc then sc, cost = c, tonumber(c) end
   local stored = redis.pcall('GET', KEYS[i])
   if type(stored) == 'table' then
     out[i] = {'error', stored.err}
@@ -44,9 +48,10 @@ for i = 1, #KEYS do
     else
       if cost > 0 then
         local new_tat = tat + interval * cost
-        -- %d: the default number format would round a microsecond timestamp.
+        -- %d: the default number format would round a microsecond timestamp, and
+        -- formats a whole number as a float (slower).
         redis.call('SET', KEYS[i], string.format('%d', new_tat), 'PX',
-          math.ceil((new_tat - now) / 1000) + 1)
+          string.format('%d', math.ceil((new_tat - now) / 1000) + 1))
       end
       out[i] = backlog
     end

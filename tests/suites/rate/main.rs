@@ -2,6 +2,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod gcra_batch;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
