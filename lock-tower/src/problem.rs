@@ -38,6 +38,7 @@
 //! ```
 
 use std::borrow::Cow;
+use std::fmt::Write as _;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
@@ -110,9 +111,8 @@ impl Problem {
     /// The body: `{"type", "title", "status", "detail", members...}`, in that order.
     pub fn to_json(&self) -> String {
         let title = self.status.canonical_reason().unwrap_or("Error");
-        let strings = self.kind.len() + title.len() + self.detail.len();
-        let members: usize = self.members.iter().map(|(n, v)| n.len() + v.len()).sum();
-        let mut out = String::with_capacity(64 + strings + members + 6 * self.members.len());
+        // Room for the usual body; members or escapes past it grow the string.
+        let mut out = String::with_capacity(96 + self.kind.len() + self.detail.len());
         out.push_str("{\"type\":");
         json_string(&mut out, &self.kind);
         out.push_str(",\"title\":");
@@ -210,29 +210,24 @@ fn json_string(out: &mut String, s: &str) {
     out.push('"');
     let mut plain = 0;
     for (at, b) in s.bytes().enumerate() {
-        let escaped = match b {
-            b'"' => "\\\"",
-            b'\\' => "\\\\",
-            b'\n' => "\\n",
-            0..0x20 => "",
-            _ => continue,
-        };
+        if b != b'"' && b != b'\\' && b >= 0x20 {
+            continue;
+        }
         // Every byte escaped here is ASCII, so `plain..at` ends on a char boundary.
         out.push_str(&s[plain..at]);
-        if escaped.is_empty() {
-            out.push_str("\\u00");
-            out.push(char::from(HEX[usize::from(b >> 4)]));
-            out.push(char::from(HEX[usize::from(b & 0xf)]));
-        } else {
-            out.push_str(escaped);
+        match b {
+            b'"' => out.push_str("\\\""),
+            b'\\' => out.push_str("\\\\"),
+            b'\n' => out.push_str("\\n"),
+            _ => {
+                let _ = write!(out, "\\u{b:04x}");
+            }
         }
         plain = at + 1;
     }
     out.push_str(&s[plain..]);
     out.push('"');
 }
-
-const HEX: &[u8; 16] = b"0123456789abcdef";
 
 #[cfg(test)]
 mod tests {
