@@ -138,9 +138,8 @@ async fn a_batch_of_decisions_acts_as_its_entries_in_order() {
                 .await
                 .unwrap();
             let elapsed = sent.elapsed().as_millis() as i64;
-            let counted = entries.iter().zip(&expected).any(|(e, r)| {
-                e.key == j && e.cost > 0 && matches!(r, Reply::Backlog(n) if *n >= 0)
-            });
+            // Every interval is positive: a key counted at least once has a backlog.
+            let counted = *b > 0;
             let ttl = (b + 999) / 1000 + 1;
             match tat {
                 None if !counted => assert_eq!(pttl, -2, "key {j} untouched, {what}"),
