@@ -6,8 +6,9 @@
 //! Stream, or with `--queue rabbitmq` a private RabbitMQ node), and two
 //! `seckill-server` processes on two ports (the binary beside this one, or
 //! `--server-bin`). With `--targets` it uses running instances (which must share one
-//! Redis, one database and one queue). Exit status: 0 when every check holds, 1 on any violation,
-//! 2 when the run could not be made.
+//! Redis, one database and one queue). `--sales N` runs N sales back to back, each with
+//! its verdict. Exit status: 0 when every check of every sale holds, 1 on any
+//! violation, 2 when the run could not be made.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -60,6 +61,9 @@ struct Args {
     /// The queue a local run uses.
     #[arg(long, value_enum, default_value = "stream", conflicts_with = "targets")]
     queue: Queue,
+    /// Sales to run back to back, each on a voucher of its own and judged alone.
+    #[arg(long, default_value = "1", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    sales: u32,
 }
 
 impl Args {
@@ -103,7 +107,16 @@ impl Drop for TempDir {
 }
 
 /// Starts redis-server and two instances, runs the sale, and tears everything down.
-async fn run_local(args: &Args) -> Result<Verdict, BoxError> {
+/// `args.sales` sales against `targets`, one after the other.
+async fn sales(args: &Args, targets: &[String]) -> Result<Vec<Verdict>, BoxError> {
+    let mut verdicts = Vec::new();
+    for _ in 0..args.sales {
+        verdicts.push(load::run(args.config(), targets).await?);
+    }
+    Ok(verdicts)
+}
+
+async fn run_local(args: &Args) -> Result<Vec<Verdict>, BoxError> {
     let bin = match &args.server_bin {
         Some(bin) => bin.clone(),
         None => server_binary()?,
@@ -152,16 +165,20 @@ async fn run_local(args: &Args) -> Result<Verdict, BoxError> {
         "seckill-server x2: {} (database {db}, queue {queue})",
         urls.join(", ")
     );
+    let again = match args.sales {
+        1 => String::new(),
+        n => format!(", {n} sales back to back"),
+    };
     println!(
-        "selling {} units to {} concurrent buyers...",
+        "selling {} units to {} concurrent buyers{again}...",
         args.stock, args.buyers
     );
-    let verdict = load::run(args.config(), &urls).await;
+    let verdicts = sales(args, &urls).await;
     for mut i in instances {
         i.kill().await;
     }
     drop((mariadb, rabbitmq));
-    verdict
+    verdicts
 }
 
 #[tokio::main]
@@ -173,7 +190,7 @@ async fn main() -> ExitCode {
             if targets.is_empty() {
                 run_local(&args).await
             } else {
-                load::run(args.config(), &targets).await
+                sales(&args, &targets).await
             }
         };
         tokio::select! {
@@ -183,9 +200,11 @@ async fn main() -> ExitCode {
     }
     .await;
     match result {
-        Ok(verdict) => {
-            println!("{verdict}");
-            if verdict.violations().is_empty() {
+        Ok(verdicts) => {
+            for verdict in &verdicts {
+                println!("{verdict}");
+            }
+            if verdicts.iter().all(|v| v.violations().is_empty()) {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(1)

@@ -17,18 +17,30 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// The `seckill-server` binary built beside the running program (`target/<profile>/`,
 /// also from a test binary in `target/<profile>/deps/`).
 pub fn server_binary() -> Result<PathBuf, BoxError> {
+    binary_beside(
+        "seckill-server",
+        " (or pass seckill-load --server-bin PATH)",
+    )
+}
+
+/// The `seckill-load` binary next to the running executable (see [`server_binary`]).
+pub fn load_binary() -> Result<PathBuf, BoxError> {
+    binary_beside("seckill-load", "")
+}
+
+/// `name` beside the running executable; `also`: what else the error suggests.
+fn binary_beside(name: &str, also: &str) -> Result<PathBuf, BoxError> {
     let exe = std::env::current_exe()?;
     let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
     if dir.ends_with("deps") {
         dir.pop();
     }
-    let bin = dir.join("seckill-server");
+    let bin = dir.join(name);
     if bin.is_file() {
         Ok(bin)
     } else {
         Err(format!(
-            "{} not found: build it with `cargo build --release -p lock-examples` \
-             (or pass --server-bin PATH)",
+            "{} not found: build it with `cargo build --release -p lock-examples --bins`{also}",
             bin.display()
         )
         .into())

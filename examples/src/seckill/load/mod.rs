@@ -65,6 +65,24 @@ pub struct LoadConfig {
     pub stock: u32,
 }
 
+impl LoadConfig {
+    /// The order requests one sale of this size sends: every buyer's, by behaviour.
+    pub fn requests(&self) -> usize {
+        (0..self.buyers).map(|i| Behaviour::of(i).requests()).sum()
+    }
+}
+
+impl Behaviour {
+    /// The order requests a buyer of this behaviour sends.
+    pub fn requests(self) -> usize {
+        match self {
+            Behaviour::Once => 1,
+            Behaviour::Twice | Behaviour::Retry => 2,
+            Behaviour::Greedy => GREEDY_BURST,
+        }
+    }
+}
+
 /// Runs the sale against `targets` (base URLs of instances sharing one Redis and one
 /// database) and returns the verdict.
 pub async fn run(config: LoadConfig, targets: &[String]) -> Result<Verdict, BoxError> {
