@@ -118,7 +118,7 @@ pub fn totals_of(out: &Path) -> Result<u64, BoxError> {
 }
 
 /// Waits for `child` at most `limit`; an error (naming `what` and its log) unless it
-/// exits with status 0, or one `accept` takes.
+/// exits with status 0.
 async fn finished(
     child: &mut Child,
     limit: Duration,
@@ -128,6 +128,7 @@ async fn finished(
     finished_with(child, limit, what, log, |_| false).await
 }
 
+/// [`finished`], also taking an exit status that `accept` takes.
 async fn finished_with(
     child: &mut Child,
     limit: Duration,
