@@ -490,3 +490,64 @@ async fn no_label_carries_a_lock_name() {
         }
     }
 }
+
+/// Handles are kept for the global recorder alone: the events of code run under a local
+/// recorder reach that recorder, every time, and never the global one; the same events
+/// after it go to the global one again.
+#[test]
+fn a_local_recorder_gets_the_events_recorded_under_it() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut tally = rt.block_on(Tally::start());
+    let memory = lock_core::MemoryLocks::new();
+    let cycle = || async {
+        let g = memory.try_lock("local").await.unwrap();
+        assert_eq!(g.release().await.unwrap(), Released::Unlocked);
+    };
+    let mem = |k: &'static str, v: &'static str| [("store", "memory"), (k, v)];
+    // Once under the global recorder, so its handles are kept before the local one.
+    rt.block_on(cycle());
+    assert_eq!(tally.counter(ACQ, &mem("outcome", "granted")), 1);
+
+    let local = DebuggingRecorder::new();
+    let seen = local.snapshotter();
+    for _ in 0..2 {
+        metrics::with_local_recorder(&local, || rt.block_on(cycle()));
+    }
+    // One snapshot: taking one drains the recorder.
+    let snapshot = seen.snapshot().into_vec();
+    let counted = |name: &str, label: (&str, &str)| -> u64 {
+        snapshot
+            .iter()
+            .filter(|(k, _, _, _)| {
+                let k = k.key();
+                k.name() == name && k.labels().any(|l| (l.key(), l.value()) == label)
+            })
+            .map(|(_, _, _, v)| match v {
+                DebugValue::Counter(n) => *n,
+                _ => 0,
+            })
+            .sum()
+    };
+    assert_eq!(
+        counted(ACQ, ("outcome", "granted")),
+        2,
+        "the local recorder's own"
+    );
+    assert_eq!(
+        counted(REL, ("result", "unlocked")),
+        2,
+        "the local recorder's own"
+    );
+    assert_eq!(
+        tally.counter(ACQ, &mem("outcome", "granted")),
+        1,
+        "nothing under the local recorder reaches the global one"
+    );
+
+    rt.block_on(cycle());
+    assert_eq!(tally.counter(ACQ, &mem("outcome", "granted")), 2);
+    assert_eq!(tally.counter(REL, &mem("result", "unlocked")), 2);
+}

@@ -85,8 +85,10 @@ pub const RATE_LIMIT_DECISIONS: &str = "rate_limit_decisions_total";
 pub const IDEMPOTENCY_OUTCOMES: &str = "idempotency_outcomes_total";
 
 /// Registers the description and unit of every metric above with the installed
-/// recorder (call it once, after installing the exporter). A no-op without the
-/// `metrics` feature.
+/// recorder (call it once, after installing the exporter as the global recorder).
+/// From then on, lock-core keeps each series' handle once registered with the global
+/// recorder instead of registering it on every event (a local recorder is still asked
+/// every time). A no-op without the `metrics` feature.
 #[inline]
 pub fn describe() {
     #[cfg(feature = "metrics")]
@@ -113,6 +115,7 @@ pub fn describe() {
         describe_counter!(LOST, "Locks lost while held, by store.");
         describe_counter!(RATE_LIMIT_DECISIONS, "Rate-limit decisions by outcome.");
         describe_counter!(IDEMPOTENCY_OUTCOMES, "Idempotency-key lookups by outcome.");
+        record::keep_handles();
     }
 }
 
@@ -320,6 +323,24 @@ pub(crate) enum RateOutcome {
 }
 
 impl RateOutcome {
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    const ALL: [Self; 4] = [
+        Self::Allowed,
+        Self::Limited,
+        Self::FailedOpen,
+        Self::FailedClosed,
+    ];
+
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    const fn label(self) -> &'static str {
+        match self {
+            Self::Allowed => "allowed",
+            Self::Limited => "limited",
+            Self::FailedOpen => "failed_open",
+            Self::FailedClosed => "failed_closed",
+        }
+    }
+
     pub(crate) const fn of(allowed: bool) -> Self {
         if allowed {
             Self::Allowed
@@ -339,146 +360,30 @@ pub(crate) enum IdempotencyOutcome {
     Unavailable,
 }
 
-#[cfg(feature = "metrics")]
-mod record {
-    use std::time::Duration;
+impl IdempotencyOutcome {
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    const ALL: [Self; 5] = [
+        Self::New,
+        Self::Replayed,
+        Self::InFlight,
+        Self::Mismatch,
+        Self::Unavailable,
+    ];
 
-    use super::*;
-
-    use std::sync::LazyLock;
-
-    use metrics::{Counter, Histogram, Key, Label, Level, Metadata};
-
-    /// What the `counter!` and `histogram!` macros would pass.
-    static META: Metadata<'static> =
-        Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
-
-    /// The keys of `name` for every store, for every primitive if `by_primitive`, and
-    /// for every `values` of the label `other` if any, in that order of nesting (see
-    /// [`Series::index`]): built once, so recording one neither allocates nor hashes
-    /// its labels.
-    fn keys(
-        name: &'static str,
-        by_primitive: bool,
-        other: Option<(&'static str, &[&'static str])>,
-    ) -> Vec<Key> {
-        let primitives: &[Primitive] = if by_primitive {
-            &Primitive::ALL
-        } else {
-            &[Primitive::Lock]
-        };
-        let mut keys = Vec::new();
-        for s in StoreKind::ALL {
-            for p in primitives {
-                let mut labels = vec![Label::new("store", s.label())];
-                if by_primitive {
-                    labels.push(Label::new("primitive", p.label()));
-                }
-                match other {
-                    Some((other, values)) => keys.extend(values.iter().map(|v| {
-                        let mut labels = labels.clone();
-                        labels.push(Label::new(other, *v));
-                        Key::from_parts(name, labels)
-                    })),
-                    None => keys.push(Key::from_parts(name, labels)),
-                }
-            }
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    const fn label(self) -> &'static str {
+        match self {
+            Self::New => "new",
+            Self::Replayed => "replayed",
+            Self::InFlight => "in_flight",
+            Self::Mismatch => "mismatch",
+            Self::Unavailable => "unavailable",
         }
-        keys
-    }
-
-    static ACQUISITION_KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
-        keys(
-            ACQUISITIONS,
-            true,
-            Some(("outcome", &Acquired::ALL.map(Acquired::label))),
-        )
-    });
-    static WAIT_KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| keys(WAIT, true, None));
-    static RELEASE_KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
-        let results = ReleaseOutcome::ALL.map(ReleaseOutcome::label);
-        keys(RELEASES, true, Some(("result", &results)))
-    });
-    static HOLD_KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| keys(HOLD, true, None));
-    static LOST_KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| keys(LOST, true, None));
-    static RENEWAL_KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
-        keys(
-            RENEWALS,
-            false,
-            Some(("result", &Renewal::ALL.map(Renewal::label))),
-        )
-    });
-
-    fn counter(key: &Key) -> Counter {
-        metrics::with_recorder(|r| r.register_counter(key, &META))
-    }
-
-    fn histogram(key: &Key) -> Histogram {
-        metrics::with_recorder(|r| r.register_histogram(key, &META))
-    }
-
-    /// `ended`: when the wait ended, if already read (a fresh grant's arrival).
-    pub(crate) fn acquired(
-        series: Series,
-        outcome: Acquired,
-        started: Instant,
-        ended: Option<Instant>,
-    ) {
-        let at = series.index() * Acquired::ALL.len() + outcome as usize;
-        counter(&ACQUISITION_KEYS[at]).increment(1);
-        if matches!(
-            outcome,
-            Acquired::Granted | Acquired::Busy | Acquired::TimedOut
-        ) {
-            let waited = ended.map_or_else(|| started.elapsed(), |at| at - started);
-            histogram(&WAIT_KEYS[series.index()]).record(waited);
-        }
-    }
-
-    pub(crate) fn released(series: Series, result: ReleaseOutcome) {
-        let at = series.index() * ReleaseOutcome::ALL.len() + result as usize;
-        counter(&RELEASE_KEYS[at]).increment(1);
-    }
-
-    /// A grant granted at `from` whose last hold was let go at `to`.
-    pub(crate) fn held(series: Series, from: Instant, to: Instant) {
-        histogram(&HOLD_KEYS[series.index()]).record(to.saturating_duration_since(from));
-    }
-
-    pub(crate) fn renewed(store: StoreKind, result: Renewal, locks: u64) {
-        let at = store as usize * Renewal::ALL.len() + result as usize;
-        counter(&RENEWAL_KEYS[at]).increment(locks);
-    }
-
-    pub(crate) fn renewal_call(store: StoreKind, took: Duration) {
-        metrics::histogram!(RENEWAL_LATENCY, "store" => store.label()).record(took);
-    }
-
-    pub(crate) fn lost(series: Series) {
-        counter(&LOST_KEYS[series.index()]).increment(1);
-    }
-
-    pub(crate) fn rate_limit(outcome: RateOutcome) {
-        let outcome = match outcome {
-            RateOutcome::Allowed => "allowed",
-            RateOutcome::Limited => "limited",
-            RateOutcome::FailedOpen => "failed_open",
-            RateOutcome::FailedClosed => "failed_closed",
-        };
-        metrics::counter!(RATE_LIMIT_DECISIONS, "outcome" => outcome).increment(1);
-    }
-
-    pub(crate) fn idempotency(outcome: IdempotencyOutcome) {
-        let outcome = match outcome {
-            IdempotencyOutcome::New => "new",
-            IdempotencyOutcome::Replayed => "replayed",
-            IdempotencyOutcome::InFlight => "in_flight",
-            IdempotencyOutcome::Mismatch => "mismatch",
-            IdempotencyOutcome::Unavailable => "unavailable",
-        };
-        metrics::counter!(IDEMPOTENCY_OUTCOMES, "outcome" => outcome).increment(1);
     }
 }
+
+#[cfg(feature = "metrics")]
+mod record;
 
 #[cfg(not(feature = "metrics"))]
 mod record {
@@ -528,6 +433,12 @@ mod tests {
             assert_eq!(*v as usize, i, "{v:?}");
         }
         for (i, v) in Renewal::ALL.iter().enumerate() {
+            assert_eq!(*v as usize, i, "{v:?}");
+        }
+        for (i, v) in RateOutcome::ALL.iter().enumerate() {
+            assert_eq!(*v as usize, i, "{v:?}");
+        }
+        for (i, v) in IdempotencyOutcome::ALL.iter().enumerate() {
             assert_eq!(*v as usize, i, "{v:?}");
         }
     }
