@@ -420,26 +420,17 @@ mod tests {
     /// The recorder indexes its key tables by `variant as usize`.
     #[test]
     fn every_label_list_is_in_declaration_order() {
-        for (i, v) in StoreKind::ALL.iter().enumerate() {
-            assert_eq!(*v as usize, i, "{v:?}");
+        fn in_order<T: Copy + std::fmt::Debug>(all: &[T], index: fn(T) -> usize) {
+            for (i, v) in all.iter().enumerate() {
+                assert_eq!(index(*v), i, "{v:?}");
+            }
         }
-        for (i, v) in Primitive::ALL.iter().enumerate() {
-            assert_eq!(*v as usize, i, "{v:?}");
-        }
-        for (i, v) in Acquired::ALL.iter().enumerate() {
-            assert_eq!(*v as usize, i, "{v:?}");
-        }
-        for (i, v) in ReleaseOutcome::ALL.iter().enumerate() {
-            assert_eq!(*v as usize, i, "{v:?}");
-        }
-        for (i, v) in Renewal::ALL.iter().enumerate() {
-            assert_eq!(*v as usize, i, "{v:?}");
-        }
-        for (i, v) in RateOutcome::ALL.iter().enumerate() {
-            assert_eq!(*v as usize, i, "{v:?}");
-        }
-        for (i, v) in IdempotencyOutcome::ALL.iter().enumerate() {
-            assert_eq!(*v as usize, i, "{v:?}");
-        }
+        in_order(&StoreKind::ALL, |v| v as usize);
+        in_order(&Primitive::ALL, |v| v as usize);
+        in_order(&Acquired::ALL, |v| v as usize);
+        in_order(&ReleaseOutcome::ALL, |v| v as usize);
+        in_order(&Renewal::ALL, |v| v as usize);
+        in_order(&RateOutcome::ALL, |v| v as usize);
+        in_order(&IdempotencyOutcome::ALL, |v| v as usize);
     }
 }
