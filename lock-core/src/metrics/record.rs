@@ -30,8 +30,13 @@ fn address(recorder: &dyn Recorder) -> usize {
 /// Finds the recorder a thread without a local recorder records to (the global one,
 /// once installed) and keeps handles for it from now on.
 pub(crate) fn keep_handles() {
+    // A thread that cannot be started keeps nothing: every event registers, as before.
     let global = std::thread::scope(|s| {
-        s.spawn(|| metrics::with_recorder(|r| (std::mem::size_of_val(r) > 0).then(|| address(r))))
+        std::thread::Builder::new()
+            .spawn_scoped(s, || {
+                metrics::with_recorder(|r| (std::mem::size_of_val(r) > 0).then(|| address(r)))
+            })
+            .ok()?
             .join()
             .ok()
             .flatten()
