@@ -2,8 +2,8 @@
 //! kept once registered with the process's global recorder.
 //!
 //! A recorder hands out a new handle per registration (Prometheus's exporter allocates
-//! one), so registering on every event cost an allocation and a locked map lookup each
-//! time. Handles are kept only for the recorder that [`super::describe`] finds on a
+//! one), so registering on every event would cost an allocation and a locked map lookup
+//! each time. Handles are kept only for the recorder that [`super::describe`] finds on a
 //! thread of its own, which has no local recorder: the global one (never freed, so no
 //! other recorder can later sit at its address). A zero-sized recorder has no address
 //! of its own, so none is kept for it. Under any other recorder (a local one, or none
