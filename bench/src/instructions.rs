@@ -158,24 +158,21 @@ pub async fn measure(ops: &[Op], n: u64) -> Result<Counts, BoxError> {
         2 * sale_instructions::SALES,
     );
     let mut counts = Counts::new();
-    let (mut ours, mut floor) = (None, None);
+    // The flash sale's two sides, ours then the floor, for their instruction ratio.
+    let mut sales = [None, None];
     for &op in ops {
         let per = match op.imp {
-            sale_instructions::OURS => {
-                let sale = sale_instructions::measure(&scratch, false).await?;
-                ours = Some(sale);
-                sale.per
-            }
-            sale_instructions::FLOOR => {
-                let sale = sale_instructions::measure(&scratch, true).await?;
-                floor = Some(sale);
+            sale_instructions::OURS | sale_instructions::FLOOR => {
+                let floor = op.imp == sale_instructions::FLOOR;
+                let sale = sale_instructions::measure(&scratch, floor).await?;
+                sales[usize::from(floor)] = Some(sale);
                 sale.per
             }
             _ => count_op(&scratch, &exe, op, n).await?,
         };
         counts.insert(op, per);
     }
-    if let (Some(ours), Some(floor)) = (ours, floor) {
+    if let [Some(ours), Some(floor)] = sales {
         let ratio = sale_instructions::instruction_ratio(&ours, &floor)
             .map_or_else(|| "not measured".to_string(), |c| format!("{c:.2}"));
         println!(

@@ -58,40 +58,46 @@ impl Tally {
         self
     }
 
-    fn matching<'a>(
-        &'a self,
-        kind: MetricKind,
-        name: &'a str,
-        labels: &'a [(&str, &str)],
-    ) -> impl Iterator<Item = &'a DebugValue> + 'a {
-        self.seen.iter().filter_map(move |(key, value)| {
-            let k = key.key();
-            let has = |(l, v): &(&str, &str)| k.labels().any(|x| x.key() == *l && x.value() == *v);
-            (key.kind() == kind && k.name() == name && labels.iter().all(has)).then_some(value)
-        })
-    }
-
     /// The sum of the counter `name` over the series that carry `labels`.
     fn counter(&mut self, name: &str, labels: &[(&str, &str)]) -> u64 {
         self.update();
-        self.matching(MetricKind::Counter, name, labels)
-            .map(|v| match v {
-                DebugValue::Counter(n) => *n,
-                _ => 0,
-            })
-            .sum()
+        counter_sum(&self.seen, name, labels)
     }
 
     /// Observations of the histogram `name` in the series that carry `labels`.
     fn observed(&mut self, name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
         self.update();
-        self.matching(MetricKind::Histogram, name, labels)
+        matching(&self.seen, MetricKind::Histogram, name, labels)
             .flat_map(|v| match v {
                 DebugValue::Histogram(xs) => xs.iter().map(|x| x.into_inner()).collect(),
                 _ => Vec::new(),
             })
             .collect()
     }
+}
+
+/// The values in `seen` of the metric `name` of `kind` whose series carry `labels`.
+fn matching<'a>(
+    seen: &'a [(CompositeKey, DebugValue)],
+    kind: MetricKind,
+    name: &'a str,
+    labels: &'a [(&str, &str)],
+) -> impl Iterator<Item = &'a DebugValue> + 'a {
+    seen.iter().filter_map(move |(key, value)| {
+        let k = key.key();
+        let has = |(l, v): &(&str, &str)| k.labels().any(|x| x.key() == *l && x.value() == *v);
+        (key.kind() == kind && k.name() == name && labels.iter().all(has)).then_some(value)
+    })
+}
+
+/// The sum of the counter `name` in `seen` over the series that carry `labels`.
+fn counter_sum(seen: &[(CompositeKey, DebugValue)], name: &str, labels: &[(&str, &str)]) -> u64 {
+    matching(seen, MetricKind::Counter, name, labels)
+        .map(|v| match v {
+            DebugValue::Counter(n) => *n,
+            _ => 0,
+        })
+        .sum()
 }
 
 const ACQ: &str = "lock_acquisitions_total";
@@ -517,20 +523,13 @@ fn a_local_recorder_gets_the_events_recorded_under_it() {
         metrics::with_local_recorder(&local, || rt.block_on(cycle()));
     }
     // One snapshot: taking one drains the recorder.
-    let snapshot = seen.snapshot().into_vec();
-    let counted = |name: &str, label: (&str, &str)| -> u64 {
-        snapshot
-            .iter()
-            .filter(|(k, _, _, _)| {
-                let k = k.key();
-                k.name() == name && k.labels().any(|l| (l.key(), l.value()) == label)
-            })
-            .map(|(_, _, _, v)| match v {
-                DebugValue::Counter(n) => *n,
-                _ => 0,
-            })
-            .sum()
-    };
+    let snapshot: Vec<_> = seen
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value)| (key, value))
+        .collect();
+    let counted = |name, label| counter_sum(&snapshot, name, &[label]);
     assert_eq!(
         counted(ACQ, ("outcome", "granted")),
         2,
