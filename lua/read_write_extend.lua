@@ -15,14 +15,15 @@
 -- Returns one reply per entry (an array of them, or for a batch of one that reply alone):
 --   1    its lease ends no sooner than lease ms from now
 --   -1   the hold was gone (its lease had ended)
---   {'error', message}  this entry failed (its key holds another type); the others stand
+--   -2   the key holds another type, so no hold of this lock is there (as renew.lua:
+--        an error would fail the renewal of every other hold of the watchdog's pass)
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 
 local function extend(lock, value, lease)
   local e = redis.pcall('HGET', lock, value)
   if type(e) == 'table' then
-    return {'error', e.err}
+    return -2
   end
   if not e or tonumber(e) <= now then
     return -1

@@ -179,3 +179,61 @@ async fn the_renewal_queue_stays_bounded_by_what_is_held() {
         assert_eq!(g.release().await.unwrap(), Released::Unlocked);
     }
 }
+
+/// A held lock whose key another program overwrote with another type is lost, and
+/// only it: the locks renewed in the same pass (a plain one and a read hold) go on
+/// being renewed, whichever script's entry failed (a read hold's hash made a string,
+/// a plain lock's string made a hash).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_whose_key_holds_another_type_is_lost_alone() {
+    let server = RedisServer::start();
+    let lease = Duration::from_millis(600);
+    let a = client(&server, LockConfig::new().with_watchdog_lease(lease)).await;
+    let b = client(&server, LockConfig::new()).await;
+    let now = LockOptions::new().wait(Duration::ZERO);
+    let plain = a.acquire("kept-plain", now.clone()).await.unwrap();
+    let reader = a.acquire("kept-shared", now.clone().read()).await.unwrap();
+    let shared_gone = a
+        .acquire("overwritten-shared", now.clone().read())
+        .await
+        .unwrap();
+    let plain_gone = a.acquire("overwritten-plain", now).await.unwrap();
+    // Another program writes over two of them: a string where a read hold's hash
+    // was, a hash where a plain lock's string was.
+    redis::pipe()
+        .cmd("SET")
+        .arg(&shared_gone.keys().key)
+        .arg("not a hash")
+        .cmd("DEL")
+        .arg(&plain_gone.keys().key)
+        .cmd("HSET")
+        .arg(&plain_gone.keys().key)
+        .arg("field")
+        .arg("not a string")
+        .exec_async(&mut server.connection().await)
+        .await
+        .unwrap();
+
+    for (name, gone) in [("shared", &shared_gone), ("plain", &plain_gone)] {
+        tokio::time::timeout(lease * 2, gone.lost())
+            .await
+            .unwrap_or_else(|_| panic!("the overwritten {name} lock was not reported lost"));
+    }
+    // Three leases on, the others are still held: renewed pass after pass.
+    tokio::time::sleep(lease * 3).await;
+    assert!(
+        reader.is_held(),
+        "the read hold renewed beside them was lost"
+    );
+    let e = b
+        .acquire(
+            "kept-shared",
+            LockOptions::new().write().wait(Duration::ZERO),
+        )
+        .await
+        .unwrap_err();
+    assert!(e.is_busy(), "a writer got past the read hold: {e}");
+    assert_really_held(&server, &b, &plain).await;
+    assert_eq!(plain.release().await.unwrap(), Released::Unlocked);
+    assert_eq!(reader.release().await.unwrap(), Released::Unlocked);
+}

@@ -79,8 +79,9 @@ impl RedisBackend {
     }
 
     /// Extends read-write holds in one call of the script, one entry each, within
-    /// `within` (the watchdog's time limit): a code per hold, in order, or an error
-    /// for them all if an entry failed (as a renewal of plain grants does).
+    /// `within` (the watchdog's time limit): a code per hold, in order. A key of
+    /// another type answers not owner, as a plain grant's renewal does, not an error
+    /// that would fail every hold (and plain grant) of the pass.
     async fn extend_shared(
         &self,
         holds: &[(&LockKeys, &Arc<str>)],
