@@ -28,6 +28,10 @@ use crate::owner::FencingToken;
 /// was lost. The outer `Result` of a seam call is whether the store answered at all.
 pub(crate) type Held<T = ()> = Result<T, Loss>;
 
+/// One grant's answer to a renewal of many: the validity it proves or how it was lost,
+/// or an error that leaves this grant alone unknown (the store failed for its entry).
+pub(crate) type Renewed = Result<Held<Instant>, LockError>;
+
 /// How long a fresh grant is known to last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Validity {
@@ -307,23 +311,20 @@ pub(crate) trait Seam: Send + Sync + Sized + 'static {
 
     /// Renews many grants (all of one [`group`](Self::group)) to `lease` in one call
     /// bounded by `within`: one answer per grant, in order, each with the validity it
-    /// proves. Only asked where [`renews`](Capabilities::renews); the default extends
-    /// each grant, all at once.
+    /// proves, or the error of its entry alone, so that one grant's failure does not
+    /// leave the others unrenewed. The outer error: the call failed as a whole. Only
+    /// asked where [`renews`](Capabilities::renews); the default extends each grant,
+    /// all at once.
     fn renew(
         &self,
         grants: &[(&LockKeys, &Self::Grant)],
         lease: Duration,
         _within: Duration,
-    ) -> impl Future<Output = Result<Vec<Held<Instant>>, LockError>> + Send {
+    ) -> impl Future<Output = Result<Vec<Renewed>, LockError>> + Send {
         let extends = grants
             .iter()
             .map(move |(keys, grant)| self.extend(keys, grant, lease));
-        async move {
-            futures_util::future::join_all(extends)
-                .await
-                .into_iter()
-                .collect()
-        }
+        async move { Ok(futures_util::future::join_all(extends).await) }
     }
 
     /// The renewal group of `key`: grants of one group renew in one call.

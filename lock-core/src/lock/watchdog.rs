@@ -349,7 +349,17 @@ impl<B: Seam> Shared<B> {
         match reply {
             Ok(answers) => {
                 tracing::trace!(locks = batch.len(), "watchdog renewed");
-                for (grant, outcome) in batch.iter().zip(answers) {
+                for (grant, answer) in batch.iter().zip(answers) {
+                    let outcome = match answer {
+                        Ok(outcome) => outcome,
+                        Err(e) => {
+                            // This grant alone: the others' answers stand.
+                            tracing::warn!(lock = %grant.keys.name(), error = %e, "watchdog renewal failed; retrying");
+                            metrics::renewed(self.kind, Renewal::Error, 1);
+                            self.retry_soon(std::slice::from_ref(grant));
+                            continue;
+                        }
+                    };
                     metrics::renewed(self.kind, renewal_outcome(&outcome), 1);
                     match outcome {
                         Ok(valid_until) => {

@@ -21,7 +21,7 @@ use crate::error::LockError;
 use crate::facade::LockClient;
 use crate::lock::Request;
 use crate::lock::registry::Loss;
-use crate::lock::seam::{Backend, Capabilities, Held, Seam, Taken, Validity};
+use crate::lock::seam::{Backend, Capabilities, Held, Renewed, Seam, Taken, Validity};
 use crate::metrics::StoreKind;
 use crate::owner::FencingToken;
 
@@ -425,7 +425,7 @@ impl Seam for RedlockBackend {
         grants: &[(&LockKeys, &Self::Grant)],
         lease: Duration,
         within: Duration,
-    ) -> Result<Vec<Held<Instant>>, LockError> {
+    ) -> Result<Vec<Renewed>, LockError> {
         let sent = Instant::now();
         // One renewal call per node over that node's copies.
         let per_node = self.nodes.iter().enumerate().map(|(i, node)| async move {
@@ -444,7 +444,8 @@ impl Seam for RedlockBackend {
             (
                 i,
                 match answers {
-                    Ok(answers) => indices.zip(answers.into_iter().map(Some)).collect(),
+                    // An entry's error, like a failed call, is no answer from this node.
+                    Ok(answers) => indices.zip(answers.into_iter().map(Result::ok)).collect(),
                     Err(_) => indices.map(|g| (g, None)).collect(),
                 },
             )
@@ -475,7 +476,7 @@ impl Seam for RedlockBackend {
         let missing = |g: usize| grants[g].1.nodes.iter().filter(|c| c.is_none()).count();
         Ok((0..grants.len())
             .map(|g| {
-                if ok[g] >= q && sent.elapsed() + drift(lease) < lease {
+                Ok(if ok[g] >= q && sent.elapsed() + drift(lease) < lease {
                     Ok(proven(sent, lease))
                 } else if lost[g].0 + missing(g) > n - q {
                     Err(if lost[g].1 {
@@ -486,7 +487,7 @@ impl Seam for RedlockBackend {
                 } else {
                     // Not renewed, not lost: what a quorum of copies is known to last.
                     Ok(grants[g].1.quorum_until(q))
-                }
+                })
             })
             .collect())
     }

@@ -30,7 +30,9 @@ use crate::client::wait::{Listen, pttl_hint};
 use crate::error::LockError;
 use crate::lock::Request;
 use crate::lock::registry::Loss;
-use crate::lock::seam::{Backend, Capabilities, Held, Seam, Taken, Validity, give_back_patiently};
+use crate::lock::seam::{
+    Backend, Capabilities, Held, Renewed, Seam, Taken, Validity, give_back_patiently,
+};
 use crate::metrics::StoreKind;
 use crate::owner::{FencingToken, LockScope, push_hex};
 
@@ -413,7 +415,7 @@ impl Seam for RedisBackend {
         self.renew(&[(keys, grant)], lease, within)
             .await?
             .pop()
-            .ok_or_else(|| LockError::UnexpectedReply("renew.lua answered nothing".into()))
+            .ok_or_else(|| LockError::UnexpectedReply("renew.lua answered nothing".into()))?
     }
 
     async fn renew(
@@ -421,17 +423,13 @@ impl Seam for RedisBackend {
         grants: &[(&LockKeys, &Arc<str>)],
         lease: Duration,
         within: Duration,
-    ) -> Result<Vec<Held<Instant>>, LockError> {
+    ) -> Result<Vec<Renewed>, LockError> {
         if grants.iter().any(|(keys, _)| keys.mode.is_read_write()) {
             return self.renew_mixed(grants, lease, within).await;
         }
         let sent = Instant::now();
-        renewed(
-            "renew",
-            self.renew_values(grants, lease, within).await?,
-            sent,
-            lease,
-        )
+        let codes = self.renew_values(grants, lease, within).await?;
+        Ok(renewed("renew", codes.into_iter().map(Ok), sent, lease))
     }
 
     fn group(&self, key: &str) -> u16 {
@@ -498,16 +496,16 @@ impl RedisBackend {
     }
 }
 
-/// A renewal script's (`op`'s) `codes` as the engine reads them: each renewed grant is
-/// proven for `lease` from `sent`.
+/// A renewal script's (`op`'s) `codes`, one per entry, as the engine reads them: each
+/// renewed grant is proven for `lease` from `sent`.
 pub(super) fn renewed(
     op: &str,
-    codes: Vec<Code>,
+    codes: impl IntoIterator<Item = Result<Code, LockError>>,
     sent: Instant,
     lease: Duration,
-) -> Result<Vec<Held<Instant>>, LockError> {
+) -> Vec<Renewed> {
     codes
         .into_iter()
-        .map(|code| Ok(held(GrantReply::from_code(op, code)?).map(|()| proven(sent, lease))))
+        .map(|code| Ok(held(GrantReply::from_code(op, code?)?).map(|()| proven(sent, lease))))
         .collect()
 }

@@ -17,7 +17,7 @@ use crate::client::store::scripts::{
 use crate::error::LockError;
 use crate::lock::Request;
 use crate::lock::registry::Loss;
-use crate::lock::seam::Held;
+use crate::lock::seam::{Held, Renewed};
 
 impl RedisBackend {
     /// One attempt at a read or write hold, as the grant `value` (see
@@ -79,15 +79,14 @@ impl RedisBackend {
     }
 
     /// Extends read-write holds in one call of the script, one entry each, within
-    /// `within` (the watchdog's time limit): a code per hold, in order. A key of
-    /// another type answers not owner, as a plain grant's renewal does, not an error
-    /// that would fail every hold (and plain grant) of the pass.
+    /// `within` (the watchdog's time limit): a code per hold, in order, or that entry's
+    /// error. A key of another type answers not owner, as a plain grant's renewal does.
     async fn extend_shared(
         &self,
         holds: &[(&LockKeys, &Arc<str>)],
         lease: Duration,
         within: Duration,
-    ) -> Result<Vec<Code>, LockError> {
+    ) -> Result<Vec<Result<Code, LockError>>, LockError> {
         let reply = self
             .client
             .conn()
@@ -101,10 +100,10 @@ impl RedisBackend {
                 }
             })
             .await?;
-        entry_replies(&READ_WRITE_EXTEND, reply, holds.len())?
+        Ok(entry_replies(&READ_WRITE_EXTEND, reply, holds.len())?
             .into_iter()
             .map(|r| Ok(code_value("read_write_extend", entry_reply(r)?)?.0))
-            .collect()
+            .collect())
     }
 
     /// Renews plain grants in one call and read-write holds in another, at once.
@@ -113,41 +112,38 @@ impl RedisBackend {
         grants: &[(&LockKeys, &Arc<str>)],
         lease: Duration,
         within: Duration,
-    ) -> Result<Vec<Held<Instant>>, LockError> {
+    ) -> Result<Vec<Renewed>, LockError> {
         let (shared, plain): (Vec<_>, Vec<_>) = grants
             .iter()
             .partition(|(keys, _)| keys.mode.is_read_write());
         let sent = Instant::now();
         let plain_renewal = async {
             if plain.is_empty() {
-                return Ok(Vec::new());
+                return Ok::<_, LockError>(Vec::new());
             }
-            renewed(
-                "renew",
-                self.renew_values(&plain, lease, within).await?,
-                sent,
-                lease,
-            )
+            let codes = self.renew_values(&plain, lease, within).await?;
+            Ok(renewed("renew", codes.into_iter().map(Ok), sent, lease))
         };
         let shared_renewal = async {
             if shared.is_empty() {
-                return Ok(Vec::new());
+                return Ok::<_, LockError>(Vec::new());
             }
             let codes = self.extend_shared(&shared, lease, within).await?;
-            renewed("read_write_extend", codes, sent, lease)
+            Ok(renewed("read_write_extend", codes, sent, lease))
         };
         let (plain_held, shared_held) = tokio::join!(plain_renewal, shared_renewal);
         let mut plain_held = plain_held?.into_iter();
         let mut shared_held = shared_held?.into_iter();
-        grants
+        Ok(grants
             .iter()
             .map(|(keys, _)| {
-                if keys.mode.is_read_write() {
-                    Ok(shared_held.next().unwrap_or(Err(Loss::Expired)))
+                let answer = if keys.mode.is_read_write() {
+                    shared_held.next()
                 } else {
-                    Ok(plain_held.next().unwrap_or(Err(Loss::Expired)))
-                }
+                    plain_held.next()
+                };
+                answer.unwrap_or(Ok(Err(Loss::Expired)))
             })
-            .collect()
+            .collect())
     }
 }

@@ -27,7 +27,7 @@ use crate::client::store::key::{self, LockKeys, LockMode, LockName};
 use crate::client::wait::Listen;
 use crate::error::LockError;
 use crate::lock::registry::Loss;
-use crate::lock::seam::{Backend, Capabilities, Held, Seam, Taken, Validity};
+use crate::lock::seam::{Backend, Capabilities, Held, Renewed, Seam, Taken, Validity};
 use crate::lock::{LockGuard, Request};
 use crate::metrics::StoreKind;
 use crate::owner::FencingToken;
@@ -467,9 +467,10 @@ impl Seam for EtcdBackend {
         grants: &[(&LockKeys, &Self::Grant)],
         _lease: Duration,
         within: Duration,
-    ) -> Result<Vec<Held<Instant>>, LockError> {
+    ) -> Result<Vec<Renewed>, LockError> {
         let holds: Vec<&EtcdHold> = grants.iter().map(|(_, g)| &***g).collect();
-        timed("renewing the session lease", within, self.check(&holds)).await?
+        let held = timed("renewing the session lease", within, self.check(&holds)).await??;
+        Ok(held.into_iter().map(Ok).collect())
     }
 
     fn store_loss(

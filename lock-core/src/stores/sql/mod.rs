@@ -24,7 +24,7 @@ use crate::client::wait::Listen;
 use crate::error::LockError;
 use crate::lock::Request;
 use crate::lock::registry::Loss;
-use crate::lock::seam::{Backend, Capabilities, Held, Seam, Taken, Validity};
+use crate::lock::seam::{Backend, Capabilities, Held, Renewed, Seam, Taken, Validity};
 use crate::metrics::StoreKind;
 use crate::owner::FencingToken;
 
@@ -306,10 +306,10 @@ impl<S: SqlStore> Seam for SqlBackend<S> {
         grants: &[(&LockKeys, &Self::Grant)],
         lease: Duration,
         within: Duration,
-    ) -> Result<Vec<Held<Instant>>, LockError> {
+    ) -> Result<Vec<Renewed>, LockError> {
         let checks = grants
             .iter()
-            .map(|(_, session)| check(session, lease, within));
+            .map(|(_, session)| async move { Ok(check(session, lease, within).await) });
         Ok(futures_util::future::join_all(checks).await)
     }
 

@@ -132,3 +132,33 @@ async fn a_watched_hold_kept_past_its_first_lease_is_given_back() {
         assert_eq!(pttl(&server, &key).await, -2, "{kind}: the lock is free");
     }
 }
+
+/// A watched hold whose key another program overwrote with a string is lost, and only
+/// it: the holds of every kind renewed in the same passes go on being renewed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_whose_key_holds_another_type_is_lost_alone() {
+    let server = RedisServer::start();
+    let locks = locks(&server).await;
+    let mut kept = Vec::new();
+    for (n, (kind, options)) in super::every_kind().into_iter().enumerate() {
+        let guard = locks.acquire(("kept", n), options).await.unwrap();
+        kept.push((kind, guard));
+    }
+    let gone = locks.acquire("overwritten", LockOptions::new()).await.unwrap();
+    redis::cmd("SET")
+        .arg("overwritten")
+        .arg("not a hash")
+        .exec_async(&mut server.connection().await)
+        .await
+        .unwrap();
+    tokio::time::timeout(WATCHDOG_LEASE * 2, gone.lost())
+        .await
+        .expect("the overwritten hold was not reported lost");
+    // Three leases on, the others are still held: renewed pass after pass.
+    tokio::time::sleep(WATCHDOG_LEASE * 3).await;
+    for (n, (kind, guard)) in kept.into_iter().enumerate() {
+        assert!(guard.is_held(), "the {kind} hold was lost");
+        assert!(pttl(&server, &format!("kept:{n}")).await > 0, "{kind}");
+        guard.release().await.unwrap();
+    }
+}
