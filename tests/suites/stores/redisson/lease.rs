@@ -144,7 +144,10 @@ async fn a_hold_whose_key_holds_another_type_is_lost_alone() {
         let guard = locks.acquire(("kept", n), options).await.unwrap();
         kept.push((kind, guard));
     }
-    let gone = locks.acquire("overwritten", LockOptions::new()).await.unwrap();
+    let gone = locks
+        .acquire("overwritten", LockOptions::new())
+        .await
+        .unwrap();
     redis::cmd("SET")
         .arg("overwritten")
         .arg("not a hash")
