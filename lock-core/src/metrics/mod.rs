@@ -94,27 +94,30 @@ pub fn describe() {
     #[cfg(feature = "metrics")]
     {
         use metrics::{Unit, describe_counter, describe_histogram};
-        describe_counter!(ACQUISITIONS, "Lock acquisitions by store and outcome.");
-        describe_histogram!(
-            WAIT,
-            Unit::Seconds,
-            "Time from a lock acquisition call to granted, busy or timed out."
-        );
-        describe_histogram!(
-            HOLD,
-            Unit::Seconds,
-            "Time from a lock grant to the release of its last hold."
-        );
-        describe_counter!(RELEASES, "Lock releases by store and result.");
-        describe_counter!(RENEWALS, "Lock lease renewals by store and result.");
-        describe_histogram!(
-            RENEWAL_LATENCY,
-            Unit::Seconds,
-            "Latency of one lease renewal call."
-        );
-        describe_counter!(LOST, "Locks lost while held, by store.");
-        describe_counter!(RATE_LIMIT_DECISIONS, "Rate-limit decisions by outcome.");
-        describe_counter!(IDEMPOTENCY_OUTCOMES, "Idempotency-key lookups by outcome.");
+        for (name, description) in [
+            (ACQUISITIONS, "Lock acquisitions by store and outcome."),
+            (RELEASES, "Lock releases by store and result."),
+            (RENEWALS, "Lock lease renewals by store and result."),
+            (LOST, "Locks lost while held, by store."),
+            (RATE_LIMIT_DECISIONS, "Rate-limit decisions by outcome."),
+            (IDEMPOTENCY_OUTCOMES, "Idempotency-key lookups by outcome."),
+        ] {
+            describe_counter!(name, description);
+        }
+        // Every histogram is a duration.
+        for (name, description) in [
+            (
+                WAIT,
+                "Time from a lock acquisition call to granted, busy or timed out.",
+            ),
+            (
+                HOLD,
+                "Time from a lock grant to the release of its last hold.",
+            ),
+            (RENEWAL_LATENCY, "Latency of one lease renewal call."),
+        ] {
+            describe_histogram!(name, Unit::Seconds, description);
+        }
         record::keep_handles();
     }
 }

@@ -58,26 +58,37 @@ impl<H> Table<H> {
         let handles = keys.iter().map(|_| OnceLock::new()).collect();
         Self { keys, handles }
     }
+}
 
+impl<H: Handle> Table<H> {
     /// Runs `f` on the handle of series `at`: the kept one under the recorder handles
     /// are kept for, else one registered now.
-    fn with(&self, at: usize, register: fn(&dyn Recorder, &Key) -> H, f: impl FnOnce(&H)) {
+    fn with(&self, at: usize, f: impl FnOnce(&H)) {
         metrics::with_recorder(|r| {
             if KEPT_FOR.get() == Some(&address(r)) {
-                f(self.handles[at].get_or_init(|| register(r, &self.keys[at])));
+                f(self.handles[at].get_or_init(|| H::register(r, &self.keys[at])));
             } else {
-                f(&register(r, &self.keys[at]));
+                f(&H::register(r, &self.keys[at]));
             }
         });
     }
 }
 
-fn counter(r: &dyn Recorder, key: &Key) -> Counter {
-    r.register_counter(key, &META)
+/// A kind of handle a table keeps, and how a recorder registers one.
+trait Handle {
+    fn register(r: &dyn Recorder, key: &Key) -> Self;
 }
 
-fn histogram(r: &dyn Recorder, key: &Key) -> Histogram {
-    r.register_histogram(key, &META)
+impl Handle for Counter {
+    fn register(r: &dyn Recorder, key: &Key) -> Self {
+        r.register_counter(key, &META)
+    }
+}
+
+impl Handle for Histogram {
+    fn register(r: &dyn Recorder, key: &Key) -> Self {
+        r.register_histogram(key, &META)
+    }
 }
 
 /// The keys of `name` for every store, for every primitive if `by_primitive`, and
@@ -161,44 +172,44 @@ pub(crate) fn acquired(
     ended: Option<Instant>,
 ) {
     let at = series.index() * Acquired::ALL.len() + outcome as usize;
-    ACQUISITION_SERIES.with(at, counter, |c| c.increment(1));
+    ACQUISITION_SERIES.with(at, |c| c.increment(1));
     if matches!(
         outcome,
         Acquired::Granted | Acquired::Busy | Acquired::TimedOut
     ) {
         let waited = ended.map_or_else(|| started.elapsed(), |at| at - started);
-        WAIT_SERIES.with(series.index(), histogram, |h| h.record(waited));
+        WAIT_SERIES.with(series.index(), |h| h.record(waited));
     }
 }
 
 pub(crate) fn released(series: Series, result: ReleaseOutcome) {
     let at = series.index() * ReleaseOutcome::ALL.len() + result as usize;
-    RELEASE_SERIES.with(at, counter, |c| c.increment(1));
+    RELEASE_SERIES.with(at, |c| c.increment(1));
 }
 
 /// A grant granted at `from` whose last hold was let go at `to`.
 pub(crate) fn held(series: Series, from: Instant, to: Instant) {
     let held = to.saturating_duration_since(from);
-    HOLD_SERIES.with(series.index(), histogram, |h| h.record(held));
+    HOLD_SERIES.with(series.index(), |h| h.record(held));
 }
 
 pub(crate) fn renewed(store: StoreKind, result: Renewal, locks: u64) {
     let at = store as usize * Renewal::ALL.len() + result as usize;
-    RENEWAL_SERIES.with(at, counter, |c| c.increment(locks));
+    RENEWAL_SERIES.with(at, |c| c.increment(locks));
 }
 
 pub(crate) fn renewal_call(store: StoreKind, took: Duration) {
-    RENEWAL_CALL_SERIES.with(store as usize, histogram, |h| h.record(took));
+    RENEWAL_CALL_SERIES.with(store as usize, |h| h.record(took));
 }
 
 pub(crate) fn lost(series: Series) {
-    LOST_SERIES.with(series.index(), counter, |c| c.increment(1));
+    LOST_SERIES.with(series.index(), |c| c.increment(1));
 }
 
 pub(crate) fn rate_limit(outcome: RateOutcome) {
-    RATE_LIMIT_SERIES.with(outcome as usize, counter, |c| c.increment(1));
+    RATE_LIMIT_SERIES.with(outcome as usize, |c| c.increment(1));
 }
 
 pub(crate) fn idempotency(outcome: IdempotencyOutcome) {
-    IDEMPOTENCY_SERIES.with(outcome as usize, counter, |c| c.increment(1));
+    IDEMPOTENCY_SERIES.with(outcome as usize, |c| c.increment(1));
 }
