@@ -427,9 +427,8 @@ impl Seam for RedisBackend {
         if grants.iter().any(|(keys, _)| keys.mode.is_read_write()) {
             return self.renew_mixed(grants, lease, within).await;
         }
-        let sent = Instant::now();
-        let codes = self.renew_values(grants, lease, within).await?;
-        Ok(renewed("renew", codes.into_iter().map(Ok), sent, lease))
+        self.renew_plain(grants, lease, within, Instant::now())
+            .await
     }
 
     fn group(&self, key: &str) -> u16 {
@@ -468,14 +467,16 @@ impl Seam for RedisBackend {
 }
 
 impl RedisBackend {
-    /// Renews the grants `(keys, value)` (all of one [`group`](Seam::group)) to `lease`
-    /// in one call bounded by `within`: one code per grant, in order.
-    async fn renew_values(
+    /// Renews the plain grants `(keys, value)` (all of one [`group`](Seam::group)) to
+    /// `lease` in one call bounded by `within`, sent at `sent`: one answer per grant,
+    /// in order.
+    pub(super) async fn renew_plain(
         &self,
         grants: &[(&LockKeys, &Arc<str>)],
         lease: Duration,
         within: Duration,
-    ) -> Result<Vec<Code>, LockError> {
+        sent: Instant,
+    ) -> Result<Vec<Renewed>, LockError> {
         let reply = self
             .client
             .conn()
@@ -492,13 +493,14 @@ impl RedisBackend {
                 }
             })
             .await?;
-        codes("renew", reply, grants.len())
+        let codes = codes("renew", reply, grants.len())?;
+        Ok(renewed("renew", codes.into_iter().map(Ok), sent, lease))
     }
 }
 
 /// A renewal script's (`op`'s) `codes`, one per entry, as the engine reads them: each
 /// renewed grant is proven for `lease` from `sent`.
-pub(super) fn renewed(
+fn renewed(
     op: &str,
     codes: impl IntoIterator<Item = Result<Code, LockError>>,
     sent: Instant,

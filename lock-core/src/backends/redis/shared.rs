@@ -12,7 +12,7 @@ use super::{RedisBackend, held, renewed};
 use crate::client::store::batch::{Entry, entry_replies, entry_reply};
 use crate::client::store::key::{LockKeys, LockMode, WAITERS};
 use crate::client::store::scripts::{
-    AcquireReply, Code, GrantReply, READ_WRITE, READ_WRITE_EXTEND, READ_WRITE_RELEASE, code_value,
+    AcquireReply, GrantReply, READ_WRITE, READ_WRITE_EXTEND, READ_WRITE_RELEASE, code_value,
 };
 use crate::error::LockError;
 use crate::lock::Request;
@@ -79,14 +79,16 @@ impl RedisBackend {
     }
 
     /// Extends read-write holds in one call of the script, one entry each, within
-    /// `within` (the watchdog's time limit): a code per hold, in order, or that entry's
-    /// error. A key of another type answers not owner, as a plain grant's renewal does.
+    /// `within` (the watchdog's time limit), sent at `sent`: an answer per hold, in
+    /// order, or that entry's error. A key of another type answers not owner, as a
+    /// plain grant's renewal does.
     async fn extend_shared(
         &self,
         holds: &[(&LockKeys, &Arc<str>)],
         lease: Duration,
         within: Duration,
-    ) -> Result<Vec<Result<Code, LockError>>, LockError> {
+        sent: Instant,
+    ) -> Result<Vec<Renewed>, LockError> {
         let reply = self
             .client
             .conn()
@@ -100,10 +102,10 @@ impl RedisBackend {
                 }
             })
             .await?;
-        Ok(entry_replies(&READ_WRITE_EXTEND, reply, holds.len())?
+        let codes = entry_replies(&READ_WRITE_EXTEND, reply, holds.len())?
             .into_iter()
-            .map(|r| Ok(code_value("read_write_extend", entry_reply(r)?)?.0))
-            .collect())
+            .map(|r| Ok(code_value("read_write_extend", entry_reply(r)?)?.0));
+        Ok(renewed("read_write_extend", codes, sent, lease))
     }
 
     /// Renews plain grants in one call and read-write holds in another, at once.
@@ -119,17 +121,15 @@ impl RedisBackend {
         let sent = Instant::now();
         let plain_renewal = async {
             if plain.is_empty() {
-                return Ok::<_, LockError>(Vec::new());
+                return Ok(Vec::new());
             }
-            let codes = self.renew_values(&plain, lease, within).await?;
-            Ok(renewed("renew", codes.into_iter().map(Ok), sent, lease))
+            self.renew_plain(&plain, lease, within, sent).await
         };
         let shared_renewal = async {
             if shared.is_empty() {
-                return Ok::<_, LockError>(Vec::new());
+                return Ok(Vec::new());
             }
-            let codes = self.extend_shared(&shared, lease, within).await?;
-            Ok(renewed("read_write_extend", codes, sent, lease))
+            self.extend_shared(&shared, lease, within, sent).await
         };
         let (plain_held, shared_held) = tokio::join!(plain_renewal, shared_renewal);
         let mut plain_held = plain_held?.into_iter();
