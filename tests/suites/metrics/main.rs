@@ -52,9 +52,7 @@ impl Tally {
 
     /// Takes in what was recorded since the last look.
     fn update(&mut self) -> &mut Self {
-        for (key, _, _, value) in snapshotter().snapshot().into_vec() {
-            self.seen.push((key, value));
-        }
+        self.seen.extend(entries(snapshotter()));
         self
     }
 
@@ -74,6 +72,16 @@ impl Tally {
             })
             .collect()
     }
+}
+
+/// What `snapshotter`'s recorder recorded since the last snapshot (a snapshot drains
+/// it), each series with its value.
+fn entries(snapshotter: &Snapshotter) -> impl Iterator<Item = (CompositeKey, DebugValue)> {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value)| (key, value))
 }
 
 /// The values in `seen` of the metric `name` of `kind` whose series carry `labels`.
@@ -523,12 +531,7 @@ fn a_local_recorder_gets_the_events_recorded_under_it() {
         metrics::with_local_recorder(&local, || rt.block_on(cycle()));
     }
     // One snapshot: taking one drains the recorder.
-    let snapshot: Vec<_> = seen
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .map(|(key, _, _, value)| (key, value))
-        .collect();
+    let snapshot: Vec<_> = entries(&seen).collect();
     let counted = |name, label| counter_sum(&snapshot, name, &[label]);
     assert_eq!(
         counted(ACQ, ("outcome", "granted")),
