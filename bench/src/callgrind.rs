@@ -58,19 +58,30 @@ pub async fn check_valgrind() -> Result<(), BoxError> {
     }
 }
 
-/// A scratch directory for out files and logs, removed on drop.
+/// A scratch directory for out files and logs, removed on drop; or, when
+/// `LOCK_BENCH_CALLGRIND_DIR` names a directory, that one, kept for
+/// `callgrind_annotate`.
 #[derive(Debug)]
-pub struct Scratch(PathBuf);
+pub struct Scratch {
+    dir: PathBuf,
+    keep: bool,
+}
 
 impl Scratch {
     pub fn new() -> Result<Self, BoxError> {
-        let dir = std::env::temp_dir().join(format!("lock-bench-callgrind-{}", std::process::id()));
+        let (dir, keep) = match std::env::var_os("LOCK_BENCH_CALLGRIND_DIR") {
+            Some(dir) if !dir.is_empty() => (PathBuf::from(dir), true),
+            _ => (
+                std::env::temp_dir().join(format!("lock-bench-callgrind-{}", std::process::id())),
+                false,
+            ),
+        };
         std::fs::create_dir_all(&dir)?;
-        Ok(Self(dir))
+        Ok(Self { dir, keep })
     }
 
     pub fn file(&self, name: &str) -> PathBuf {
-        self.0.join(name)
+        self.dir.join(name)
     }
 
     /// The files of one counted run named `tag`: callgrind's out file and its log.
@@ -84,7 +95,9 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -289,7 +302,7 @@ async fn start_server(scratch: &Scratch, out: &Path, log: &Path) -> Result<(Chil
             "--daemonize",
             "no",
             "--dir",
-            &scratch.0.display().to_string(),
+            &scratch.dir.display().to_string(),
             "--logfile",
             "",
         ]
