@@ -148,9 +148,10 @@ impl<K, P> IdempotencyLayer<K, P> {
     /// 5xx statuses are not asked about: [`store_server_errors`](Self::store_server_errors)
     /// decides those.
     ///
-    /// Whatever this says, a response carrying `Retry-After` is never stored: it tells
-    /// the client to come back, and a replay would repeat the refusal after the
-    /// condition passed (a 409 "busy", a 403 "the sale has not begun").
+    /// Whatever this says, a refusal (4xx, 5xx) carrying `Retry-After` is never stored:
+    /// it tells the client to come back, and a replay would repeat the refusal after the
+    /// condition passed (a 409 "busy", a 403 "the sale has not begun"). A success or a
+    /// redirect with `Retry-After` (a 202 whose job is polled later) is stored as usual.
     ///
     /// ```
     /// # fn demo(store: lock_core::IdempotencyStore) {

@@ -31,8 +31,8 @@
 //!   [`IdempotencyLayer::wait_in_flight`]); completed, the stored status, headers and body
 //!   byte for byte, plus `Idempotent-Replayed: true`; same key with another
 //!   fingerprint, 422.
-//! - **Not stored, key freed** (a retry runs again): responses that ask for a retry
-//!   (any with `Retry-After`, and by default 408, 425 and 429: which statuses are
+//! - **Not stored, key freed** (a retry runs again): refusals that ask for a retry
+//!   (any 4xx or 5xx with `Retry-After`, and by default 408, 425 and 429: which statuses are
 //!   stored is [`IdempotencyLayer::store_status`]); 5xx responses (unless
 //!   [`IdempotencyLayer::store_server_errors`]); a handler that panics or a service error;
 //!   a future dropped because the client went away; responses larger than

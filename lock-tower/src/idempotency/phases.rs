@@ -271,8 +271,11 @@ where
 /// Why a response is not stored, judged by its head alone.
 fn not_stored<R>(settings: &Settings, response: &Response<R>) -> Option<&'static str> {
     let status = response.status();
-    if response.headers().contains_key(RETRY_AFTER) {
-        Some("a response asking for a retry is not stored")
+    // On a refusal `Retry-After` asks the client to try again; on a success (202 and a
+    // job to poll) or a redirect it only says when to follow up on what was done.
+    let refused = status.is_client_error() || status.is_server_error();
+    if refused && response.headers().contains_key(RETRY_AFTER) {
+        Some("a refusal asking for a retry is not stored")
     } else if status.is_server_error() {
         (!settings.store_server_errors).then_some("a server error is not stored")
     } else {

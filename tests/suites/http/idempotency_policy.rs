@@ -61,6 +61,32 @@ async fn refusals_asking_for_a_retry_are_not_stored() {
     }
 }
 
+/// 202 with `Location` and `Retry-After`: a job was started, and the header says when
+/// to poll it. The answer is stored like any success, so a retry starts no second job.
+fn accepted(run: usize, _body: Bytes) -> Response<Body> {
+    Response::builder()
+        .status(StatusCode::ACCEPTED)
+        .header("location", format!("/jobs/{run}"))
+        .header("retry-after", "5")
+        .body(Body::from(format!("job {run}")))
+        .unwrap()
+}
+
+/// `Retry-After` keeps only a refusal (4xx, 5xx) from being stored: on a success or a
+/// redirect it tells the client when to follow up on what was done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_success_asking_to_come_back_later_is_stored() {
+    let server = RedisServer::start();
+    let backend = Backend::new(accepted);
+    let router = app(&backend, layer(&server).await);
+    let first = post_with(&router, Some("k"), "a").await;
+    assert_eq!(first.status, StatusCode::ACCEPTED);
+    let retry = post_with(&router, Some("k"), "a").await;
+    retry.assert_replays(&first);
+    assert_eq!(retry.header("location"), "/jobs/1");
+    assert_eq!(backend.runs(), 1, "the retry started a second job");
+}
+
 /// Which statuses are stored is a setting; by default a plain 404 is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stored_statuses_are_configurable() {
