@@ -82,9 +82,20 @@ impl Permits {
     /// Gives the permits back. Returns how many were still held; fewer than
     /// [`len`](Self::len) means the lease of the others had passed. Waiters, in this
     /// process and others, are woken.
+    ///
+    /// Cancelled while the call is in flight, the release finishes in the background. A
+    /// call Redis did not answer (unreachable, the connection dropped, timed out) returns
+    /// its error, and the release is sent again in the background, as for dropped
+    /// permits: they come back as soon as a try gets through, else at their lease's end.
     pub async fn release(mut self) -> Result<usize, LockError> {
+        // Armed until Redis answers: dropped before then, `self` releases in the
+        // background (giving back ids already given back changes nothing).
+        let reply = release_ids(&self.semaphore, &self.ids).await;
+        if matches!(&reply, Err(e) if e.is_no_answer()) {
+            return reply;
+        }
         self.done = true;
-        let released = release_ids(&self.semaphore, &self.ids).await?;
+        let released = reply?;
         log_release(&self.semaphore, released, self.ids.len());
         Ok(released)
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::{client, eventually, script_sha, subscribers};
 use lock_core::{Backoff, LockClient, LockConfig, Semaphore, SemaphoreOptions};
-use lock_tests::RedisServer;
+use lock_tests::{RedisServer, TcpProxy};
 
 const LIMIT: u32 = 5;
 const TASKS: usize = 20;
@@ -446,4 +446,35 @@ async fn timeouts_drops_and_cancellation_clean_up() {
     )
     .await;
     assert_eq!(zcard(&server, sem.key()).await, 0);
+}
+
+/// A release whose call fails (the connection breaks with it on the wire: Redis never
+/// sees it) answers the error, and is sent again in the background, as a lock's is: the
+/// permits come back long before their lease would end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_failed_is_tried_again_in_the_background() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let c = LockClient::open_with_config(proxy.url().as_str(), LockConfig::new())
+        .await
+        .unwrap();
+    let sem = c.semaphore("cut-permits", 2).unwrap();
+    let minute = SemaphoreOptions::new().lease(Duration::from_secs(60));
+    // A first cycle loads the scripts, so the release is one call.
+    sem.acquire(1, minute.clone())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let held = sem.acquire(2, minute).await.unwrap();
+    assert_eq!(zcard(&server, sem.key()).await, 2);
+    proxy.reset_request(|chunk| chunk.windows(11).any(|w| w == b"cut-permits"));
+    let err = held.release().await.unwrap_err();
+    assert!(err.is_redis(), "{err}");
+    eventually(Duration::from_secs(5), "the permits given back", || async {
+        zcard(&server, sem.key()).await == 0
+    })
+    .await;
+    assert_eq!(available(&sem).await, 2);
 }
