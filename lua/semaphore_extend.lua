@@ -1,4 +1,4 @@
-#!lua
+#!lua flags=allow-oom
 -- semaphore_extend.lua: set the lease of held permits to a new length from now.
 --
 -- KEYS[1]   sorted set {permit id -> expiry}, expiry in ms on the Redis server's clock

@@ -2,7 +2,7 @@
 //! accepts) refuses what would add data, and still takes back and keeps alive what is
 //! held: a release frees its lock (a plain one, or a read or write hold), the watchdog
 //! renews a held one (of either kind), an idempotency claim is abandoned or extended,
-//! semaphore permits are given back (and counted), a fair lock's waiter leaves its line.
+//! semaphore permits are extended and given back (and counted), a fair lock's waiter leaves its line.
 
 use crate::common;
 
@@ -105,6 +105,9 @@ async fn a_full_server_still_takes_back_and_keeps_what_is_held() {
 
     // Counting permits writes nothing, so a full server answers it.
     assert_eq!(semaphore.available().await.unwrap(), 0);
+    // Extending moves held permits' expiry, adding nothing.
+    assert_eq!(permits.extend(Duration::from_secs(120)).await.unwrap(), 2);
+    assert!(permits.valid_for() > Duration::from_secs(100));
     assert_eq!(permits.release().await.unwrap(), 2);
     assert_eq!(semaphore.available().await.unwrap(), 2);
     let held: i64 = redis::cmd("ZCARD")
