@@ -17,7 +17,7 @@
 //! the server is out of memory (at `maxmemory` under `noeviction`, the policy this
 //! crate requires), right for the scripts that write. The scripts that only give back
 //! or keep what is held (release, renew, a read-write lock's extension and release, an
-//! idempotency claim's abandon and extend, a semaphore's release, a fair waiter's
+//! idempotency claim's abandon and extend, a semaphore's release and extension, a fair waiter's
 //! leave) start `#!lua flags=allow-oom`: a full server still frees locks and keeps the
 //! held ones alive, instead of leaving them to their leases and losing them. Such a
 //! script may run any command while full, so it calls only commands that free memory or
@@ -618,6 +618,8 @@ mod tests {
             "PUBLISH",
             "EXISTS",
             "LREM",
+            "ZSCORE",
+            "ZRANGE",
         ];
         let flagged = super::SOURCES
             .iter()
@@ -644,6 +646,14 @@ mod tests {
                     assert!(
                         field.len() == 2 && src.contains(&read),
                         "{name} runs when the server is full, and calls HSET on a field it has not read ({read})"
+                    );
+                } else if command == "ZADD" {
+                    // Only with XX: a new score for a member that is there, none added.
+                    let flag = args.splitn(4, ", ").nth(2);
+                    assert_eq!(
+                        flag,
+                        Some("'XX'"),
+                        "{name} runs when the server is full, and calls ZADD without XX"
                     );
                 } else {
                     assert!(
