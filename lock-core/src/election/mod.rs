@@ -172,9 +172,12 @@ where
             };
             failed = 0;
             let lost = leadership.lost();
+            // The loss first: after a pause past the lease both are ready, and the work
+            // must not take another step.
             let flow = tokio::select! {
-                flow = lead(leadership.term()) => Some(flow),
+                biased;
                 () = lost => None,
+                flow = lead(leadership.term()) => Some(flow),
             };
             match flow {
                 Some(ControlFlow::Break(())) => {

@@ -144,6 +144,7 @@ impl<B: Backend> LockGuard<B> {
     /// # async fn demo(guard: lock_core::LockGuard) {
     /// # async fn work() {}
     /// tokio::select! {
+    ///     biased; // the loss first, should both be ready after a pause
     ///     _ = guard.lost() => { /* stop: someone else may hold the lock now */ }
     ///     _ = work() => {}
     /// }

@@ -70,6 +70,7 @@ pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(200);
 /// )?;
 /// let guard = redlock.lock(("order", 42_u64)).await?; // 3 of 5 must grant
 /// tokio::select! {
+///     biased; // the loss first, should both be ready after a pause
 ///     _ = guard.lost() => { /* a majority of the copies is gone: stop */ }
 ///     _ = async { /* the critical section */ } => {}
 /// }
