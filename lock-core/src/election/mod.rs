@@ -156,19 +156,17 @@ where
         loop {
             let leadership = match self.campaign(CAMPAIGN_WAIT).await {
                 Ok(l) => l,
-                Err(e) if e.is_busy() || e.is_timeout() => continue,
-                Err(e)
-                    if e.is_unavailable()
-                        || e.is_no_quorum()
-                        || matches!(e, LockError::NoFencingToken { .. }) =>
-                {
-                    let pause = RETRY.delay(failed);
-                    failed += 1;
-                    tracing::warn!(error = %e, "campaign failed; trying again in {pause:?}");
-                    tokio::time::sleep(pause).await;
-                    continue;
-                }
-                Err(e) => return Err(e),
+                Err(e) => match after_campaign(&e) {
+                    AfterCampaign::Again => continue,
+                    AfterCampaign::Pause => {
+                        let pause = RETRY.delay(failed);
+                        failed += 1;
+                        tracing::warn!(error = %e, "campaign failed; trying again in {pause:?}");
+                        tokio::time::sleep(pause).await;
+                        continue;
+                    }
+                    AfterCampaign::Stop => return Err(e),
+                },
             };
             failed = 0;
             let lost = leadership.lost();
@@ -243,5 +241,67 @@ impl<G: HeldLock> Leadership<G> {
     /// Steps down: the next candidate may lead.
     pub async fn resign(self) -> Result<Released, LockError> {
         self.guard.release().await
+    }
+}
+
+/// What [`Election::run`] does after a campaign that failed with a given error.
+#[derive(Debug, PartialEq, Eq)]
+enum AfterCampaign {
+    /// Campaign again at once: the campaign's own wait was the pause.
+    Again,
+    /// Campaign again after a growing pause: the store did not answer, or answered
+    /// without a term.
+    Pause,
+    /// Return the error: waiting does not cure it.
+    Stop,
+}
+
+fn after_campaign(e: &LockError) -> AfterCampaign {
+    match e {
+        LockError::Busy { .. } | LockError::Timeout { .. } => AfterCampaign::Again,
+        // A store that did not answer in time is a store that cannot be reached now.
+        e if e.is_unavailable()
+            || e.is_no_quorum()
+            || matches!(e, LockError::NoFencingToken { .. }) =>
+        {
+            AfterCampaign::Pause
+        }
+        _ => AfterCampaign::Stop,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_campaigns_own_wait_is_followed_by_another_at_once() {
+        let key = || "k".to_owned();
+        let waited = LockError::Timeout {
+            key: key(),
+            waited: Duration::from_secs(30),
+        };
+        assert_eq!(after_campaign(&waited), AfterCampaign::Again);
+        let busy = LockError::Busy {
+            key: key(),
+            retry_after: Duration::from_millis(5),
+        };
+        assert_eq!(after_campaign(&busy), AfterCampaign::Again);
+        // The store not answering in time is paused for, as any unreachable store.
+        let silent = LockError::RedisTimeout {
+            op: "acquire",
+            after: Duration::from_millis(50),
+        };
+        assert_eq!(after_campaign(&silent), AfterCampaign::Pause);
+        let io = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        assert!(LockError::Redis(io.clone()).is_timeout());
+        assert_eq!(after_campaign(&LockError::Redis(io)), AfterCampaign::Pause);
+        let no_term = LockError::NoFencingToken {
+            key: key(),
+            reason: "none",
+        };
+        assert_eq!(after_campaign(&no_term), AfterCampaign::Pause);
+        let bad = LockError::InvalidKey("empty".into());
+        assert_eq!(after_campaign(&bad), AfterCampaign::Stop);
     }
 }
