@@ -9,6 +9,8 @@ use crate::error::LockError;
 pub const DEFAULT_BLOCK: u32 = 10_000;
 /// Largest block of [`IdMode::Segment`] (a restart can waste up to one block).
 pub const MAX_BLOCK: u32 = 1 << 24;
+/// Longest time to live of a day's counter key ([`IdConfig::with_day_key_ttl`]).
+const MAX_DAY_KEY_TTL: Duration = Duration::from_secs(3650 * SECONDS_PER_DAY);
 
 /// How an [`IdGenerator`](super::IdGenerator) gets sequence numbers from Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,8 +101,9 @@ impl IdConfig {
     }
 
     /// Time to live of each day's counter key, set when the day's first id is issued.
-    /// Default 2 days; at least 1 day, whole seconds. Machines whose clocks are further
-    /// apart than this minus one day could repeat the ids of an expired day.
+    /// Default 2 days; 1 day to 10 years, whole seconds (a day's counter is a few bytes:
+    /// keeping them for years costs little). Machines whose clocks are further apart
+    /// than this minus one day could repeat the ids of an expired day.
     pub fn with_day_key_ttl(mut self, ttl: Duration) -> Self {
         self.day_key_ttl = ttl;
         self
@@ -141,6 +144,14 @@ impl IdConfig {
                 self.day_key_ttl
             )));
         }
+        if self.day_key_ttl > MAX_DAY_KEY_TTL {
+            // Redis would refuse the EXPIRE after the day's counter was created, and
+            // that counter would then never expire.
+            return Err(LockError::InvalidConfig(format!(
+                "the id day key TTL {:?} is longer than 10 years",
+                self.day_key_ttl
+            )));
+        }
         Ok(())
     }
 }
@@ -164,6 +175,8 @@ mod tests {
                 block: MAX_BLOCK + 1,
             }),
             IdConfig::new().with_day_key_ttl(Duration::from_secs(3600)),
+            IdConfig::new().with_day_key_ttl(MAX_DAY_KEY_TTL + Duration::from_secs(1)),
+            IdConfig::new().with_day_key_ttl(Duration::MAX),
         ];
         for c in bad {
             let e = c.validate().unwrap_err();
