@@ -59,14 +59,16 @@ pub(crate) async fn check(limits: Arc<Limits>, key: LimitKey) -> Verdict {
 }
 
 fn secs_ceil(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 /// The IETF `RateLimit-Policy` value of `limit`
 /// (draft-ietf-httpapi-ratelimit-headers): quota `q` = the burst, window `w` = the time
 /// to refill it.
 fn policy(limit: &RateLimit) -> String {
-    let window = secs_ceil(limit.emission_interval() * limit.burst()).max(1);
+    // Checked: a quota the limiter will refuse (a period past 24 h) must not panic here.
+    let refill = limit.emission_interval().checked_mul(limit.burst());
+    let window = secs_ceil(refill.unwrap_or(Duration::MAX)).max(1);
     format!("\"default\";q={};w={window}", limit.burst())
 }
 
@@ -110,5 +112,20 @@ impl Limits {
         r.headers_mut()
             .insert(RETRY_AFTER, HeaderValue::from(retry));
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_policy_of_any_quota_is_written() {
+        let minute = RateLimit::per_minute(30).with_burst(10);
+        assert_eq!(policy(&minute), "\"default\";q=10;w=20");
+        // Refused by the limiter on its first check (500 misconfigured), never a panic
+        // where the layer is built.
+        let absurd = RateLimit::new(1, Duration::MAX).with_burst(2);
+        assert_eq!(policy(&absurd), format!("\"default\";q=2;w={}", u64::MAX));
     }
 }
