@@ -222,25 +222,45 @@ impl ForwardedFor {
         self.trusted.iter().any(|n| n.contains(ip))
     }
 
-    /// The client address for a peer and the `X-Forwarded-For` values, in order.
+    /// The client address for a peer and the `X-Forwarded-For` values, in order. A hop
+    /// is an address, with or without a port (`203.0.113.9:4711`, `[2001:db8::7]:443`).
     pub fn client_ip<'a>(&self, peer: IpAddr, forwarded: impl Iterator<Item = &'a str>) -> IpAddr {
-        let hops: Vec<&str> = forwarded
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .collect();
+        self.client_behind(peer, forwarded.map(str::as_bytes))
+    }
+
+    /// [`client_ip`](Self::client_ip) over the header values' bytes: a value that is not
+    /// text garbles only the hops it is not, not the ones proxies appended to it.
+    fn client_behind<'a>(&self, peer: IpAddr, values: impl Iterator<Item = &'a [u8]>) -> IpAddr {
+        let hops: Vec<&[u8]> = values.flat_map(|v| v.split(|b| *b == b',')).collect();
         let mut client = peer;
         for hop in hops.iter().rev() {
             if !self.is_trusted(client) {
                 break;
             }
-            match hop.parse::<IpAddr>() {
-                Ok(ip) => client = ip,
+            match hop_ip(hop) {
+                Some(ip) => client = ip,
                 // A garbled hop: the proxy that added it is the last thing we can trust.
-                Err(_) => break,
+                None => break,
             }
         }
         client
     }
+}
+
+/// The address of one `X-Forwarded-For` hop: `ip`, `ip:port`, `[ipv6]` or
+/// `[ipv6]:port`.
+fn hop_ip(hop: &[u8]) -> Option<IpAddr> {
+    let hop = std::str::from_utf8(hop).ok()?.trim();
+    if let Ok(ip) = hop.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    if let Ok(addr) = hop.parse::<SocketAddr>() {
+        return Some(addr.ip());
+    }
+    hop.strip_prefix('[')?
+        .strip_suffix(']')?
+        .parse::<IpAddr>()
+        .ok()
 }
 
 impl<B> KeyExtractor<B> for ForwardedFor {
@@ -252,9 +272,9 @@ impl<B> KeyExtractor<B> for ForwardedFor {
             .headers()
             .get_all("x-forwarded-for")
             .iter()
-            .filter_map(|v| v.to_str().ok());
+            .map(|v| v.as_bytes());
         Ok(Some(client_key(
-            self.client_ip(peer, values),
+            self.client_behind(peer, values),
             self.ipv6_prefix,
         )))
     }
@@ -314,5 +334,44 @@ mod tests {
         );
         assert_eq!(f.client_ip(ip("10.0.0.5"), xff("garbage")), ip("10.0.0.5"));
         assert!(ForwardedFor::trusting(["10.0.0.0/40"]).is_err());
+    }
+
+    /// Hops some proxies write with the client's port, bracketed or not.
+    #[test]
+    fn forwarded_hops_with_a_port_name_their_address() {
+        let f = ForwardedFor::trusting(["10.0.0.0/8"]).unwrap();
+        let xff = |s: &'static str| std::iter::once(s);
+        for (hop, client) in [
+            ("203.0.113.9:4711", "203.0.113.9"),
+            ("[2001:db8::7]:443", "2001:db8::7"),
+            ("[2001:db8::7]", "2001:db8::7"),
+            ("2001:db8::7", "2001:db8::7"),
+        ] {
+            assert_eq!(f.client_ip(ip("10.0.0.5"), xff(hop)), ip(client), "{hop}");
+        }
+    }
+
+    /// A proxy appends the client's address to the line the client sent: bytes the
+    /// client put before it (not even text) do not hide it.
+    #[test]
+    fn a_garbled_hop_sent_by_the_client_hides_only_itself() {
+        let f = ForwardedFor::trusting(["10.0.0.0/8"]).unwrap();
+        let request = |value: &[u8]| {
+            let mut r = Request::new(());
+            r.extensions_mut()
+                .insert(SocketAddr::from(([10, 0, 0, 5], 40000)));
+            r.headers_mut().insert(
+                "x-forwarded-for",
+                http::HeaderValue::from_bytes(value).unwrap(),
+            );
+            r
+        };
+        let key = |value: &[u8]| f.extract(&request(value)).unwrap();
+        assert_eq!(
+            key(b"\x80\xff, 203.0.113.9"),
+            Some("203.0.113.9".to_owned())
+        );
+        // Garbled where the trusted proxy's own hop should be: the proxy is the client.
+        assert_eq!(key(b"203.0.113.9, \x80"), Some("10.0.0.5".to_owned()));
     }
 }
