@@ -139,7 +139,15 @@ where
                     let headers = std::mem::take(headers);
                     this.state.set(State::Done);
                     let mut response = result?;
-                    response.headers_mut().extend(headers);
+                    // Appended: a layer further in may have written its own items of
+                    // the same fields (stacked rate limits), which stay.
+                    let mut name = None;
+                    for (n, value) in headers {
+                        name = n.or(name);
+                        if let Some(name) = &name {
+                            response.headers_mut().append(name.clone(), value);
+                        }
+                    }
                     return Poll::Ready(Ok(response.map(ResponseBody::inner)));
                 }
                 StateProj::Answered { response } => {

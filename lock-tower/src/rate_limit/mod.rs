@@ -8,8 +8,9 @@
 //!   closure. No key (or an empty one): 400 problem+json; a key the extractor refuses:
 //!   400 with its reason. A key longer than [`MAX_LITERAL_KEY_LEN`] bytes is counted
 //!   under its SHA-256: no input can switch the limit off.
-//! - Over the limit: 429 `application/problem+json` with `Retry-After`. Every answered
-//!   request carries the IETF `RateLimit-Policy` and `RateLimit` headers.
+//! - Over the limit: 429 `application/problem+json` with `Retry-After`. Every decided
+//!   request carries the IETF `RateLimit-Policy` and `RateLimit` headers, one item each
+//!   named by [`RateLimitLayer::policy_name`]: stacked layers each append their own.
 //! - Redis unavailable: the request passes and a warning is logged (fail open), or,
 //!   with [`RateLimitLayer::fail_closed`], 503. Only that: a quota Redis is never asked
 //!   about (an invalid [`lock_core::RateLimit`] or limiter name) answers 500.

@@ -19,6 +19,8 @@ use crate::problem::problem;
 pub(crate) struct Limits {
     limiter: RateLimiter,
     fail_closed: bool,
+    /// The name of this layer's items in both headers.
+    name: Arc<str>,
     /// The `RateLimit-Policy` header: fixed by the limiter's quota, so built once.
     policy: Option<HeaderValue>,
 }
@@ -65,19 +67,20 @@ fn secs_ceil(d: Duration) -> u64 {
 /// The IETF `RateLimit-Policy` value of `limit`
 /// (draft-ietf-httpapi-ratelimit-headers): quota `q` = the burst, window `w` = the time
 /// to refill it.
-fn policy(limit: &RateLimit) -> String {
+fn policy(name: &str, limit: &RateLimit) -> String {
     // Checked: a quota the limiter will refuse (a period past 24 h) must not panic here.
     let refill = limit.emission_interval().checked_mul(limit.burst());
     let window = secs_ceil(refill.unwrap_or(Duration::MAX)).max(1);
-    format!("\"default\";q={};w={window}", limit.burst())
+    format!("\"{name}\";q={};w={window}", limit.burst())
 }
 
 impl Limits {
-    pub(crate) fn new(limiter: RateLimiter, fail_closed: bool) -> Arc<Self> {
-        let policy = HeaderValue::try_from(policy(&limiter.limit())).ok();
+    pub(crate) fn new(limiter: RateLimiter, fail_closed: bool, name: Arc<str>) -> Arc<Self> {
+        let policy = HeaderValue::try_from(policy(&name, &limiter.limit())).ok();
         Arc::new(Self {
             limiter,
             fail_closed,
+            name,
             policy,
         })
     }
@@ -90,7 +93,8 @@ impl Limits {
             h.insert(HeaderName::from_static("ratelimit-policy"), policy.clone());
         }
         let state = format!(
-            "\"default\";r={};t={}",
+            "\"{}\";r={};t={}",
+            self.name,
             d.remaining,
             secs_ceil(d.reset_after)
         );
@@ -122,10 +126,13 @@ mod tests {
     #[test]
     fn the_policy_of_any_quota_is_written() {
         let minute = RateLimit::per_minute(30).with_burst(10);
-        assert_eq!(policy(&minute), "\"default\";q=10;w=20");
+        assert_eq!(policy("default", &minute), "\"default\";q=10;w=20");
         // Refused by the limiter on its first check (500 misconfigured), never a panic
         // where the layer is built.
         let absurd = RateLimit::new(1, Duration::MAX).with_burst(2);
-        assert_eq!(policy(&absurd), format!("\"default\";q=2;w={}", u64::MAX));
+        assert_eq!(
+            policy("default", &absurd),
+            format!("\"default\";q=2;w={}", u64::MAX)
+        );
     }
 }

@@ -82,6 +82,71 @@ async fn over_the_limit_is_429_with_headers() {
     assert_eq!(router.oneshot(anonymous).await.unwrap().status(), 400);
 }
 
+fn all<'a>(r: &'a http::Response<Body>, name: &str) -> Vec<&'a str> {
+    r.headers()
+        .get_all(name)
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect()
+}
+
+/// Two layers (per client, then per user) each add their own named limit: the inner
+/// one's refusal shows its own state beside the outer one's, not the outer's instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stacked_layers_each_report_their_own_limit() {
+    let server = RedisServer::start();
+    let c = limiter_client(&server).await;
+    let per_user = RateLimitLayer::new(
+        c.rate_limiter("per-user", RateLimit::per_minute(1)),
+        HeaderKey(HeaderName::from_static("x-user-id")),
+    )
+    .policy_name("per-user")
+    .unwrap();
+    let per_client = RateLimitLayer::new(
+        c.rate_limiter("per-client", RateLimit::per_second(100)),
+        HeaderKey(HeaderName::from_static("x-user-id")),
+    )
+    .policy_name("per-client")
+    .unwrap();
+    let router = app(per_user).layer(per_client);
+    let first = router.clone().oneshot(get_as("alice")).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let r = router.oneshot(get_as("alice")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = header(&r, "retry-after").parse().unwrap();
+    assert!(
+        (50..=60).contains(&retry),
+        "Retry-After {retry}: the per-user limit's"
+    );
+    let mut policies = all(&r, "ratelimit-policy");
+    policies.sort_unstable();
+    assert_eq!(
+        policies,
+        ["\"per-client\";q=100;w=1", "\"per-user\";q=1;w=60"]
+    );
+    let limits = all(&r, "ratelimit");
+    assert_eq!(limits.len(), 2, "{limits:?}");
+    assert!(
+        limits.iter().any(|l| l.starts_with("\"per-user\";r=0;t=")),
+        "{limits:?}"
+    );
+    assert!(
+        limits
+            .iter()
+            .any(|l| l.starts_with("\"per-client\";r=98;t=")),
+        "{limits:?}"
+    );
+    // A policy name is an HTTP structured-field string: printable ASCII, no quote.
+    for bad in ["", "quo\"te", "back\\slash", "caf\u{e9}", "tab\t"] {
+        let layer = RateLimitLayer::new(
+            c.rate_limiter("x", RateLimit::per_second(1)),
+            HeaderKey(HeaderName::from_static("x-user-id")),
+        );
+        let e = layer.policy_name(bad).unwrap_err();
+        assert!(e.is_invalid_input(), "{bad:?}: {e}");
+    }
+}
+
 fn from_peer(peer: &str, xff: Option<&str>) -> Request<Body> {
     let mut b = Request::get("/");
     if let Some(v) = xff {

@@ -461,7 +461,7 @@ async fn a_release_that_failed_is_tried_again_in_the_background() {
     let sem = c.semaphore("cut-permits", 2).unwrap();
     let minute = SemaphoreOptions::new().lease(Duration::from_secs(60));
     // A first cycle loads the scripts, so the release is one call.
-    sem.acquire(1, minute.clone())
+    sem.acquire(1, minute)
         .await
         .unwrap()
         .release()
