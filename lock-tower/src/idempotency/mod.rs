@@ -15,8 +15,9 @@
 //!   Malformed (a bare key with spaces or other characters a token cannot hold,
 //!   parameters, the header twice): 400.
 //! - **Scope**: the stored key is method + path + [`Principal`] (default: a hash of
-//!   `Authorization`) + the client's key, so one client never sees another's response.
-//!   A keyed request without a principal gets 400, unless
+//!   `Authorization`) + the client's key, so one client never sees another's response;
+//!   parts too long to store once escaped (a long principal, a key of many `:`) are
+//!   stored under the SHA-256 of them all. A keyed request without a principal gets 400, unless
 //!   [`IdempotencyLayer::allow_anonymous`] lets anonymous clients share one scope
 //!   (then only the secrecy of the keys separates them).
 //! - **Fingerprint**: SHA-256 of method, path and query, content type and body. The body

@@ -114,7 +114,13 @@ where
     let fp = fingerprint(&parts, &bytes);
     let request = Request::from_parts(parts, B::from(bytes));
     let s = &settings;
-    let found = s.store.begin_or_wait(scope, &fp, s.lease, s.wait).await;
+    let mut found = s.store.begin_or_wait(&scope, &fp, s.lease, s.wait).await;
+    if let Err(LockError::InvalidKey(_)) = &found {
+        // Too long once escaped (a long principal, a key of many `:`): kept under the
+        // hash of its parts instead.
+        let hashed = scope.hashed();
+        found = s.store.begin_or_wait(&hashed, &fp, s.lease, s.wait).await;
+    }
     let respond = |status, kind, detail: &str| Prepared::Respond(problem(status, kind, detail));
     match found {
         Ok(Begin::New(claim)) => Prepared::Run {

@@ -64,13 +64,15 @@ impl<B> Principal<B> for AuthorizationHash {
 /// Paths longer than this are hashed into the key (a key name is at most 1024 bytes).
 const MAX_PATH_IN_KEY: usize = 256;
 
-/// The parts of the stored key: method, path, principal, then the client's key.
+/// The parts of the stored key: method, path, principal, then the client's key; or,
+/// when those are too long to store once escaped, their SHA-256 ([`Scope::hashed`]).
 #[derive(Debug)]
 pub(crate) struct Scope {
     method: Method,
     path: String,
     principal: Option<String>,
     key: String,
+    hashed: Option<String>,
 }
 
 impl Scope {
@@ -86,12 +88,42 @@ impl Scope {
             path,
             principal: principal.filter(|p| !p.is_empty()),
             key,
+            hashed: None,
+        }
+    }
+
+    /// The same scope as one digest of its parts, each length-prefixed: for parts whose
+    /// escaped name is longer than a key may be. Every request with these parts takes
+    /// this form alike, and its two parts cannot spell a literal scope (of four or five).
+    pub(crate) fn hashed(&self) -> Self {
+        let mut h = Sha256::new();
+        let principal = self.principal.as_deref().map(str::as_bytes);
+        for field in [
+            self.method.as_str().as_bytes(),
+            self.path.as_bytes(),
+            principal.map_or(&b"anonymous"[..], |_| b"principal"),
+            principal.unwrap_or_default(),
+            self.key.as_bytes(),
+        ] {
+            update_field(&mut h, field);
+        }
+        Self {
+            method: self.method.clone(),
+            path: String::new(),
+            principal: None,
+            key: String::new(),
+            hashed: Some(hex(&h.finalize())),
         }
     }
 }
 
-impl LockName for Scope {
+impl LockName for &Scope {
     fn write_parts(&self, w: &mut NameWriter) {
+        if let Some(digest) = &self.hashed {
+            w.part("sha256");
+            w.part(digest);
+            return;
+        }
         w.part(self.method.as_str());
         w.part(&self.path);
         // Anonymous and identified scopes differ in their number of parts.
@@ -180,7 +212,7 @@ mod tests {
         );
 
         let name = |s: &Scope| {
-            lock_core::key::lock_keys("ns", ":", s)
+            lock_core::key::lock_keys("ns", ":", &s)
                 .unwrap()
                 .name()
                 .to_owned()
@@ -201,5 +233,22 @@ mod tests {
         let long = "/x".repeat(200);
         let hashed = name(&Scope::new(&post, &long, None, "k".into()));
         assert!(hashed.contains("sha256"), "{hashed}");
+
+        // Hashed whole: one name per scope, each of them different.
+        let whole = |principal: Option<&str>, key: &str| {
+            name(&Scope::new(&post, "/pay", principal.map(str::to_owned), key.into()).hashed())
+        };
+        assert_eq!(whole(None, "k"), whole(None, "k"));
+        let all = [
+            whole(None, "k"),
+            whole(Some("anonymous"), "k"),
+            whole(Some("p"), "k"),
+            whole(Some("p"), "k2"),
+            whole(Some("pk"), ""),
+        ];
+        for (i, a) in all.iter().enumerate() {
+            assert!(all[i + 1..].iter().all(|b| b != a), "{a} repeats");
+            assert_ne!(a, &anon);
+        }
     }
 }

@@ -87,6 +87,40 @@ async fn a_success_asking_to_come_back_later_is_stored() {
     assert_eq!(backend.runs(), 1, "the retry started a second job");
 }
 
+/// A key whose stored name would be too long once escaped (a long principal, such as a
+/// raw token, and a key of 255 `:`, which escape to three bytes each) is kept under the
+/// hash of its parts: replayed to its owner, and to nobody else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scope_too_long_to_store_literally_is_kept_under_its_hash() {
+    let server = RedisServer::start();
+    let backend = Backend::new(created);
+    let by_header =
+        |r: &http::Request<Body>| Some(r.headers().get("authorization")?.to_str().ok()?.to_owned());
+    let b = backend.clone();
+    let router = axum::Router::new()
+        .route(
+            "/pay",
+            axum::routing::post(move |body: Bytes| b.clone().handle(body)),
+        )
+        .layer(layer(&server).await.principal(by_header));
+    let key = ":".repeat(255);
+    let (alice, bob) = ("a".repeat(700), "b".repeat(700));
+    let as_user = |who: &str| idem::request(http::Method::POST, Some(&key), Some(who), "a");
+    let first = idem::send(&router, as_user(&alice)).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    idem::send(&router, as_user(&alice))
+        .await
+        .assert_replays(&first);
+    assert_eq!(backend.runs(), 1);
+    let other = idem::send(&router, as_user(&bob)).await;
+    assert_eq!(
+        (other.status, other.replayed()),
+        (StatusCode::CREATED, false)
+    );
+    assert_eq!(backend.runs(), 2);
+    assert_eq!(records(&server).await.len(), 2);
+}
+
 /// Which statuses are stored is a setting; by default a plain 404 is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stored_statuses_are_configurable() {
