@@ -27,11 +27,18 @@
 --   {'not-started', begins_at_ms} the sale has not begun (server clock)
 --   {'ended', ends_at_ms}         the sale is over (server clock)
 --   {'already-ordered', order_id} the user has an order (its id): a repeat, or the
---                                 retry of a buyer whose 201 was lost
+--                                 retry of a buyer whose 201 was lost (answered
+--                                 before the window is checked)
 --   {'sold-out'}                  no stock left
 local v = redis.call('HMGET', KEYS[1], 'stock', 'begins_at_ms', 'ends_at_ms')
 if not v[1] then
   return {'no-voucher'}
+end
+-- A buyer with an order is told so first, even after the sale ended: that is how one
+-- whose 201 was lost learns the order.
+local existing = redis.call('HGET', KEYS[2], ARGV[2])
+if existing then
+  return {'already-ordered', existing}
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -42,10 +49,6 @@ if begins and now_ms < begins then
 end
 if ends and now_ms >= ends then
   return {'ended', v[3]}
-end
-local existing = redis.call('HGET', KEYS[2], ARGV[2])
-if existing then
-  return {'already-ordered', existing}
 end
 local stock = tonumber(v[1])
 if stock <= 0 then

@@ -299,6 +299,48 @@ async fn a_refusal_before_the_sale_is_not_replayed_after_it_begins() {
     }
 }
 
+/// After the sale has ended, a buyer who has an order (and maybe never got its 201)
+/// still learns it by ordering again: 409 `already-ordered` naming the order, not the
+/// 403 every other buyer gets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buyer_with_an_order_is_told_so_after_the_sale_ended() {
+    let redis = persistent_redis();
+    let dir = Dir::new("ended");
+    let quota = ["--user-rate", "1000", "--user-burst", "1000"];
+    let a = Instance::spawn(server_bin(), &redis.url(), &dir.db(), &quota)
+        .await
+        .unwrap();
+    let http = Http::new();
+    let ends = time::OffsetDateTime::now_utc() + Duration::from_millis(1500);
+    let ends = ends
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    let voucher = http
+        .create_voucher(&a.url, format!(r#"{{"stock": 1000, "ends_at": "{ends}"}}"#))
+        .await
+        .unwrap();
+    let bought = http.order(&a.url, voucher, 1, "first").await.unwrap();
+    assert_eq!(bought.status, 201, "{:?}", bought.body);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for n in 0.. {
+        let late = http
+            .order(&a.url, voucher, 100 + n, &format!("late-{n}"))
+            .await
+            .unwrap();
+        if late.status == 403 {
+            break;
+        }
+        assert_eq!(late.status, 201, "{:?}", late.body);
+        assert!(Instant::now() < deadline, "the sale never ended");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let again = http.order(&a.url, voucher, 1, "second").await.unwrap();
+    let body = String::from_utf8_lossy(&again.body).into_owned();
+    assert_eq!(again.status, 409, "{body}");
+    assert!(body.contains("already-ordered"), "{body}");
+    assert_eq!(again.location, bought.location, "{body}");
+}
+
 /// Every error the service sends is problem+json with a `type`, written byte for byte
 /// by lock-tower's one writer: the service's own problems, unknown routes and wrong
 /// methods. A body over the limit (413) is checked in process (`problem::tests`): over
