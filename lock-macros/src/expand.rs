@@ -105,6 +105,7 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
     };
     let keep = matches!(args.release, Some((true, _)));
     let block = &func.block;
+    let body_ty = without_impl_trait(&ret_ty);
     let attrs = &func.attrs;
     let vis = &func.vis;
     let body = quote! {
@@ -125,7 +126,7 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
                 ::lock_core::__private::Result::Err(__cache_lock_error) => return #err_conv,
             };
             let __cache_lock_result =
-                ::lock_core::__private::typed::<#ret_ty, _>(async move #block).await;
+                ::lock_core::__private::typed::<#body_ty, _>(async move #block).await;
             ::lock_core::__private::finish(__cache_lock_guard, #keep).await;
             __cache_lock_result
         })
@@ -185,6 +186,47 @@ fn pat_bindings(pat: &Pat, out: &mut Vec<syn::Ident>) {
         Pat::Reference(r) => pat_bindings(&r.pat, out),
         Pat::Type(t) => pat_bindings(&t.pat, out),
         Pat::Paren(p) => pat_bindings(&p.pat, out),
+        _ => {}
+    }
+}
+
+/// `ty` with every `impl Trait` in it made `_`: the body's output type is written in a
+/// turbofish, where an opaque type cannot be named, and the compiler infers it there.
+fn without_impl_trait(ty: &Type) -> Type {
+    let mut ty = ty.clone();
+    infer_impl_trait(&mut ty);
+    ty
+}
+
+fn infer_impl_trait(ty: &mut Type) {
+    match ty {
+        Type::ImplTrait(it) => {
+            *ty = Type::Infer(syn::TypeInfer {
+                attrs: Vec::new(),
+                underscore_token: syn::Token![_](it.impl_token.span),
+            })
+        }
+        Type::Path(p) => {
+            if let Some(q) = &mut p.qself {
+                infer_impl_trait(&mut q.ty);
+            }
+            for segment in &mut p.path.segments {
+                if let syn::PathArguments::AngleBracketed(args) = &mut segment.arguments {
+                    for arg in &mut args.args {
+                        if let syn::GenericArgument::Type(t) = arg {
+                            infer_impl_trait(t);
+                        }
+                    }
+                }
+            }
+        }
+        Type::Tuple(t) => t.elems.iter_mut().for_each(infer_impl_trait),
+        Type::Reference(r) => infer_impl_trait(&mut r.elem),
+        Type::Array(a) => infer_impl_trait(&mut a.elem),
+        Type::Slice(s) => infer_impl_trait(&mut s.elem),
+        Type::Paren(p) => infer_impl_trait(&mut p.elem),
+        Type::Group(g) => infer_impl_trait(&mut g.elem),
+        Type::Ptr(p) => infer_impl_trait(&mut p.elem),
         _ => {}
     }
 }

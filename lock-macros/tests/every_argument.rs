@@ -70,6 +70,17 @@ async fn destructured((a, b): (u32, String)) -> std::io::Result<usize> {
     Ok(a as usize + b.len())
 }
 
+// An `impl Trait` in the return type, as axum handlers write
+// `Result<impl IntoResponse, E>`: the body's type is inferred where it is opaque.
+#[cache_lock(prefix = "shown", key = id, client = locks)]
+async fn shown(
+    locks: &MemoryLocks,
+    id: u64,
+) -> Result<(impl std::fmt::Display, Vec<impl Into<u64>>), LockError> {
+    let parsed: u64 = "5".parse().map_err(|_| LockError::InvalidKey("5".into()))?;
+    Ok((id + parsed, vec![1u8]))
+}
+
 // The generated futures stay `Send` (so they run on a multi-threaded runtime and in
 // axum handlers): this fn only has to compile.
 #[allow(dead_code)]
@@ -103,6 +114,10 @@ async fn every_argument_together_runs() {
     assert_eq!(shard.work().await.unwrap(), 4);
     // Released on return: the next call takes the lock again.
     assert_eq!(shard.work().await.unwrap(), 4);
+
+    let locks = MemoryLocks::new();
+    let (sum, parts) = shown(&locks, 2).await.unwrap();
+    assert_eq!((sum.to_string(), parts.len()), ("7".to_owned(), 1));
 
     lock_core::install_global(MemoryLocks::new()).unwrap();
     let n = tokio::time::timeout(Duration::from_secs(5), destructured((1, "ab".into())))
