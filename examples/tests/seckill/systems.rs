@@ -4,6 +4,7 @@
 //! each; `mid_sale` kills or restarts a process during a sale.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use lock_examples::seckill::instances::Instance;
 use lock_examples::seckill::load::{self, Http, LoadConfig};
@@ -179,6 +180,60 @@ async fn mysql_inserts_are_idempotent_and_one_per_user() {
     let server = MariaDbServer::start_with_args(DURABLE);
     let store = MySqlStore::connect(&server.url()).await.unwrap();
     inserts_are_idempotent_and_one_per_user(&store).await;
+}
+
+/// A re-delivered order whose first copy another worker commits while this batch
+/// waits on its row is found, not reported as an anomaly: after a duplicate, the row is
+/// read as it is now, not as the batch's first read saw the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_copy_committed_while_the_batch_waits_is_found() {
+    use sqlx::Connection;
+    let server = MariaDbServer::start_with_args(DURABLE);
+    let store = MySqlStore::connect(&server.url()).await.unwrap();
+    store.insert_batch(vec![order(10, 1)]).await.unwrap();
+    // Another worker's transaction has written order 11, not committed yet.
+    let mut other = sqlx::MySqlConnection::connect(&server.url()).await.unwrap();
+    let mut tx = other.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO seckill_orders
+         (order_id, voucher_id, user_id, created_ms, stream_entry, persisted_ms)
+         VALUES (11, 1, 2, 1735689601000, '11-0', 0)",
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    // Order 10's duplicate makes the batch read the table, then order 11 waits.
+    let batch = tokio::spawn({
+        let store = store.clone();
+        async move { store.insert_batch(vec![order(10, 1), order(11, 2)]).await }
+    });
+    let mut watch = sqlx::MySqlConnection::connect(&server.url()).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'",
+        )
+        .fetch_one(&mut watch)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the batch never waited on order 11"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tx.commit().await.unwrap();
+    let inserted = batch.await.unwrap().unwrap();
+    assert_eq!(
+        inserted,
+        Inserted {
+            already_there: 2,
+            ..Inserted::default()
+        }
+    );
 }
 
 /// With `innodb_flush_log_at_trx_commit=0` a crash of the server loses the last

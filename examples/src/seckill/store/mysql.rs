@@ -109,8 +109,12 @@ impl MySqlStore {
             match insert {
                 Ok(_) => inserted.new += 1,
                 Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                    // Locking reads: they see the row another worker committed while this
+                    // one waited on it, which the transaction's snapshot (taken at its
+                    // first plain read, under REPEATABLE READ) would not.
                     let same: Option<(i64, i64)> = sqlx::query_as(
-                        "SELECT voucher_id, user_id FROM seckill_orders WHERE order_id = ?",
+                        "SELECT voucher_id, user_id FROM seckill_orders WHERE order_id = ?
+                         LOCK IN SHARE MODE",
                     )
                     .bind(o.order_id)
                     .fetch_optional(&mut *tx)
@@ -120,7 +124,7 @@ impl MySqlStore {
                     } else {
                         let holder: Option<i64> = sqlx::query_scalar(
                             "SELECT order_id FROM seckill_orders
-                             WHERE voucher_id = ? AND user_id = ?",
+                             WHERE voucher_id = ? AND user_id = ? LOCK IN SHARE MODE",
                         )
                         .bind(o.voucher_id)
                         .bind(o.user_id)
