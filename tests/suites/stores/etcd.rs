@@ -567,3 +567,48 @@ async fn an_election_leader_that_loses_its_key_campaigns_again() {
         await_queue_len(&admin, &prefix, 0).await;
     }
 }
+
+/// A release whose delete never reached a member (each connection broke with it on the
+/// wire) answers the error, and the key is deleted once a member answers: the session's
+/// lease, kept alive for the client's other lock, would never free it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_failed_deletes_the_key_once_the_store_is_back() {
+    let cluster = shared();
+    let (proxies, url) = cluster.proxied("blip");
+    // A 6 s session lease, renewed every 2 s: the broken calls do not lose it.
+    let patient = LockConfig::new()
+        .with_watchdog_lease(Duration::from_secs(6))
+        .with_wait(Duration::from_secs(10))
+        .with_command_timeout(Duration::from_millis(400));
+    let a = EtcdLocks::connect(&url, patient).await.unwrap();
+    let b = locks(cluster, "blip").await;
+    let admin = raw(cluster).await;
+    let keep = a.lock("keep").await.unwrap();
+    let job = a.lock("job").await.unwrap();
+    let prefix = a.lock_prefix("job").unwrap();
+    let (key, _) = queue(&admin, &prefix).await.remove(0);
+    // The first request naming the key on each member's connection breaks it with the
+    // request on the wire: the member never sees that delete.
+    for p in &proxies {
+        let key = key.clone().into_bytes();
+        p.reset_request(move |chunk| chunk.windows(key.len()).any(|w| w == key));
+    }
+    let err = job.release().await.unwrap_err();
+    assert!(err.is_unavailable(), "{err}");
+    assert_eq!(
+        queue(&admin, &prefix).await.len(),
+        1,
+        "the delete went through"
+    );
+    await_queue_len(&admin, &prefix, 0).await;
+    assert!(keep.is_held(), "the other lock was lost in the cut");
+    let next = b
+        .acquire("job", LockOptions::new().wait(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    next.release().await.unwrap();
+    // The client's own next grant of the name is a new key, with a larger token.
+    let again = a.lock("job").await.unwrap();
+    again.release().await.unwrap();
+    keep.release().await.unwrap();
+}

@@ -209,15 +209,29 @@ pub(super) async fn await_deletion(
 
 /// Deletes `key`: `true` if it was there. Our keys are named after our lease, and a
 /// client's scopes take turns on a name until its key is known deleted, so no one but
-/// this holder can have made the key this deletes (a guarded transaction would cost
-/// the server more for nothing).
-pub(super) async fn delete(members: &Members, key: &str) -> Result<bool, LockError> {
-    let answer = members
-        .call("deleting our key", |c| async move {
-            c.kv_client().delete(key, None).await
-        })
-        .await?;
-    Ok(answer.deleted() > 0)
+/// this client can have made the key this deletes. With `created` (a held grant's
+/// create revision) only that grant's key is deleted: a delete sent again, or delivered
+/// late by a member that did not answer in time, cannot take a later grant's key of the
+/// same name.
+pub(super) async fn delete(
+    members: &Members,
+    key: &str,
+    created: Option<i64>,
+) -> Result<bool, LockError> {
+    let Some(created) = created else {
+        let answer = members
+            .call("deleting our key", |c| async move {
+                c.kv_client().delete(key, None).await
+            })
+            .await?;
+        return Ok(answer.deleted() > 0);
+    };
+    let txn = Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, created)])
+        .and_then([TxnOp::delete(key, None)]);
+    Ok(txn_call(members, "deleting our key", &txn)
+        .await?
+        .succeeded())
 }
 
 /// Whether `key` still exists with create revision `created`: one read.

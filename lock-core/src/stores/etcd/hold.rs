@@ -40,13 +40,27 @@ impl EtcdHold {
         }
     }
 
-    /// Deletes our key: `Ok` if it was still there. Safe to repeat.
-    pub(super) async fn give_back(&self, members: &Members) -> Result<Result<(), Loss>, LockError> {
+    /// Deletes our key: `Ok` if it was still there. Safe to repeat. When no member
+    /// answers, the error is returned and the delete goes on in the background (see
+    /// [`delete_in_background`]).
+    pub(super) async fn give_back(
+        &self,
+        members: &Arc<Members>,
+    ) -> Result<Result<(), Loss>, LockError> {
         self.given_back.store(true, Ordering::Release);
-        let deleted = contender::delete(members, &self.key).await?;
+        let deleted = contender::delete(members, &self.key, Some(self.token)).await;
         let turn = self.turn.lock().unwrap_or_else(|p| p.into_inner()).take();
-        drop(turn);
-        Ok(if deleted { Ok(()) } else { Err(Loss::Expired) })
+        match deleted {
+            Ok(deleted) => {
+                drop(turn);
+                Ok(if deleted { Ok(()) } else { Err(Loss::Expired) })
+            }
+            Err(e) => {
+                let (members, key) = (members.clone(), self.key.clone());
+                delete_in_background(members, key, Some(self.token), turn, self.lease.ttl);
+                Err(e)
+            }
+        }
     }
 
     fn given_back(&self) -> bool {
@@ -107,20 +121,55 @@ fn still_ours(hold: &Weak<EtcdHold>) -> Option<(String, i64)> {
     (!hold.given_back()).then(|| (hold.key.clone(), hold.token))
 }
 
+/// Deletes our `key` (only the grant made at revision `created`, when given) in the
+/// background, tried again until a member answers, then passes `turn` on: until then the
+/// client's other scopes wait for the name, so none of them takes the key as its own.
+/// The session's lease would not free the key while the client holds other locks, as it
+/// keeps that lease alive. It gives up after two leases of `ttl`: without an answer that
+/// long, the session's keep-alives failed too, and its lease (the key with it) is gone.
+fn delete_in_background(
+    members: Arc<Members>,
+    key: String,
+    created: Option<i64>,
+    turn: Option<Turn>,
+    ttl: Duration,
+) {
+    cleanup::spawn("removing an etcd contender key", key.clone(), async move {
+        let until = Instant::now() + ttl * 2;
+        let mut pause = Duration::from_millis(100);
+        let deleted = loop {
+            match contender::delete(&members, &key, created).await {
+                Err(e) if Instant::now() + pause < until => {
+                    tracing::debug!(key = %key, error = %e, "deleting an etcd contender key failed; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                deleted => break deleted,
+            }
+        };
+        drop(turn);
+        deleted.map(drop)
+    });
+}
+
 /// Until kept, dropping this deletes our key in the background (an attempt cancelled
 /// or failed with its create in flight may have made it), then passes the turn on.
 pub(super) struct Leave {
     members: Arc<Members>,
     key: String,
+    /// The session lease's TTL, which bounds the deletion in the background.
+    ttl: Duration,
     turn: Option<Turn>,
 }
 
 impl Leave {
-    /// Armed before the create of `key`: a cancelled or failed attempt may have made it.
-    pub(super) fn arm(members: Arc<Members>, key: String, turn: Turn) -> Self {
+    /// Armed before the create of `key` under a lease of `ttl`: a cancelled or failed
+    /// attempt may have made it.
+    pub(super) fn arm(members: Arc<Members>, key: String, ttl: Duration, turn: Turn) -> Self {
         Self {
             members,
             key,
+            ttl,
             turn: Some(turn),
         }
     }
@@ -132,7 +181,7 @@ impl Leave {
     /// Deletes our key now (a busy or timed-out attempt), then passes the turn on.
     pub(super) async fn now(mut self) -> Result<(), LockError> {
         let turn = self.turn.take();
-        let deleted = contender::delete(&self.members, &self.key).await;
+        let deleted = contender::delete(&self.members, &self.key, None).await;
         if deleted.is_err() {
             // Not known deleted: leave it to the background, turn and all.
             self.turn = turn;
@@ -147,13 +196,6 @@ impl Drop for Leave {
             return;
         };
         let (members, key) = (self.members.clone(), self.key.clone());
-        cleanup::spawn("removing an etcd contender key", key.clone(), async move {
-            let done = cleanup::patiently("removing an etcd contender key", || {
-                contender::delete(&members, &key)
-            })
-            .await;
-            drop(turn);
-            done.0.map(drop)
-        });
+        delete_in_background(members, key, None, Some(turn), self.ttl);
     }
 }

@@ -301,7 +301,7 @@ impl EtcdBackend {
                 } else {
                     format!("{}{:x}", layout.mine, lease.id)
                 };
-                let leave = Leave::arm(self.members.clone(), key.clone(), turn);
+                let leave = Leave::arm(self.members.clone(), key.clone(), lease.ttl, turn);
                 match contender::enqueue(&self.members, (&queue, &key, value), lease).await? {
                     Some(queued) => break (lease.id, key, queued, leave),
                     // Refused for its lease (expired meanwhile): nothing was made.
