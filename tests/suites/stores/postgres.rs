@@ -248,3 +248,40 @@ async fn fixed_leases_do_not_apply_and_hold_until_expiry_gives_back() {
     let past = a.config().watchdog_lease() * 2;
     checks::session_locks_ignore_leases_and_give_back_on_expiry(&a, &b, past).await;
 }
+
+/// A wait budget past what `lock_timeout` holds (2^31 - 1 ms, about 24.8 days) waits in
+/// the server as long as the setting allows, instead of failing every acquisition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_budget_of_a_month_is_waited_in_the_server() {
+    let server = PostgresServer::start();
+    let (a, b) = (locks(&server).await, locks(&server).await);
+    let month = LockOptions::new().wait(Duration::from_secs(30 * 86_400));
+    let held = a.acquire("long", month.clone()).await.unwrap();
+    let waiter = tokio::spawn(async move { b.acquire("long", month).await.map(drop) });
+    // The waiter's request for the lock is queued in the server.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+        )
+        .fetch_one(a.pool())
+        .await
+        .unwrap();
+        if waiting == 1 {
+            break;
+        }
+        assert!(
+            !waiter.is_finished(),
+            "the waiter did not wait: {:?}",
+            waiter.await
+        );
+        assert!(Instant::now() < deadline, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    held.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter was granted once the lock was free")
+        .unwrap()
+        .unwrap();
+}

@@ -137,6 +137,8 @@ fn store_error(e: sqlx::Error) -> LockError {
 
 /// `lock_not_available`: `lock_timeout` ran out.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
+/// The longest `lock_timeout` PostgreSQL takes.
+const MAX_LOCK_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 
 impl PgStore {
     async fn ensure_sequence(&self, conn: &mut PoolConnection<Postgres>) -> Result<(), LockError> {
@@ -197,9 +199,12 @@ impl SqlStore for PgStore {
             .await
             .map_err(store_error)?
         } else {
+            // `lock_timeout` holds at most 2^31 - 1 ms (about 24.8 days): a longer budget
+            // is waited in steps of that (the engine tries a busy answer again until its
+            // deadline).
             let left = wait
                 .saturating_sub(started.elapsed())
-                .max(Duration::from_millis(1));
+                .clamp(Duration::from_millis(1), MAX_LOCK_TIMEOUT);
             sqlx::query("SELECT set_config('lock_timeout', $1, false)")
                 .bind(format!("{}ms", left.as_millis()))
                 .execute(&mut **conn)
