@@ -105,6 +105,26 @@ mod tests {
         assert_eq!(turns.len(), 0, "entries outlived their users");
     }
 
+    /// A waiter cancelled after the holder let go, before it was polled again: the
+    /// last of them to go takes the entry, whichever it is.
+    #[tokio::test]
+    async fn a_wait_cancelled_as_the_turn_passes_leaves_nothing_behind() {
+        let turns = Turns::default();
+        let held = turns.take("a", Duration::ZERO).await.unwrap();
+        let waiter = {
+            let names = turns.names.clone();
+            tokio::spawn(async move {
+                let turns = Turns { names };
+                turns.take("a", Duration::from_secs(5)).await.is_some()
+            })
+        };
+        tokio::task::yield_now().await;
+        drop(held);
+        waiter.abort();
+        assert!(waiter.await.unwrap_err().is_cancelled());
+        assert_eq!(turns.len(), 0, "the name outlived its users");
+    }
+
     #[tokio::test]
     async fn a_cancelled_wait_leaves_nothing_behind() {
         let turns = Turns::default();
