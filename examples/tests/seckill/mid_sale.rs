@@ -319,3 +319,68 @@ async fn a_dead_consumers_deliveries_go_to_a_live_one() {
     }
     assert_eq!(store.voucher_orders(voucher).await.unwrap().len(), 10);
 }
+
+/// Orders already in RabbitMQ are written to the database while Redis is down: the
+/// consumer needs only the broker and the database, and its outbox pass (once a second),
+/// which reads Redis, fails on its own and is tried again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_orders_are_persisted_while_redis_is_down() {
+    use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+    use lapin::{BasicProperties, Connection, ConnectionProperties};
+    use lock_examples::seckill::queue::rabbit::QUEUE;
+
+    let _alone = one_sale_at_a_time().await;
+    let mut system = System::mysql_rabbit();
+    let a = system.instance(FLAGS).await;
+    let http = Http::new();
+    wait_health(&http, &[&a.url], "the consumer to subscribe", |hs| {
+        hs[0]["queue"]["consumers"] == 1
+    })
+    .await;
+    system.redis.kill();
+    let down = Instant::now();
+    let Queue::Rabbit(rabbit) = &system.queue else {
+        unreachable!("a RabbitMQ system")
+    };
+    let broker = Connection::connect(&rabbit.url(), ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = broker.create_channel().await.unwrap();
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let store = system.db.store().await;
+    // One order at a time, each written before the next, for longer than two outbox
+    // passes with Redis down.
+    let mut user = 0_i64;
+    while down.elapsed() < Duration::from_millis(2_500) {
+        user += 1;
+        let message = serde_json::json!({
+            "order_id": 900 + user,
+            "voucher_id": 1,
+            "user_id": user,
+            "created_ms": 1_735_689_601_000_i64,
+        });
+        let confirm = channel
+            .basic_publish(
+                "".into(),
+                QUEUE.into(),
+                BasicPublishOptions::default(),
+                message.to_string().as_bytes(),
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .unwrap();
+        assert!(confirm.await.unwrap().is_ack());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while store.count().await.unwrap() < user {
+            assert!(
+                Instant::now() < deadline,
+                "order {user}, queued {:?} after Redis went down, was not written",
+                down.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}

@@ -14,7 +14,6 @@ use tokio::sync::watch;
 
 use super::link::{Link, Publisher};
 use super::{Message, QUEUE, RabbitConfig};
-use crate::seckill::clock::now_ms;
 use crate::seckill::keys::OUTBOX;
 use crate::seckill::queue::WorkerStats;
 use crate::seckill::store::{NewOrder, Storage};
@@ -80,7 +79,11 @@ impl Consumer {
         let mut next_outbox = Instant::now();
         loop {
             if Instant::now() >= next_outbox {
-                self.drain_outbox().await?;
+                // Failing alone: the deliveries need only the broker and the database,
+                // the outbox needs Redis too.
+                if let Err(e) = self.drain_outbox().await {
+                    tracing::warn!(error = %e, "RabbitMQ outbox: publishing again failed; trying again in {OUTBOX_EVERY:?}");
+                }
                 next_outbox = Instant::now() + OUTBOX_EVERY;
             }
             let first = tokio::select! {
@@ -158,11 +161,15 @@ impl Consumer {
     /// Publishes again the outbox entries older than `republish_after`, removing each
     /// once confirmed.
     async fn drain_outbox(&self) -> Result<(), BoxError> {
-        let entries: Vec<(i64, String)> = redis::cmd("HGETALL")
+        // The entries' times are the Redis server's (the take script's), so is the cutoff.
+        let ((secs, micros), entries): ((i64, i64), Vec<(i64, String)>) = redis::pipe()
+            .cmd("TIME")
+            .cmd("HGETALL")
             .arg(OUTBOX)
             .query_async(&mut self.redis.clone())
             .await?;
-        let cutoff = now_ms() - self.config.republish_after.as_millis() as i64;
+        let now_ms = secs * 1000 + micros / 1000;
+        let cutoff = now_ms - self.config.republish_after.as_millis() as i64;
         for (order_id, value) in entries {
             let mut parts = value.split(':').map(str::parse::<i64>);
             let (Some(Ok(voucher_id)), Some(Ok(user_id)), Some(Ok(created_ms))) =
