@@ -339,3 +339,69 @@ async fn connections_received(admin: &mut redis::aio::MultiplexedConnection) -> 
         .and_then(|v| v.trim().parse().ok())
         .expect("INFO stats has total_connections_received")
 }
+
+/// During a slot's migration a lock's key has moved to the importing node: a client
+/// sent there by `-ASK` gets that node's own answer (busy), not the `+OK` of the
+/// `ASKING` sent before it, and later calls on that connection get their own replies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_whose_slot_is_migrating_is_answered_by_the_importing_node() {
+    let cluster = RedisCluster::start(3, 0);
+    let a = client(&cluster, config()).await;
+    let b = client(&cluster, config()).await;
+    let held = a.try_lock("moving").await.unwrap();
+    let key = held.keys().key.clone();
+    let slot = lock_tests::key_slot(&key);
+    let source = cluster.master_for_slot(slot);
+    let target = cluster
+        .masters()
+        .into_iter()
+        .find(|&m| m != source)
+        .unwrap();
+    let mut src = cluster.node(source).connection().await;
+    let mut dst = cluster.node(target).connection().await;
+    let setslot = |state: &str, node: usize| {
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SETSLOT")
+            .arg(slot)
+            .arg(state)
+            .arg(cluster.node_id(node));
+        cmd
+    };
+    let () = setslot("IMPORTING", source)
+        .query_async(&mut dst)
+        .await
+        .unwrap();
+    let () = setslot("MIGRATING", target)
+        .query_async(&mut src)
+        .await
+        .unwrap();
+    let () = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(cluster.node(target).port())
+        .arg(&key)
+        .arg(0)
+        .arg(5000)
+        .query_async(&mut src)
+        .await
+        .unwrap();
+    // B's SET NX goes to the source, which sends it on with -ASK. The importing node
+    // answers busy; what B asks next about the holder is a script, which a migrating
+    // slot refuses (TRYAGAIN) until it has moved: either way, no grant.
+    let err = b.try_lock("moving").await.map(drop).unwrap_err();
+    assert!(err.is_busy() || err.is_unavailable(), "{err}");
+    // Every reply still reaches its own call on B's connections.
+    for i in 0..20 {
+        let g = b.try_lock(("after", i)).await.unwrap();
+        g.release().await.unwrap();
+    }
+    // The slot moved: the importing node owns it, and the lock is still A's.
+    for m in cluster.masters() {
+        let mut c = cluster.node(m).connection().await;
+        let () = setslot("NODE", target).query_async(&mut c).await.unwrap();
+    }
+    let err = b.try_lock("moving").await.map(drop).unwrap_err();
+    assert!(err.is_busy(), "{err}");
+    assert!(held.is_held());
+    held.release().await.unwrap();
+    b.try_lock("moving").await.unwrap().release().await.unwrap();
+}

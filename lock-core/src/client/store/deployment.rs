@@ -211,9 +211,12 @@ impl RedisStore<ClusterConnection> {
                     None => cmd.query_async(&mut c).await,
                     Some((host, port)) => {
                         let mut pipe = redis::pipe();
-                        pipe.cmd("ASKING").ignore().add_command(cmd.clone());
+                        pipe.cmd("ASKING").add_command(cmd.clone());
                         let route = SingleNodeRoutingInfo::ByAddress { host, port };
-                        let mut replies = c.route_pipeline(pipe, 0, 1, route).await?;
+                        // Offset 1: the reply taken is the command's, after ASKING's
+                        // `+OK` (taking one reply of two would hand the other to the
+                        // next call on the connection).
+                        let mut replies = c.route_pipeline(pipe, 1, 1, route).await?;
                         replies.pop().ok_or_else(|| {
                             RedisError::from((ErrorKind::Client, "an empty reply to ASKING"))
                         })
