@@ -405,3 +405,88 @@ async fn a_lock_whose_slot_is_migrating_is_answered_by_the_importing_node() {
     held.release().await.unwrap();
     b.try_lock("moving").await.unwrap().release().await.unwrap();
 }
+
+/// Acquisitions batched into one pipeline on a slot that is migrating: each follows its
+/// own redirection (the free names are granted by the importing node), none is sent
+/// twice, and none fails for another's redirection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_on_a_migrating_slot_follows_each_redirection_once() {
+    let cluster = RedisCluster::start(3, 0);
+    let c = client(&cluster, config().with_batches_in_flight(1)).await;
+    let slot_of = |i: u32| lock_tests::key_slot(c.keys(("m", i)).unwrap().key);
+    let slot = slot_of(0);
+    let names: Vec<(&str, u32)> = (0..)
+        .filter(|&i| slot_of(i) == slot)
+        .take(6)
+        .map(|i| ("m", i))
+        .collect();
+    c.try_lock(("warm", 0))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let source = cluster.master_for_slot(slot);
+    let target = cluster
+        .masters()
+        .into_iter()
+        .find(|&m| m != source)
+        .unwrap();
+    let setslot = |state: &str, node: usize| {
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SETSLOT")
+            .arg(slot)
+            .arg(state)
+            .arg(cluster.node_id(node));
+        cmd
+    };
+    let mut src = cluster.node(source).connection().await;
+    let mut dst = cluster.node(target).connection().await;
+    let () = setslot("IMPORTING", source)
+        .query_async(&mut dst)
+        .await
+        .unwrap();
+    let () = setslot("MIGRATING", target)
+        .query_async(&mut src)
+        .await
+        .unwrap();
+
+    let masters = cluster.masters();
+    for &m in &masters {
+        cluster.pause(m);
+    }
+    let (first, queued) = common::queue_behind_one(&c, names[0], &names[1..]).await;
+    for &m in &masters {
+        cluster.resume(m);
+    }
+    let mut guards = vec![first.await.unwrap().unwrap()];
+    for (q, name) in queued.into_iter().zip(&names[1..]) {
+        let r = q.await.unwrap();
+        guards.push(r.unwrap_or_else(|e| panic!("{name:?}: {e}")));
+    }
+    // Each key is on the importing node, with its own grant's value.
+    for g in &guards {
+        let value: Option<String> = redis::pipe()
+            .cmd("ASKING")
+            .ignore()
+            .cmd("GET")
+            .arg(&g.keys().key)
+            .query_async::<(Option<String>,)>(&mut dst)
+            .await
+            .unwrap()
+            .0;
+        assert!(
+            value.is_some(),
+            "{}: not on the importing node",
+            g.keys().key
+        );
+    }
+    // A release is a script, which a migrating slot refuses: the slot moves first.
+    for m in cluster.masters() {
+        let mut c = cluster.node(m).connection().await;
+        let () = setslot("NODE", target).query_async(&mut c).await.unwrap();
+    }
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}

@@ -228,22 +228,12 @@ impl RedisStore<ClusterConnection> {
     }
 
     async fn pipeline(&self, pipe: &Pipeline) -> RedisResult<Vec<RedisResult<Value>>> {
-        // Every command is on one slot, so the pipeline goes to one node. The node
-        // answers each command for itself: one it refused (the slot moved or is
-        // moving) is sent again alone, following the redirection; the others ran once.
-        let replies = resend_refused(|_ask| {
-            self.conn
-                .call(move |mut c| async move { c.req_packed_commands(pipe, 0, pipe.len()).await })
-        })
-        .await?;
-        let mut out = Vec::with_capacity(replies.len());
-        for (cmd, reply) in pipe.cmd_iter().zip(replies) {
-            out.push(match own_reply(reply) {
-                Err(e) if never_ran(&e) => self.query(cmd).await,
-                other => other,
-            });
-        }
-        Ok(out)
+        // Each command on its own, all at once on the node's one connection: redis-rs
+        // fails a whole Cluster pipeline when one reply is a redirection (a slot that
+        // moved or is moving) and drops the others' replies, so which commands ran
+        // would be unknown, and sending the pipeline again would run some twice. Alone,
+        // each follows its own redirection and runs once.
+        Ok(futures_util::future::join_all(pipe.cmd_iter().map(|cmd| self.query(cmd))).await)
     }
 
     async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<Value> {
