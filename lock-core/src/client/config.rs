@@ -271,15 +271,21 @@ impl LockConfig {
                 self.watchdog_lease
             )));
         }
-        if self.backoff.initial.is_zero() || self.backoff.max < self.backoff.initial {
-            return Err(LockError::InvalidConfig(
-                "backoff needs initial > 0 and max >= initial".into(),
-            ));
+        // Upper bounds too: deadlines are sums and multiples of these (`Duration::MAX`
+        // for "never" would overflow them).
+        if self.backoff.initial.is_zero()
+            || self.backoff.max < self.backoff.initial
+            || self.backoff.max > MAX_LEASE
+        {
+            return Err(LockError::InvalidConfig(format!(
+                "backoff needs initial > 0 and initial <= max <= {MAX_LEASE:?}"
+            )));
         }
-        if self.command_timeout.is_zero() {
-            return Err(LockError::InvalidConfig(
-                "command timeout must be above zero".into(),
-            ));
+        if self.command_timeout.is_zero() || self.command_timeout > MAX_LEASE {
+            return Err(LockError::InvalidConfig(format!(
+                "command timeout {:?} must be above zero and at most {MAX_LEASE:?}",
+                self.command_timeout
+            )));
         }
         Ok(())
     }
@@ -359,6 +365,26 @@ mod tests {
         LockConfig::new()
             .with_watchdog_lease(lease)
             .with_watchdog_period(bound)
+            .validate()
+            .unwrap();
+    }
+
+    #[test]
+    fn timeouts_too_long_to_add_up_are_refused() {
+        let never = LockConfig::new().with_command_timeout(Duration::MAX);
+        let e = never.validate().unwrap_err();
+        assert!(e.to_string().contains("command timeout"), "{e}");
+        let slow = LockConfig::new().with_backoff(Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::MAX,
+        });
+        assert!(slow.validate().unwrap_err().is_invalid_input());
+        LockConfig::new()
+            .with_command_timeout(MAX_LEASE)
+            .with_backoff(Backoff {
+                initial: Duration::from_millis(100),
+                max: MAX_LEASE,
+            })
             .validate()
             .unwrap();
     }
