@@ -336,3 +336,49 @@ fn lazy_constructors_outside_a_runtime_answer_an_error() {
     };
     assert!(e.to_string().contains("tokio runtime"), "{e}");
 }
+
+/// A release queued behind a call in flight on another runtime, which then ended: the
+/// queue is sent from a live runtime, its caller gets the error of a call Redis did not
+/// answer (the connection is cut), and the release is sent again in the background, so
+/// the lock is free long before its lease ends.
+#[test]
+fn a_release_whose_batch_ended_with_another_runtime_is_sent_again() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let config = LockConfig::new()
+        .with_command_timeout(Duration::from_secs(5))
+        .with_batching(true)
+        .with_batches_in_flight(1);
+    let (rt1, rt2) = (runtime(), runtime());
+    let client = rt2
+        .block_on(LockClient::open_with_config(proxy.url().as_str(), config))
+        .unwrap();
+    let minute = LockOptions::new().lease(Lease::Fixed(Duration::from_secs(60)));
+    let (first, second) = rt2.block_on(async {
+        let warm = client.acquire("warm", minute.clone()).await.unwrap();
+        warm.release().await.unwrap();
+        (
+            client.acquire("first", minute.clone()).await.unwrap(),
+            client.acquire("second", minute).await.unwrap(),
+        )
+    });
+    let key = second.keys().key.clone();
+    // The first release goes alone on the first runtime and hangs on the cut
+    // connection; the second queues behind it.
+    proxy.cut();
+    rt1.spawn(async move { first.release().await });
+    let released = rt2.spawn(async move { second.release().await });
+    let queued = within(&rt2, Duration::from_secs(5), || async {
+        client.queued_calls() == 1
+    });
+    assert!(queued, "the second release did not queue behind the first");
+    drop(rt1);
+    let answer = rt2.block_on(released).unwrap();
+    assert!(answer.is_err(), "{answer:?}");
+    proxy.heal();
+    let freed = within(&rt2, Duration::from_secs(5), || {
+        let (server, key) = (&server, &key);
+        async move { !exists(server, key).await }
+    });
+    assert!(freed, "the release was not sent again: {key} is still held");
+}

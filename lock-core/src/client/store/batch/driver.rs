@@ -129,10 +129,7 @@ impl Drop for Driving {
             return;
         }
         for mut q in self.batch.drain(..) {
-            let e = LockError::UnexpectedReply(format!(
-                "{}: the task sending this call's batch ended (its runtime shut down)",
-                q.op
-            ));
+            let e = ended(q.op, "the task sending this call's batch ended");
             q.reply.deliver(Err(e), true);
         }
         let queued = {
@@ -146,13 +143,21 @@ impl Drop for Driving {
             lane.take_queue()
         };
         for mut q in queued {
-            let e = LockError::UnexpectedReply(format!(
-                "{}: the task that would send this call ended (its runtime shut down)",
-                q.op
-            ));
+            let e = ended(q.op, "the task that would send this call ended");
             q.reply.deliver(Err(e), false);
         }
     }
+}
+
+/// The error of a call whose driver ended with its runtime: no answer from Redis (an
+/// aborted connection's error), so what retries an unanswered call (a release sent
+/// again in the background, say) retries this one.
+fn ended(op: &str, what: &str) -> LockError {
+    let io = std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        format!("{op}: {what} (its runtime shut down)"),
+    );
+    LockError::Redis(redis::RedisError::from(io))
 }
 
 /// Sends what queued on a lane as one batch, once the tasks already ready have run.
@@ -207,5 +212,20 @@ fn leave_out_callers_gone(driving: &mut Driving) {
         driving
             .written
             .retain(driving.batch.iter_mut().map(|q| &mut q.span));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A call whose driver ended got no answer: it is retried as one Redis did not
+    /// answer is (a release, in the background), and says what happened.
+    #[test]
+    fn a_call_whose_driver_ended_got_no_answer() {
+        let e = ended("release", "the task sending this call's batch ended");
+        assert!(e.is_no_answer() && e.is_redis(), "{e:?}");
+        assert!(e.to_string().contains("release"), "{e}");
+        assert!(e.to_string().contains("runtime shut down"), "{e}");
     }
 }
