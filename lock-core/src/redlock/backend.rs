@@ -221,6 +221,12 @@ impl Drop for Stragglers {
 impl Seam for RedlockBackend {
     type Grant = Arc<Copies>;
 
+    /// A node's copies of one group renew in one call to it: on a Cluster node, those
+    /// of one hash slot (a lock's keys are on the slot of its name on every node).
+    fn group(&self, key: &str) -> u16 {
+        self.nodes.iter().map(|n| n.group(key)).max().unwrap_or(0)
+    }
+
     fn kind(&self) -> StoreKind {
         StoreKind::Redlock
     }

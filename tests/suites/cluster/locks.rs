@@ -490,3 +490,45 @@ async fn a_batch_on_a_migrating_slot_follows_each_redirection_once() {
         g.release().await.unwrap();
     }
 }
+
+/// A Redlock whose nodes are Cluster clients: the watchdog renews each node's copies
+/// slot by slot (one call per slot, as a Cluster takes a multi-key script), so locks
+/// whose keys are on different slots stay held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_over_cluster_clients_renews_locks_on_different_slots() {
+    let clusters = [
+        RedisCluster::start(3, 0),
+        RedisCluster::start(3, 0),
+        RedisCluster::start(3, 0),
+    ];
+    let lease = Duration::from_millis(900);
+    let mut nodes = Vec::new();
+    for cluster in &clusters {
+        nodes.push(client(cluster, config().with_watchdog_lease(lease)).await);
+    }
+    let redlock = lock_core::Redlock::new(nodes).unwrap();
+    let names: Vec<String> = (0..)
+        .map(|i| format!("spread-{i}"))
+        .scan(BTreeSet::new(), |slots, name| {
+            let slot = lock_tests::key_slot(&redlock.keys(name.as_str()).unwrap()[0].key);
+            Some(slots.insert(slot).then_some(name))
+        })
+        .flatten()
+        .take(3)
+        .collect();
+    let mut guards = Vec::new();
+    for name in &names {
+        guards.push(redlock.lock(name.as_str()).await.unwrap());
+    }
+    // Three leases: only renewals keep them.
+    let until = Instant::now() + lease * 3;
+    while Instant::now() < until {
+        for g in &guards {
+            assert!(g.is_held(), "{} was lost", g.keys().name());
+        }
+        tokio::time::sleep(lease / 4).await;
+    }
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}
