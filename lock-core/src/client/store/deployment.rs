@@ -4,9 +4,10 @@
 //! Cluster, on the redis-rs cluster connection (commands go to the node that owns their
 //! keys' slot). A redis-rs connection is made again when its runtime ends ([`Homed`]); a
 //! [`Wire`] opens a new link by itself. They differ
-//! in how keys group into one script call, and in what is sent again: nothing on one
-//! node; on a Cluster, a call the cluster refused without running it (MOVED/ASK
-//! redirections, failovers in progress), never one whose reply was lost.
+//! in how keys group into one script call, in what is sent again (nothing on one node;
+//! on a Cluster, a call the cluster refused without running it: MOVED/ASK redirections,
+//! failovers in progress; never one whose reply was lost), and in how a pipeline goes
+//! (on a Cluster, its commands each on its own, so each follows its own redirection).
 
 use std::time::Duration;
 
