@@ -12,13 +12,13 @@ use lock_core::{LockClient, LockConfig, LockOptions};
 use lock_tests::{FailoverMode, RedisCluster};
 use redis::AsyncCommands;
 
-fn config() -> LockConfig {
+pub(crate) fn config() -> LockConfig {
     LockConfig::new()
         .with_wait(Duration::from_secs(10))
         .with_command_timeout(Duration::from_secs(2))
 }
 
-async fn client(cluster: &RedisCluster, config: LockConfig) -> LockClient {
+pub(crate) async fn client(cluster: &RedisCluster, config: LockConfig) -> LockClient {
     LockClient::open_cluster(cluster.master_urls(), config)
         .await
         .expect("cluster client")
@@ -236,36 +236,9 @@ async fn acquisitions_on_one_slot_share_a_pipeline_each_with_its_own_reply() {
     let cluster = RedisCluster::start(3, 0);
     let c = client(&cluster, config().with_batches_in_flight(1)).await;
     let other = client(&cluster, config()).await;
-    // Five names whose keys share one slot.
-    let slot_of = |i: u32| lock_tests::key_slot(c.keys(("p", i)).unwrap().key);
-    let slot = slot_of(0);
-    let names: Vec<(&str, u32)> = (0..)
-        .filter(|&i| slot_of(i) == slot)
-        .take(5)
-        .map(|i| ("p", i))
-        .collect();
+    let names = names_on_one_slot(&c, "p", 5);
     let held = other.try_lock(names[1]).await.unwrap();
-    // The client learns the slot map.
-    c.try_lock(("warm", 0))
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
-
-    let masters = cluster.masters();
-    for &m in &masters {
-        cluster.pause(m);
-    }
-    // The first in flight (its SET sent, the lane taken), the others queued behind it.
-    let (first, queued) = common::queue_behind_one(&c, names[0], &names[1..]).await;
-    for &m in &masters {
-        cluster.resume(m);
-    }
-    let mut out = vec![first.await.unwrap()];
-    for q in queued {
-        out.push(q.await.unwrap());
-    }
+    let out = one_batch(&cluster, &c, &names).await;
     assert!(
         matches!(out[1], Err(lock_core::LockError::Busy { .. })),
         "{:?}",
@@ -279,6 +252,52 @@ async fn acquisitions_on_one_slot_share_a_pipeline_each_with_its_own_reply() {
         }
     }
     held.release().await.unwrap();
+}
+
+/// `n` names under `prefix` whose keys share one slot.
+pub(crate) fn names_on_one_slot(
+    c: &LockClient,
+    prefix: &'static str,
+    n: usize,
+) -> Vec<(&'static str, u32)> {
+    let slot_of = |i: u32| lock_tests::key_slot(c.keys((prefix, i)).unwrap().key);
+    let slot = slot_of(0);
+    (0..)
+        .filter(|&i| slot_of(i) == slot)
+        .take(n)
+        .map(|i| (prefix, i))
+        .collect()
+}
+
+/// `try_lock` of every name of `names` (keys on one slot), sent as one batch: the
+/// first in flight (its SET sent, the lane taken) while the masters are paused, the
+/// others queued behind it (`c` configured with one batch in flight). The answers, in
+/// order.
+pub(crate) async fn one_batch(
+    cluster: &RedisCluster,
+    c: &LockClient,
+    names: &[(&'static str, u32)],
+) -> Vec<Result<lock_core::LockGuard, lock_core::LockError>> {
+    // The client learns the slot map.
+    c.try_lock(("warm", 0))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let masters = cluster.masters();
+    for &m in &masters {
+        cluster.pause(m);
+    }
+    let (first, queued) = common::queue_behind_one(c, names[0], &names[1..]).await;
+    for &m in &masters {
+        cluster.resume(m);
+    }
+    let mut out = vec![first.await.unwrap()];
+    for q in queued {
+        out.push(q.await.unwrap());
+    }
+    out
 }
 
 /// A Cluster client made on a runtime that has ended keeps working on another: the
@@ -338,157 +357,6 @@ async fn connections_received(admin: &mut redis::aio::MultiplexedConnection) -> 
         .find_map(|l| l.strip_prefix("total_connections_received:"))
         .and_then(|v| v.trim().parse().ok())
         .expect("INFO stats has total_connections_received")
-}
-
-/// During a slot's migration a lock's key has moved to the importing node: a client
-/// sent there by `-ASK` gets that node's own answer (busy), not the `+OK` of the
-/// `ASKING` sent before it, and later calls on that connection get their own replies.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lock_whose_slot_is_migrating_is_answered_by_the_importing_node() {
-    let cluster = RedisCluster::start(3, 0);
-    let a = client(&cluster, config()).await;
-    let b = client(&cluster, config()).await;
-    let held = a.try_lock("moving").await.unwrap();
-    let key = held.keys().key.clone();
-    let slot = lock_tests::key_slot(&key);
-    let source = cluster.master_for_slot(slot);
-    let target = cluster
-        .masters()
-        .into_iter()
-        .find(|&m| m != source)
-        .unwrap();
-    let mut src = cluster.node(source).connection().await;
-    let mut dst = cluster.node(target).connection().await;
-    let setslot = |state: &str, node: usize| {
-        let mut cmd = redis::cmd("CLUSTER");
-        cmd.arg("SETSLOT")
-            .arg(slot)
-            .arg(state)
-            .arg(cluster.node_id(node));
-        cmd
-    };
-    let () = setslot("IMPORTING", source)
-        .query_async(&mut dst)
-        .await
-        .unwrap();
-    let () = setslot("MIGRATING", target)
-        .query_async(&mut src)
-        .await
-        .unwrap();
-    let () = redis::cmd("MIGRATE")
-        .arg("127.0.0.1")
-        .arg(cluster.node(target).port())
-        .arg(&key)
-        .arg(0)
-        .arg(5000)
-        .query_async(&mut src)
-        .await
-        .unwrap();
-    // B's SET NX goes to the source, which sends it on with -ASK. The importing node
-    // answers busy; what B asks next about the holder is a script, which a migrating
-    // slot refuses (TRYAGAIN) until it has moved: either way, no grant.
-    let err = b.try_lock("moving").await.map(drop).unwrap_err();
-    assert!(err.is_busy() || err.is_unavailable(), "{err}");
-    // Every reply still reaches its own call on B's connections.
-    for i in 0..20 {
-        let g = b.try_lock(("after", i)).await.unwrap();
-        g.release().await.unwrap();
-    }
-    // The slot moved: the importing node owns it, and the lock is still A's.
-    for m in cluster.masters() {
-        let mut c = cluster.node(m).connection().await;
-        let () = setslot("NODE", target).query_async(&mut c).await.unwrap();
-    }
-    let err = b.try_lock("moving").await.map(drop).unwrap_err();
-    assert!(err.is_busy(), "{err}");
-    assert!(held.is_held());
-    held.release().await.unwrap();
-    b.try_lock("moving").await.unwrap().release().await.unwrap();
-}
-
-/// Acquisitions batched into one pipeline on a slot that is migrating: each follows its
-/// own redirection (the free names are granted by the importing node), none is sent
-/// twice, and none fails for another's redirection.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_on_a_migrating_slot_follows_each_redirection_once() {
-    let cluster = RedisCluster::start(3, 0);
-    let c = client(&cluster, config().with_batches_in_flight(1)).await;
-    let slot_of = |i: u32| lock_tests::key_slot(c.keys(("m", i)).unwrap().key);
-    let slot = slot_of(0);
-    let names: Vec<(&str, u32)> = (0..)
-        .filter(|&i| slot_of(i) == slot)
-        .take(6)
-        .map(|i| ("m", i))
-        .collect();
-    c.try_lock(("warm", 0))
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
-    let source = cluster.master_for_slot(slot);
-    let target = cluster
-        .masters()
-        .into_iter()
-        .find(|&m| m != source)
-        .unwrap();
-    let setslot = |state: &str, node: usize| {
-        let mut cmd = redis::cmd("CLUSTER");
-        cmd.arg("SETSLOT")
-            .arg(slot)
-            .arg(state)
-            .arg(cluster.node_id(node));
-        cmd
-    };
-    let mut src = cluster.node(source).connection().await;
-    let mut dst = cluster.node(target).connection().await;
-    let () = setslot("IMPORTING", source)
-        .query_async(&mut dst)
-        .await
-        .unwrap();
-    let () = setslot("MIGRATING", target)
-        .query_async(&mut src)
-        .await
-        .unwrap();
-
-    let masters = cluster.masters();
-    for &m in &masters {
-        cluster.pause(m);
-    }
-    let (first, queued) = common::queue_behind_one(&c, names[0], &names[1..]).await;
-    for &m in &masters {
-        cluster.resume(m);
-    }
-    let mut guards = vec![first.await.unwrap().unwrap()];
-    for (q, name) in queued.into_iter().zip(&names[1..]) {
-        let r = q.await.unwrap();
-        guards.push(r.unwrap_or_else(|e| panic!("{name:?}: {e}")));
-    }
-    // Each key is on the importing node, with its own grant's value.
-    for g in &guards {
-        let value: Option<String> = redis::pipe()
-            .cmd("ASKING")
-            .ignore()
-            .cmd("GET")
-            .arg(&g.keys().key)
-            .query_async::<(Option<String>,)>(&mut dst)
-            .await
-            .unwrap()
-            .0;
-        assert!(
-            value.is_some(),
-            "{}: not on the importing node",
-            g.keys().key
-        );
-    }
-    // A release is a script, which a migrating slot refuses: the slot moves first.
-    for m in cluster.masters() {
-        let mut c = cluster.node(m).connection().await;
-        let () = setslot("NODE", target).query_async(&mut c).await.unwrap();
-    }
-    for g in guards {
-        g.release().await.unwrap();
-    }
 }
 
 /// A Redlock whose nodes are Cluster clients: the watchdog renews each node's copies

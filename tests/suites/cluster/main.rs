@@ -5,3 +5,4 @@ mod common;
 
 mod locks;
 mod lost_replies;
+mod migration;

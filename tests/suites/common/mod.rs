@@ -9,6 +9,16 @@ use futures_util::StreamExt;
 use lock_core::{LockClient, LockConfig};
 use lock_tests::{Monitor, RedisServer};
 
+/// A proxy in front of `server`, and a client with the default configuration through it
+/// (for tests that break its connection).
+pub async fn client_through_proxy(server: &RedisServer) -> (lock_tests::TcpProxy, LockClient) {
+    let proxy = lock_tests::TcpProxy::start(server.port());
+    let c = LockClient::open_with_config(proxy.url().as_str(), LockConfig::new())
+        .await
+        .expect("connect lock client through the proxy");
+    (proxy, c)
+}
+
 /// A client on `server` with `config`.
 pub async fn client(server: &RedisServer, config: LockConfig) -> LockClient {
     LockClient::open_with_config(server.url().as_str(), config)

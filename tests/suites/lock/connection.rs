@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::{client, eventually};
 use lock_core::{Lease, LockClient, LockConfig, LockOptions};
-use lock_tests::{RedisServer, TcpProxy};
+use lock_tests::RedisServer;
 
 /// How many keys database `db` holds.
 async fn keys_in(conn: &mut redis::aio::MultiplexedConnection, db: i64) -> usize {
@@ -162,10 +162,7 @@ async fn calls_on_a_dropped_connection_answer_and_the_next_ones_reconnect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_that_failed_is_tried_again_in_the_background() {
     let server = RedisServer::start();
-    let proxy = TcpProxy::start(server.port());
-    let c = LockClient::open_with_config(proxy.url().as_str(), LockConfig::new())
-        .await
-        .unwrap();
+    let (proxy, c) = common::client_through_proxy(&server).await;
     let other = client(&server, LockConfig::new()).await;
     common::load_scripts(&c).await;
     let a_minute = LockOptions::new().lease(Lease::Fixed(Duration::from_secs(60)));

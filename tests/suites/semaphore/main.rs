@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::{client, eventually, script_sha, subscribers};
 use lock_core::{Backoff, LockClient, LockConfig, Semaphore, SemaphoreOptions};
-use lock_tests::{RedisServer, TcpProxy};
+use lock_tests::RedisServer;
 
 const LIMIT: u32 = 5;
 const TASKS: usize = 20;
@@ -454,10 +454,7 @@ async fn timeouts_drops_and_cancellation_clean_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_that_failed_is_tried_again_in_the_background() {
     let server = RedisServer::start();
-    let proxy = TcpProxy::start(server.port());
-    let c = LockClient::open_with_config(proxy.url().as_str(), LockConfig::new())
-        .await
-        .unwrap();
+    let (proxy, c) = common::client_through_proxy(&server).await;
     let sem = c.semaphore("cut-permits", 2).unwrap();
     let minute = SemaphoreOptions::new().lease(Duration::from_secs(60));
     // A first cycle loads the scripts, so the release is one call.
