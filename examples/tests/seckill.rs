@@ -254,6 +254,22 @@ async fn one_buyer_spelled_many_ways_shares_one_quota() {
     }
 }
 
+/// One instance on `redis` and `dir`'s database whose per-user quota never refuses a
+/// test's orders.
+async fn generous_instance(redis: &lock_tests::RedisServer, dir: &Dir) -> Instance {
+    let quota = ["--user-rate", "1000", "--user-burst", "1000"];
+    Instance::spawn(server_bin(), &redis.url(), &dir.db(), &quota)
+        .await
+        .unwrap()
+}
+
+/// The time `d` from now, as a voucher's `begins_at` or `ends_at` (RFC 3339).
+fn from_now(d: Duration) -> String {
+    (time::OffsetDateTime::now_utc() + d)
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap()
+}
+
 /// A 403 `not-active` before the sale begins carries `Retry-After` and is not stored,
 /// so the buyer's retry with the same key after the start is served, not the 403
 /// replayed.
@@ -261,15 +277,9 @@ async fn one_buyer_spelled_many_ways_shares_one_quota() {
 async fn a_refusal_before_the_sale_is_not_replayed_after_it_begins() {
     let redis = persistent_redis();
     let dir = Dir::new("not-yet");
-    let quota = ["--user-rate", "1000", "--user-burst", "1000"];
-    let a = Instance::spawn(server_bin(), &redis.url(), &dir.db(), &quota)
-        .await
-        .unwrap();
+    let a = generous_instance(&redis, &dir).await;
     let http = Http::new();
-    let begins = time::OffsetDateTime::now_utc() + Duration::from_millis(1500);
-    let begins = begins
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap();
+    let begins = from_now(Duration::from_millis(1500));
     let voucher = http
         .create_voucher(
             &a.url,
@@ -306,15 +316,9 @@ async fn a_refusal_before_the_sale_is_not_replayed_after_it_begins() {
 async fn a_buyer_with_an_order_is_told_so_after_the_sale_ended() {
     let redis = persistent_redis();
     let dir = Dir::new("ended");
-    let quota = ["--user-rate", "1000", "--user-burst", "1000"];
-    let a = Instance::spawn(server_bin(), &redis.url(), &dir.db(), &quota)
-        .await
-        .unwrap();
+    let a = generous_instance(&redis, &dir).await;
     let http = Http::new();
-    let ends = time::OffsetDateTime::now_utc() + Duration::from_millis(1500);
-    let ends = ends
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap();
+    let ends = from_now(Duration::from_millis(1500));
     let voucher = http
         .create_voucher(&a.url, format!(r#"{{"stock": 1000, "ends_at": "{ends}"}}"#))
         .await
