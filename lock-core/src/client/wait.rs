@@ -22,6 +22,10 @@ use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::client::config::Backoff;
 
+/// The message of Redisson's read-write lock that wakes every waiter
+/// (`LockPubSub.READ_UNLOCK_MESSAGE`).
+const REDISSON_WAKE_ALL: &[u8] = b"1";
+
 /// Local waiters per channel: how many subscriptions, and their wake-up.
 type Waiters = Arc<Mutex<HashMap<String, (usize, Arc<Notify>)>>>;
 
@@ -217,6 +221,11 @@ impl Actor {
             return;
         }
         if let Some((_, n)) = lock(&self.waiters).get(msg.get_channel_name()) {
+            // Redisson's "wake all" (a write hold given back: every reader may go in);
+            // its "0" and our clients' ids wake one, who passes the turn on.
+            if msg.get_payload_bytes() == REDISSON_WAKE_ALL {
+                n.notify_waiters();
+            }
             n.notify_one();
         }
     }

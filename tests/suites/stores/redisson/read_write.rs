@@ -71,6 +71,37 @@ async fn a_redisson_writer_excludes_ours_and_its_unlock_wakes_our_reader() {
     g.release().await.unwrap();
 }
 
+/// Redisson's write unlock says "wake all" (`1`): every reader of ours waiting behind
+/// it goes in then, none left to its backoff (10 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redisson_write_unlock_wakes_every_reader_of_ours() {
+    let server = RedisServer::start();
+    let locks = locks(&server).await;
+    let mut java = Java::new(&server).await;
+    assert_eq!(java.write_lock("catalog", 1).await, None);
+    let readers: Vec<_> = (0..3)
+        .map(|_| checks::waiting(&locks, "catalog", read()))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        readers.iter().all(|r| !r.is_finished()),
+        "a reader beside a Java writer"
+    );
+    assert_eq!(java.write_unlock("catalog", 1).await, Some(1));
+    let mut held = Vec::new();
+    for (i, reader) in readers.into_iter().enumerate() {
+        let g = tokio::time::timeout(Duration::from_secs(1), reader)
+            .await
+            .unwrap_or_else(|_| panic!("reader {i} was not woken by the unlock"))
+            .unwrap()
+            .unwrap();
+        held.push(g);
+    }
+    for g in held {
+        g.release().await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn our_read_holds_keep_the_timeout_keys_redisson_reads() {
     let server = RedisServer::start();
