@@ -61,6 +61,17 @@ impl MySqlStore {
         let pool = MySqlPoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
             .acquire_timeout(ACQUIRE_TIMEOUT)
+            // Read committed: a batch's check after a duplicate key reads the rows as
+            // they are, not as its transaction's first read saw them (REPEATABLE READ's
+            // snapshot would miss an order another worker committed meanwhile).
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .execute(conn)
+                        .await
+                        .map(drop)
+                })
+            })
             .connect(url)
             .await?;
         let flush: i64 =
@@ -109,12 +120,10 @@ impl MySqlStore {
             match insert {
                 Ok(_) => inserted.new += 1,
                 Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                    // Locking reads: they see the row another worker committed while this
-                    // one waited on it, which the transaction's snapshot (taken at its
-                    // first plain read, under REPEATABLE READ) would not.
+                    // Read committed (set per connection): this read sees a row another
+                    // worker committed while this one waited on it.
                     let same: Option<(i64, i64)> = sqlx::query_as(
-                        "SELECT voucher_id, user_id FROM seckill_orders WHERE order_id = ?
-                         LOCK IN SHARE MODE",
+                        "SELECT voucher_id, user_id FROM seckill_orders WHERE order_id = ?",
                     )
                     .bind(o.order_id)
                     .fetch_optional(&mut *tx)
@@ -124,7 +133,7 @@ impl MySqlStore {
                     } else {
                         let holder: Option<i64> = sqlx::query_scalar(
                             "SELECT order_id FROM seckill_orders
-                             WHERE voucher_id = ? AND user_id = ? LOCK IN SHARE MODE",
+                             WHERE voucher_id = ? AND user_id = ?",
                         )
                         .bind(o.voucher_id)
                         .bind(o.user_id)
