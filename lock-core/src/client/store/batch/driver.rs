@@ -9,6 +9,7 @@ use redis::Value;
 use super::super::scripts::Lua;
 use super::{Kind, LaneId, Lanes, Queued, Written, each, entry_replies, entry_reply};
 use crate::client::store::Conn;
+use crate::client::store::wire::dropped;
 use crate::error::LockError;
 
 /// Sends `entries` entries written in `written` as one call of `script`; the reply of
@@ -149,15 +150,11 @@ impl Drop for Driving {
     }
 }
 
-/// The error of a call whose driver ended with its runtime: no answer from Redis (an
-/// aborted connection's error), so what retries an unanswered call (a release sent
-/// again in the background, say) retries this one.
+/// The error of a call whose driver ended with its runtime: a dropped connection's, no
+/// answer from Redis, so what retries an unanswered call (a release sent again in the
+/// background, say) retries this one.
 fn ended(op: &str, what: &str) -> LockError {
-    let io = std::io::Error::new(
-        std::io::ErrorKind::ConnectionAborted,
-        format!("{op}: {what} (its runtime shut down)"),
-    );
-    LockError::Redis(redis::RedisError::from(io))
+    LockError::Redis(dropped(format!("{op}: {what} (its runtime shut down)")))
 }
 
 /// Sends what queued on a lane as one batch, once the tasks already ready have run.

@@ -172,9 +172,10 @@ impl Link {
     }
 }
 
-/// A connection error: the link is gone, and whether a command on it ran is unknown.
-pub(super) fn dropped(why: &'static str) -> RedisError {
-    std::io::Error::new(std::io::ErrorKind::ConnectionReset, why).into()
+/// A connection error: the link is gone, and whether a command on it ran is unknown (a
+/// call that failed so counts as one Redis did not answer).
+pub(crate) fn dropped(why: impl Into<String>) -> RedisError {
+    std::io::Error::new(std::io::ErrorKind::ConnectionReset, why.into()).into()
 }
 
 /// Ends its link when its task ends, whatever the way (its runtime shut down, say).

@@ -19,6 +19,8 @@
 mod link;
 mod resp;
 
+pub(crate) use link::dropped;
+
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
@@ -32,7 +34,7 @@ use redis::{RedisResult, Value};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::args::{Args, Pipe};
-use link::{Link, Reply, dropped};
+use link::{Link, Reply};
 
 /// Where and how to open a link.
 pub(crate) struct Opener {
