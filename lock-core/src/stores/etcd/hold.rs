@@ -14,6 +14,7 @@ use super::members::Members;
 use super::session::Lease;
 use super::turns::Turn;
 use crate::client::cleanup;
+use crate::client::config::Backoff;
 use crate::error::LockError;
 use crate::lock::registry::Loss;
 
@@ -121,6 +122,12 @@ fn still_ours(hold: &Weak<EtcdHold>) -> Option<(String, i64)> {
     (!hold.given_back()).then(|| (hold.key.clone(), hold.token))
 }
 
+/// The pauses between the tries of [`delete_in_background`].
+const DELETE_RETRY: Backoff = Backoff {
+    initial: Duration::from_millis(100),
+    max: Duration::from_secs(1),
+};
+
 /// Deletes our `key` (only the grant made at revision `created`, when given) in the
 /// background, tried again until a member answers, then passes `turn` on: until then the
 /// client's other scopes wait for the name, so none of them takes the key as its own.
@@ -136,13 +143,14 @@ fn delete_in_background(
 ) {
     cleanup::spawn("removing an etcd contender key", key.clone(), async move {
         let until = Instant::now() + ttl * 2;
-        let mut pause = Duration::from_millis(100);
+        let mut failed = 0;
         let deleted = loop {
+            let pause = DELETE_RETRY.delay(failed);
             match contender::delete(&members, &key, created).await {
                 Err(e) if Instant::now() + pause < until => {
                     tracing::debug!(key = %key, error = %e, "deleting an etcd contender key failed; trying again");
                     tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
+                    failed += 1;
                 }
                 deleted => break deleted,
             }
