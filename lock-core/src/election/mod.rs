@@ -259,11 +259,9 @@ enum AfterCampaign {
 fn after_campaign(e: &LockError) -> AfterCampaign {
     match e {
         LockError::Busy { .. } | LockError::Timeout { .. } => AfterCampaign::Again,
-        // A store that did not answer in time is a store that cannot be reached now.
-        e if e.is_unavailable()
-            || e.is_no_quorum()
-            || matches!(e, LockError::NoFencingToken { .. }) =>
-        {
+        // A store that did not answer in time (or too few Redlock nodes) is a store
+        // that cannot be reached now.
+        e if e.is_unavailable() || matches!(e, LockError::NoFencingToken { .. }) => {
             AfterCampaign::Pause
         }
         _ => AfterCampaign::Stop,
