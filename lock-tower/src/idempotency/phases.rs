@@ -118,8 +118,10 @@ where
     if let Err(LockError::InvalidKey(_)) = &found {
         // Too long once escaped (a long principal, a key of many `:`): kept under the
         // hash of its parts instead.
-        let hashed = scope.hashed();
-        found = s.store.begin_or_wait(&hashed, &fp, s.lease, s.wait).await;
+        found = s
+            .store
+            .begin_or_wait(scope.hashed(), &fp, s.lease, s.wait)
+            .await;
     }
     let respond = |status, kind, detail: &str| Prepared::Respond(problem(status, kind, detail));
     match found {

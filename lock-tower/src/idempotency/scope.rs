@@ -64,16 +64,19 @@ impl<B> Principal<B> for AuthorizationHash {
 /// Paths longer than this are hashed into the key (a key name is at most 1024 bytes).
 const MAX_PATH_IN_KEY: usize = 256;
 
-/// The parts of the stored key: method, path, principal, then the client's key; or,
-/// when those are too long to store once escaped, their SHA-256 ([`Scope::hashed`]).
+/// The parts of the stored key: method, path, principal, then the client's key (when
+/// those are too long to store once escaped, [`Scope::hashed`]).
 #[derive(Debug)]
 pub(crate) struct Scope {
     method: Method,
     path: String,
     principal: Option<String>,
     key: String,
-    hashed: Option<String>,
 }
+
+/// A [`Scope`] stored as the SHA-256 of its parts.
+#[derive(Debug)]
+pub(crate) struct HashedScope(String);
 
 impl Scope {
     pub(crate) fn new(method: &Method, path: &str, principal: Option<String>, key: String) -> Self {
@@ -88,14 +91,13 @@ impl Scope {
             path,
             principal: principal.filter(|p| !p.is_empty()),
             key,
-            hashed: None,
         }
     }
 
     /// The same scope as one digest of its parts, each length-prefixed: for parts whose
     /// escaped name is longer than a key may be. Every request with these parts takes
     /// this form alike, and its two parts cannot spell a literal scope (of four or five).
-    pub(crate) fn hashed(&self) -> Self {
+    pub(crate) fn hashed(&self) -> HashedScope {
         let mut h = Sha256::new();
         let principal = self.principal.as_deref().map(str::as_bytes);
         for field in [
@@ -107,23 +109,12 @@ impl Scope {
         ] {
             update_field(&mut h, field);
         }
-        Self {
-            method: self.method.clone(),
-            path: String::new(),
-            principal: None,
-            key: String::new(),
-            hashed: Some(hex(&h.finalize())),
-        }
+        HashedScope(hex(&h.finalize()))
     }
 }
 
 impl LockName for &Scope {
     fn write_parts(&self, w: &mut NameWriter) {
-        if let Some(digest) = &self.hashed {
-            w.part("sha256");
-            w.part(digest);
-            return;
-        }
         w.part(self.method.as_str());
         w.part(&self.path);
         // Anonymous and identified scopes differ in their number of parts.
@@ -135,6 +126,13 @@ impl LockName for &Scope {
             }
         }
         w.part(&self.key);
+    }
+}
+
+impl LockName for HashedScope {
+    fn write_parts(&self, w: &mut NameWriter) {
+        w.part("sha256");
+        w.part(&self.0);
     }
 }
 
@@ -211,12 +209,12 @@ mod tests {
             "credentials must not be stored"
         );
 
-        let name = |s: &Scope| {
+        fn name(s: impl LockName) -> String {
             lock_core::key::lock_keys("ns", ":", &s)
                 .unwrap()
                 .name()
                 .to_owned()
-        };
+        }
         let post = Method::POST;
         let anon = name(&Scope::new(&post, "/pay", None, "k".into()));
         let named = name(&Scope::new(
@@ -236,7 +234,7 @@ mod tests {
 
         // Hashed whole: one name per scope, each of them different.
         let whole = |principal: Option<&str>, key: &str| {
-            name(&Scope::new(&post, "/pay", principal.map(str::to_owned), key.into()).hashed())
+            name(Scope::new(&post, "/pay", principal.map(str::to_owned), key.into()).hashed())
         };
         assert_eq!(whole(None, "k"), whole(None, "k"));
         let all = [
