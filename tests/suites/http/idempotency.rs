@@ -290,12 +290,7 @@ async fn two_principals_with_one_key_never_see_each_other() {
     let custom = IdempotencyLayer::new(lock_client(&server).await.idempotency_store("custom"))
         .key_extractor(by_request_id)
         .principal(by_tenant);
-    let router = axum::Router::new()
-        .route(
-            "/pay",
-            axum::routing::post(move |b: Bytes| backend.clone().handle(b)),
-        )
-        .layer(custom);
+    let router = app(&backend, custom);
     let tenant = |t: &str| {
         http::Request::post("/pay")
             .header("x-request-id", "r-1")

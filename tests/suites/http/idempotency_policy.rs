@@ -96,13 +96,7 @@ async fn a_scope_too_long_to_store_literally_is_kept_under_its_hash() {
     let backend = Backend::new(created);
     let by_header =
         |r: &http::Request<Body>| Some(r.headers().get("authorization")?.to_str().ok()?.to_owned());
-    let b = backend.clone();
-    let router = axum::Router::new()
-        .route(
-            "/pay",
-            axum::routing::post(move |body: Bytes| b.clone().handle(body)),
-        )
-        .layer(layer(&server).await.principal(by_header));
+    let router = app(&backend, layer(&server).await.principal(by_header));
     let key = ":".repeat(255);
     let (alice, bob) = ("a".repeat(700), "b".repeat(700));
     let as_user = |who: &str| idem::request(http::Method::POST, Some(&key), Some(who), "a");

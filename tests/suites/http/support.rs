@@ -7,9 +7,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use std::convert::Infallible;
+
 use axum::Router;
 use axum::body::Body;
-use axum::routing::{get, post};
+use axum::response::IntoResponse;
+use axum::routing::{Route, get, post};
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -20,7 +23,7 @@ use lock_core::{LockClient, LockConfig};
 use lock_tests::RedisServer;
 use lock_tower::idempotency::IdempotencyLayer;
 use tokio::sync::watch;
-use tower::ServiceExt;
+use tower::{Layer, Service, ServiceExt};
 
 /// Builds the handler's response for run number `run` (1-based) and the request body.
 pub type Respond = fn(usize, Bytes) -> Response<Body>;
@@ -94,8 +97,16 @@ pub fn created(run: usize, body: Bytes) -> Response<Body> {
         .unwrap()
 }
 
-/// `POST /pay` (and `GET /pay`) served by `backend` behind `layer`.
-pub fn app(backend: &Arc<Backend>, layer: IdempotencyLayer) -> Router {
+/// `POST /pay` (and `GET /pay`) served by `backend` behind `layer` (an
+/// `IdempotencyLayer` of any key extractor and principal).
+pub fn app<L>(backend: &Arc<Backend>, layer: L) -> Router
+where
+    L: Layer<Route> + Clone + Send + Sync + 'static,
+    L::Service: Service<Request<Body>> + Clone + Send + Sync + 'static,
+    <L::Service as Service<Request<Body>>>::Response: IntoResponse + 'static,
+    <L::Service as Service<Request<Body>>>::Error: Into<Infallible> + 'static,
+    <L::Service as Service<Request<Body>>>::Future: Send + 'static,
+{
     let b = backend.clone();
     let g = backend.clone();
     Router::new()
