@@ -92,6 +92,8 @@
 //! * `ours_watchdog_vs_floor_{N}_tasks`: as `ours_vs_floor`, with the watchdog lease;
 //! * `ours_vs_rslock_{N}_tasks`: against the peer crate;
 //! * `ours_unbatched_vs_floor_{N}_tasks`, `ours_vs_ours_unbatched_{N}_tasks`: batching;
+//! * `lone_cycle_p50_ours_vs_unbatched`: one task's cycle, every one timed: the p50
+//!   with batching off over ours (a lone call keeps its latency: at least 0.95);
 //! * `ours_read_hold_vs_ours_{N}_tasks`: a read hold's cycle (read-write lock) against
 //!   a plain lock's;
 //! * `hot_handoffs_ours_{1_client,4_clients}_vs_rslock`: handoffs per second on the
@@ -250,9 +252,9 @@ const BENCHES: &[Bench] = &[
     },
 ];
 
-/// Uncontended implementations times concurrencies, plus the hot-key implementations,
-/// plus the consensus stores'.
-const MEASUREMENTS: usize = 6 * 2 + 4 + consensus::MEASUREMENTS;
+/// Uncontended implementations times concurrencies, the lone cycle's latency with
+/// batching on and off, the hot-key implementations, and the consensus stores'.
+const MEASUREMENTS: usize = 7 * 2 + 2 + 4 + consensus::MEASUREMENTS;
 /// `macro`: two implementations times two concurrencies.
 const MACRO_MEASUREMENTS: usize = 2 * 2;
 

@@ -309,6 +309,30 @@ pub async fn rate(
     })
 }
 
+/// One task, cycles timed one by one for `warm + measure`; returns (p50, p99) in µs.
+pub async fn latency(
+    cycle: &Cycle,
+    warm: Duration,
+    measure: Duration,
+) -> Result<(f64, f64), BoxError> {
+    let until = Instant::now() + warm;
+    let mut n = 0;
+    while Instant::now() < until {
+        cycle(0, n).await?;
+        n += 1;
+    }
+    let mut v = Vec::new();
+    let until = Instant::now() + measure;
+    while Instant::now() < until {
+        let t = Instant::now();
+        cycle(0, n).await?;
+        n += 1;
+        v.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    v.sort_by(f64::total_cmp);
+    Ok((percentile(&v, 0.5), percentile(&v, 0.99)))
+}
+
 /// Measures every cycle in `cycles` for `rounds` interleaved rounds (see
 /// [`round_order`]) at `tasks` concurrency; returns each cycle's samples, in order.
 pub async fn measure_rounds(

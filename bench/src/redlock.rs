@@ -13,15 +13,13 @@
 //! `redlock_vs_single_16_tasks` and `redlock_vs_redlock_unbatched_16_tasks` (the same
 //! Redlock with batching off on its nodes).
 
-use std::time::{Duration, Instant};
-
 use lock_core::{LockClient, LockConfig, Redlock};
 use lock_tests::RedisMasters;
 use redis::aio::ConnectionManager;
 
 use crate::figure::Figure;
 use crate::measure::{
-    BoxError, Cycle, Timing, fixed_lease_cycle, measure_rounds, median, median_rates, percentile,
+    BoxError, Cycle, Timing, fixed_lease_cycle, latency, measure_rounds, median, median_rates,
     rates, round_order, rounds_list, rslock_cycle,
 };
 
@@ -61,26 +59,6 @@ pub async fn op(urls: &str, name: &str) -> Result<Option<Cycle>, BoxError> {
     };
     let urls: Vec<String> = urls.split(',').map(str::to_owned).collect();
     Ok(impls(&urls).await?.into_iter().nth(i))
-}
-
-/// One task, cycles timed one by one for `warm + measure`; returns (p50, p99) in µs.
-async fn latency(cycle: &Cycle, warm: Duration, measure: Duration) -> Result<(f64, f64), BoxError> {
-    let until = Instant::now() + warm;
-    let mut n = 0;
-    while Instant::now() < until {
-        cycle(0, n).await?;
-        n += 1;
-    }
-    let mut v = Vec::new();
-    let until = Instant::now() + measure;
-    while Instant::now() < until {
-        let t = Instant::now();
-        cycle(0, n).await?;
-        n += 1;
-        v.push(t.elapsed().as_secs_f64() * 1e6);
-    }
-    v.sort_by(f64::total_cmp);
-    Ok((percentile(&v, 0.5), percentile(&v, 0.99)))
 }
 
 /// Runs the benchmark on 5 masters of its own (`_url`, the server `bench` started, is

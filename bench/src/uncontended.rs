@@ -10,8 +10,8 @@ use redis::aio::ConnectionManager;
 
 use crate::figure::Figure;
 use crate::measure::{
-    BoxError, Cycle, Sample, Timing, cycle, fixed_lease_cycle, measure_rounds, median, rates,
-    rounds_list, rslock_cycle,
+    BoxError, Cycle, Sample, Timing, cycle, fixed_lease_cycle, latency, measure_rounds, median,
+    rates, round_order, rounds_list, rslock_cycle,
 };
 
 /// Concurrencies measured: tasks running cycles at the same time.
@@ -235,5 +235,38 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
         }
         figures.extend(table);
     }
+    let lone = lone_cycle_p50(&cycles, timing, rounds).await?;
+    println!("{}", lone.ratio_line());
+    figures.push(lone);
     Ok(figures)
+}
+
+/// A lone call's latency with batching on and off: one task, every cycle (an
+/// acquisition and a release) timed, `rounds` interleaved rounds; the figure is
+/// unbatched's p50 over ours per round (target: ours within 5%, at least 0.95).
+async fn lone_cycle_p50(
+    cycles: &[Cycle],
+    timing: Timing,
+    rounds: usize,
+) -> Result<Figure, BoxError> {
+    let pair = [OURS, UNBATCHED];
+    let mut p50 = [Vec::with_capacity(rounds), Vec::with_capacity(rounds)];
+    for round in 0..rounds {
+        for i in round_order(pair.len(), round) {
+            let (p, _) = latency(&cycles[pair[i]], timing.warm(round), timing.measure).await?;
+            p50[i].push(p);
+        }
+    }
+    for (i, list) in p50.iter().enumerate() {
+        println!(
+            "uncontended tasks=1 {}_cycle_p50_us {:.0} rounds {}",
+            IMPLS[pair[i]].0,
+            median(list.iter().copied()),
+            rounds_list(list.iter().copied())
+        );
+    }
+    Ok(
+        Figure::lower_is_better("lone_cycle_p50_ours_vs_unbatched", "us", &p50[0], &p50[1])
+            .target(0.95),
+    )
 }
