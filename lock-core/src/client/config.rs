@@ -257,6 +257,7 @@ impl LockConfig {
         validate_namespace(&self.namespace)?;
         validate_delimiter(&self.delimiter)?;
         check_lease("watchdog lease", self.watchdog_lease)?;
+        check_max_hold(self.max_hold)?;
         if let Lease::Fixed(d) = self.lease {
             check_lease("default lease", d)?;
         }
@@ -302,6 +303,18 @@ pub(crate) fn drift(lease: Duration) -> Duration {
 /// known to last: the lease less the drift allowance. Works on any clock's instants.
 pub(crate) fn proven<I: std::ops::Add<Duration, Output = I>>(sent: I, lease: Duration) -> I {
     sent + lease.saturating_sub(drift(lease))
+}
+
+/// A max-hold (`LockConfig::with_max_hold`, `LockOptions::max_hold`) of at least
+/// [`MIN_LEASE`]: a shorter one would end every watched grant as it is taken.
+pub(crate) fn check_max_hold(max_hold: Option<Duration>) -> Result<(), LockError> {
+    match max_hold {
+        Some(m) if m < MIN_LEASE => Err(LockError::InvalidConfig(format!(
+            "max hold {m:?} is below {MIN_LEASE:?}: the watchdog would give up every grant as \
+             it is taken (use None to renew while the guard lives)"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 pub(crate) fn check_lease(what: &str, lease: Duration) -> Result<(), LockError> {

@@ -286,10 +286,12 @@ impl<B: Backend> Core<B> {
             // The store keeps it while held: no lease to renew or lengthen.
         } else if req.watchdog {
             let mut st = grant.state();
-            if st.next_renewal.is_none() {
+            let now = Instant::now();
+            // A cap once passed stays passed: its grant is left to run out.
+            if st.next_renewal.is_none() && st.renew_until.is_none_or(|cap| now < cap) {
                 // The first watched hold of a fixed-lease grant: renew from now on.
-                st.next_renewal = Some(Instant::now());
-                st.renew_until = req.max_hold.and_then(|m| Instant::now().checked_add(m));
+                st.next_renewal = Some(now);
+                st.renew_until = req.max_hold.and_then(|m| now.checked_add(m));
             }
             drop(st);
             self.schedule(&grant);

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::options::LockOptions;
 use crate::client::config::Lease;
-use crate::client::config::{LockConfig, check_lease};
+use crate::client::config::{LockConfig, check_lease, check_max_hold};
 use crate::client::store::key::{self, LockKeys, LockMode, LockName};
 use crate::error::LockError;
 use crate::metrics::Primitive;
@@ -64,6 +64,8 @@ impl<'c> Resolved<'c> {
             }
             Lease::Watchdog => (config.watchdog_lease, true),
         };
+        let max_hold = options.max_hold.or(config.max_hold);
+        check_max_hold(max_hold)?;
         if options.fenced && !options.mode.is_fenced() {
             return Err(LockError::InvalidConfig(
                 "a read hold has no fencing token: take the write hold to write fenced".into(),
@@ -77,7 +79,7 @@ impl<'c> Resolved<'c> {
                 .scope
                 .or_else(LockScope::current)
                 .unwrap_or_default(),
-            max_hold: options.max_hold.or(config.max_hold),
+            max_hold,
             fenced: options.fenced,
             fair: options.fair,
             mode: options.mode,

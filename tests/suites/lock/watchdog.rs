@@ -104,6 +104,30 @@ async fn max_hold_caps_the_watchdog() {
     assert!(g.release().await.unwrap_err().is_expired());
 }
 
+/// A hold re-entered after the cap stopped the renewals (the lease not yet run out)
+/// does not start them again: the grant still ends one lease after its last renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reentry_after_the_cap_does_not_restart_the_renewals() {
+    let server = RedisServer::start();
+    // Renewals every 400 ms; the one due at 1.2 s finds the 1 s cap passed.
+    let config = LockConfig::new().with_watchdog_lease(Duration::from_millis(1_200));
+    let c = client(&server, config).await;
+    let g = c
+        .acquire(
+            "capped-again",
+            LockOptions::new().max_hold(Duration::from_secs(1)),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(g.is_held(), "the last renewal's lease runs to about 2 s");
+    let again = g.reenter().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(3), g.lost())
+        .await
+        .expect("lost() one lease after the last renewal, re-entered or not");
+    assert!(!again.is_held());
+}
+
 /// Many locks taken while the watchdog is busy renewing others are all renewed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_scheduled_during_a_renewal_pass_are_renewed() {
