@@ -14,8 +14,8 @@ use super::seam::{Backend, Granted, Order, Taken, Validity};
 use super::{LockOptions, Request, Resolved};
 use crate::client::cleanup::OnDrop;
 use crate::client::config::{MAX_LEASE, proven};
-use crate::client::store::key::LockName;
-use crate::client::wait::{Turn, wait_for_turn};
+use crate::client::store::key::{LockMode, LockName};
+use crate::client::wait::{Listen, Turn, wait_for_turn};
 use crate::error::LockError;
 use crate::metrics::{self, Acquired, Series};
 
@@ -160,6 +160,14 @@ impl<B: Backend> Core<B> {
         }
         match turn? {
             Ok(g) => {
+                // A release message wakes one waiter of this client; a reader that got
+                // in wakes the next, since readers share.
+                if req.keys.mode == LockMode::Read
+                    && let Some(channel) = channel.get()
+                    && let Some(Listen::Hub(hub, channel)) = self.backend.listen(&req.keys, channel)
+                {
+                    hub.notify_local(channel);
+                }
                 let (arrived, token) = (g.arrived, g.token);
                 let grant = Arc::new(Grant::new(req.keys.clone(), scope, req.primitive, g));
                 if req.watchdog && !grant.kept {

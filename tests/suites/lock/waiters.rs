@@ -218,3 +218,56 @@ async fn a_key_without_expiry_is_waited_for_with_backoff_not_polled() {
     let busy = c.try_lock("by-hand").await.unwrap_err();
     assert_eq!(busy.retry_after(), Some(longest), "{busy:?}");
 }
+
+/// A write hold given back, with several readers of one client waiting: the release's
+/// message wakes one of them, and each reader that gets its hold wakes the next, so all
+/// go in together instead of one per backoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_release_lets_every_waiting_reader_in() {
+    let server = RedisServer::start();
+    let writer = client(&server, LockConfig::new()).await;
+    // A backoff (full jitter) so long that a reader woken by it within the 2 s below
+    // is rare, three of them all but impossible.
+    let slow = Backoff {
+        initial: Duration::from_secs(60),
+        max: Duration::from_secs(60),
+    };
+    // Unbatched, so that each attempt is a call of its own to count.
+    let config = LockConfig::new().with_backoff(slow).with_batching(false);
+    let readers = client(&server, config).await;
+    let w = writer
+        .acquire("doc", LockOptions::new().write())
+        .await
+        .unwrap();
+    let mut monitor = server.monitor().await;
+    let waiting: Vec<_> = (0..4)
+        .map(|_| {
+            let r = readers.clone();
+            tokio::spawn(async move {
+                let read = LockOptions::new().read().wait(Duration::from_secs(60));
+                r.acquire("doc", read).await
+            })
+        })
+        .collect();
+    // Each reader's first attempt, then its retry once subscribed: all four asleep.
+    let take = script_sha("read_write.lua");
+    for _ in 0..8 {
+        monitor
+            .wait_for(&take, Duration::from_secs(5))
+            .await
+            .expect("a reader's attempt");
+    }
+    w.release().await.unwrap();
+    let mut held = Vec::new();
+    for (i, reader) in waiting.into_iter().enumerate() {
+        let g = tokio::time::timeout(Duration::from_secs(2), reader)
+            .await
+            .unwrap_or_else(|_| panic!("reader {i} waited for its backoff, not the release"))
+            .unwrap()
+            .unwrap();
+        held.push(g);
+    }
+    for g in held {
+        g.release().await.unwrap();
+    }
+}
