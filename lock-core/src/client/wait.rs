@@ -114,7 +114,13 @@ impl Hub {
         if let Some(tx) = commands.as_ref().filter(|tx| !tx.is_closed()) {
             return Some(tx.clone());
         }
-        let rt = tokio::runtime::Handle::try_current().ok()?;
+        // On the background runtime, so that it outlives the runtime of the waiter
+        // that started it (the other runtimes' waiters listen through it too).
+        if crate::client::cleanup::background().is_none()
+            && tokio::runtime::Handle::try_current().is_err()
+        {
+            return None;
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         let actor = Actor {
             clients: self.clients.clone(),
@@ -126,7 +132,7 @@ impl Hub {
             subscribed: HashSet::new(),
             retry_at: Instant::now(),
         };
-        rt.spawn(actor.run(rx));
+        crate::client::cleanup::spawn_lasting(actor.run(rx));
         *commands = Some(tx.clone());
         Some(tx)
     }

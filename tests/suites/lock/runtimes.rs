@@ -382,3 +382,90 @@ fn a_release_whose_batch_ended_with_another_runtime_is_sent_again() {
     });
     assert!(freed, "the release was not sent again: {key} is still held");
 }
+
+/// A connection opened by a call that then gave up (its time limit passed) in the same
+/// poll, on a one-thread runtime that ended right after: the connection's tasks never
+/// ran. The link must still count as ended, so that the next call, on another runtime,
+/// opens a new one instead of queueing on a link nobody reads.
+#[test]
+fn a_link_whose_tasks_never_ran_before_its_runtime_ended_is_opened_again() {
+    let server = RedisServer::start();
+    let config = LockConfig::new().with_command_timeout(ms(300));
+    let rt1 = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt1
+        .block_on(async { LockClient::open_lazy(server.url(), config) })
+        .unwrap();
+    rt1.block_on(async {
+        // Blocks the only thread, so that the connect's readiness and the time limit
+        // are seen in one poll: the link starts, then the call returns at once.
+        tokio::spawn(async { std::thread::sleep(ms(300)) });
+        let gave_up = tokio::time::timeout(ms(100), client.try_lock("first")).await;
+        assert!(gave_up.is_err(), "the first call was not cut short: {gave_up:?}");
+    });
+    drop(rt1);
+
+    let rt2 = runtime();
+    let last = &RefCell::new(String::new());
+    let client = &client;
+    let served = within(&rt2, Duration::from_secs(5), || async move {
+        match client.try_lock("second").await {
+            Ok(g) => g.release().await.is_ok(),
+            Err(e) => {
+                *last.borrow_mut() = e.to_string();
+                false
+            }
+        }
+    });
+    assert!(served, "the client never opened a new link: {}", last.borrow());
+}
+
+/// The pub/sub hub started by a waiter on a runtime that then ended: waiters on a
+/// runtime that lives on are still woken by releases, not by their backoff.
+#[test]
+fn waiters_are_woken_after_the_runtime_that_started_the_hub_ended() {
+    let server = RedisServer::start();
+    let main = runtime();
+    let holder = main.block_on(client(&server, LockConfig::new()));
+    let (x, y) = (
+        main.block_on(holder.try_lock("x")).unwrap(),
+        main.block_on(holder.try_lock("y")).unwrap(),
+    );
+    let slow = lock_core::Backoff {
+        initial: Duration::from_secs(10),
+        max: Duration::from_secs(10),
+    };
+    let waiting = main.block_on(client(&server, LockConfig::new().with_backoff(slow)));
+    let long = || LockOptions::new().wait(Duration::from_secs(20));
+    let subscribed = |name: &str| {
+        let channel = waiting.keys(name).unwrap().channel();
+        let (server, channel) = (&server, &channel);
+        within(&main, Duration::from_secs(5), || async move {
+            common::subscribers(server, channel).await == 1
+        })
+    };
+
+    let rt1 = runtime();
+    let _on_x = rt1.spawn({
+        let c = waiting.clone();
+        async move { c.acquire("x", long()).await.map(drop) }
+    });
+    assert!(subscribed("x"), "the first waiter never subscribed");
+    let rt2 = runtime();
+    let on_y = rt2.spawn({
+        let c = waiting.clone();
+        async move { c.acquire("y", long()).await.map(drop) }
+    });
+    assert!(subscribed("y"), "the second waiter never subscribed");
+    drop(rt1);
+
+    main.block_on(y.release()).unwrap();
+    let woken = rt2.block_on(async { tokio::time::timeout(Duration::from_secs(2), on_y).await });
+    assert!(
+        matches!(woken, Ok(Ok(Ok(())))),
+        "the waiter on the living runtime was not woken by the release: {woken:?}"
+    );
+    main.block_on(x.release()).unwrap();
+}

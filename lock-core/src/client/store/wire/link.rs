@@ -63,8 +63,10 @@ impl Link {
             to_write: Notify::new(),
             tasks: Mutex::default(),
         });
-        let read = tokio::spawn(read(link.clone(), reader, rest));
-        let write = tokio::spawn(write(link.clone(), writer));
+        // Each task owns its `EndOnDrop` from the start: a task dropped before its first
+        // poll (its runtime ended at once) still ends the link.
+        let read = tokio::spawn(read(EndOnDrop(link.clone()), reader, rest));
+        let write = tokio::spawn(write(EndOnDrop(link.clone()), writer));
         *link.tasks.lock().unwrap_or_else(PoisonError::into_inner) =
             vec![read.abort_handle(), write.abort_handle()];
         link
@@ -191,8 +193,7 @@ impl Drop for EndOnDrop {
 
 /// The reader: parses replies as they arrive (starting with `rest`, read during the
 /// handshake) and hands them out.
-async fn read(link: Arc<Link>, mut reader: impl AsyncRead + Unpin, rest: Vec<u8>) {
-    let link = EndOnDrop(link);
+async fn read(link: EndOnDrop, mut reader: impl AsyncRead + Unpin, rest: Vec<u8>) {
     let mut buf = rest;
     buf.reserve(16 * 1024);
     let mut parsed = Vec::new();
@@ -232,8 +233,7 @@ async fn read(link: Arc<Link>, mut reader: impl AsyncRead + Unpin, rest: Vec<u8>
 }
 
 /// The writer: sends what the outbox holds, all of it in one write when it can.
-async fn write(link: Arc<Link>, mut writer: impl AsyncWrite + Unpin) {
-    let link = EndOnDrop(link);
+async fn write(link: EndOnDrop, mut writer: impl AsyncWrite + Unpin) {
     let mut sending = Vec::new();
     loop {
         {
