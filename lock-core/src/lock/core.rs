@@ -108,7 +108,11 @@ impl<B: Seam> Core<B> {
         match reply {
             // `background` fires on return: it counts the release and ends it in the
             // registry.
-            Err(e) if !patiently && e.is_no_answer() => Err(e),
+            // A grant already reported lost answers with its loss, as it does when the
+            // store answers.
+            Err(e) if !patiently && e.is_no_answer() => {
+                Err(lost.map_or(e, |loss| loss.error(grant.keys.name())))
+            }
             reply => {
                 background.disarm();
                 self.released(grant, lost, reply)
@@ -223,9 +227,17 @@ impl<B: Seam> Core<B> {
             .await?;
         match reply {
             Ok(valid_until) => {
-                if !grant.lengthen(&mut grant.state(), valid_until) {
+                let mut st = grant.state();
+                // Lost while the call was out (the watchdog's clock, a release of
+                // another hold): a loss is final, whatever the store answered.
+                if let Some(loss) = st.lost {
+                    return Err(loss.error(name));
+                }
+                if !grant.lengthen(&mut st, valid_until) {
+                    drop(st);
                     return Err(self.lose(grant, Loss::Expired));
                 }
+                drop(st);
                 self.schedule(grant);
                 Ok(())
             }

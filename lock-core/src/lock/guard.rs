@@ -116,10 +116,12 @@ impl<B: Backend> LockGuard<B> {
     /// # Ok(()) }
     /// ```
     pub async fn fence(&self) -> Result<FencingToken, LockError> {
-        if let Some(token) = self.fencing_token() {
-            return Ok(token);
+        // The token taken already answers only while the lease is known to hold; past
+        // it, the store is asked (and says whether the grant was lost).
+        match self.fencing_token() {
+            Some(token) if self.is_held() => Ok(token),
+            _ => self.core.fence(&self.grant).await,
         }
-        self.core.fence(&self.grant).await
     }
 
     /// True while the lease is known to be in force and the lock was not reported lost.

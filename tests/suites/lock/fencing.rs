@@ -102,6 +102,31 @@ async fn a_lost_grant_gets_no_token() {
     assert!(next.fence().await.is_ok());
 }
 
+/// The same for a grant whose token was taken with it (`fenced()`): once its lease ran
+/// out and another holder took over, `fence()` fails instead of handing out the token
+/// it cached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_fenced_grant_hands_out_no_cached_token() {
+    let server = RedisServer::start();
+    let (a, b) = (
+        client(&server, LockConfig::new()).await,
+        client(&server, LockConfig::new()).await,
+    );
+    let short = LockOptions::new()
+        .lease(Lease::Fixed(Duration::from_millis(100)))
+        .fenced();
+    let stale = a.acquire("job", short.clone()).await.unwrap();
+    assert!(stale.fencing_token().is_some());
+    assert!(stale.fence().await.is_ok());
+    let next = b
+        .acquire("job", short.wait(Duration::from_secs(2)))
+        .await
+        .unwrap();
+    let err = stale.fence().await.unwrap_err();
+    assert!(err.is_lost(), "{err}");
+    assert!(next.fence().await.is_ok());
+}
+
 /// Keys in the server's database.
 async fn dbsize(server: &RedisServer) -> i64 {
     let mut c = server.connection().await;

@@ -282,6 +282,65 @@ async fn an_extension_answered_after_the_lease_ran_out_does_not_revive_the_grant
     assert!(g.release().await.unwrap_err().is_lost());
 }
 
+/// The same with the watchdog's lease: the extension's answer is held, so the renewals
+/// queued behind it go unanswered and the watchdog marks the grant lost at the end of
+/// its lease. The extension answered afterwards reports the loss instead of succeeding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_answered_after_the_watchdog_marked_the_grant_lost_fails() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let config = LockConfig::new()
+        .with_watchdog_lease(Duration::from_millis(600))
+        .with_command_timeout(Duration::from_secs(10));
+    let a = LockClient::open_with_config(proxy.url().as_str(), config)
+        .await
+        .unwrap();
+    let g = a.lock("late-watched").await.unwrap();
+    g.extend(Duration::from_millis(600)).await.unwrap();
+    // The extension alone asks for 45 s (renewals ask for the 600 ms lease).
+    proxy.hold_reply_to(|chunk| chunk.windows(5).any(|w| w == b"45000"));
+    let (extended, ()) = tokio::join!(g.extend(Duration::from_secs(45)), async {
+        tokio::time::timeout(Duration::from_secs(5), g.lost())
+            .await
+            .expect("the watchdog marks the grant lost when its renewals go unanswered");
+        let left = pttl(&server, &g.keys().key).await;
+        assert!(left > 30_000, "the extension was not executed: {left}");
+        assert!(proxy.is_holding(), "the extension's reply was not held");
+        proxy.release_reply();
+    });
+    let e = extended.expect_err("an extension answered after the grant was lost succeeded");
+    assert!(e.is_lost(), "{e:?}");
+    assert!(!g.is_held());
+}
+
+/// A grant reported lost whose release gets no answer (the holder is still cut off)
+/// returns the loss, as its release does when the store answers; the release is sent
+/// again once the store is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_grant_released_while_cut_off_returns_the_loss() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let config = LockConfig::new()
+        .with_watchdog_lease(Duration::from_millis(600))
+        .with_command_timeout(Duration::from_millis(500));
+    let a = LockClient::open_with_config(proxy.url().as_str(), config)
+        .await
+        .unwrap();
+    let g = a.lock("cut-release").await.unwrap();
+    let key = g.keys().key.clone();
+    proxy.cut();
+    tokio::time::timeout(Duration::from_secs(5), g.lost())
+        .await
+        .expect("lost() fires while cut off");
+    let e = g.release().await.unwrap_err();
+    assert!(e.is_lost(), "the release of a lost grant returned {e:?}");
+    proxy.heal();
+    eventually(Duration::from_secs(5), "the lock key gone", || async {
+        !exists(&server, &key).await
+    })
+    .await;
+}
+
 /// A real partition: a proxy stops forwarding without closing. The
 /// cut-off holder's `lost()` fires within lease + one renewal period; a second holder
 /// takes over, and the first one's fenced write after the second's is refused.
