@@ -146,9 +146,71 @@ async fn memory_stays_bounded_by_what_is_held() {
     assert_eq!(locks.held_count(), 0);
 }
 
+/// The same after a peak: a thousand locks held at once, then released. The bound
+/// follows what is held now, not the most that ever was.
+#[tokio::test(start_paused = true)]
+async fn memory_stays_bounded_by_what_is_held_after_a_peak() {
+    let locks = MemoryLocks::new();
+    let mut peak = Vec::new();
+    for i in 0..1_000_u64 {
+        peak.push(locks.lock(("peak", i)).await.unwrap());
+    }
+    for g in peak {
+        g.release().await.unwrap();
+    }
+    for i in 0..1_000_u64 {
+        locks
+            .acquire(("n", i), fixed(10))
+            .await
+            .unwrap()
+            .hold_until_expiry();
+        tokio::time::advance(MS(1)).await;
+    }
+    assert!(
+        locks.entries() <= 64 + 2 * 10,
+        "{} entries",
+        locks.entries()
+    );
+}
+
+/// A max-hold too short to hold anything is refused, per call and in the config,
+/// instead of granting and ending grants in a loop for the whole wait.
+#[tokio::test(start_paused = true)]
+async fn a_max_hold_of_zero_is_refused() {
+    let locks = MemoryLocks::new();
+    let e = locks
+        .acquire(
+            "x",
+            LockOptions::new()
+                .max_hold(Duration::ZERO)
+                .wait(Duration::from_secs(1)),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, LockError::InvalidConfig(_)), "{e:?}");
+    let e = MemoryLocks::with_config(LockConfig::new().with_max_hold(Some(Duration::ZERO)))
+        .unwrap_err();
+    assert!(matches!(e, LockError::InvalidConfig(_)), "{e:?}");
+    // Nothing was granted meanwhile: the next token is the first.
+    let g = locks.try_lock("x").await.unwrap();
+    assert_eq!(g.fencing_token().unwrap().get(), 1);
+}
+
+/// Settings that would overflow the deadline arithmetic (`Duration::MAX` meaning
+/// "never") are refused when the store is made, as on every other store, instead of
+/// panicking inside an acquisition.
+#[tokio::test(start_paused = true)]
+async fn a_config_that_validate_refuses_makes_no_store() {
+    let e = MemoryLocks::with_config(LockConfig::new().with_command_timeout(Duration::MAX))
+        .unwrap_err();
+    assert!(matches!(e, LockError::InvalidConfig(_)), "{e:?}");
+    let e = MemoryLocks::with_config(LockConfig::new().with_delimiter("")).unwrap_err();
+    assert!(matches!(e, LockError::InvalidConfig(_)), "{e:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_watchdog_hold_lasts_until_released_or_max_hold() {
-    let locks = MemoryLocks::with_config(LockConfig::new());
+    let locks = MemoryLocks::with_config(LockConfig::new()).unwrap();
     let g = locks.lock("x").await.unwrap();
     tokio::time::sleep(Duration::from_secs(3_600)).await;
     assert!(g.is_held());
@@ -193,7 +255,7 @@ async fn model_no_two_grants_believe_they_hold_one_name() {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| fastrand::u64(..));
     println!("MODEL_SEED={seed}");
-    let locks = MemoryLocks::with_config(LockConfig::new().with_watchdog_lease(MS(150)));
+    let locks = MemoryLocks::with_config(LockConfig::new().with_watchdog_lease(MS(150))).unwrap();
     type Held = Arc<Mutex<Vec<MemoryGuard>>>;
     let all: Vec<Held> = (0..8).map(|_| Held::default()).collect();
     let scopes = [LockScope::new(), LockScope::new()];
@@ -299,7 +361,7 @@ async fn model_no_two_grants_believe_they_hold_one_name() {
 #[tokio::test(start_paused = true)]
 async fn a_watchdog_hold_left_to_expire_ends_after_the_watchdog_lease() {
     let lease = Duration::from_secs(30);
-    let locks = MemoryLocks::with_config(LockConfig::new().with_watchdog_lease(lease));
+    let locks = MemoryLocks::with_config(LockConfig::new().with_watchdog_lease(lease)).unwrap();
     let g = locks.lock("x").await.unwrap();
     let start = Instant::now();
     g.hold_until_expiry();

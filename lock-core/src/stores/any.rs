@@ -140,7 +140,7 @@ impl AnyLocks {
                 hosts(scheme == "redlock+tls")?,
                 config,
             )?)),
-            "memory" => Ok(Self::Memory(MemoryLocks::with_config(config))),
+            "memory" => Ok(Self::Memory(MemoryLocks::with_config(config)?)),
             "redisson" | "redisson+tls" => {
                 let url = format!(
                     "{}://{rest}",

@@ -54,13 +54,24 @@ impl Default for Locks<MemoryBackend> {
 impl Locks<MemoryBackend> {
     /// A store with the default [`LockConfig`].
     pub fn new() -> Self {
-        Self::with_config(LockConfig::new())
+        Self::over(MemoryBackend::new(LockConfig::new()))
     }
 
     /// A store with `config` (lease, wait budget, delimiter, namespace; Redis settings
-    /// are unused).
-    pub fn with_config(config: LockConfig) -> Self {
-        Self::over(MemoryBackend::new(config))
+    /// are unused). Fails with [`LockError::InvalidConfig`] for a config that
+    /// [`LockConfig::validate`] refuses, as every other store does.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lock_core::{LockConfig, MemoryLocks};
+    ///
+    /// let locks = MemoryLocks::with_config(LockConfig::new().with_wait(Duration::ZERO))?;
+    /// assert!(MemoryLocks::with_config(LockConfig::new().with_delimiter("")).is_err());
+    /// # Ok::<(), lock_core::LockError>(())
+    /// ```
+    pub fn with_config(config: LockConfig) -> Result<Self, LockError> {
+        config.validate()?;
+        Ok(Self::over(MemoryBackend::new(config)))
     }
 
     /// Entries in the table: held locks, plus expired ones not swept yet (at most twice

@@ -221,7 +221,7 @@ async fn redisson_fair_lock_grants_in_arrival_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_fair_lock_grants_in_arrival_order() {
-    let locks = lock_core::MemoryLocks::with_config(config());
+    let locks = lock_core::MemoryLocks::with_config(config()).unwrap();
     let open = || std::future::ready(Ok(locks.clone()));
     let probe = locks.clone();
     let queued: Queued = Box::new(move || {

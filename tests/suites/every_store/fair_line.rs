@@ -89,7 +89,7 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_a_leaving_waiter_gives_up_its_place() {
-    let locks = lock_core::MemoryLocks::with_config(long_places());
+    let locks = lock_core::MemoryLocks::with_config(long_places()).unwrap();
     let probe = locks.clone();
     a_leaving_waiter_gives_up_its_place(locks, move || probe.in_line("door").unwrap()).await;
 }
@@ -186,7 +186,7 @@ async fn memory_a_vanished_waiter_holds_the_line_until_its_place_lapses() {
         })
         .with_command_timeout(Duration::from_millis(300));
     let place = Duration::from_millis(500);
-    let locks = lock_core::MemoryLocks::with_config(config);
+    let locks = lock_core::MemoryLocks::with_config(config).unwrap();
     let held = locks.lock_named("gate").await.unwrap();
     let queued = tokio::time::Instant::now();
     let mut vanished = Box::pin(locks.acquire("gate", fair(Duration::from_secs(60))));

@@ -195,7 +195,8 @@ pub(super) async fn redlock() -> Backend {
 pub(super) fn memory() -> Backend {
     let store = lock_core::MemoryLocks::with_config(
         LockConfig::new().with_watchdog_lease(Duration::from_millis(150)),
-    );
+    )
+    .unwrap();
     Backend {
         locks: [store.clone().into(), store.into()],
         server: None,

@@ -23,7 +23,7 @@ async fn locks(server: &MariaDbServer) -> MysqlLocks {
         .connect(&server.url())
         .await
         .expect("connect to the test mariadb");
-    MysqlLocks::new(pool, config())
+    MysqlLocks::new(pool, config()).unwrap()
 }
 
 /// Who holds `name` on the server (its connection id), if anyone.
@@ -156,4 +156,16 @@ async fn fixed_leases_do_not_apply_and_hold_until_expiry_gives_back() {
     let (a, b) = (locks(&server).await, locks(&server).await);
     let past = a.config().watchdog_lease() * 2;
     checks::session_locks_ignore_leases_and_give_back_on_expiry(&a, &b, past).await;
+}
+
+/// A config that `LockConfig::validate` refuses makes no store, as on Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_that_validate_refuses_makes_no_store() {
+    let server = MariaDbServer::start();
+    let never = config().with_command_timeout(Duration::MAX);
+    let pool = MySqlPoolOptions::new().connect(&server.url()).await.unwrap();
+    let e = MysqlLocks::new(pool, never.clone()).unwrap_err();
+    assert!(matches!(e, lock_core::LockError::InvalidConfig(_)), "{e:?}");
+    let e = MysqlLocks::connect(&server.url(), never).await.unwrap_err();
+    assert!(matches!(e, lock_core::LockError::InvalidConfig(_)), "{e:?}");
 }

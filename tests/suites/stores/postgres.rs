@@ -25,7 +25,7 @@ async fn locks(server: &PostgresServer) -> PostgresLocks {
         .connect(&server.url())
         .await
         .expect("connect to the test postgres");
-    PostgresLocks::new(pool, config())
+    PostgresLocks::new(pool, config()).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -184,7 +184,8 @@ async fn a_release_cancelled_while_waiting_for_its_session_leaves_no_lock_held()
     let other = locks(&server).await;
     // A long lease: the stuck check must not end in a loss before the release runs.
     let pool = PgPoolOptions::new().connect(&server.url()).await.unwrap();
-    let store = PostgresLocks::new(pool, config().with_watchdog_lease(Duration::from_secs(10)));
+    let store =
+        PostgresLocks::new(pool, config().with_watchdog_lease(Duration::from_secs(10))).unwrap();
     let g = store.lock("cut-release").await.unwrap();
     let key = store.advisory_key("cut-release").unwrap();
     let pid = holder(&other, key).await.expect("held");
@@ -284,4 +285,17 @@ async fn a_wait_budget_of_a_month_is_waited_in_the_server() {
         .expect("the waiter was granted once the lock was free")
         .unwrap()
         .unwrap();
+}
+
+/// A config that `LockConfig::validate` refuses (here a command timeout meant as
+/// "never", which deadline sums would overflow) makes no store, as on Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_that_validate_refuses_makes_no_store() {
+    let server = PostgresServer::start();
+    let never = config().with_command_timeout(Duration::MAX);
+    let pool = PgPoolOptions::new().connect(&server.url()).await.unwrap();
+    let e = PostgresLocks::new(pool, never.clone()).unwrap_err();
+    assert!(matches!(e, lock_core::LockError::InvalidConfig(_)), "{e:?}");
+    let e = PostgresLocks::connect(&server.url(), never).await.unwrap_err();
+    assert!(matches!(e, lock_core::LockError::InvalidConfig(_)), "{e:?}");
 }

@@ -76,7 +76,11 @@ impl Table {
     /// Expired entries nobody took again go in sweeps, so memory stays within twice
     /// what is held.
     fn sweep(&mut self, now: Instant) {
-        if self.locks.len() + self.shared.len() + self.lines.len() > 2 * self.after_sweep + 64 {
+        let len = self.locks.len() + self.shared.len() + self.lines.len();
+        // Entries given back since the last sweep lower the bound with them: it follows
+        // what is held, not the most that ever was.
+        self.after_sweep = self.after_sweep.min(len);
+        if len > 2 * self.after_sweep + 64 {
             self.locks.retain(|_, e| e.live(now));
             self.shared.retain(|_, e| e.live(now));
             self.lines.retain(|_, line| line.live(now));

@@ -91,20 +91,23 @@ fn store_error(e: sqlx::Error) -> LockError {
 
 impl Locks<MysqlBackend> {
     /// Locks on the database of `pool` (your application's pool can be shared: each
-    /// held lock keeps one of its connections).
-    pub fn new(pool: MySqlPool, config: LockConfig) -> Self {
+    /// held lock keeps one of its connections). Fails with
+    /// [`LockError::InvalidConfig`] for a config that [`LockConfig::validate`] refuses.
+    pub fn new(pool: MySqlPool, config: LockConfig) -> Result<Self, LockError> {
+        config.validate()?;
         let store = MysqlStore {
             pool,
             config,
             counter: OnceCell::new(),
         };
-        Self::over(SqlBackend { store })
+        Ok(Self::over(SqlBackend { store }))
     }
 
     /// Connects a pool to `url` (`mysql://user:password@host:port/database`).
     pub async fn connect(url: &str, config: LockConfig) -> Result<Self, LockError> {
+        config.validate()?;
         let pool = super::connect::<MySql>(STORE, url, &config).await?;
-        Ok(Self::new(pool, config))
+        Self::new(pool, config)
     }
 
     /// The pool locks are taken on.

@@ -71,7 +71,7 @@ pub const FENCE_SEQUENCE: &str = "lock_core_fence";
 /// let pool = sqlx::PgPool::connect("postgres://app@db/app").await.map_err(|e| {
 ///     lock_core::LockError::Store { store: "postgres", message: e.to_string() }
 /// })?;
-/// let locks = PostgresLocks::new(pool, LockConfig::new());
+/// let locks = PostgresLocks::new(pool, LockConfig::new())?;
 /// let guard = locks.lock(("report", 2026_u32)).await?;
 /// guard.release().await?;
 /// # Ok(()) }
@@ -89,20 +89,23 @@ pub struct PgStore {
 
 impl Locks<PostgresBackend> {
     /// Locks on the database of `pool` (your application's pool can be shared: each
-    /// held lock keeps one of its connections).
-    pub fn new(pool: PgPool, config: LockConfig) -> Self {
+    /// held lock keeps one of its connections). Fails with
+    /// [`LockError::InvalidConfig`] for a config that [`LockConfig::validate`] refuses.
+    pub fn new(pool: PgPool, config: LockConfig) -> Result<Self, LockError> {
+        config.validate()?;
         let store = PgStore {
             pool,
             config,
             sequence: OnceCell::new(),
         };
-        Self::over(SqlBackend { store })
+        Ok(Self::over(SqlBackend { store }))
     }
 
     /// Connects a pool to `url` (`postgres://user:password@host:port/database`).
     pub async fn connect(url: &str, config: LockConfig) -> Result<Self, LockError> {
+        config.validate()?;
         let pool = super::connect::<Postgres>(STORE, url, &config).await?;
-        Ok(Self::new(pool, config))
+        Self::new(pool, config)
     }
 
     /// The pool locks are taken on.

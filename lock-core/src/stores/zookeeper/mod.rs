@@ -148,14 +148,18 @@ impl Locks<ZkBackend> {
     /// A missing chroot is an [`LockError::InvalidConfig`] here, not a `NoNode` at the
     /// first acquisition.
     pub async fn connect(cluster: &str, config: LockConfig) -> Result<Self, LockError> {
+        config.validate()?;
         let client = open(cluster, &config).await?;
         require_chroot(&client).await?;
         Ok(Self::build(client, Some(cluster.to_owned()), config))
     }
 
-    /// Locks on an existing session (not replaced if it expires: connect again).
-    pub fn new(client: zk::Client, config: LockConfig) -> Self {
-        Self::build(client, None, config)
+    /// Locks on an existing session (not replaced if it expires: connect again). Fails
+    /// with [`LockError::InvalidConfig`] for a config that [`LockConfig::validate`]
+    /// refuses.
+    pub fn new(client: zk::Client, config: LockConfig) -> Result<Self, LockError> {
+        config.validate()?;
+        Ok(Self::build(client, None, config))
     }
 
     fn build(client: zk::Client, cluster: Option<String>, config: LockConfig) -> Self {
