@@ -133,7 +133,8 @@ async fn a_postgres_acquisition_ends_within_its_budget_with_the_server_unreachab
     let url = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
     // The pool's own 30 s wait for a connection is left as sqlx sets it.
     let pool = PgPoolOptions::new().connect(&url).await.unwrap();
-    unreachable_ends_within_budget(&PostgresLocks::new(pool, config()), &proxy).await;
+    let locks = PostgresLocks::new(pool, config()).unwrap();
+    unreachable_ends_within_budget(&locks, &proxy).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -193,4 +194,52 @@ fn a_postgres_guard_held_after_its_runtime_ended_is_lost_and_still_excludes() {
 fn a_mysql_guard_held_after_its_runtime_ended_is_lost_and_still_excludes() {
     let server = MariaDbServer::start();
     held_after_its_runtime_ended(|| mysql(&server));
+}
+
+/// A release while the server is unreachable (a cut proxy) ends within one command
+/// timeout with an error, instead of waiting on a silent connection for as long as
+/// TCP takes to give up. Its session is closed, so once the server sees that, the lock
+/// is free for `other`, which reaches the server directly.
+async fn release_ends_within_timeout_when_unreachable<L, M>(locks: &L, other: &M, proxy: &TcpProxy)
+where
+    L: DistributedLock,
+    M: DistributedLock,
+{
+    let g = locks.lock_named("held").await.unwrap();
+    proxy.cut();
+    let started = Instant::now();
+    let released = tokio::time::timeout(Duration::from_secs(45), g.release())
+        .await
+        .expect("no answer within 45 s");
+    let took = started.elapsed();
+    let err = released.map(drop).unwrap_err();
+    assert!(err.is_unavailable(), "{err}");
+    assert!(took <= COMMAND_TIMEOUT + SLACK, "took {took:?}: {err}");
+    proxy.heal();
+    let g = other
+        .acquire("held", LockOptions::new().wait(Duration::from_secs(10)))
+        .await
+        .expect("the lock of the closed session was freed");
+    g.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_release_ends_within_the_command_timeout_with_the_server_unreachable() {
+    let server = PostgresServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
+    let pool = PgPoolOptions::new().connect(&url).await.unwrap();
+    let cut = PostgresLocks::new(pool, config()).unwrap();
+    let direct = AnyLocks::open(&server.url(), config()).await.unwrap();
+    release_ends_within_timeout_when_unreachable(&cut, &direct, &proxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mysql_release_ends_within_the_command_timeout_with_the_server_unreachable() {
+    let server = MariaDbServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let url = format!("mariadb://root@127.0.0.1:{}/locks", proxy.port());
+    let cut = AnyLocks::open(&url, config()).await.unwrap();
+    let direct = AnyLocks::open(&server.url(), config()).await.unwrap();
+    release_ends_within_timeout_when_unreachable(&cut, &direct, &proxy).await;
 }

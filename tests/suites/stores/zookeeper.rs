@@ -46,6 +46,34 @@ async fn two_sessions_never_hold_one_name_at_once_and_tokens_grow() {
     assert!(left.is_empty(), "contender nodes left behind: {left:?}");
 }
 
+/// A config that `LockConfig::validate` refuses makes no store, as on Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_that_validate_refuses_makes_no_store() {
+    let server = ZooKeeperServer::start();
+    let never = config().with_command_timeout(Duration::MAX);
+    let e = ZkLocks::connect(&server.connect_string(), never.clone())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, lock_core::LockError::InvalidConfig(_)), "{e:?}");
+    let e = ZkLocks::new(raw(&server).await, never).unwrap_err();
+    assert!(matches!(e, lock_core::LockError::InvalidConfig(_)), "{e:?}");
+}
+
+/// Names with characters outside the Basic Multilingual Plane (which ZooKeeper, reading
+/// paths as UTF-16, refuses as surrogates) lock like any other: each is its own lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_beyond_the_basic_plane_is_a_lock_of_its_own() {
+    let server = ZooKeeperServer::start();
+    let (a, b) = (locks(&server).await, locks(&server).await);
+    let g = a.try_lock("order-\u{1f600}").await.unwrap();
+    assert!(b.try_lock("order-\u{1f600}").await.unwrap_err().is_busy());
+    let other = b.try_lock("order-\u{1f601}").await.unwrap();
+    let path = a.lock_path("order-\u{1f600}").unwrap();
+    assert!(path.ends_with("order-%F0%9F%98%80"), "{path}");
+    assert_eq!(g.release().await.unwrap(), Released::Unlocked);
+    assert_eq!(other.release().await.unwrap(), Released::Unlocked);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_chroot_is_a_configuration_error_at_connect() {
     let server = ZooKeeperServer::start();

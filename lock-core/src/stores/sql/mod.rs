@@ -287,7 +287,19 @@ impl<S: SqlStore> Seam for SqlBackend<S> {
     }
 
     async fn give_back(&self, _keys: &LockKeys, grant: &Self::Grant) -> Result<Held, LockError> {
-        Ok(unlock(grant).await)
+        // Cut short, `unlock` drops the session's connection unconfirmed: it is closed,
+        // and the server frees the lock once it sees that.
+        let within = self.store.config().command_timeout;
+        match tokio::time::timeout(within, unlock(grant)).await {
+            Ok(held) => Ok(held),
+            Err(_) => Err(LockError::Store {
+                store: <S::Dialect as Dialect>::STORE,
+                message: format!(
+                    "no answer to the unlock within the command timeout ({within:?}): its \
+                     session was closed, and the server frees the lock once it sees that"
+                ),
+            }),
+        }
     }
 
     async fn extend(

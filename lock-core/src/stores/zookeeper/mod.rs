@@ -180,7 +180,7 @@ impl Locks<ZkBackend> {
 }
 
 fn lock_path(namespace: &str, name: &str) -> String {
-    format!("/{}/{}", path::segment(namespace), path::segment(name))
+    format!("/{}/{}", path::node(namespace), path::node(name))
 }
 
 /// The sequence part of a contender node's name (Curator sorts by it).
