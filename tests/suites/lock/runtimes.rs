@@ -403,7 +403,10 @@ fn a_link_whose_tasks_never_ran_before_its_runtime_ended_is_opened_again() {
         // are seen in one poll: the link starts, then the call returns at once.
         tokio::spawn(async { std::thread::sleep(ms(300)) });
         let gave_up = tokio::time::timeout(ms(100), client.try_lock("first")).await;
-        assert!(gave_up.is_err(), "the first call was not cut short: {gave_up:?}");
+        assert!(
+            gave_up.is_err(),
+            "the first call was not cut short: {gave_up:?}"
+        );
     });
     drop(rt1);
 
@@ -419,7 +422,11 @@ fn a_link_whose_tasks_never_ran_before_its_runtime_ended_is_opened_again() {
             }
         }
     });
-    assert!(served, "the client never opened a new link: {}", last.borrow());
+    assert!(
+        served,
+        "the client never opened a new link: {}",
+        last.borrow()
+    );
 }
 
 /// The pub/sub hub started by a waiter on a runtime that then ended: waiters on a

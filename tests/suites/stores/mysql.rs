@@ -163,7 +163,10 @@ async fn fixed_leases_do_not_apply_and_hold_until_expiry_gives_back() {
 async fn a_config_that_validate_refuses_makes_no_store() {
     let server = MariaDbServer::start();
     let never = config().with_command_timeout(Duration::MAX);
-    let pool = MySqlPoolOptions::new().connect(&server.url()).await.unwrap();
+    let pool = MySqlPoolOptions::new()
+        .connect(&server.url())
+        .await
+        .unwrap();
     let e = MysqlLocks::new(pool, never.clone()).unwrap_err();
     assert!(matches!(e, lock_core::LockError::InvalidConfig(_)), "{e:?}");
     let e = MysqlLocks::connect(&server.url(), never).await.unwrap_err();

@@ -296,6 +296,8 @@ async fn a_config_that_validate_refuses_makes_no_store() {
     let pool = PgPoolOptions::new().connect(&server.url()).await.unwrap();
     let e = PostgresLocks::new(pool, never.clone()).unwrap_err();
     assert!(matches!(e, lock_core::LockError::InvalidConfig(_)), "{e:?}");
-    let e = PostgresLocks::connect(&server.url(), never).await.unwrap_err();
+    let e = PostgresLocks::connect(&server.url(), never)
+        .await
+        .unwrap_err();
     assert!(matches!(e, lock_core::LockError::InvalidConfig(_)), "{e:?}");
 }
