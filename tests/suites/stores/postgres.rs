@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use futures_util::FutureExt;
 use lock_core::{LockConfig, LockOptions, LockScope, PostgresLocks, Released};
 use lock_tests::PostgresServer;
+use sqlx::Connection;
 use sqlx::postgres::PgPoolOptions;
 
 fn config() -> LockConfig {
@@ -300,4 +301,94 @@ async fn a_config_that_validate_refuses_makes_no_store() {
         .await
         .unwrap_err();
     assert!(matches!(e, lock_core::LockError::InvalidConfig(_)), "{e:?}");
+}
+
+/// A pool whose sessions start with `setting` (`SET ...`), at most `max` of them.
+async fn pool_with(server: &PostgresServer, setting: &'static str, max: u32) -> sqlx::PgPool {
+    PgPoolOptions::new()
+        .max_connections(max)
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                sqlx::query(setting).execute(conn).await?;
+                Ok(())
+            })
+        })
+        .connect(&server.url())
+        .await
+        .unwrap()
+}
+
+/// The application's own `statement_timeout` on the pool's sessions does not cut a
+/// wait short: the acquisition waits its budget and gets the lock when it is freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_application_statement_timeout_does_not_cut_a_wait_short() {
+    let server = PostgresServer::start();
+    let holder = locks(&server).await;
+    let pool = pool_with(&server, "SET statement_timeout = '300ms'", 4).await;
+    let waiter = PostgresLocks::new(pool, config()).unwrap();
+    let g = holder.lock("x").await.unwrap();
+    let started = Instant::now();
+    let (taken, ()) = tokio::join!(
+        waiter.acquire("x", LockOptions::new().wait(Duration::from_secs(5))),
+        async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            g.release().await.unwrap();
+        }
+    );
+    let taken = taken.expect("the wait was cut short");
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    taken.release().await.unwrap();
+}
+
+/// A waiting acquisition leaves the session's own `lock_timeout` as the application
+/// set it, for the application's next query on that pooled session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_leaves_the_sessions_own_lock_timeout() {
+    let server = PostgresServer::start();
+    let pool = pool_with(&server, "SET lock_timeout = '1234ms'", 1).await;
+    let locks = PostgresLocks::new(pool.clone(), config()).unwrap();
+    let g = locks
+        .acquire("free", LockOptions::new().wait(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+    let timeout: String = sqlx::query_scalar("SHOW lock_timeout")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(timeout, "1234ms");
+}
+
+/// The wait runs out after the advisory lock was taken, while the statement waits for
+/// the fencing sequence (DDL holds it): the session gives that lock back before it is
+/// pooled again, instead of keeping the name locked from an idle session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_taken_before_its_wait_ran_out_is_given_back() {
+    let server = PostgresServer::start();
+    let a = locks(&server).await;
+    a.lock("warm").await.unwrap().release().await.unwrap();
+    let mut blocker = sqlx::PgConnection::connect(&server.url()).await.unwrap();
+    sqlx::raw_sql(&format!(
+        "BEGIN; ALTER SEQUENCE {} INCREMENT BY 1",
+        lock_core::POSTGRES_FENCE_SEQUENCE
+    ))
+    .execute(&mut blocker)
+    .await
+    .unwrap();
+    let missed = a
+        .acquire("x", LockOptions::new().wait(Duration::from_millis(500)))
+        .await
+        .map(drop)
+        .unwrap_err();
+    assert!(missed.is_busy() || missed.is_timeout(), "{missed:?}");
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+    let other = locks(&server).await;
+    let g = other
+        .try_lock("x")
+        .await
+        .expect("an idle pooled session kept the lock");
+    g.release().await.unwrap();
 }

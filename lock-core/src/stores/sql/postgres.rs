@@ -33,7 +33,9 @@ pub const FENCE_SEQUENCE: &str = "lock_core_fence";
 ///   a false wait; with n names in use the chance of any collision is about n² / 2^65
 ///   (10⁶ names: 3 × 10⁻⁸).
 /// - **Waiting** is the server's own: `pg_advisory_lock` under `lock_timeout` set to the
-///   wait budget, so waiters queue in PostgreSQL without polling or a herd.
+///   wait budget, so waiters queue in PostgreSQL without polling or a herd. The wait
+///   runs in a transaction of its own (`SET LOCAL`): the session's own settings stay as
+///   your application set them, and its `statement_timeout` does not cut the wait short.
 ///   [`LockError::Busy`] carries no holder lease (PostgreSQL has none): its
 ///   `retry_after` is the config's first backoff step.
 /// - **Loss**: every [`LockConfig::watchdog_period`] the guard's session is asked
@@ -208,29 +210,44 @@ impl SqlStore for PgStore {
             let left = wait
                 .saturating_sub(started.elapsed())
                 .clamp(Duration::from_millis(1), MAX_LOCK_TIMEOUT);
-            sqlx::query("SELECT set_config('lock_timeout', $1, false)")
-                .bind(format!("{}ms", left.as_millis()))
+            // In a transaction of its own, so that `SET LOCAL` leaves the session's own
+            // settings as they were (the pool hands it on): the wait's `lock_timeout` is
+            // the budget, and the application's `statement_timeout`, if any, does not cut
+            // it short. The advisory lock is the session's: it outlives the transaction.
+            sqlx::query("BEGIN")
                 .execute(&mut **conn)
                 .await
                 .map_err(store_error)?;
+            sqlx::query(
+                "SELECT set_config('lock_timeout', $1, true), \
+                 set_config('statement_timeout', '0', true)",
+            )
+            .bind(format!("{}ms", left.as_millis()))
+            .execute(&mut **conn)
+            .await
+            .map_err(store_error)?;
             let got = sqlx::query_scalar(&format!(
                 "SELECT nextval('{FENCE_SEQUENCE}') FROM (SELECT pg_advisory_lock{shared}($1)) AS l"
             ))
             .bind(key)
             .fetch_one(&mut **conn)
             .await;
-            // The session goes back to the pool one day: leave its setting as it was.
-            let reset = sqlx::query("RESET lock_timeout").execute(&mut **conn).await;
             match got {
                 Ok(token) => {
-                    reset.map_err(store_error)?;
+                    sqlx::query("COMMIT")
+                        .execute(&mut **conn)
+                        .await
+                        .map_err(store_error)?;
                     Some(token)
                 }
                 Err(sqlx::Error::Database(e))
                     if e.code().as_deref() == Some(LOCK_NOT_AVAILABLE) =>
                 {
-                    if reset.is_ok() {
-                        // It holds nothing: it may be pooled again.
+                    // The time ran out in the lock's wait, or in a wait after it was
+                    // taken (for the sequence, which DDL may hold): the session gives
+                    // back whatever it got before it may be pooled again.
+                    let rolled_back = sqlx::query("ROLLBACK").execute(&mut **conn).await;
+                    if rolled_back.is_ok() && target.unlock(conn).await.is_ok() {
                         drop(pending.keep());
                     }
                     return Ok(None);
