@@ -131,6 +131,13 @@ impl TcpProxy {
     pub fn reset_request(&self, request: impl Fn(&[u8]) -> bool + Send + 'static) {
         self.shared.lock().faults.request = Some((Box::new(request), Fault::LoseRequest));
     }
+
+    /// Whether a request fault ([`reset_request`](Self::reset_request), or the
+    /// reply faults armed by a request) still waits for its request: false once it
+    /// fired.
+    pub fn is_request_armed(&self) -> bool {
+        self.shared.lock().faults.request.is_some()
+    }
 }
 
 impl Shared {

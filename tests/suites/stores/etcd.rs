@@ -595,10 +595,11 @@ async fn a_release_that_failed_deletes_the_key_once_the_store_is_back() {
     }
     let err = job.release().await.unwrap_err();
     assert!(err.is_unavailable(), "{err}");
-    assert_eq!(
-        queue(&admin, &prefix).await.len(),
-        1,
-        "the delete went through"
+    // The release's delete broke on the wire, so no member saw it (the key itself may
+    // be gone already: the background retry can be that quick).
+    assert!(
+        proxies.iter().any(|p| !p.is_request_armed()),
+        "no member's connection broke with the delete"
     );
     await_queue_len(&admin, &prefix, 0).await;
     assert!(keep.is_held(), "the other lock was lost in the cut");
