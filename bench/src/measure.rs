@@ -310,11 +310,7 @@ pub async fn rate(
 }
 
 /// One task, cycles timed one by one for `warm + measure`; returns (p50, p99) in µs.
-pub async fn latency(
-    cycle: &Cycle,
-    warm: Duration,
-    measure: Duration,
-) -> Result<(f64, f64), BoxError> {
+async fn latency(cycle: &Cycle, warm: Duration, measure: Duration) -> Result<(f64, f64), BoxError> {
     let until = Instant::now() + warm;
     let mut n = 0;
     while Instant::now() < until {
@@ -331,6 +327,22 @@ pub async fn latency(
     }
     v.sort_by(f64::total_cmp);
     Ok((percentile(&v, 0.5), percentile(&v, 0.99)))
+}
+
+/// [`latency`] of every cycle in `cycles`, one task, for `rounds` interleaved rounds
+/// (see [`round_order`]); returns each cycle's (p50, p99) per round, in order.
+pub async fn latency_rounds(
+    cycles: &[&Cycle],
+    timing: Timing,
+    rounds: usize,
+) -> Result<Vec<Vec<(f64, f64)>>, BoxError> {
+    let mut lat = vec![Vec::with_capacity(rounds); cycles.len()];
+    for round in 0..rounds {
+        for i in round_order(cycles.len(), round) {
+            lat[i].push(latency(cycles[i], timing.warm(round), timing.measure).await?);
+        }
+    }
+    Ok(lat)
 }
 
 /// Measures every cycle in `cycles` for `rounds` interleaved rounds (see

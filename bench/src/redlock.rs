@@ -19,8 +19,8 @@ use redis::aio::ConnectionManager;
 
 use crate::figure::Figure;
 use crate::measure::{
-    BoxError, Cycle, Timing, fixed_lease_cycle, latency, measure_rounds, median, median_rates,
-    rates, round_order, rounds_list, rslock_cycle,
+    BoxError, Cycle, Timing, fixed_lease_cycle, latency_rounds, measure_rounds, median,
+    median_rates, rates, rounds_list, rslock_cycle,
 };
 
 const NODES: usize = 5;
@@ -70,12 +70,7 @@ pub async fn run(_url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure
     let cycles = impls(&urls).await?;
 
     // Latency, interleaved rounds, one task.
-    let mut lat: Vec<Vec<(f64, f64)>> = vec![Vec::new(); cycles.len()];
-    for round in 0..rounds {
-        for i in round_order(cycles.len(), round) {
-            lat[i].push(latency(&cycles[i], timing.warm(round), timing.measure).await?);
-        }
-    }
+    let lat = latency_rounds(&cycles.iter().collect::<Vec<_>>(), timing, rounds).await?;
     let p50: Vec<f64> = lat.iter().map(|l| median(l.iter().map(|x| x.0))).collect();
     let p99: Vec<f64> = lat.iter().map(|l| median(l.iter().map(|x| x.1))).collect();
     for (i, name) in NAMES.iter().enumerate() {

@@ -10,8 +10,8 @@ use redis::aio::ConnectionManager;
 
 use crate::figure::Figure;
 use crate::measure::{
-    BoxError, Cycle, Sample, Timing, cycle, fixed_lease_cycle, latency, measure_rounds, median,
-    rates, round_order, rounds_list, rslock_cycle,
+    BoxError, Cycle, Sample, Timing, cycle, fixed_lease_cycle, latency_rounds, measure_rounds,
+    median, rates, rounds_list, rslock_cycle,
 };
 
 /// Concurrencies measured: tasks running cycles at the same time.
@@ -250,13 +250,11 @@ async fn lone_cycle_p50(
     rounds: usize,
 ) -> Result<Figure, BoxError> {
     let pair = [OURS, UNBATCHED];
-    let mut p50 = [Vec::with_capacity(rounds), Vec::with_capacity(rounds)];
-    for round in 0..rounds {
-        for i in round_order(pair.len(), round) {
-            let (p, _) = latency(&cycles[pair[i]], timing.warm(round), timing.measure).await?;
-            p50[i].push(p);
-        }
-    }
+    let lat = latency_rounds(&pair.map(|i| &cycles[i]), timing, rounds).await?;
+    let p50: Vec<Vec<f64>> = lat
+        .iter()
+        .map(|l| l.iter().map(|x| x.0).collect())
+        .collect();
     for (i, list) in p50.iter().enumerate() {
         println!(
             "uncontended tasks=1 {}_cycle_p50_us {:.0} rounds {}",

@@ -78,18 +78,31 @@ pub(crate) async fn bounded<T>(
     take: impl Future<Output = Result<T, LockError>>,
 ) -> Result<T, LockError> {
     let limit = wait.saturating_add(config.command_timeout);
-    match tokio::time::timeout(limit, take).await {
-        Ok(taken) => taken,
-        Err(_) => Err(LockError::Store {
+    within(store, limit, take, || {
+        format!(
+            "no connection or no answer within the wait budget ({wait:?}) plus the command \
+             timeout ({:?}): is the server up and reachable, and does the pool have a free \
+             connection?",
+            config.command_timeout
+        )
+    })
+    .await
+}
+
+/// Runs `call` within `limit`; past it, a [`LockError::Store`] whose message `missed`
+/// says what did not happen. Cut short, `call` is dropped (a session it held is closed).
+async fn within<T>(
+    store: &'static str,
+    limit: Duration,
+    call: impl Future<Output = Result<T, LockError>>,
+    missed: impl FnOnce() -> String,
+) -> Result<T, LockError> {
+    tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+        Err(LockError::Store {
             store,
-            message: format!(
-                "no connection or no answer within the wait budget ({wait:?}) plus the \
-                 command timeout ({:?}): is the server up and reachable, and does the \
-                 pool have a free connection?",
-                config.command_timeout
-            ),
-        }),
-    }
+            message: missed(),
+        })
+    })
 }
 
 /// A pool for `url` that waits for a connection as long as an acquisition with the
@@ -289,17 +302,15 @@ impl<S: SqlStore> Seam for SqlBackend<S> {
     async fn give_back(&self, _keys: &LockKeys, grant: &Self::Grant) -> Result<Held, LockError> {
         // Cut short, `unlock` drops the session's connection unconfirmed: it is closed,
         // and the server frees the lock once it sees that.
-        let within = self.store.config().command_timeout;
-        match tokio::time::timeout(within, unlock(grant)).await {
-            Ok(held) => Ok(held),
-            Err(_) => Err(LockError::Store {
-                store: <S::Dialect as Dialect>::STORE,
-                message: format!(
-                    "no answer to the unlock within the command timeout ({within:?}): its \
-                     session was closed, and the server frees the lock once it sees that"
-                ),
-            }),
-        }
+        let limit = self.store.config().command_timeout;
+        let store = <S::Dialect as Dialect>::STORE;
+        within(store, limit, async { Ok(unlock(grant).await) }, || {
+            format!(
+                "no answer to the unlock within the command timeout ({limit:?}): its session \
+                 was closed, and the server frees the lock once it sees that"
+            )
+        })
+        .await
     }
 
     async fn extend(

@@ -95,19 +95,24 @@ impl Locks<MysqlBackend> {
     /// [`LockError::InvalidConfig`] for a config that [`LockConfig::validate`] refuses.
     pub fn new(pool: MySqlPool, config: LockConfig) -> Result<Self, LockError> {
         config.validate()?;
-        let store = MysqlStore {
-            pool,
-            config,
-            counter: OnceCell::new(),
-        };
-        Ok(Self::over(SqlBackend { store }))
+        Ok(Self::build(pool, config))
     }
 
     /// Connects a pool to `url` (`mysql://user:password@host:port/database`).
     pub async fn connect(url: &str, config: LockConfig) -> Result<Self, LockError> {
         config.validate()?;
         let pool = super::connect::<MySql>(STORE, url, &config).await?;
-        Self::new(pool, config)
+        Ok(Self::build(pool, config))
+    }
+
+    /// Locks on `pool` with `config`, validated by the caller.
+    fn build(pool: MySqlPool, config: LockConfig) -> Self {
+        let store = MysqlStore {
+            pool,
+            config,
+            counter: OnceCell::new(),
+        };
+        Self::over(SqlBackend { store })
     }
 
     /// The pool locks are taken on.

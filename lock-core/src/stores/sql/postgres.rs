@@ -95,19 +95,24 @@ impl Locks<PostgresBackend> {
     /// [`LockError::InvalidConfig`] for a config that [`LockConfig::validate`] refuses.
     pub fn new(pool: PgPool, config: LockConfig) -> Result<Self, LockError> {
         config.validate()?;
-        let store = PgStore {
-            pool,
-            config,
-            sequence: OnceCell::new(),
-        };
-        Ok(Self::over(SqlBackend { store }))
+        Ok(Self::build(pool, config))
     }
 
     /// Connects a pool to `url` (`postgres://user:password@host:port/database`).
     pub async fn connect(url: &str, config: LockConfig) -> Result<Self, LockError> {
         config.validate()?;
         let pool = super::connect::<Postgres>(STORE, url, &config).await?;
-        Self::new(pool, config)
+        Ok(Self::build(pool, config))
+    }
+
+    /// Locks on `pool` with `config`, validated by the caller.
+    fn build(pool: PgPool, config: LockConfig) -> Self {
+        let store = PgStore {
+            pool,
+            config,
+            sequence: OnceCell::new(),
+        };
+        Self::over(SqlBackend { store })
     }
 
     /// The pool locks are taken on.
