@@ -6,8 +6,37 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use lock_core::{LockClient, LockConfig};
+use lock_core::{Backoff, LockClient, LockConfig};
 use lock_tests::{Monitor, RedisServer};
+
+/// A waiters' backoff of `step` at every try (full jitter up to it): long enough that
+/// only a release message hands a lock over quickly.
+pub fn steady_backoff(step: Duration) -> Backoff {
+    Backoff {
+        initial: step,
+        max: step,
+    }
+}
+
+/// The guards of the readers `waiting` (tasks that wait for a lock), each within
+/// `limit` of the call; a reader that takes longer fails the test with `late` after
+/// its number.
+pub async fn readers_within<G>(
+    waiting: Vec<tokio::task::JoinHandle<Result<G, lock_core::LockError>>>,
+    limit: Duration,
+    late: &str,
+) -> Vec<G> {
+    let mut held = Vec::new();
+    for (i, reader) in waiting.into_iter().enumerate() {
+        let g = tokio::time::timeout(limit, reader)
+            .await
+            .unwrap_or_else(|_| panic!("reader {i} {late}"))
+            .unwrap()
+            .unwrap();
+        held.push(g);
+    }
+    held
+}
 
 /// A proxy in front of `server`, and a client with the default configuration through it
 /// (for tests that break its connection).

@@ -18,6 +18,22 @@ fn fixed(ms: u64) -> LockOptions {
     LockOptions::new().lease(Lease::Fixed(Duration::from_millis(ms)))
 }
 
+/// A proxy in front of `server`, and a client through it whose watchdog lease is
+/// 600 ms, with calls limited to `command_timeout`.
+async fn watched_through_proxy(
+    server: &RedisServer,
+    command_timeout: Duration,
+) -> (TcpProxy, LockClient) {
+    let proxy = TcpProxy::start(server.port());
+    let config = LockConfig::new()
+        .with_watchdog_lease(Duration::from_millis(600))
+        .with_command_timeout(command_timeout);
+    let client = LockClient::open_with_config(proxy.url().as_str(), config)
+        .await
+        .unwrap();
+    (proxy, client)
+}
+
 /// Renewal disabled (a fixed lease): the lease passes, another client takes over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixed_lease_runs_out_and_the_stale_holder_is_fenced() {
@@ -288,13 +304,7 @@ async fn an_extension_answered_after_the_lease_ran_out_does_not_revive_the_grant
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_extension_answered_after_the_watchdog_marked_the_grant_lost_fails() {
     let server = RedisServer::start();
-    let proxy = TcpProxy::start(server.port());
-    let config = LockConfig::new()
-        .with_watchdog_lease(Duration::from_millis(600))
-        .with_command_timeout(Duration::from_secs(10));
-    let a = LockClient::open_with_config(proxy.url().as_str(), config)
-        .await
-        .unwrap();
+    let (proxy, a) = watched_through_proxy(&server, Duration::from_secs(10)).await;
     let g = a.lock("late-watched").await.unwrap();
     g.extend(Duration::from_millis(600)).await.unwrap();
     // The extension alone asks for 45 s (renewals ask for the 600 ms lease).
@@ -319,13 +329,7 @@ async fn an_extension_answered_after_the_watchdog_marked_the_grant_lost_fails() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_grant_released_while_cut_off_returns_the_loss() {
     let server = RedisServer::start();
-    let proxy = TcpProxy::start(server.port());
-    let config = LockConfig::new()
-        .with_watchdog_lease(Duration::from_millis(600))
-        .with_command_timeout(Duration::from_millis(500));
-    let a = LockClient::open_with_config(proxy.url().as_str(), config)
-        .await
-        .unwrap();
+    let (proxy, a) = watched_through_proxy(&server, Duration::from_millis(500)).await;
     let g = a.lock("cut-release").await.unwrap();
     let key = g.keys().key.clone();
     proxy.cut();

@@ -34,6 +34,30 @@ where
     })
 }
 
+/// Takes and gives back `name` on `client`, on `rt`, until it works or `limit` passes;
+/// the last error then. `on_error` sees every error on the way.
+fn serves(
+    rt: &tokio::runtime::Runtime,
+    limit: Duration,
+    client: &LockClient,
+    name: &str,
+    on_error: impl Fn(&lock_core::LockError),
+) -> Result<(), String> {
+    let last = &RefCell::new(String::new());
+    let on_error = &on_error;
+    let served = within(rt, limit, || async move {
+        match client.try_lock(name).await {
+            Ok(g) => g.release().await.is_ok(),
+            Err(e) => {
+                on_error(&e);
+                *last.borrow_mut() = e.to_string();
+                false
+            }
+        }
+    });
+    if served { Ok(()) } else { Err(last.take()) }
+}
+
 #[test]
 fn a_guard_dropped_on_a_second_runtime_after_the_first_ended_frees_its_name() {
     let server = RedisServer::start();
@@ -279,17 +303,8 @@ fn a_runtime_that_ended_mid_reconnect_leaves_the_client_usable() {
         gone,
         "{key} is still held: the background release never ran"
     );
-    let last = &RefCell::new(String::new());
-    let served = within(&rt2, Duration::from_secs(10), || async {
-        match client.try_lock("after").await {
-            Ok(g) => g.release().await.is_ok(),
-            Err(e) => {
-                *last.borrow_mut() = e.to_string();
-                false
-            }
-        }
-    });
-    assert!(served, "the client did not recover: {}", last.borrow());
+    let served = serves(&rt2, Duration::from_secs(10), &client, "after", |_| {});
+    served.unwrap_or_else(|e| panic!("the client did not recover: {e}"));
 }
 
 /// A reconnect started by a call on a short-lived runtime that then ended, while the
@@ -308,18 +323,10 @@ fn a_reconnect_left_by_another_ended_runtime_costs_one_failed_call() {
 
     // redis-rs panics inside the dead reconnect (its panic message is printed); the
     // call answers an error instead, and the client connects again.
-    let last = &RefCell::new(String::new());
-    let served = within(&main, Duration::from_secs(10), || async {
-        match client.try_lock("after").await {
-            Ok(g) => g.release().await.is_ok(),
-            Err(e) => {
-                assert!(e.is_redis(), "{e}");
-                *last.borrow_mut() = e.to_string();
-                false
-            }
-        }
+    let served = serves(&main, Duration::from_secs(10), &client, "after", |e| {
+        assert!(e.is_redis(), "{e}");
     });
-    assert!(served, "the client did not recover: {}", last.borrow());
+    served.unwrap_or_else(|e| panic!("the client did not recover: {e}"));
 }
 
 /// The constructors that connect later still need a runtime for the connection's task:
@@ -411,22 +418,8 @@ fn a_link_whose_tasks_never_ran_before_its_runtime_ended_is_opened_again() {
     drop(rt1);
 
     let rt2 = runtime();
-    let last = &RefCell::new(String::new());
-    let client = &client;
-    let served = within(&rt2, Duration::from_secs(5), || async move {
-        match client.try_lock("second").await {
-            Ok(g) => g.release().await.is_ok(),
-            Err(e) => {
-                *last.borrow_mut() = e.to_string();
-                false
-            }
-        }
-    });
-    assert!(
-        served,
-        "the client never opened a new link: {}",
-        last.borrow()
-    );
+    let served = serves(&rt2, Duration::from_secs(5), &client, "second", |_| {});
+    served.unwrap_or_else(|e| panic!("the client never opened a new link: {e}"));
 }
 
 /// The pub/sub hub started by a waiter on a runtime that then ended: waiters on a
@@ -440,10 +433,7 @@ fn waiters_are_woken_after_the_runtime_that_started_the_hub_ended() {
         main.block_on(holder.try_lock("x")).unwrap(),
         main.block_on(holder.try_lock("y")).unwrap(),
     );
-    let slow = lock_core::Backoff {
-        initial: Duration::from_secs(10),
-        max: Duration::from_secs(10),
-    };
+    let slow = common::steady_backoff(Duration::from_secs(10));
     let waiting = main.block_on(client(&server, LockConfig::new().with_backoff(slow)));
     let long = || LockOptions::new().wait(Duration::from_secs(20));
     let subscribed = |name: &str| {

@@ -4,7 +4,9 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{client, client_commands_on, eventually, script_sha, set_by_hand};
+use common::{
+    client, client_commands_on, eventually, readers_within, script_sha, set_by_hand, steady_backoff,
+};
 use lock_core::{Backoff, LockConfig, LockOptions};
 use lock_tests::RedisServer;
 
@@ -106,10 +108,7 @@ async fn works_on_a_user_connection_without_pubsub() {
         .await
         .unwrap();
     // A slow fallback, so only the local wake-up can hand the lock over quickly.
-    let slow = lock_core::Backoff {
-        initial: Duration::from_secs(5),
-        max: Duration::from_secs(5),
-    };
+    let slow = steady_backoff(Duration::from_secs(5));
     let config = LockConfig::new().with_backoff(slow);
     let c = lock_core::LockClient::from_connection(manager, None, config).unwrap();
     let g = c.try_lock("own").await.unwrap();
@@ -146,10 +145,7 @@ async fn works_on_a_user_connection_without_pubsub() {
 async fn pubsub_connection_loss_is_repaired() {
     let server = RedisServer::start();
     let holder = client(&server, LockConfig::new()).await;
-    let slow = lock_core::Backoff {
-        initial: Duration::from_secs(5),
-        max: Duration::from_secs(5),
-    };
+    let slow = steady_backoff(Duration::from_secs(5));
     let waiting = client(&server, LockConfig::new().with_backoff(slow)).await;
     let g = holder.try_lock("phoenix").await.unwrap();
     let waiter = {
@@ -228,10 +224,7 @@ async fn a_write_release_lets_every_waiting_reader_in() {
     let writer = client(&server, LockConfig::new()).await;
     // A backoff (full jitter) so long that a reader woken by it within the 2 s below
     // is rare, three of them all but impossible.
-    let slow = Backoff {
-        initial: Duration::from_secs(60),
-        max: Duration::from_secs(60),
-    };
+    let slow = steady_backoff(Duration::from_secs(60));
     // Unbatched, so that each attempt is a call of its own to count.
     let config = LockConfig::new().with_backoff(slow).with_batching(false);
     let readers = client(&server, config).await;
@@ -258,16 +251,8 @@ async fn a_write_release_lets_every_waiting_reader_in() {
             .expect("a reader's attempt");
     }
     w.release().await.unwrap();
-    let mut held = Vec::new();
-    for (i, reader) in waiting.into_iter().enumerate() {
-        let g = tokio::time::timeout(Duration::from_secs(2), reader)
-            .await
-            .unwrap_or_else(|_| panic!("reader {i} waited for its backoff, not the release"))
-            .unwrap()
-            .unwrap();
-        held.push(g);
-    }
-    for g in held {
+    let late = "waited for its backoff, not the release";
+    for g in readers_within(waiting, Duration::from_secs(2), late).await {
         g.release().await.unwrap();
     }
 }

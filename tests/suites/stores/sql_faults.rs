@@ -126,14 +126,19 @@ async fn unreachable_ends_within_budget<L: DistributedLock>(locks: &L, proxy: &T
     }
 }
 
+/// A proxy in front of `server`, and locks on a pool through it (the pool's own 30 s
+/// wait for a connection left as sqlx sets it).
+async fn postgres_through_proxy(server: &PostgresServer) -> (TcpProxy, PostgresLocks) {
+    let proxy = TcpProxy::start(server.port());
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
+    let pool = PgPoolOptions::new().connect(&url).await.unwrap();
+    (proxy, PostgresLocks::new(pool, config()).unwrap())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_acquisition_ends_within_its_budget_with_the_server_unreachable() {
     let server = PostgresServer::start();
-    let proxy = TcpProxy::start(server.port());
-    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
-    // The pool's own 30 s wait for a connection is left as sqlx sets it.
-    let pool = PgPoolOptions::new().connect(&url).await.unwrap();
-    let locks = PostgresLocks::new(pool, config()).unwrap();
+    let (proxy, locks) = postgres_through_proxy(&server).await;
     unreachable_ends_within_budget(&locks, &proxy).await;
 }
 
@@ -226,10 +231,7 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_release_ends_within_the_command_timeout_with_the_server_unreachable() {
     let server = PostgresServer::start();
-    let proxy = TcpProxy::start(server.port());
-    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
-    let pool = PgPoolOptions::new().connect(&url).await.unwrap();
-    let cut = PostgresLocks::new(pool, config()).unwrap();
+    let (proxy, cut) = postgres_through_proxy(&server).await;
     let direct = AnyLocks::open(&server.url(), config()).await.unwrap();
     release_ends_within_timeout_when_unreachable(&cut, &direct, &proxy).await;
 }

@@ -13,12 +13,12 @@ mod read_write;
 
 use std::time::Duration;
 
-use lock_core::{Backoff, LockClient, LockConfig, LockOptions, RedissonLocks};
+use lock_core::{LockClient, LockConfig, LockOptions, RedissonLocks};
 use lock_tests::RedisServer;
 use redis::aio::MultiplexedConnection;
 
 // What a Java waiter receives: a raw subscriber to the lock's channel.
-use crate::common::Listener;
+use crate::common::{Listener, steady_backoff};
 
 /// Our locks on `server`, with a backoff so slow (10 s) that a waiter granted within
 /// 5 s of a release was woken by its message.
@@ -28,10 +28,7 @@ async fn locks(server: &RedisServer) -> RedissonLocks {
 
 /// The client under [`locks`].
 async fn client(server: &RedisServer) -> LockClient {
-    let slow = Backoff {
-        initial: Duration::from_secs(10),
-        max: Duration::from_secs(10),
-    };
+    let slow = steady_backoff(Duration::from_secs(10));
     let config = LockConfig::new().with_backoff(slow);
     LockClient::open_with_config(server.url().as_str(), config)
         .await

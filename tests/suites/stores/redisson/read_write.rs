@@ -7,7 +7,7 @@ use lock_tests::RedisServer;
 
 use super::{Java, Listener, hash, locks};
 use crate::checks;
-use crate::common::pttl;
+use crate::common::{pttl, readers_within};
 
 fn read() -> LockOptions {
     LockOptions::new().read()
@@ -88,16 +88,8 @@ async fn a_redisson_write_unlock_wakes_every_reader_of_ours() {
         "a reader beside a Java writer"
     );
     assert_eq!(java.write_unlock("catalog", 1).await, Some(1));
-    let mut held = Vec::new();
-    for (i, reader) in readers.into_iter().enumerate() {
-        let g = tokio::time::timeout(Duration::from_secs(1), reader)
-            .await
-            .unwrap_or_else(|_| panic!("reader {i} was not woken by the unlock"))
-            .unwrap()
-            .unwrap();
-        held.push(g);
-    }
-    for g in held {
+    let late = "was not woken by the unlock";
+    for g in readers_within(readers, Duration::from_secs(1), late).await {
         g.release().await.unwrap();
     }
 }
