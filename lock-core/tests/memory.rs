@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_core::{
-    DistributedLock, Lease, LockConfig, LockError, LockOptions, LockScope, MemoryGuard,
+    DistributedLock, Lease, LockConfig, LockError, LockMode, LockOptions, LockScope, MemoryGuard,
     MemoryLocks, Released,
 };
 use tokio::time::Instant;
@@ -367,4 +367,66 @@ async fn a_watchdog_hold_left_to_expire_ends_after_the_watchdog_lease() {
     assert_eq!(start.elapsed(), lease);
     waiter.release().await.unwrap();
     assert_eq!(locks.entries(), 0);
+}
+
+/// A watched hold that re-enters a fixed-lease grant keeps it, as the watchdog does on
+/// Redis: nobody else gets in while the watched guard lives, and it ends on release.
+#[tokio::test(start_paused = true)]
+async fn a_watched_reentry_keeps_a_fixed_lease_grant() {
+    let locks = MemoryLocks::new();
+    let scope = LockScope::new();
+    let outer = locks
+        .acquire("x", fixed(1_000).scope(&scope))
+        .await
+        .unwrap();
+    let watched = locks
+        .acquire("x", LockOptions::new().lease(Lease::Watchdog).scope(&scope))
+        .await
+        .unwrap();
+    tokio::time::sleep(MS(60_000)).await;
+    assert!(
+        watched.is_held(),
+        "the watched hold ended with the outer fixed lease"
+    );
+    assert!(locks.try_lock("x").await.unwrap_err().is_busy());
+    drop(outer);
+    assert!(locks.try_lock("x").await.unwrap_err().is_busy());
+    assert_eq!(watched.release().await.unwrap(), Released::Unlocked);
+    assert!(locks.try_lock("x").await.is_ok());
+}
+
+/// Capped, the watched re-entry keeps the grant to its max hold and no longer; a read
+/// hold is kept the same way.
+#[tokio::test(start_paused = true)]
+async fn a_watched_reentry_keeps_a_fixed_lease_grant_to_its_cap() {
+    let locks = MemoryLocks::new();
+    let scope = LockScope::new();
+    let _outer = locks
+        .acquire("x", fixed(1_000).scope(&scope))
+        .await
+        .unwrap();
+    let capped = LockOptions::new()
+        .lease(Lease::Watchdog)
+        .max_hold(MS(5_000));
+    let watched = locks.acquire("x", capped.scope(&scope)).await.unwrap();
+    let start = Instant::now();
+    watched.lost().await;
+    assert_eq!(start.elapsed(), MS(5_000));
+    assert!(locks.try_lock("x").await.is_ok());
+
+    let reading = LockOptions::new().mode(LockMode::Read).scope(&scope);
+    let _read = locks
+        .acquire("r", reading.clone().lease(Lease::Fixed(MS(1_000))))
+        .await
+        .unwrap();
+    let watched = locks
+        .acquire("r", reading.lease(Lease::Watchdog))
+        .await
+        .unwrap();
+    tokio::time::sleep(MS(60_000)).await;
+    assert!(watched.is_held());
+    let writing = LockOptions::new()
+        .mode(LockMode::Write)
+        .wait(Duration::ZERO);
+    assert!(locks.acquire("r", writing).await.unwrap_err().is_busy());
 }

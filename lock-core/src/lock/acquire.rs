@@ -170,11 +170,13 @@ impl<B: Backend> Core<B> {
                 }
                 let (arrived, token) = (g.arrived, g.token);
                 let grant = Arc::new(Grant::new(req.keys.clone(), scope, req.primitive, g));
-                if req.watchdog && !grant.kept {
+                if req.watchdog {
                     let mut st = grant.state();
-                    st.watched = 1;
-                    st.next_renewal = Some(arrived + self.watchdog.period());
-                    st.renew_until = req.max_hold.and_then(|m| arrived.checked_add(m));
+                    if !st.kept {
+                        st.watched = 1;
+                        st.next_renewal = Some(arrived + self.watchdog.period());
+                        st.renew_until = req.max_hold.and_then(|m| arrived.checked_add(m));
+                    }
                 }
                 ticket.fulfil(grant.clone());
                 self.schedule(&grant);
@@ -290,8 +292,15 @@ impl<B: Backend> Core<B> {
         req: &Request,
     ) -> Result<LockGuard<B>, LockError> {
         let guard = LockGuard::new(self.clone(), grant.clone(), req.watchdog);
-        if grant.kept {
+        if grant.state().kept {
             // The store keeps it while held: no lease to renew or lengthen.
+        } else if req.watchdog && !B::CAPABILITIES.renews {
+            // A store that keeps its watched grants itself (memory) keeps this one too,
+            // up to the hold's cap: no watchdog renews it there.
+            match req.max_hold {
+                Some(cap) => self.extend_grant(&grant, cap).await?,
+                None => self.keep_grant(&grant)?,
+            }
         } else if req.watchdog {
             let mut st = grant.state();
             let now = Instant::now();

@@ -48,7 +48,11 @@ impl<B: Seam> Core<B> {
     /// off the clock by whoever asks (`valid_for`, `lost()`, and the registry, which
     /// takes an overdue grant as lost on the scope's next acquisition or release).
     pub(crate) fn schedule(&self, grant: &Arc<Grant<B>>) {
-        if B::CAPABILITIES.renews && !grant.kept && grant.state().next_renewal.is_some() {
+        let renewed = || {
+            let st = grant.state();
+            !st.kept && st.next_renewal.is_some()
+        };
+        if B::CAPABILITIES.renews && renewed() {
             self.watchdog.schedule(grant);
         }
     }
@@ -75,7 +79,7 @@ impl<B: Seam> Core<B> {
         let st = grant.state();
         if st.lost.is_some() {
             Duration::ZERO
-        } else if grant.kept {
+        } else if st.kept {
             drop(st);
             self.backend.kept_for(&grant.record)
         } else {
@@ -243,6 +247,24 @@ impl<B: Seam> Core<B> {
             }
             Err(loss) => Err(self.lose(grant, loss)),
         }
+    }
+
+    /// Has the store keep `grant` until it is given back, as it keeps its watched
+    /// grants (see [`Seam::keep`]).
+    pub(crate) fn keep_grant(&self, grant: &Arc<Grant<B>>) -> Result<(), LockError> {
+        if let Some(loss) = grant.state().lost {
+            return Err(loss.error(grant.keys.name()));
+        }
+        if let Err(loss) = self.backend.keep(&grant.keys, &grant.record) {
+            return Err(self.lose(grant, loss));
+        }
+        let mut st = grant.state();
+        // Lost while the store was asked: a loss is final.
+        if let Some(loss) = st.lost {
+            return Err(loss.error(grant.keys.name()));
+        }
+        st.kept = true;
+        Ok(())
     }
 
     /// Marks `grant` lost for `loss` and returns the matching error.

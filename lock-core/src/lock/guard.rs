@@ -162,14 +162,14 @@ impl<B: Backend> LockGuard<B> {
                 let lost = grant.lost_wake.notified();
                 tokio::pin!(lost);
                 lost.as_mut().enable();
-                let (gone, until) = {
+                let (gone, until, kept) = {
                     let st = grant.state();
-                    (st.lost.is_some(), st.valid_until)
+                    (st.lost.is_some(), st.valid_until, st.kept)
                 };
-                if gone || (!grant.kept && Instant::now() >= until) {
+                if gone || (!kept && Instant::now() >= until) {
                     return;
                 }
-                if grant.kept {
+                if kept {
                     lost.await;
                 } else {
                     tokio::select! {

@@ -53,8 +53,6 @@ pub(crate) struct Grant<B: Seam> {
     pub(crate) scope: u64,
     /// The store's record of it (on Redis, the value: `<owner>:<grant number>`).
     pub(crate) record: B::Grant,
-    /// The store keeps it while held and reports its validity (no local lease).
-    pub(crate) kept: bool,
     /// The fencing token, once taken (with the grant, or on demand).
     pub(crate) token: std::sync::OnceLock<FencingToken>,
     /// Unique per grant in this client (the watchdog's queue key).
@@ -74,6 +72,10 @@ pub(crate) struct GrantState {
     pub(crate) holds: u32,
     /// Holds that asked for the watchdog lease.
     pub(crate) watched: u32,
+    /// The store keeps it while held and reports its validity (no local lease): from
+    /// the grant on, or since a watched hold re-entered it on a store that keeps its
+    /// watched grants itself.
+    pub(crate) kept: bool,
     /// The lease is known to last at least until then (measured from before the
     /// request that set it, less the drift allowance).
     pub(crate) valid_until: Instant,
@@ -124,7 +126,6 @@ impl<B: Seam> Grant<B> {
             keys,
             scope,
             record: taken.grant,
-            kept,
             token: taken
                 .token
                 .map(std::sync::OnceLock::from)
@@ -136,6 +137,7 @@ impl<B: Seam> Grant<B> {
             state: Mutex::new(GrantState {
                 holds: 1,
                 watched: 0,
+                kept,
                 valid_until,
                 next_renewal: None,
                 renew_until: None,
@@ -154,7 +156,7 @@ impl<B: Seam> Grant<B> {
     }
 
     fn overdue_at(&self, st: &GrantState, now: Instant) -> bool {
-        !self.kept && st.lost.is_none() && now >= st.valid_until
+        !st.kept && st.lost.is_none() && now >= st.valid_until
     }
 
     /// Takes a store's answer (a renewal or an extension) that the grant holds until

@@ -282,6 +282,15 @@ pub(crate) trait Seam: Send + Sync + Sized + 'static {
     /// so the engine gives a session store's grant back instead.
     fn let_expire(&self, _keys: &LockKeys, _grant: &Self::Grant) {}
 
+    /// Keeps a fixed-lease grant until it is given back, as the store keeps its
+    /// watched grants: a watched hold re-entered it. Asked only of stores that keep
+    /// watched grants themselves ([`fixed_leases`](Capabilities::fixed_leases) without
+    /// [`renews`](Capabilities::renews)), which must answer it; the default, for the
+    /// others, keeps nothing and says so.
+    fn keep(&self, _keys: &LockKeys, _grant: &Self::Grant) -> Held {
+        Err(Loss::Expired)
+    }
+
     /// How long a kept grant ([`Validity::Kept`]) is known to last from now (zero:
     /// lost). The default: the watchdog lease, for a store that keeps a grant until it
     /// is given back.

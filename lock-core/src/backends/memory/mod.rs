@@ -301,6 +301,12 @@ impl Seam for MemoryBackend {
         }
     }
 
+    fn keep(&self, keys: &LockKeys, grant: &u64) -> Held {
+        let now = Instant::now();
+        *self.table().lease_end(keys, *grant, now)? = None;
+        Ok(())
+    }
+
     async fn extend(
         &self,
         keys: &LockKeys,
