@@ -8,9 +8,18 @@
 //! closes it, a read or write fails, the stream is not RESP, the runtime its tasks run
 //! on ends, its `Wire` is dropped) fails every caller still waiting, and every later
 //! send, with the same error; its `Wire` opens a new link for the next call.
+//!
+//! A peer that stops reading (a paused server, a silent network) would leave every
+//! later call's bytes in the outbox until TCP gave up, which it may never do: a write
+//! that has not finished within the link's stall limit ends the link instead, so its
+//! buffers go with it.
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::Poll;
+use std::time::Duration;
 
 use redis::{RedisError, Value};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -52,8 +61,9 @@ pub(super) struct Link {
 }
 
 impl Link {
-    /// A link over `reader` and `writer`, its tasks spawned on the current runtime.
-    pub(super) fn start<R, W>(reader: R, writer: W, rest: Vec<u8>) -> Arc<Self>
+    /// A link over `reader` and `writer`, its tasks spawned on the current runtime;
+    /// `stall`: how long one write may take before the link ends.
+    pub(super) fn start<R, W>(reader: R, writer: W, rest: Vec<u8>, stall: Duration) -> Arc<Self>
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
@@ -66,7 +76,7 @@ impl Link {
         // Each task owns its `EndOnDrop` from the start: a task dropped before its first
         // poll (its runtime ended at once) still ends the link.
         let read = tokio::spawn(read(EndOnDrop(link.clone()), reader, rest));
-        let write = tokio::spawn(write(EndOnDrop(link.clone()), writer));
+        let write = tokio::spawn(write(EndOnDrop(link.clone()), writer, stall));
         *link.tasks.lock().unwrap_or_else(PoisonError::into_inner) =
             vec![read.abort_handle(), write.abort_handle()];
         link
@@ -232,8 +242,12 @@ async fn read(link: EndOnDrop, mut reader: impl AsyncRead + Unpin, rest: Vec<u8>
     }
 }
 
-/// The writer: sends what the outbox holds, all of it in one write when it can.
-async fn write(link: EndOnDrop, mut writer: impl AsyncWrite + Unpin) {
+/// A buffer of the writer's grown past this (a burst) is not kept for the next write.
+const KEPT_CAPACITY: usize = 256 * 1024;
+
+/// The writer: sends what the outbox holds, all of it in one write when it can; ends
+/// the link if one write takes longer than `stall`.
+async fn write(link: EndOnDrop, mut writer: impl AsyncWrite + Unpin, stall: Duration) {
     let mut sending = Vec::new();
     loop {
         {
@@ -248,9 +262,31 @@ async fn write(link: EndOnDrop, mut writer: impl AsyncWrite + Unpin) {
             link.0.to_write.notified().await;
             continue;
         }
-        if let Err(e) = writer.write_all(&sending).await {
+        let mut written = pin!(writer.write_all(&sending));
+        // Most writes finish at once: only one that waits for the peer gets a timer.
+        let done = std::future::poll_fn(|cx| match written.as_mut().poll(cx) {
+            Poll::Ready(r) => Poll::Ready(Some(r)),
+            Poll::Pending => Poll::Ready(None),
+        })
+        .await;
+        let done = match done {
+            Some(r) => r,
+            None => match tokio::time::timeout(stall, written).await {
+                Ok(r) => r,
+                Err(_) => {
+                    return link.0.end(dropped(format!(
+                        "Redis read nothing of a write for {stall:?} (a paused server or a \
+                         silent network): the connection is dropped"
+                    )));
+                }
+            },
+        };
+        if let Err(e) = done {
             return link.0.end(e.into());
         }
         sending.clear();
+        if sending.capacity() > KEPT_CAPACITY {
+            sending = Vec::new();
+        }
     }
 }

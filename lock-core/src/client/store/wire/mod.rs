@@ -159,7 +159,14 @@ impl Opener {
                 None => {}
             }
         }
-        Ok(Link::start(r, w, buf.split_off(at)))
+        // A write stuck for twice the command timeout holds only calls whose callers
+        // have all given up (a queued call's limit is twice the timeout).
+        Ok(Link::start(
+            r,
+            w,
+            buf.split_off(at),
+            self.timeout.saturating_mul(2),
+        ))
     }
 }
 
