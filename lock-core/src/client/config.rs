@@ -111,7 +111,8 @@ impl LockConfig {
         }
     }
 
-    /// Prefix of every key and channel. Default `lock`. No braces, `%` or whitespace.
+    /// Prefix of every key and channel. Default `lock`. No braces, `%` or whitespace, and
+    /// not ending in `:fence` (where the namespace before it keeps its fencing counters).
     pub fn with_namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = namespace.into();
         self

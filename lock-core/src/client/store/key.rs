@@ -421,8 +421,19 @@ pub(crate) fn validate_namespace(ns: &str) -> Result<(), LockError> {
             "the key namespace `{ns}` contains {c:?}; use letters, digits and `:_-.`"
         )));
     }
+    // Its lock named by a slot tag would be the fencing counter of the namespace before
+    // `:fence` (see the layout above).
+    if ns.ends_with(FENCE_SEGMENT) {
+        return Err(LockError::InvalidConfig(format!(
+            "the key namespace `{ns}` ends in `{FENCE_SEGMENT}`, where the namespace before \
+             it keeps its fencing counters; choose another last segment"
+        )));
+    }
     Ok(())
 }
+
+/// What follows a namespace in its fencing counters' keys (before the slot's hash tag).
+const FENCE_SEGMENT: &str = ":fence";
 
 /// Checks a delimiter (see [`LockConfig::with_delimiter`](crate::LockConfig::with_delimiter)).
 pub(crate) fn validate_delimiter(d: &str) -> Result<(), LockError> {
@@ -492,7 +503,7 @@ impl LockKeys {
 
 /// The fencing counter of hash slot `slot` under `namespace`.
 pub(crate) fn fence_key(namespace: &str, slot: u16) -> String {
-    format!("{namespace}:fence:{{{}}}", slot_tag(slot))
+    format!("{namespace}{FENCE_SEGMENT}:{{{}}}", slot_tag(slot))
 }
 
 /// The shortest decimal number whose CRC16 falls in `slot`: a hash tag that places a
@@ -764,9 +775,15 @@ mod tests {
     fn namespace_and_delimiter_are_checked() {
         assert!(validate_namespace("lock").is_ok());
         assert!(validate_namespace("app:locks").is_ok());
-        for bad in ["", "a{b", "a}", "a b", "100%"] {
+        for bad in ["", "a{b", "a}", "a b", "100%", "lock:fence", "fence:fence"] {
             assert!(validate_namespace(bad).is_err(), "{bad:?}");
         }
+        // Only as the last segment.
+        assert!(validate_namespace("lock:fence:x").is_ok());
+        assert!(validate_namespace("lock:fences").is_ok());
+        // The clash it prevents: that namespace's lock `0` is `lock`'s counter.
+        let clash = lock_keys("lock:fence", ":", "0").unwrap();
+        assert_eq!(clash.key, fence_key("lock", cluster_slot(&clash.key)));
         assert!(validate_delimiter(":").is_ok());
         for bad in ["", "{", "%", "123456789"] {
             assert!(validate_delimiter(bad).is_err(), "{bad:?}");
