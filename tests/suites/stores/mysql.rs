@@ -172,3 +172,43 @@ async fn a_config_that_validate_refuses_makes_no_store() {
     let e = MysqlLocks::connect(&server.url(), never).await.unwrap_err();
     assert!(matches!(e, lock_core::LockError::InvalidConfig(_)), "{e:?}");
 }
+
+/// The application's own `max_statement_time` (MariaDB) on the pool's sessions does not
+/// cut a wait short: the acquisition waits its budget and gets the lock when it is
+/// freed, and the session keeps its setting for the application's own statements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_application_max_statement_time_does_not_cut_a_wait_short() {
+    let server = MariaDbServer::start();
+    let holder = locks(&server).await;
+    let pool = MySqlPoolOptions::new()
+        .max_connections(4)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::query("SET max_statement_time = 0.3")
+                    .execute(conn)
+                    .await?;
+                Ok(())
+            })
+        })
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let waiter = MysqlLocks::new(pool.clone(), config()).unwrap();
+    let g = holder.lock("x").await.unwrap();
+    let started = Instant::now();
+    let (taken, ()) = tokio::join!(
+        waiter.acquire("x", LockOptions::new().wait(Duration::from_secs(5))),
+        async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            g.release().await.unwrap();
+        }
+    );
+    let taken = taken.expect("the wait was cut short");
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    taken.release().await.unwrap();
+    let setting: f64 = sqlx::query_scalar("SELECT @@max_statement_time")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(setting, 0.3);
+}

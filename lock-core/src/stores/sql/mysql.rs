@@ -43,7 +43,9 @@ pub(crate) const MAX_SERVER_NAME: usize = 64;
 ///   wait, never two owners); no shorter name is sent with a `#`, so none can equal a
 ///   hashed one. [`MysqlLocks::server_name`] shows what is sent.
 /// - **Waiting** is the server's own: `GET_LOCK(name, wait)` with the wait budget as its
-///   timeout, so waiters queue in the server. [`LockError::Busy`] carries no holder
+///   timeout, so waiters queue in the server (on MariaDB under `SET STATEMENT
+///   max_statement_time = 0 FOR`, so a limit the application sets on its sessions does
+///   not cut the wait short). [`LockError::Busy`] carries no holder
 ///   lease (MySQL has none): its `retry_after` is the config's first backoff step.
 /// - **Loss**: every [`LockConfig::watchdog_period`] the guard's session is asked
 ///   whether it still holds the lock (`IS_USED_LOCK(name) = CONNECTION_ID()`, bounded
@@ -82,8 +84,16 @@ pub type MysqlLocks = Locks<MysqlBackend>;
 pub struct MysqlStore {
     pool: MySqlPool,
     config: LockConfig,
-    counter: OnceCell<()>,
+    /// The `GET_LOCK` statement for this server, once the counter table is made.
+    prepared: OnceCell<&'static str>,
 }
+
+/// `GET_LOCK`, as MySQL is sent it.
+const GET_LOCK: &str = "SELECT GET_LOCK(?, ?)";
+
+/// `GET_LOCK`, as MariaDB is sent it: an application's `max_statement_time` on the
+/// pool's sessions would cut the wait short (the wait has its own budget).
+const GET_LOCK_MARIADB: &str = "SET STATEMENT max_statement_time = 0 FOR SELECT GET_LOCK(?, ?)";
 
 fn store_error(e: sqlx::Error) -> LockError {
     super::store_error(STORE, e)
@@ -110,7 +120,7 @@ impl Locks<MysqlBackend> {
         let store = MysqlStore {
             pool,
             config,
-            counter: OnceCell::new(),
+            prepared: OnceCell::new(),
         };
         Self::over(SqlBackend { store })
     }
@@ -168,8 +178,10 @@ fn fold_proof(text: &str) -> String {
 }
 
 impl MysqlStore {
-    async fn ensure_counter(&self, conn: &mut PoolConnection<MySql>) -> Result<(), LockError> {
-        self.counter
+    /// Makes the counter table if need be and tells MariaDB from MySQL, once per store:
+    /// the `GET_LOCK` statement to send.
+    async fn prepare(&self, conn: &mut PoolConnection<MySql>) -> Result<&'static str, LockError> {
+        self.prepared
             .get_or_try_init(|| async {
                 let create = format!(
                     "CREATE TABLE IF NOT EXISTS {FENCE_TABLE} \
@@ -183,10 +195,18 @@ impl MysqlStore {
                     .execute(&mut **conn)
                     .await
                     .map_err(store_error)?;
-                Ok(())
+                let version: String = sqlx::query_scalar("SELECT VERSION()")
+                    .fetch_one(&mut **conn)
+                    .await
+                    .map_err(store_error)?;
+                Ok(if version.contains("MariaDB") {
+                    GET_LOCK_MARIADB
+                } else {
+                    GET_LOCK
+                })
             })
             .await
-            .map(|_| ())
+            .copied()
     }
 }
 
@@ -218,10 +238,10 @@ impl SqlStore for MysqlStore {
         // back to the pool: it may hold the lock.
         let mut pending = Closing::new(self.pool.acquire().await.map_err(store_error)?);
         let conn = pending.get();
-        self.ensure_counter(conn).await?;
+        let get_lock = self.prepare(conn).await?;
         let left = wait.saturating_sub(started.elapsed());
         // 1: granted, 0: timed out, NULL: an error (the server logs it).
-        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
+        let got: Option<i64> = sqlx::query_scalar(get_lock)
             .bind(sent)
             .bind(left.as_secs_f64())
             .fetch_one(&mut **conn)
