@@ -212,3 +212,36 @@ async fn an_application_max_statement_time_does_not_cut_a_wait_short() {
         .unwrap();
     assert_eq!(setting, 0.3);
 }
+
+/// An acquisition waiting in the server, dropped on a thread with no runtime (its own
+/// runtime still running), neither panics nor leaves its session holding the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_acquisition_dropped_outside_any_runtime_does_not_panic() {
+    let server = MariaDbServer::start();
+    let holder = locks(&server).await;
+    let waiter = locks(&server).await;
+    let g = holder.lock("x").await.unwrap();
+    let mut waiting = Box::pin({
+        let waiter = waiter.clone();
+        async move {
+            waiter
+                .acquire("x", LockOptions::new().wait(Duration::from_secs(30)))
+                .await
+        }
+    });
+    // Long enough to have its session and be waiting in `GET_LOCK`.
+    let polled = tokio::time::timeout(Duration::from_millis(500), &mut waiting).await;
+    assert!(polled.is_err(), "the lock was free: {polled:?}");
+    let dropped = std::thread::spawn(move || drop(waiting)).join();
+    assert!(
+        dropped.is_ok(),
+        "dropping the acquisition outside a runtime panicked"
+    );
+    g.release().await.unwrap();
+    // The dropped waiter's session was closed, not left holding the lock.
+    let again = holder
+        .acquire("x", LockOptions::new().wait(Duration::from_secs(5)))
+        .await
+        .expect("the dropped waiter's session kept the lock");
+    again.release().await.unwrap();
+}

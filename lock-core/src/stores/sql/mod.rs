@@ -18,6 +18,7 @@ use sqlx::{Database, Pool};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
+use crate::client::cleanup;
 use crate::client::config::LockConfig;
 use crate::client::store::key::LockKeys;
 use crate::client::wait::Listen;
@@ -152,8 +153,26 @@ impl<DB: Database> Closing<DB> {
 
 impl<DB: Database> Drop for Closing<DB> {
     fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            c.close_on_drop();
+        let Some(mut c) = self.0.take() else {
+            return;
+        };
+        c.close_on_drop();
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return;
+        }
+        // sqlx closes it on a task it spawns, which panics on a thread with no runtime
+        // (a future dropped there): it closes on the background runtime instead.
+        match cleanup::background() {
+            Some(background) => {
+                let _entered = background.enter();
+                drop(c);
+            }
+            None => {
+                tracing::error!(
+                    "lock-core: no runtime to close a database session on; it stays open"
+                );
+                std::mem::forget(c);
+            }
         }
     }
 }
