@@ -261,9 +261,12 @@ fn outcome(reply: i64, keys: &IdempotencyKeys, script: &str) -> Result<(), LockE
 
 async fn abandon(s: &Shared) -> Result<(), LockError> {
     let inner = &s.client;
-    let mut inv = IDEMPOTENCY_ABANDON.prepare_invoke();
-    inv.key(&s.keys.record).arg(&s.in_flight);
-    let reply: i64 = inner.conn().invoke("idempotency abandon", &inv).await?;
+    let reply: i64 = inner
+        .conn()
+        .invoke("idempotency abandon", &IDEMPOTENCY_ABANDON, |c| {
+            c.arg(1).arg(&s.keys.record).arg(&s.in_flight);
+        })
+        .await?;
     let result = outcome(reply, &s.keys, "idempotency_abandon.lua");
     if result.is_ok() {
         // Our own message is ignored by our hub: wake our waiters directly.
@@ -274,10 +277,14 @@ async fn abandon(s: &Shared) -> Result<(), LockError> {
 
 async fn extend(s: &Shared) -> Result<(), LockError> {
     let inner = &s.client;
-    let mut inv = IDEMPOTENCY_EXTEND.prepare_invoke();
-    inv.key(&s.keys.record)
-        .arg(&s.in_flight)
-        .arg(s.lease.as_millis() as u64);
-    let reply: i64 = inner.conn().invoke("idempotency extend", &inv).await?;
+    let reply: i64 = inner
+        .conn()
+        .invoke("idempotency extend", &IDEMPOTENCY_EXTEND, |c| {
+            c.arg(1)
+                .arg(&s.keys.record)
+                .arg(&s.in_flight)
+                .arg(s.lease.as_millis() as u64);
+        })
+        .await?;
     outcome(reply, &s.keys, "idempotency_extend.lua")
 }

@@ -337,9 +337,12 @@ impl IdempotencyStore {
         }
         // A waiter's mark answers as PTTL does, so both are read alike.
         let pttl: i64 = if subscribed {
-            let mut inv = IDEMPOTENCY_WAIT.prepare_invoke();
-            inv.key(&keys.record);
-            inner.conn().invoke("idempotency wait", &inv).await?
+            inner
+                .conn()
+                .invoke("idempotency wait", &IDEMPOTENCY_WAIT, |c| {
+                    c.arg(1).arg(&keys.record);
+                })
+                .await?
         } else {
             inner
                 .conn()

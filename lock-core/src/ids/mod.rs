@@ -188,9 +188,13 @@ impl IdGenerator {
         let secs = g.clock_gate().await?;
         let day = g.day_of(secs);
         let key = day_key(&g.base, day);
-        let mut inv = NEXT_ID.prepare_invoke();
-        inv.key(&key).arg(g.config.day_key_ttl.as_secs());
-        let n: i64 = g.client.conn().invoke("next_id", &inv).await?;
+        let n: i64 = g
+            .client
+            .conn()
+            .invoke("next_id", &NEXT_ID, |c| {
+                c.arg(1).arg(&key).arg(g.config.day_key_ttl.as_secs());
+            })
+            .await?;
         let seq = match u32::try_from(n) {
             Ok(0) => {
                 return Err(LockError::UnexpectedReply(format!(

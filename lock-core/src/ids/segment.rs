@@ -283,11 +283,17 @@ fn spawn_refill(g: &Arc<Gen>, r: Refill) {
 }
 
 async fn reserve(g: &Gen, r: Refill) -> Result<(u64, u64), LockError> {
-    let mut inv = RESERVE_IDS.prepare_invoke();
-    inv.key(day_key(&g.base, r.day))
-        .arg(r.count)
-        .arg(g.config.day_key_ttl.as_secs());
-    let reply: Vec<i64> = g.client.conn().invoke("reserve_ids", &inv).await?;
+    let key = day_key(&g.base, r.day);
+    let reply: Vec<i64> = g
+        .client
+        .conn()
+        .invoke("reserve_ids", &RESERVE_IDS, |c| {
+            c.arg(1)
+                .arg(&key)
+                .arg(r.count)
+                .arg(g.config.day_key_ttl.as_secs());
+        })
+        .await?;
     match reply[..] {
         [first, last] if first >= 1 && last - first + 1 == i64::from(r.count) => {
             Ok((first as u64, last as u64))

@@ -99,14 +99,19 @@ impl RuleLimiter {
         self.rule.validate()?;
         let counter = self.client.prefixed_key(&self.name, &key, "window")?;
         let lockout = self.client.prefixed_key(&self.name, &key, "lockout")?;
-        let mut inv = LIMIT_RULE.prepare_invoke();
-        inv.key(counter)
-            .key(lockout)
-            .arg(self.rule.seconds)
-            .arg(self.rule.limit_count)
-            .arg(self.rule.lock_count)
-            .arg(self.rule.lock_time);
-        let reply: Vec<i64> = self.client.conn().invoke("limit_rule", &inv).await?;
+        let reply: Vec<i64> = self
+            .client
+            .conn()
+            .invoke("limit_rule", &LIMIT_RULE, |c| {
+                c.arg(2)
+                    .arg(&counter)
+                    .arg(&lockout)
+                    .arg(self.rule.seconds)
+                    .arg(self.rule.limit_count)
+                    .arg(self.rule.lock_count)
+                    .arg(self.rule.lock_time);
+            })
+            .await?;
         match reply[..] {
             [allowed, count, retry_ms, locked] => {
                 metrics::rate_limit(RateOutcome::of(allowed == 1));

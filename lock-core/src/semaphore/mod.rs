@@ -225,13 +225,13 @@ impl Semaphore {
     /// Permits free right now (expired ones count as free). A snapshot for inspection:
     /// it may be stale by the time it is read.
     pub async fn available(&self) -> Result<u32, LockError> {
-        let mut inv = SEMAPHORE_AVAILABLE.prepare_invoke();
-        inv.key(&self.shared.key).arg(self.shared.limit);
         let free: i64 = self
             .shared
             .client
             .conn()
-            .invoke("semaphore available", &inv)
+            .invoke("semaphore available", &SEMAPHORE_AVAILABLE, |c| {
+                c.arg(1).arg(&self.shared.key).arg(self.shared.limit);
+            })
             .await?;
         u32::try_from(free).map_err(|_| {
             LockError::UnexpectedReply(format!("semaphore_available.lua returned {free}"))
@@ -316,17 +316,22 @@ impl Semaphore {
                 format!("{}:{seq}", inner.id_hex())
             })
             .collect();
-        let mut inv = SEMAPHORE_ACQUIRE.prepare_invoke();
-        inv.key(&self.shared.key)
-            .arg(self.shared.limit)
-            .arg(lease.as_millis() as u64);
-        for id in &ids {
-            inv.arg(id);
-        }
+        let sent = ids.clone();
         // Until the reply says otherwise the script may have granted these ids.
         let mut pending = permits::Pending::new(self.clone(), ids);
         let start = Instant::now();
-        let reply: Vec<i64> = inner.conn().invoke("semaphore acquire", &inv).await?;
+        let reply: Vec<i64> = inner
+            .conn()
+            .invoke("semaphore acquire", &SEMAPHORE_ACQUIRE, |c| {
+                c.arg(1)
+                    .arg(&self.shared.key)
+                    .arg(self.shared.limit)
+                    .arg(lease.as_millis() as u64);
+                for id in &sent {
+                    c.arg(id);
+                }
+            })
+            .await?;
         match reply[..] {
             [1, free] if free >= 0 => {
                 if free > 0 {

@@ -107,13 +107,17 @@ impl Permits {
         check_lease("permit lease", lease)?;
         let inner = &self.semaphore.shared.client;
         let start = Instant::now();
-        let mut inv = SEMAPHORE_EXTEND.prepare_invoke();
-        inv.key(&self.semaphore.shared.key)
-            .arg(lease.as_millis() as u64);
-        for id in &self.ids {
-            inv.arg(id);
-        }
-        let reply: i64 = inner.conn().invoke("semaphore extend", &inv).await?;
+        let reply: i64 = inner
+            .conn()
+            .invoke("semaphore extend", &SEMAPHORE_EXTEND, |c| {
+                c.arg(1)
+                    .arg(&self.semaphore.shared.key)
+                    .arg(lease.as_millis() as u64);
+                for id in &self.ids {
+                    c.arg(id);
+                }
+            })
+            .await?;
         let extended = count(reply, self.ids.len(), "semaphore_extend.lua")?;
         let mut valid_until = lock(&self.valid_until);
         if extended > 0 {
@@ -176,14 +180,18 @@ async fn release_ids(semaphore: &Semaphore, ids: &[String]) -> Result<usize, Loc
     }
     let shared = &semaphore.shared;
     let inner = &shared.client;
-    let mut inv = SEMAPHORE_RELEASE.prepare_invoke();
-    inv.key(&shared.key)
-        .key(&shared.channel)
-        .arg(inner.id_hex());
-    for id in ids {
-        inv.arg(id);
-    }
-    let reply: i64 = inner.conn().invoke("semaphore release", &inv).await?;
+    let reply: i64 = inner
+        .conn()
+        .invoke("semaphore release", &SEMAPHORE_RELEASE, |c| {
+            c.arg(2)
+                .arg(&shared.key)
+                .arg(&shared.channel)
+                .arg(inner.id_hex());
+            for id in ids {
+                c.arg(id);
+            }
+        })
+        .await?;
     let released = count(reply, ids.len(), "semaphore_release.lua")?;
     if released > 0 {
         // Our own release message is ignored by our hub: wake our waiters directly.

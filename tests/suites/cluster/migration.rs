@@ -146,3 +146,30 @@ async fn a_batch_on_a_migrating_slot_follows_each_redirection_once() {
         g.release().await.unwrap();
     }
 }
+
+/// A script call other than a lock's (here an idempotency claim's abandon) on a key
+/// that has moved to the importing node follows its `-ASK` there: the claim is freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_on_a_moved_key_follows_its_redirection() {
+    let cluster = RedisCluster::start(3, 0);
+    let c = client(&cluster, config()).await;
+    let store = c.idempotency_store("ask");
+    let claim = match store
+        .begin("order-1", "fp", std::time::Duration::from_secs(60))
+        .await
+        .unwrap()
+    {
+        lock_core::Begin::New(claim) => claim,
+        other => panic!("a fresh key was not claimed: {other:?}"),
+    };
+    let record = claim.keys().record.clone();
+    let migration = Migration::start(&cluster, lock_tests::key_slot(&record)).await;
+    migration.migrate(&record).await;
+    claim.abandon().await.unwrap();
+    assert_eq!(
+        migration.imported(&record).await,
+        None,
+        "the claim is still there"
+    );
+    migration.finish().await;
+}

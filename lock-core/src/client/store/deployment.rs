@@ -14,7 +14,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::SingleNodeRoutingInfo;
-use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisResult, ScriptInvocation, Value};
+use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisResult, Value};
 
 use super::args::{Args, Pipe};
 use super::key::cluster_slot;
@@ -65,15 +65,6 @@ impl Store {
         }
     }
 
-    /// Runs a script invocation (EVALSHA, loading the script on NOSCRIPT).
-    pub(crate) async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<Value> {
-        match self {
-            Self::Node(node) => node.invoke_once(invocation).await,
-            Self::Managed(node) => Box::pin(node.invoke_once(invocation)).await,
-            Self::Cluster(cluster) => Box::pin(cluster.invoke(invocation)).await,
-        }
-    }
-
     /// Which keys may go into one multi-key script call: the key's hash slot on a
     /// Cluster, the same group for every key on one node.
     pub(crate) fn group(&self, key: &str) -> u16 {
@@ -91,15 +82,6 @@ impl<C: Clone + Send + Sync + 'static> RedisStore<C> {
         Self {
             conn: Homed::new(conn, make),
         }
-    }
-}
-
-impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
-    /// Runs a script invocation (EVALSHA, loading the script on NOSCRIPT) once.
-    async fn invoke_once(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<Value> {
-        self.conn
-            .call(move |mut c| async move { invocation.invoke_async(&mut c).await })
-            .await
     }
 }
 
@@ -216,11 +198,16 @@ impl RedisStore<ClusterConnection> {
                         let route = SingleNodeRoutingInfo::ByAddress { host, port };
                         // Offset 1: the reply taken is the command's, after ASKING's
                         // `+OK` (taking one reply of two would hand the other to the
-                        // next call on the connection).
+                        // next call on the connection). An error reply is the call's
+                        // error, as `query_async` answers it (a NOSCRIPT there loads
+                        // the script).
                         let mut replies = c.route_pipeline(pipe, 1, 1, route).await?;
-                        replies.pop().ok_or_else(|| {
-                            RedisError::from((ErrorKind::Client, "an empty reply to ASKING"))
-                        })
+                        replies
+                            .pop()
+                            .ok_or_else(|| {
+                                RedisError::from((ErrorKind::Client, "an empty reply to ASKING"))
+                            })?
+                            .extract_error()
                     }
                 }
             })
@@ -235,11 +222,5 @@ impl RedisStore<ClusterConnection> {
         // would be unknown, and sending the pipeline again would run some twice. Alone,
         // each follows its own redirection and runs once.
         Ok(futures_util::future::join_all(pipe.cmd_iter().map(|cmd| self.query(cmd))).await)
-    }
-
-    async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<Value> {
-        // A script call cannot be redirected by hand (redis-rs keeps its EVAL form to
-        // itself): during a slot migration it is sent again until the slot has moved.
-        resend_refused(move |_ask| self.invoke_once(invocation)).await
     }
 }

@@ -21,7 +21,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{FromRedisValue, RedisResult, ScriptInvocation, Value};
+use redis::{FromRedisValue, RedisResult, Value};
 
 use crate::error::LockError;
 use deadline::{Deadlines, Elapsed, Limit, Within};
@@ -60,13 +60,15 @@ impl Conn {
         self.store.group(key)
     }
 
-    /// Runs a script invocation (EVALSHA, reloading on NOSCRIPT) within the time limit.
+    /// Runs `script` (see [`eval`](Self::eval)) within the time limit, its reply read
+    /// as a `T`; `op` names the call in errors.
     pub(crate) async fn invoke<T: FromRedisValue>(
         &self,
         op: &'static str,
-        invocation: &ScriptInvocation<'_>,
+        script: &scripts::Lua,
+        fill: impl Fn(&mut Args),
     ) -> Result<T, LockError> {
-        let value = timed(op, self.within(self.store.invoke(invocation)).await)?;
+        let value = self.eval(script, self.timeout(), fill).await?;
         decode(op, value)
     }
 

@@ -25,8 +25,6 @@
 //! that only reads (a semaphore's count) says `#!lua flags=no-writes`: Redis refuses its
 //! writes and runs it on a full server.
 
-use std::sync::LazyLock;
-
 use redis::{Script, Value};
 
 use crate::error::LockError;
@@ -327,26 +325,33 @@ impl FenceReply {
 /// GCRA rate-limit decisions. See `lua/gcra.lua`.
 pub(crate) static GCRA: Lua = Lua::batched("gcra", include_str!("../../../lua/gcra.lua"), 1);
 /// The fixed-window rule with a lockout. See `lua/limit_rule.lua`.
-pub(crate) static LIMIT_RULE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/limit_rule.lua")));
+pub(crate) static LIMIT_RULE: Lua =
+    Lua::new("limit_rule", include_str!("../../../lua/limit_rule.lua"));
 /// Take permits of an expiring semaphore. See `lua/semaphore_acquire.lua`.
-pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/semaphore_acquire.lua")));
+pub(crate) static SEMAPHORE_ACQUIRE: Lua = Lua::new(
+    "semaphore_acquire",
+    include_str!("../../../lua/semaphore_acquire.lua"),
+);
 /// Count a semaphore's free permits, writing nothing. See `lua/semaphore_available.lua`.
-pub(crate) static SEMAPHORE_AVAILABLE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/semaphore_available.lua")));
+pub(crate) static SEMAPHORE_AVAILABLE: Lua = Lua::new(
+    "semaphore_available",
+    include_str!("../../../lua/semaphore_available.lua"),
+);
 /// Give back semaphore permits by id. See `lua/semaphore_release.lua`.
-pub(crate) static SEMAPHORE_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/semaphore_release.lua")));
+pub(crate) static SEMAPHORE_RELEASE: Lua = Lua::new(
+    "semaphore_release",
+    include_str!("../../../lua/semaphore_release.lua"),
+);
 /// Set a new lease on semaphore permits. See `lua/semaphore_extend.lua`.
-pub(crate) static SEMAPHORE_EXTEND: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/semaphore_extend.lua")));
+pub(crate) static SEMAPHORE_EXTEND: Lua = Lua::new(
+    "semaphore_extend",
+    include_str!("../../../lua/semaphore_extend.lua"),
+);
 /// The next sequence number of a day's order-id counter. See `lua/next_id.lua`.
-pub(crate) static NEXT_ID: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/next_id.lua")));
+pub(crate) static NEXT_ID: Lua = Lua::new("next_id", include_str!("../../../lua/next_id.lua"));
 /// Reserve a block of a day's order-id counter. See `lua/reserve_ids.lua`.
-pub(crate) static RESERVE_IDS: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/reserve_ids.lua")));
+pub(crate) static RESERVE_IDS: Lua =
+    Lua::new("reserve_ids", include_str!("../../../lua/reserve_ids.lua"));
 
 /// Store the responses of claimed keys. See `lua/idempotency_complete.lua`.
 pub(crate) static IDEMPOTENCY_COMPLETE: Lua = Lua::batched(
@@ -355,16 +360,22 @@ pub(crate) static IDEMPOTENCY_COMPLETE: Lua = Lua::batched(
     1,
 );
 /// Free a claimed key. See `lua/idempotency_abandon.lua`.
-pub(crate) static IDEMPOTENCY_ABANDON: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/idempotency_abandon.lua")));
+pub(crate) static IDEMPOTENCY_ABANDON: Lua = Lua::new(
+    "idempotency_abandon",
+    include_str!("../../../lua/idempotency_abandon.lua"),
+);
 
 /// Mark an in-flight key as waited for. See `lua/idempotency_wait.lua`.
-pub(crate) static IDEMPOTENCY_WAIT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/idempotency_wait.lua")));
+pub(crate) static IDEMPOTENCY_WAIT: Lua = Lua::new(
+    "idempotency_wait",
+    include_str!("../../../lua/idempotency_wait.lua"),
+);
 
 /// Renew the in-flight lease of a claimed key. See `lua/idempotency_extend.lua`.
-pub(crate) static IDEMPOTENCY_EXTEND: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/idempotency_extend.lua")));
+pub(crate) static IDEMPOTENCY_EXTEND: Lua = Lua::new(
+    "idempotency_extend",
+    include_str!("../../../lua/idempotency_extend.lua"),
+);
 
 /// A plain or fair lock in Redisson's layout. See `lua/redisson_lock.lua`.
 pub(crate) static REDISSON_LOCK: Lua = Lua::new(
