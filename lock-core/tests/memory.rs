@@ -430,3 +430,23 @@ async fn a_watched_reentry_keeps_a_fixed_lease_grant_to_its_cap() {
         .wait(Duration::ZERO);
     assert!(locks.acquire("r", writing).await.unwrap_err().is_busy());
 }
+
+/// A watched hold with a cap, re-entered by another capped watched hold, keeps its
+/// first cap (as on Redis): the re-entry does not move it later.
+#[tokio::test(start_paused = true)]
+async fn a_capped_watched_grant_keeps_its_first_cap_on_reentry() {
+    let locks = MemoryLocks::new();
+    let scope = LockScope::new();
+    let capped = || {
+        LockOptions::new()
+            .lease(Lease::Watchdog)
+            .max_hold(MS(5_000))
+            .scope(&scope)
+    };
+    let first = locks.acquire("x", capped()).await.unwrap();
+    let start = Instant::now();
+    tokio::time::sleep(MS(3_000)).await;
+    let _again = locks.acquire("x", capped()).await.unwrap();
+    first.lost().await;
+    assert_eq!(start.elapsed(), MS(5_000));
+}

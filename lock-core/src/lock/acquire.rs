@@ -294,10 +294,20 @@ impl<B: Backend> Core<B> {
         let guard = LockGuard::new(self.clone(), grant.clone(), req.watchdog);
         if grant.state().kept {
             // The store keeps it while held: no lease to renew or lengthen.
-        } else if req.watchdog && !B::CAPABILITIES.renews {
-            // A store that keeps its watched grants itself (memory) keeps this one too,
-            // up to the hold's cap: no watchdog renews it there.
+        } else if req.watchdog && !B::CAPABILITIES.renews && B::CAPABILITIES.fixed_leases {
+            // A store that keeps its watched grants itself (memory) keeps a fixed-lease
+            // grant that a watched hold re-enters, up to that hold's cap: no watchdog
+            // renews it there. A grant a watched hold has capped keeps that cap.
+            let first = {
+                let mut st = grant.state();
+                let first = st.renew_until.is_none();
+                if first {
+                    st.renew_until = req.max_hold.and_then(|m| Instant::now().checked_add(m));
+                }
+                first
+            };
             match req.max_hold {
+                _ if !first => {}
                 Some(cap) => self.extend_grant(&grant, cap).await?,
                 None => self.keep_grant(&grant)?,
             }
