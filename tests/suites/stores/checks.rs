@@ -210,3 +210,24 @@ pub async fn granted<G>(
         .unwrap()
         .unwrap()
 }
+
+/// `holder` takes `x`, and `waiter`'s wait of 5 s for it is granted once `holder`
+/// gives it back a second later: nothing on `waiter`'s sessions (an application's
+/// statement time limit) cut the wait short.
+pub async fn a_wait_lasts_its_budget<L>(holder: &L, waiter: &L)
+where
+    L: DistributedLock,
+{
+    let g = holder.lock_named("x").await.unwrap();
+    let started = Instant::now();
+    let (taken, ()) = tokio::join!(
+        waiter.acquire("x", LockOptions::new().wait(Duration::from_secs(5))),
+        async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            g.release().await.unwrap();
+        }
+    );
+    let taken = taken.expect("the wait was cut short");
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    taken.release().await.unwrap();
+}
