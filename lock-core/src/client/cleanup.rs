@@ -154,6 +154,31 @@ where
     }
 }
 
+/// Where lasting work runs ([`spawn_lasting`]), for a caller that must not panic on a
+/// thread with no runtime: the background runtime, else the caller's; `None` with
+/// neither.
+pub(crate) fn lasting_runtime() -> Option<Handle> {
+    background().cloned().or_else(|| Handle::try_current().ok())
+}
+
+/// Runs `f` (a drop that spawns, say sqlx's) inside a runtime's context: the caller's,
+/// else the background runtime's. On a thread with neither, `f` comes back unrun.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub(crate) fn in_runtime<F: FnOnce()>(f: F) -> Result<(), F> {
+    if Handle::try_current().is_ok() {
+        f();
+        return Ok(());
+    }
+    match background() {
+        Some(rt) => {
+            let _entered = rt.enter();
+            f();
+            Ok(())
+        }
+        None => Err(f),
+    }
+}
+
 /// Runs `task` on the background runtime ([`spawn_lasting`]) and answers its output: a
 /// store's connect, whose connection must outlive the caller's runtime. A task cut off
 /// before it finished (its runtime shut down) is an error of `store`.

@@ -116,11 +116,7 @@ impl Hub {
         }
         // On the background runtime, so that it outlives the runtime of the waiter
         // that started it (the other runtimes' waiters listen through it too).
-        if crate::client::cleanup::background().is_none()
-            && tokio::runtime::Handle::try_current().is_err()
-        {
-            return None;
-        }
+        let runtime = crate::client::cleanup::lasting_runtime()?;
         let (tx, rx) = mpsc::unbounded_channel();
         let actor = Actor {
             clients: self.clients.clone(),
@@ -132,7 +128,7 @@ impl Hub {
             subscribed: HashSet::new(),
             retry_at: Instant::now(),
         };
-        crate::client::cleanup::spawn_lasting(actor.run(rx));
+        runtime.spawn(actor.run(rx));
         *commands = Some(tx.clone());
         Some(tx)
     }

@@ -117,10 +117,7 @@ impl<B: Seam> Watchdog<B> {
         if q.task.as_ref().is_some_and(|t| !t.is_finished()) {
             return;
         }
-        let runtime = cleanup::background()
-            .cloned()
-            .or_else(|| tokio::runtime::Handle::try_current().ok());
-        match runtime {
+        match cleanup::lasting_runtime() {
             Some(rt) => {
                 let weak = Arc::downgrade(&self.shared);
                 q.task = Some(rt.spawn(run(weak, self.shared.wake.clone())));

@@ -157,22 +157,11 @@ impl<DB: Database> Drop for Closing<DB> {
             return;
         };
         c.close_on_drop();
-        if tokio::runtime::Handle::try_current().is_ok() {
-            return;
-        }
         // sqlx closes it on a task it spawns, which panics on a thread with no runtime
-        // (a future dropped there): it closes on the background runtime instead.
-        match cleanup::background() {
-            Some(background) => {
-                let _entered = background.enter();
-                drop(c);
-            }
-            None => {
-                tracing::error!(
-                    "lock-core: no runtime to close a database session on; it stays open"
-                );
-                std::mem::forget(c);
-            }
+        // (a future dropped there): on such a thread, on the background runtime.
+        if let Err(unclosed) = cleanup::in_runtime(move || drop(c)) {
+            tracing::error!("lock-core: no runtime to close a database session on; it stays open");
+            std::mem::forget(unclosed);
         }
     }
 }
