@@ -298,18 +298,19 @@ impl<B: Backend> Core<B> {
             // A store that keeps its watched grants itself (memory) keeps a fixed-lease
             // grant that a watched hold re-enters, up to that hold's cap: no watchdog
             // renews it there. A grant a watched hold has capped keeps that cap.
-            let first = {
+            let uncapped = {
                 let mut st = grant.state();
-                let first = st.renew_until.is_none();
-                if first {
+                let uncapped = st.renew_until.is_none();
+                if uncapped {
                     st.renew_until = req.max_hold.and_then(|m| Instant::now().checked_add(m));
                 }
-                first
+                uncapped
             };
-            match req.max_hold {
-                _ if !first => {}
-                Some(cap) => self.extend_grant(&grant, cap).await?,
-                None => self.keep_grant(&grant)?,
+            if uncapped {
+                match req.max_hold {
+                    Some(cap) => self.extend_grant(&grant, cap).await?,
+                    None => self.keep_grant(&grant)?,
+                }
             }
         } else if req.watchdog {
             let mut st = grant.state();
