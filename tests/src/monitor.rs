@@ -114,6 +114,20 @@ impl Monitor {
         }
     }
 
+    /// Waits for `times` lines containing `needle` (see [`wait_for`](Self::wait_for)),
+    /// each within `timeout` of the one before; `None` if one did not come.
+    pub async fn wait_for_times(
+        &mut self,
+        needle: &str,
+        times: usize,
+        timeout: Duration,
+    ) -> Option<()> {
+        for _ in 0..times {
+            self.wait_for(needle, timeout).await?;
+        }
+        Some(())
+    }
+
     /// Reads once (waiting at most until `deadline`) and splits complete
     /// lines off. Returns false when the deadline passed or the connection
     /// is closed.

@@ -119,12 +119,10 @@ async fn works_on_a_user_connection_without_pubsub() {
     };
     // First attempt, then the retry after subscribing: now it sleeps.
     let acquire = script_sha("acquire.lua");
-    for _ in 0..2 {
-        monitor
-            .wait_for(&acquire, Duration::from_secs(2))
-            .await
-            .expect("the waiter's attempt");
-    }
+    monitor
+        .wait_for_times(&acquire, 2, Duration::from_secs(2))
+        .await
+        .expect("the waiter's attempt");
     g.release().await.unwrap();
     let g2 = tokio::time::timeout(Duration::from_millis(300), waiter)
         .await
@@ -244,12 +242,10 @@ async fn a_write_release_lets_every_waiting_reader_in() {
         .collect();
     // Each reader's first attempt, then its retry once subscribed: all four asleep.
     let take = script_sha("read_write.lua");
-    for _ in 0..8 {
-        monitor
-            .wait_for(&take, Duration::from_secs(5))
-            .await
-            .expect("a reader's attempt");
-    }
+    monitor
+        .wait_for_times(&take, 8, Duration::from_secs(5))
+        .await
+        .expect("a reader's attempt");
     w.release().await.unwrap();
     let late = "waited for its backoff, not the release";
     for g in readers_within(waiting, Duration::from_secs(2), late).await {

@@ -200,12 +200,10 @@ async fn releases_wake_waiters_in_other_clients_and_locally() {
         tokio::spawn(async move { s.acquire(1, waiting(120)).await })
     };
     // The first attempt, then the retry after subscribing: now it sleeps.
-    for _ in 0..2 {
-        monitor
-            .wait_for(&acquire_sha, Duration::from_secs(5))
-            .await
-            .expect("the waiter's attempt");
-    }
+    monitor
+        .wait_for_times(&acquire_sha, 2, Duration::from_secs(5))
+        .await
+        .expect("the waiter's attempt");
     assert_eq!(held_by_a.release().await.unwrap(), 1);
     eventually(
         Duration::from_secs(3),
@@ -231,12 +229,10 @@ async fn releases_wake_waiters_in_other_clients_and_locally() {
         let s = sem_b.clone();
         tokio::spawn(async move { s.acquire(1, waiting(120)).await })
     };
-    for _ in 0..2 {
-        monitor
-            .wait_for(&acquire_sha, Duration::from_secs(5))
-            .await
-            .expect("the second waiter's attempt");
-    }
+    monitor
+        .wait_for_times(&acquire_sha, 2, Duration::from_secs(5))
+        .await
+        .expect("the second waiter's attempt");
     assert_eq!(held_by_b.release().await.unwrap(), 1);
     eventually(
         Duration::from_secs(3),
