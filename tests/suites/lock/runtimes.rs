@@ -406,9 +406,10 @@ fn a_link_whose_tasks_never_ran_before_its_runtime_ended_is_opened_again() {
         .block_on(async { LockClient::open_lazy(server.url(), config) })
         .unwrap();
     rt1.block_on(async {
-        // Blocks the only thread, so that the connect's readiness and the time limit
-        // are seen in one poll: the link starts, then the call returns at once.
-        tokio::spawn(async { std::thread::sleep(ms(300)) });
+        // Blocks the only thread past the 100 ms limit but short of the client's own
+        // 300 ms, so that the connect's readiness and the outer limit are seen in one
+        // poll: the link starts, then the call returns at once, cut short.
+        tokio::spawn(async { std::thread::sleep(ms(200)) });
         let gave_up = tokio::time::timeout(ms(100), client.try_lock("first")).await;
         assert!(
             gave_up.is_err(),
