@@ -231,3 +231,46 @@ where
     assert!(started.elapsed() >= Duration::from_millis(900));
     taken.release().await.unwrap();
 }
+
+/// A wait cut short while `holder` keeps `x` ends in the server too, within a few
+/// seconds rather than at the end of its budget of a minute: its session is not left
+/// queued for the lock (a server connection kept, and a turn it would take for
+/// nothing). `queued` counts the sessions waiting for a lock in the server.
+pub async fn a_cancelled_wait_leaves_the_servers_queue<L, Q, F>(holder: &L, waiter: L, queued: Q)
+where
+    L: DistributedLock + Clone + Send + Sync + 'static,
+    L::Guard: Send,
+    Q: Fn() -> F,
+    F: std::future::Future<Output = i64>,
+{
+    let g = holder.lock_named("x").await.unwrap();
+    let waiting = tokio::spawn(async move {
+        waiter
+            .acquire("x", LockOptions::new().wait(Duration::from_secs(60)))
+            .await
+            .map(|_| ())
+    });
+    let until = |n: i64| {
+        let queued = &queued;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                let now = queued().await;
+                if now == n || Instant::now() > deadline {
+                    return now;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert_eq!(until(1).await, 1, "the waiter never queued in the server");
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    assert_eq!(
+        until(0).await,
+        0,
+        "5 s after its acquisition was cancelled, its session still waits in the server"
+    );
+    assert!(g.is_held());
+    g.release().await.unwrap();
+}

@@ -234,3 +234,21 @@ async fn a_waiting_acquisition_dropped_outside_any_runtime_does_not_panic() {
         .expect("the dropped waiter's session kept the lock");
     again.release().await.unwrap();
 }
+
+/// A cancelled wait's session stops waiting in `GET_LOCK` once its acquisition is
+/// cancelled, not when the wait's own timeout runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_waits_session_leaves_the_queue() {
+    let server = MariaDbServer::start();
+    let (a, b) = (locks(&server).await, locks(&server).await);
+    checks::a_cancelled_wait_leaves_the_servers_queue(&a, b, || async {
+        sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+             WHERE INFO LIKE '%GET_LOCK(%' AND ID <> CONNECTION_ID()",
+        )
+        .fetch_one(a.pool())
+        .await
+        .unwrap()
+    })
+    .await;
+}

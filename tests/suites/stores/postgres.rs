@@ -128,6 +128,23 @@ async fn a_cancelled_wait_leaves_no_lock_and_no_connection_behind() {
     assert_eq!(waiting, 0, "no cancelled waiter left queued in the server");
 }
 
+/// A cancelled wait's backend stops waiting once its connection is closed
+/// (`client_connection_check_interval`), not when its `lock_timeout` runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_waits_backend_leaves_the_queue() {
+    let server = PostgresServer::start();
+    let (a, b) = (locks(&server).await, locks(&server).await);
+    checks::a_cancelled_wait_leaves_the_servers_queue(&a, b, || async {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+        )
+        .fetch_one(a.pool())
+        .await
+        .unwrap()
+    })
+    .await;
+}
+
 /// The backend holding the advisory lock `key`, if any.
 async fn holder(locks: &PostgresLocks, key: i64) -> Option<i32> {
     sqlx::query_scalar(

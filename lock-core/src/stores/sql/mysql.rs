@@ -8,6 +8,7 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use super::{Closing, ConnFuture, Dialect, Granted, SqlBackend, SqlStore, fnv1a64};
+use crate::client::cleanup::{self, OnDrop};
 use crate::client::config::LockConfig;
 use crate::client::store::key::{self, LockKeys, LockName};
 use crate::error::LockError;
@@ -61,7 +62,11 @@ pub(crate) const MAX_SERVER_NAME: usize = 64;
 ///   lock lasts until released or until the session ends, and a max-hold does not
 ///   apply either. `hold_until_expiry` releases.
 /// - A cancelled acquisition closes its connection instead of returning it to the pool,
-///   so a lock granted after the cancellation dies with the session.
+///   so a lock granted after the cancellation dies with the session. A wait in
+///   `GET_LOCK` does not notice a closed connection, so a cancelled wait's session is
+///   ended with `KILL` from another of the pool's connections (a user may always end its
+///   own sessions): it leaves the lock's queue then, not at its own timeout. That is
+///   why the first try asks for the session's id along with the lock.
 /// - **Bounded**: an acquisition ends within its wait budget plus one
 ///   [`LockConfig::with_command_timeout`], however long the pool would wait for a
 ///   connection; [`MysqlLocks::connect`]'s pool waits for one at most the config's
@@ -87,6 +92,10 @@ pub struct MysqlStore {
     /// The `GET_LOCK` statement for this server, once the counter table is made.
     prepared: OnceCell<&'static str>,
 }
+
+/// The first try, which waits for nothing: the lock if it is free, and the session's
+/// id, which a wait that follows needs (to be stopped if it is cancelled).
+const TRY_GET_LOCK: &str = "SELECT GET_LOCK(?, 0), CAST(CONNECTION_ID() AS UNSIGNED)";
 
 /// `GET_LOCK`, as MySQL is sent it.
 const GET_LOCK: &str = "SELECT GET_LOCK(?, ?)";
@@ -239,14 +248,27 @@ impl SqlStore for MysqlStore {
         let mut pending = Closing::new(self.pool.acquire().await.map_err(store_error)?);
         let conn = pending.get();
         let get_lock = self.prepare(conn).await?;
-        let left = wait.saturating_sub(started.elapsed());
         // 1: granted, 0: timed out, NULL: an error (the server logs it).
-        let got: Option<i64> = sqlx::query_scalar(get_lock)
+        let (mut got, id): (Option<i64>, u64) = sqlx::query_as(TRY_GET_LOCK)
             .bind(sent)
-            .bind(left.as_secs_f64())
             .fetch_one(&mut **conn)
             .await
             .map_err(store_error)?;
+        let left = wait.saturating_sub(started.elapsed());
+        if got == Some(0) && !left.is_zero() {
+            // Closing the connection does not end a wait in `GET_LOCK`: cut short here,
+            // the session is stopped from another connection, or it would stay in the
+            // lock's queue until its own timeout.
+            let stop =
+                OnDrop::new(|| stop_wait(self.pool.clone(), id, self.config.command_timeout));
+            got = sqlx::query_scalar(get_lock)
+                .bind(sent)
+                .bind(left.as_secs_f64())
+                .fetch_one(&mut **conn)
+                .await
+                .map_err(store_error)?;
+            stop.disarm();
+        }
         match got {
             Some(1) => {}
             Some(_) => {
@@ -269,6 +291,33 @@ impl SqlStore for MysqlStore {
         .map_err(store_error)?;
         Ok(Some((counted.last_insert_id(), pending)))
     }
+}
+
+/// Ends the session `id`, whose wait in `GET_LOCK` was cut short (its connection is
+/// being closed), from another of `pool`'s connections, in the background within
+/// `limit`. A session gone already is no error: the server answers that it knows no
+/// such thread.
+fn stop_wait(pool: MySqlPool, id: u64, limit: Duration) {
+    cleanup::spawn_task(async move {
+        match tokio::time::timeout(limit, kill(&pool, id)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(session = id, error = %e, "lock-core: a cancelled GET_LOCK wait was not stopped; it ends at its own timeout");
+            }
+            Err(_) => {
+                tracing::debug!(
+                    session = id,
+                    "lock-core: no connection to stop a cancelled GET_LOCK wait within the command timeout; it ends at its own timeout"
+                );
+            }
+        }
+    });
+}
+
+/// `KILL id` on one of `pool`'s connections.
+async fn kill(pool: &MySqlPool, id: u64) -> Result<(), sqlx::Error> {
+    let sql = format!("KILL {id}");
+    sqlx::raw_sql(&sql).execute(pool).await.map(|_| ())
 }
 
 /// One `GET_LOCK` name.

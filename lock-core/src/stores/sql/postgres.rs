@@ -64,7 +64,9 @@ pub const FENCE_SEQUENCE: &str = "lock_core_fence";
 ///   lock lasts until released or until the session ends, and a max-hold does not
 ///   apply either. `hold_until_expiry` releases.
 /// - A cancelled acquisition closes its connection instead of returning it to the pool,
-///   so a lock granted after the cancellation dies with the session.
+///   so a lock granted after the cancellation dies with the session. On PostgreSQL 14
+///   and later its backend also leaves the lock's queue within about a second (the wait
+///   sets `client_connection_check_interval`), not when its `lock_timeout` runs out.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), lock_core::LockError> {
@@ -81,13 +83,34 @@ pub const FENCE_SEQUENCE: &str = "lock_core_fence";
 ///
 pub type PostgresLocks = Locks<PostgresBackend>;
 
-/// What PostgreSQL adds to the session-lock protocol: the pool and the token sequence.
+/// What PostgreSQL adds to the session-lock protocol: the pool and what the store
+/// learns of its server once (the token sequence made, the wait's settings).
 #[derive(Debug)]
 pub struct PgStore {
     pool: PgPool,
     config: LockConfig,
-    sequence: OnceCell<()>,
+    prepared: OnceCell<Prepared>,
 }
+
+/// What the first acquisition learns of the server, for every wait after it.
+#[derive(Debug)]
+struct Prepared {
+    /// The statement that sets a wait's limits in its transaction (`$1`: the wait's
+    /// `lock_timeout`).
+    wait_settings: &'static str,
+}
+
+/// A wait's settings: its budget as `lock_timeout`, no `statement_timeout`.
+const WAIT_SETTINGS: &str =
+    "SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', '0', true)";
+
+/// The same, and a backend that polls its socket every second while it waits, so that
+/// a wait whose acquisition was cancelled (its connection closed) leaves the lock's
+/// queue then, not when its `lock_timeout` runs out (PostgreSQL 14 and later, on
+/// Linux, macOS and the BSDs).
+const WAIT_SETTINGS_CHECKED: &str = "SELECT set_config('lock_timeout', $1, true), \
+     set_config('statement_timeout', '0', true), \
+     set_config('client_connection_check_interval', '1000', true)";
 
 impl Locks<PostgresBackend> {
     /// Locks on the database of `pool` (your application's pool can be shared: each
@@ -110,7 +133,7 @@ impl Locks<PostgresBackend> {
         let store = PgStore {
             pool,
             config,
-            sequence: OnceCell::new(),
+            prepared: OnceCell::new(),
         };
         Self::over(SqlBackend { store })
     }
@@ -151,23 +174,36 @@ const LOCK_NOT_AVAILABLE: &str = "55P03";
 const MAX_LOCK_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 
 impl PgStore {
-    async fn ensure_sequence(&self, conn: &mut PoolConnection<Postgres>) -> Result<(), LockError> {
-        self.sequence
+    /// Makes the token sequence and learns whether a wait can check its connection,
+    /// once per store.
+    async fn prepare(&self, conn: &mut PoolConnection<Postgres>) -> Result<&Prepared, LockError> {
+        self.prepared
             .get_or_try_init(|| async {
                 let create = format!("CREATE SEQUENCE IF NOT EXISTS {FENCE_SEQUENCE}");
                 match sqlx::query(&create).execute(&mut **conn).await {
-                    Ok(_) => Ok(()),
+                    Ok(_) => {}
                     // Two sessions creating it at once: the other one won.
                     Err(sqlx::Error::Database(e))
-                        if matches!(e.code().as_deref(), Some("23505" | "42P07")) =>
-                    {
-                        Ok(())
-                    }
-                    Err(e) => Err(store_error(e)),
+                        if matches!(e.code().as_deref(), Some("23505" | "42P07")) => {}
+                    Err(e) => return Err(store_error(e)),
                 }
+                // Unknown before PostgreSQL 14, refused where the platform cannot poll
+                // for a closed socket. Local to this statement's own transaction.
+                let probe = "SELECT set_config('client_connection_check_interval', '1000', true)";
+                let checked = match sqlx::query(probe).execute(&mut **conn).await {
+                    Ok(_) => true,
+                    Err(sqlx::Error::Database(_)) => false,
+                    Err(e) => return Err(store_error(e)),
+                };
+                Ok(Prepared {
+                    wait_settings: if checked {
+                        WAIT_SETTINGS_CHECKED
+                    } else {
+                        WAIT_SETTINGS
+                    },
+                })
             })
             .await
-            .map(|_| ())
     }
 }
 
@@ -198,7 +234,7 @@ impl SqlStore for PgStore {
         // back to the pool: it may hold the lock.
         let mut pending = Closing::new(self.pool.acquire().await.map_err(store_error)?);
         let conn = pending.get();
-        self.ensure_sequence(conn).await?;
+        let prepared = self.prepare(conn).await?;
         let token: Option<i64> = if wait.is_zero() {
             sqlx::query_scalar(&format!(
                 "SELECT CASE WHEN pg_try_advisory_lock{shared}($1) \
@@ -223,14 +259,11 @@ impl SqlStore for PgStore {
                 .execute(&mut **conn)
                 .await
                 .map_err(store_error)?;
-            sqlx::query(
-                "SELECT set_config('lock_timeout', $1, true), \
-                 set_config('statement_timeout', '0', true)",
-            )
-            .bind(format!("{}ms", left.as_millis()))
-            .execute(&mut **conn)
-            .await
-            .map_err(store_error)?;
+            sqlx::query(prepared.wait_settings)
+                .bind(format!("{}ms", left.as_millis()))
+                .execute(&mut **conn)
+                .await
+                .map_err(store_error)?;
             let got = sqlx::query_scalar(&format!(
                 "SELECT nextval('{FENCE_SEQUENCE}') FROM (SELECT pg_advisory_lock{shared}($1)) AS l"
             ))
