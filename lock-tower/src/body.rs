@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
@@ -31,6 +32,7 @@ pin_project! {
     enum Kind<B> {
         Full {
             data: Option<Bytes>,
+            trailers: Option<HeaderMap>,
         },
         Inner {
             #[pin]
@@ -65,9 +67,15 @@ impl<B> ResponseBody<B> {
 
     /// A complete body the layer wrote.
     pub(crate) fn full(data: Bytes) -> Self {
+        Self::with_trailers(data, None)
+    }
+
+    /// A complete body the layer wrote, `trailers` after its data.
+    pub(crate) fn with_trailers(data: Bytes, trailers: Option<HeaderMap>) -> Self {
         Self {
             kind: Kind::Full {
                 data: (!data.is_empty()).then_some(data),
+                trailers,
             },
         }
     }
@@ -110,7 +118,12 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         match self.project().kind.project() {
-            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Full { data, trailers } => Poll::Ready(
+                data.take()
+                    .map(Frame::data)
+                    .or_else(|| trailers.take().map(Frame::trailers))
+                    .map(Ok),
+            ),
             KindProj::Inner { body } => body.poll_frame(cx),
             KindProj::Resumed { read, rest } => match read.take() {
                 Some(d) => Poll::Ready(Some(Ok(Frame::data(d)))),
@@ -121,7 +134,7 @@ where
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Full { data } => data.is_none(),
+            Kind::Full { data, trailers } => data.is_none() && trailers.is_none(),
             Kind::Inner { body } => body.is_end_stream(),
             Kind::Resumed { read, rest } => read.is_none() && rest.is_end_stream(),
         }
@@ -129,7 +142,7 @@ where
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Full { data } => {
+            Kind::Full { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
             Kind::Inner { body } => body.size_hint(),

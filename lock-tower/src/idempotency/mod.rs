@@ -41,7 +41,9 @@
 //!   whose size is known to be larger is streamed through untouched; of one of unknown
 //!   size at most the limit (plus one frame) is read, then the key is freed and what was
 //!   read goes out followed by the rest, streamed (memory stays bounded; a warning is
-//!   logged). Trailers are not kept.
+//!   logged). A response's trailers (gRPC's `grpc-status`, say) go out and are stored
+//!   and replayed with its body, minus the denied fields; a request's trailers are
+//!   dropped when its body is buffered.
 //! - **Redis unavailable**: 503 (fail closed, the default) or, with
 //!   [`IdempotencyLayer::fail_closed`]`(false)`, the request runs unprotected and a
 //!   warning is logged. Protection resumes by itself when Redis is back. If Redis goes

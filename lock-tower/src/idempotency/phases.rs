@@ -76,16 +76,15 @@ impl Running {
 }
 
 /// Buffers the body (413 over the limit), fingerprints the request and claims the key.
-pub(crate) async fn prepare<B, ResBody>(
+pub(crate) async fn prepare<B, R>(
     settings: Arc<Settings>,
     scope: Scope,
     request: Request<B>,
-) -> Prepared<B, Response<ResBody>>
+) -> Prepared<B, Response<ResponseBody<R>>>
 where
     B: Body + From<Bytes> + Send + 'static,
     B::Data: Send,
     B::Error: Into<BoxError>,
-    ResBody: From<Bytes>,
 {
     let (parts, body) = request.into_parts();
     let limit = settings.max_body_bytes;
@@ -183,7 +182,7 @@ fn misconfigured<R: From<Bytes>, B>(why: &dyn std::fmt::Display) -> Prepared<B, 
 }
 
 /// The stored response, marked `Idempotent-Replayed: true`.
-fn replay<ResBody: From<Bytes>>(stored: Vec<u8>) -> Response<ResBody> {
+fn replay<R>(stored: Vec<u8>) -> Response<ResponseBody<R>> {
     let Some(stored) = record::decode(stored) else {
         tracing::error!("stored idempotent response is not a record this layer wrote");
         return problem(
@@ -192,7 +191,7 @@ fn replay<ResBody: From<Bytes>>(stored: Vec<u8>) -> Response<ResBody> {
             "the stored response for this idempotency key cannot be read",
         );
     };
-    let mut response = Response::new(ResBody::from(stored.body));
+    let mut response = Response::new(ResponseBody::with_trailers(stored.body, stored.trailers));
     *response.status_mut() = stored.status;
     *response.headers_mut() = stored.headers;
     response.headers_mut().insert(
@@ -231,6 +230,7 @@ where
     let (parts, body) = response.into_parts();
     let mut body = Box::pin(body);
     let mut read = BytesMut::new();
+    let mut trailers: Option<http::HeaderMap> = None;
     let ended = loop {
         if read.len() > limit {
             break false;
@@ -246,12 +246,14 @@ where
         .map(|f| f.map_err(Into::<BoxError>::into));
         match frame {
             None => break true,
-            // Trailers are not kept.
-            Some(Ok(frame)) => {
-                if let Ok(data) = frame.into_data() {
-                    read.extend_from_slice(&data);
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => read.extend_from_slice(&data),
+                Err(frame) => {
+                    if let Ok(more) = frame.into_trailers() {
+                        trailers.get_or_insert_default().extend(more);
+                    }
                 }
-            }
+            },
             Some(Err(e)) => {
                 tracing::warn!(key = %key, error = %e, "response body failed; key freed");
                 free(running.claim, "response body failed").await;
@@ -269,11 +271,11 @@ where
         free(running.claim, "response too large").await;
         return Response::from_parts(parts, ResponseBody::resumed(read, body));
     }
-    let record = record::encode(&parts, &read, &settings.deny_headers);
+    let record = record::encode(&parts, &read, trailers.as_ref(), &settings.deny_headers);
     if let Err(e) = running.claim.complete(&record, settings.retention).await {
         tracing::warn!(key = %key, error = %e, "response not stored; a retry will run again");
     }
-    Response::from_parts(parts, ResponseBody::full(read))
+    Response::from_parts(parts, ResponseBody::with_trailers(read, trailers))
 }
 
 /// Why a response is not stored, judged by its head alone.

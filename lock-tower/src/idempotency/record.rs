@@ -1,17 +1,22 @@
-//! The stored response: status, headers (minus hop-by-hop and denied ones) and body, in
-//! one binary record.
+//! The stored response: status, headers (minus hop-by-hop and denied ones), body and
+//! trailers (gRPC's status is one), in one binary record.
 //!
-//! Layout (all integers big-endian):
+//! Layout (all integers big-endian), with `fields` = `count:u32 { name_len:u32 name
+//! value_len:u32 value }*`:
 //!
 //! ```text
-//! "IR1"  status:u16  headers:u32  { name_len:u32 name value_len:u32 value }*  body...
+//! "IR1"  status:u16  headers:fields  body...
+//! "IR2"  status:u16  headers:fields  trailers:fields  body...
 //! ```
+//!
+//! A response without trailers is written as `IR1`, which every version reads.
 
 use bytes::Bytes;
 use http::header::{CONNECTION, HeaderName, HeaderValue};
 use http::{HeaderMap, StatusCode, response};
 
 const MAGIC: &[u8; 3] = b"IR1";
+const MAGIC_TRAILERS: &[u8; 3] = b"IR2";
 
 /// Headers that describe one connection, never a resource (RFC 9110 section 7.6.1).
 const HOP_BY_HOP: &[&str] = &[
@@ -37,37 +42,65 @@ fn stored(name: &HeaderName, headers: &HeaderMap, deny: &[HeaderName]) -> bool {
     !HOP_BY_HOP.contains(&name.as_str()) && !listed_in_connection && !deny.contains(name)
 }
 
-/// The record of a response.
-pub(crate) fn encode(parts: &response::Parts, body: &[u8], deny: &[HeaderName]) -> Vec<u8> {
-    let kept = || {
-        parts
-            .headers
+/// The fields of `fields` that are stored, as bytes (`connection`: the headers, whose
+/// `Connection` names fields of one connection only).
+fn kept<'a>(
+    fields: &'a HeaderMap,
+    connection: &HeaderMap,
+    deny: &[HeaderName],
+) -> Vec<(&'a [u8], &'a [u8])> {
+    fields
+        .iter()
+        .filter(|(name, _)| stored(name, connection, deny))
+        .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
+        .collect()
+}
+
+/// The record of a response: its head, `body` and `trailers`.
+pub(crate) fn encode(
+    parts: &response::Parts,
+    body: &[u8],
+    trailers: Option<&HeaderMap>,
+    deny: &[HeaderName],
+) -> Vec<u8> {
+    let headers = kept(&parts.headers, &parts.headers, deny);
+    let trailers = trailers
+        .map(|t| kept(t, &parts.headers, deny))
+        .filter(|t| !t.is_empty());
+    let size = |fields: &[(&[u8], &[u8])]| {
+        fields
             .iter()
-            .filter(|(name, _)| stored(name, &parts.headers, deny))
+            .map(|(n, v)| 8 + n.len() + v.len())
+            .sum::<usize>()
     };
-    let (count, size) = kept().fold((0u32, 0usize), |(c, s), (n, v)| {
-        (c + 1, s + 8 + n.as_str().len() + v.len())
+    let mut out =
+        Vec::with_capacity(13 + size(&headers) + trailers.as_deref().map_or(0, size) + body.len());
+    out.extend_from_slice(if trailers.is_some() {
+        MAGIC_TRAILERS
+    } else {
+        MAGIC
     });
-    let mut out = Vec::with_capacity(9 + size + body.len());
-    out.extend_from_slice(MAGIC);
     out.extend_from_slice(&parts.status.as_u16().to_be_bytes());
-    out.extend_from_slice(&count.to_be_bytes());
-    for (name, value) in kept() {
-        for field in [name.as_str().as_bytes(), value.as_bytes()] {
-            out.extend_from_slice(&(field.len() as u32).to_be_bytes());
-            out.extend_from_slice(field);
+    for fields in std::iter::once(&headers).chain(trailers.as_ref()) {
+        out.extend_from_slice(&(fields.len() as u32).to_be_bytes());
+        for (name, value) in fields {
+            for field in [name, value] {
+                out.extend_from_slice(&(field.len() as u32).to_be_bytes());
+                out.extend_from_slice(field);
+            }
         }
     }
     out.extend_from_slice(body);
     out
 }
 
-/// A decoded record: status, headers in their stored order, body.
+/// A decoded record: status, headers in their stored order, body, trailers.
 #[derive(Debug)]
 pub(crate) struct Stored {
     pub(crate) status: StatusCode,
     pub(crate) headers: HeaderMap,
     pub(crate) body: Bytes,
+    pub(crate) trailers: Option<HeaderMap>,
 }
 
 /// Decodes a record; `None` if it is not one this module wrote.
@@ -79,24 +112,32 @@ pub(crate) fn decode(record: Vec<u8>) -> Option<Stored> {
         at += n;
         Some(field)
     };
-    if take(3)? != MAGIC {
-        return None;
-    }
+    let with_trailers = match take(3)? {
+        m if m == MAGIC => false,
+        m if m == MAGIC_TRAILERS => true,
+        _ => return None,
+    };
     let status = StatusCode::from_u16(u16::from_be_bytes(take(2)?.try_into().ok()?)).ok()?;
-    let count = u32::from_be_bytes(take(4)?.try_into().ok()?);
-    let mut headers = HeaderMap::new();
-    for _ in 0..count {
-        let len = u32::from_be_bytes(take(4)?.try_into().ok()?) as usize;
-        let name = HeaderName::from_bytes(take(len)?).ok()?;
-        let len = u32::from_be_bytes(take(4)?.try_into().ok()?) as usize;
-        let value = HeaderValue::from_bytes(take(len)?).ok()?;
-        headers.append(name, value);
-    }
+    let mut fields = || {
+        let count = u32::from_be_bytes(take(4)?.try_into().ok()?);
+        let mut map = HeaderMap::new();
+        for _ in 0..count {
+            let len = u32::from_be_bytes(take(4)?.try_into().ok()?) as usize;
+            let name = HeaderName::from_bytes(take(len)?).ok()?;
+            let len = u32::from_be_bytes(take(4)?.try_into().ok()?) as usize;
+            let value = HeaderValue::from_bytes(take(len)?).ok()?;
+            map.append(name, value);
+        }
+        Some(map)
+    };
+    let headers = fields()?;
+    let trailers = if with_trailers { Some(fields()?) } else { None };
     let body = record.slice(at..);
     Some(Stored {
         status,
         headers,
         body,
+        trailers,
     })
 }
 
@@ -119,13 +160,60 @@ mod tests {
             .unwrap()
             .into_parts();
         let deny = [HeaderName::from_static("set-cookie")];
-        let stored = decode(encode(&parts, b"{\"id\":1}", &deny)).unwrap();
+        let record = encode(&parts, b"{\"id\":1}", None, &deny);
+        assert_eq!(
+            &record[..3],
+            b"IR1",
+            "no trailers: the layout every version reads"
+        );
+        let stored = decode(record).unwrap();
+        assert!(stored.trailers.is_none());
         assert_eq!(stored.status, 201);
         assert_eq!(&stored.body[..], b"{\"id\":1}");
         let names: Vec<_> = stored.headers.keys().map(|k| k.as_str()).collect();
         assert_eq!(names, ["content-type", "x-order"]);
         let orders: Vec<_> = stored.headers.get_all("x-order").iter().collect();
         assert_eq!(orders, ["1", "2"]);
+    }
+
+    #[test]
+    fn trailers_are_kept_after_the_headers_minus_denied_ones() {
+        let (parts, ()) = http::Response::builder()
+            .status(200)
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        trailers.append("x-note", HeaderValue::from_static("a"));
+        trailers.append("x-note", HeaderValue::from_static("b"));
+        trailers.insert("set-cookie", HeaderValue::from_static("s=1"));
+        let deny = [HeaderName::from_static("set-cookie")];
+        let record = encode(&parts, b"\0\0\0\0\x02hi", Some(&trailers), &deny);
+        assert_eq!(&record[..3], b"IR2");
+        let stored = decode(record.clone()).unwrap();
+        assert_eq!(stored.status, 200);
+        assert_eq!(stored.headers.len(), 1);
+        assert_eq!(&stored.body[..], b"\0\0\0\0\x02hi");
+        let kept = stored.trailers.unwrap();
+        assert_eq!(kept.len(), 3, "{kept:?}");
+        assert_eq!(kept["grpc-status"], "0");
+        let notes: Vec<_> = kept.get_all("x-note").iter().collect();
+        assert_eq!(notes, ["a", "b"]);
+        // Cut anywhere before the body (inside the headers or the trailers): not a record.
+        let body_at = record.len() - 7;
+        for cut in 3..body_at {
+            if let Some(s) = decode(record[..cut].to_vec()) {
+                panic!("a record cut at {cut} of {body_at} decoded: {s:?}");
+            }
+        }
+        // Only denied trailers: the layout without trailers.
+        let mut denied = HeaderMap::new();
+        denied.insert("set-cookie", HeaderValue::from_static("s=1"));
+        let record = encode(&parts, b"x", Some(&denied), &deny);
+        assert_eq!(&record[..3], b"IR1");
+        assert!(decode(record).unwrap().trailers.is_none());
     }
 
     #[test]

@@ -47,6 +47,53 @@ async fn a_retry_after_completion_is_replayed_byte_for_byte() {
     assert_eq!(backend.runs(), 3);
 }
 
+/// gRPC's way: the outcome in trailers after the body.
+fn with_trailers(run: usize, _body: Bytes) -> Response<Body> {
+    use hyper::body::Frame;
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("grpc-status", "0".parse().unwrap());
+    trailers.insert("x-run-trailer", run.to_string().parse().unwrap());
+    let frames = vec![
+        Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(b"\0\0\0\0\x02ok"))),
+        Ok(Frame::trailers(trailers)),
+    ];
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "application/grpc")
+        .body(Body::new(http_body_util::StreamBody::new(
+            futures_util::stream::iter(frames),
+        )))
+        .unwrap()
+}
+
+/// A response's trailers reach the first client and are replayed with the body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trailers_go_out_and_are_replayed() {
+    use http_body_util::BodyExt;
+    let server = RedisServer::start();
+    let backend = Backend::new(with_trailers);
+    let router = app(&backend, layer(&server).await);
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let request = request(Method::POST, Some("\"call-1\""), None, "");
+        let response = tower::ServiceExt::oneshot(router.clone(), request)
+            .await
+            .unwrap();
+        let replayed = response.headers().contains_key("idempotent-replayed");
+        let body = response.into_body().collect().await.unwrap();
+        let trailers = body.trailers().cloned();
+        answers.push((replayed, body.to_bytes(), trailers));
+    }
+    assert_eq!(backend.runs(), 1);
+    for (i, (replayed, body, trailers)) in answers.into_iter().enumerate() {
+        assert_eq!(replayed, i == 1);
+        assert_eq!(&body[..], b"\0\0\0\0\x02ok", "answer {i}");
+        let trailers = trailers.unwrap_or_else(|| panic!("answer {i} has no trailers"));
+        assert_eq!(trailers["grpc-status"], "0", "answer {i}");
+        assert_eq!(trailers["x-run-trailer"], "1", "answer {i}");
+    }
+}
+
 /// A random version-4 UUID, lowercase, whose first hex digit is `first`.
 fn uuid(rng: &mut fastrand::Rng, first: u8) -> String {
     let mut bytes: [u8; 16] = std::array::from_fn(|_| rng.u8(..));
