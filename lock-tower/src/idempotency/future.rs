@@ -4,23 +4,28 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{Request, Response, StatusCode};
 use http_body::Body;
 use pin_project_lite::pin_project;
 use tower::Service;
 
-use super::phases::{BoxFuture, Prepared, Running, finish, prepare};
+use super::phases::{BoxFuture, Prepared, Running, complete, prepare};
 use super::scope::Scope;
 use super::settings::Settings;
 use crate::ResponseBody;
 use crate::body::BoxError;
 use crate::check::polled_after_completion;
+use crate::problem::problem;
 
 pin_project! {
     /// Response future of [`IdempotencyService`](super::IdempotencyService).
     ///
-    /// Dropped before it completes (the client went away) or unwound by a panicking
-    /// handler, it frees the claimed key in the background.
+    /// Once a key is claimed, the handler and the storing of its response run in a task
+    /// of their own: dropped before it completes (the client went away), this future
+    /// leaves them to finish, so the response is stored and a retry replays it instead
+    /// of running a handler that may have done part of its work. A panicking handler
+    /// frees the claimed key, and its panic is resumed here. With no Tokio runtime to
+    /// spawn on, they run in this future, and dropping it frees the key.
     ///
     /// # Panics
     ///
@@ -48,15 +53,19 @@ pin_project! {
             inner: Option<S>,
             settings: Arc<Settings>,
         },
-        // The handler runs; `running` is the claim (none: unprotected).
+        // Unprotected: the handler runs.
         Calling {
             #[pin]
             future: S::Future,
-            running: Option<Running>,
         },
-        // Reading the response and storing it, or freeing the key.
-        Finishing {
-            finish: BoxFuture<Response<ResponseBody<R>>>,
+        // Protected: the handler runs and its response is stored (or the key freed), in
+        // a task of its own.
+        Spawned {
+            task: tokio::task::JoinHandle<Result<Response<ResponseBody<R>>, S::Error>>,
+        },
+        // The same, here: no runtime to spawn on.
+        Completing {
+            complete: BoxFuture<Result<Response<ResponseBody<R>>, S::Error>>,
         },
         Done {
             response: Option<Response<ResponseBody<R>>>,
@@ -102,10 +111,7 @@ where
     /// Unprotected: the inner call as is.
     pub(crate) fn passing(future: S::Future) -> Self {
         Self {
-            state: State::Calling {
-                future,
-                running: None,
-            },
+            state: State::Calling { future },
         }
     }
 
@@ -121,6 +127,8 @@ where
 impl<S, B, R> Future for ResponseFuture<S, B, R>
 where
     S: Service<Request<B>, Response = Response<R>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
     R: Body<Data = Bytes> + Send + 'static,
     R::Error: Into<BoxError>,
 {
@@ -139,40 +147,54 @@ where
                         Prepared::Respond(response) => State::Done {
                             response: Some(response),
                         },
-                        Prepared::Run { request, claim } => match inner.take() {
-                            Some(mut service) => State::Calling {
-                                future: service.call(request),
-                                running: claim.map(|c| Running::new(c, settings.clone())),
-                            },
+                        Prepared::Run { request, claim } => {
                             // `inner` is only taken here, on leaving `Preparing`.
-                            None => unreachable!("an idempotent request ran twice"),
-                        },
+                            let Some(mut service) = inner.take() else {
+                                unreachable!("an idempotent request ran twice")
+                            };
+                            let future = service.call(request);
+                            match claim {
+                                None => State::Calling { future },
+                                Some(claim) => {
+                                    let running = Running::new(claim, settings.clone());
+                                    let job = complete(future, running);
+                                    match tokio::runtime::Handle::try_current() {
+                                        Ok(rt) => State::Spawned {
+                                            task: rt.spawn(job),
+                                        },
+                                        Err(_) => State::Completing {
+                                            complete: Box::pin(job),
+                                        },
+                                    }
+                                }
+                            }
+                        }
                     };
                     this.state.set(next);
                 }
-                StateProj::Calling { future, running } => {
-                    let Poll::Ready(result) = future.poll(cx) else {
-                        if let Some(r) = running.as_mut() {
-                            r.poll_keep_alive(cx);
-                        }
-                        return Poll::Pending;
-                    };
-                    let running = running.take();
+                StateProj::Calling { future } => {
+                    let response = ready!(future.poll(cx));
                     this.state.set(State::Done { response: None });
-                    // A service error drops `running`: the claim frees the key.
-                    let response = result?;
-                    match running {
-                        None => return Poll::Ready(Ok(response.map(ResponseBody::inner))),
-                        Some(r) => {
-                            let finish = Box::pin(finish(response, r));
-                            this.state.set(State::Finishing { finish });
-                        }
-                    }
+                    return Poll::Ready(response.map(|r| r.map(ResponseBody::inner)));
                 }
-                StateProj::Finishing { finish } => {
-                    let response = ready!(finish.as_mut().poll(cx));
+                StateProj::Spawned { task } => {
+                    let joined = ready!(Pin::new(task).poll(cx));
                     this.state.set(State::Done { response: None });
-                    return Poll::Ready(Ok(response));
+                    return Poll::Ready(match joined {
+                        Ok(answer) => answer,
+                        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                        // The runtime shuts down: the claim went with the task.
+                        Err(_) => Ok(problem(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "server-shutting-down",
+                            "the server shut down before the request completed; retry it",
+                        )),
+                    });
+                }
+                StateProj::Completing { complete } => {
+                    let answer = ready!(complete.as_mut().poll(cx));
+                    this.state.set(State::Done { response: None });
+                    return Poll::Ready(answer);
                 }
                 StateProj::Done { response } => {
                     return match response.take() {

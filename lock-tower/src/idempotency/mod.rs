@@ -36,7 +36,7 @@
 //!   (any 4xx or 5xx with `Retry-After`, and by default 408, 425 and 429: which statuses are
 //!   stored is [`IdempotencyLayer::store_status`]); 5xx responses (unless
 //!   [`IdempotencyLayer::store_server_errors`]); a handler that panics or a service error;
-//!   a future dropped because the client went away; responses larger than
+//!   responses larger than
 //!   [`IdempotencyLayer::max_stored_bytes`] (1 MiB), which still go to the client: a body
 //!   whose size is known to be larger is streamed through untouched; of one of unknown
 //!   size at most the limit (plus one frame) is read, then the key is freed and what was
@@ -44,6 +44,11 @@
 //!   logged). A response's trailers (gRPC's `grpc-status`, say) go out and are stored
 //!   and replayed with its body, minus the denied fields; a request's trailers are
 //!   dropped when its body is buffered.
+//! - **A client that goes away** does not cut a claimed request short: its handler and
+//!   the storing of the response run in a task of their own (so the inner service's
+//!   future and error must be `Send + 'static`, as axum's are), and the retry is
+//!   replayed. A handler cut at an await could have done part of its work, which a
+//!   second run would do again.
 //! - **Redis unavailable**: 503 (fail closed, the default) or, with
 //!   [`IdempotencyLayer::fail_closed`]`(false)`, the request runs unprotected and a
 //!   warning is logged. Protection resumes by itself when Redis is back. If Redis goes

@@ -201,15 +201,36 @@ fn replay<R>(stored: Vec<u8>) -> Response<ResponseBody<R>> {
     response
 }
 
+/// Runs the handler's `future` with its claim renewed, then stores its response (or
+/// frees the key) and returns it. A service error or a panic drops `running`: the claim
+/// frees the key.
+pub(crate) async fn complete<F, R, E>(
+    future: F,
+    mut running: Running,
+) -> Result<Response<ResponseBody<R>>, E>
+where
+    F: Future<Output = Result<Response<R>, E>>,
+    R: Body<Data = Bytes> + Send + 'static,
+    R::Error: Into<BoxError>,
+{
+    let mut future = std::pin::pin!(future);
+    let response = poll_fn(|cx| {
+        let polled = future.as_mut().poll(cx);
+        if polled.is_pending() {
+            running.poll_keep_alive(cx);
+        }
+        polled
+    })
+    .await?;
+    Ok(finish(response, running).await)
+}
+
 /// Stores the handler's response (or frees the key) and returns it to the client.
 ///
 /// Reads at most `max_stored_bytes` (plus one frame) of the body: a body that ends
 /// within the limit is stored, one that goes past it frees the key and goes out as
 /// what was read followed by the rest, streamed.
-pub(crate) async fn finish<R>(
-    response: Response<R>,
-    mut running: Running,
-) -> Response<ResponseBody<R>>
+async fn finish<R>(response: Response<R>, mut running: Running) -> Response<ResponseBody<R>>
 where
     R: Body<Data = Bytes> + Send + 'static,
     R::Error: Into<BoxError>,

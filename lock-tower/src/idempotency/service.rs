@@ -75,6 +75,8 @@ impl<S: Clone, K, P> Clone for IdempotencyService<S, K, P> {
 impl<S, K, P, B, ResBody> Service<Request<B>> for IdempotencyService<S, K, P>
 where
     S: Service<Request<B>, Response = Response<ResBody>> + Clone,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
     K: KeyExtractor<B>,
     P: Principal<B>,
     B: Body + From<Bytes> + Send + 'static,
