@@ -8,6 +8,7 @@ use http::{Request, Response, StatusCode};
 use http_body::Body;
 use pin_project_lite::pin_project;
 use tower::Service;
+use tracing::Instrument;
 
 use super::phases::{BoxFuture, Prepared, Running, complete, prepare};
 use super::scope::Scope;
@@ -24,8 +25,10 @@ pin_project! {
     /// of their own: dropped before it completes (the client went away), this future
     /// leaves them to finish, so the response is stored and a retry replays it instead
     /// of running a handler that may have done part of its work. A panicking handler
-    /// frees the claimed key, and its panic is resumed here. With no Tokio runtime to
-    /// spawn on, they run in this future, and dropping it frees the key.
+    /// frees the claimed key, and its panic is resumed here. The task runs in the span
+    /// current when the handler is called (a `TraceLayer`'s request span), but not
+    /// with the caller's task-locals. With no Tokio runtime to spawn on, they run in
+    /// this future, and dropping it frees the key.
     ///
     /// # Panics
     ///
@@ -157,7 +160,9 @@ where
                                 None => State::Calling { future },
                                 Some(claim) => {
                                     let running = Running::new(claim, settings.clone());
-                                    let job = complete(future, running);
+                                    // In the request's span (a `TraceLayer`'s), as if it ran here.
+                                    let job = complete(future, running)
+                                        .instrument(tracing::Span::current());
                                     match tokio::runtime::Handle::try_current() {
                                         Ok(rt) => State::Spawned {
                                             task: rt.spawn(job),

@@ -94,6 +94,39 @@ async fn trailers_go_out_and_are_replayed() {
     }
 }
 
+/// The handler of a claimed request, which runs in a task of its own, runs in the span
+/// the request was called in (a `TraceLayer`'s request span).
+#[tokio::test]
+async fn the_handler_runs_in_the_span_of_its_request() {
+    use std::sync::{Arc, Mutex};
+    use tracing::Instrument;
+    // One thread: the spawned handler sees this thread's subscriber.
+    let _subscriber = tracing::subscriber::set_default(tracing_subscriber::registry());
+    let server = RedisServer::start();
+    let seen = Arc::new(Mutex::new(None));
+    let handler_saw = seen.clone();
+    let router = axum::Router::new()
+        .route(
+            "/pay",
+            axum::routing::post(move || {
+                let seen = handler_saw.clone();
+                async move {
+                    let span = tracing::Span::current();
+                    *seen.lock().unwrap() = span.metadata().map(|m| m.name());
+                    "paid"
+                }
+            }),
+        )
+        .layer(layer(&server).await);
+    let request = request(Method::POST, Some("\"span-1\""), None, "");
+    let response = tower::ServiceExt::oneshot(router, request)
+        .instrument(tracing::info_span!("the-request"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(*seen.lock().unwrap(), Some("the-request"));
+}
+
 /// A random version-4 UUID, lowercase, whose first hex digit is `first`.
 fn uuid(rng: &mut fastrand::Rng, first: u8) -> String {
     let mut bytes: [u8; 16] = std::array::from_fn(|_| rng.u8(..));
