@@ -1,6 +1,7 @@
-//! The two Redis-facing phases of a protected request, as boxed futures driven by the
-//! response future: before the handler (buffer, fingerprint, claim) and after it
-//! (read the response, store it or free the key).
+//! The two Redis-facing phases of a protected request: before the handler (buffer,
+//! fingerprint, claim), a boxed future the response future drives; and the handler
+//! with what follows it (read the response, store it or free the key), which the
+//! response future spawns as a task of its own ([`complete`]).
 
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
