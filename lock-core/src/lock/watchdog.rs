@@ -357,6 +357,18 @@ impl<B: Seam> Shared<B> {
                             continue;
                         }
                     };
+                    {
+                        let mut st = grant.state();
+                        if st.ended {
+                            // Released (or lost) while this renewal was asked: its answer
+                            // says nothing of a hold, and is not counted as a renewal's
+                            // outcome. A release answers for itself.
+                            st.renewing = false;
+                            drop(st);
+                            self.place(grant);
+                            continue;
+                        }
+                    }
                     metrics::renewed(self.kind, renewal_outcome(&outcome), 1);
                     match outcome {
                         Ok(valid_until) => {
