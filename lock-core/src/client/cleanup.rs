@@ -148,8 +148,9 @@ where
     T: Send + 'static,
     Fut: Future<Output = T> + Send + 'static,
 {
-    match background() {
+    match lasting_runtime() {
         Some(rt) => rt.spawn(task),
+        // Neither: tokio's own panic, as any spawn outside a runtime.
         None => tokio::spawn(task),
     }
 }

@@ -316,9 +316,9 @@ impl Semaphore {
                 format!("{}:{seq}", inner.id_hex())
             })
             .collect();
-        let sent = ids.clone();
         // Until the reply says otherwise the script may have granted these ids.
         let mut pending = permits::Pending::new(self.clone(), ids);
+        let sent = pending.ids();
         let start = Instant::now();
         let reply: Vec<i64> = inner
             .conn()
@@ -327,7 +327,7 @@ impl Semaphore {
                     .arg(&self.shared.key)
                     .arg(self.shared.limit)
                     .arg(lease.as_millis() as u64);
-                for id in &sent {
+                for id in sent {
                     c.arg(id);
                 }
             })

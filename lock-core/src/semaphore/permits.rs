@@ -213,6 +213,11 @@ impl Pending {
         Self { semaphore, ids }
     }
 
+    /// The ids whose outcome is not known yet.
+    pub(super) fn ids(&self) -> &[String] {
+        &self.ids
+    }
+
     /// The outcome is known: hands the ids over and makes drop a no-op.
     pub(super) fn disarm(&mut self) -> Vec<String> {
         std::mem::take(&mut self.ids)

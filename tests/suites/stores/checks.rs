@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use lock_core::{DistributedLock, HeldLock, LockOptions, Released};
 
+use crate::common::eventually;
+
 /// `tasks` tasks, on the two clients in turn, each taking the lock `counter` 10 times:
 /// never two holders at once, every token larger than the one before, every release
 /// `Unlocked`.
@@ -250,27 +252,19 @@ where
             .await
             .map(|_| ())
     });
-    let until = |n: i64| {
-        let queued = &queued;
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(5);
-            loop {
-                let now = queued().await;
-                if now == n || Instant::now() > deadline {
-                    return now;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
-    assert_eq!(until(1).await, 1, "the waiter never queued in the server");
+    let five_s = Duration::from_secs(5);
+    eventually(five_s, "the waiter to queue in the server", || async {
+        queued().await == 1
+    })
+    .await;
     waiting.abort();
     assert!(waiting.await.unwrap_err().is_cancelled());
-    assert_eq!(
-        until(0).await,
-        0,
-        "5 s after its acquisition was cancelled, its session still waits in the server"
-    );
+    eventually(
+        five_s,
+        "the cancelled acquisition's session to leave the server's queue",
+        || async { queued().await == 0 },
+    )
+    .await;
     assert!(g.is_held());
     g.release().await.unwrap();
 }

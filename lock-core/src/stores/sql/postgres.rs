@@ -89,15 +89,9 @@ pub type PostgresLocks = Locks<PostgresBackend>;
 pub struct PgStore {
     pool: PgPool,
     config: LockConfig,
-    prepared: OnceCell<Prepared>,
-}
-
-/// What the first acquisition learns of the server, for every wait after it.
-#[derive(Debug)]
-struct Prepared {
     /// The statement that sets a wait's limits in its transaction (`$1`: the wait's
-    /// `lock_timeout`).
-    wait_settings: &'static str,
+    /// `lock_timeout`), once the token sequence is made.
+    prepared: OnceCell<&'static str>,
 }
 
 /// A wait's settings: its budget as `lock_timeout`, no `statement_timeout`.
@@ -175,8 +169,11 @@ const MAX_LOCK_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 
 impl PgStore {
     /// Makes the token sequence and learns whether a wait can check its connection,
-    /// once per store.
-    async fn prepare(&self, conn: &mut PoolConnection<Postgres>) -> Result<&Prepared, LockError> {
+    /// once per store: the statement of a wait's settings.
+    async fn prepare(
+        &self,
+        conn: &mut PoolConnection<Postgres>,
+    ) -> Result<&'static str, LockError> {
         self.prepared
             .get_or_try_init(|| async {
                 let create = format!("CREATE SEQUENCE IF NOT EXISTS {FENCE_SEQUENCE}");
@@ -195,15 +192,14 @@ impl PgStore {
                     Err(sqlx::Error::Database(_)) => false,
                     Err(e) => return Err(store_error(e)),
                 };
-                Ok(Prepared {
-                    wait_settings: if checked {
-                        WAIT_SETTINGS_CHECKED
-                    } else {
-                        WAIT_SETTINGS
-                    },
+                Ok(if checked {
+                    WAIT_SETTINGS_CHECKED
+                } else {
+                    WAIT_SETTINGS
                 })
             })
             .await
+            .copied()
     }
 }
 
@@ -234,7 +230,7 @@ impl SqlStore for PgStore {
         // back to the pool: it may hold the lock.
         let mut pending = Closing::new(self.pool.acquire().await.map_err(store_error)?);
         let conn = pending.get();
-        let prepared = self.prepare(conn).await?;
+        let wait_settings = self.prepare(conn).await?;
         let token: Option<i64> = if wait.is_zero() {
             sqlx::query_scalar(&format!(
                 "SELECT CASE WHEN pg_try_advisory_lock{shared}($1) \
@@ -259,7 +255,7 @@ impl SqlStore for PgStore {
                 .execute(&mut **conn)
                 .await
                 .map_err(store_error)?;
-            sqlx::query(prepared.wait_settings)
+            sqlx::query(wait_settings)
                 .bind(format!("{}ms", left.as_millis()))
                 .execute(&mut **conn)
                 .await
