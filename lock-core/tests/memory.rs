@@ -369,6 +369,30 @@ async fn a_watchdog_hold_left_to_expire_ends_after_the_watchdog_lease() {
     assert_eq!(locks.entries(), 0);
 }
 
+/// The same with a max-hold: the cap bounds how long the watchdog would keep it, not
+/// how long a lock left to expire stays taken.
+#[tokio::test(start_paused = true)]
+async fn a_capped_watchdog_hold_left_to_expire_ends_after_the_watchdog_lease() {
+    let lease = Duration::from_secs(30);
+    let locks = MemoryLocks::with_config(LockConfig::new().with_watchdog_lease(lease)).unwrap();
+    let cap = Duration::from_secs(3_600);
+    let g = locks
+        .acquire("x", LockOptions::new().max_hold(cap))
+        .await
+        .unwrap();
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let start = Instant::now();
+    g.hold_until_expiry();
+    assert!(locks.try_lock("x").await.unwrap_err().is_busy());
+    let waiter = locks
+        .acquire("x", LockOptions::new().wait(Duration::from_secs(7_200)))
+        .await
+        .unwrap();
+    assert_eq!(start.elapsed(), lease);
+    waiter.release().await.unwrap();
+    assert_eq!(locks.entries(), 0);
+}
+
 /// A watched hold that re-enters a fixed-lease grant keeps it, as the watchdog does on
 /// Redis: nobody else gets in while the watched guard lives, and it ends on release.
 #[tokio::test(start_paused = true)]

@@ -59,6 +59,9 @@ struct Entry {
     grant: u64,
     /// `None`: held until given back.
     until: Option<Instant>,
+    /// Kept while held, as the watchdog keeps it on Redis: `until` is only its
+    /// max-hold cap, not a lease that a lock left to expire waits out.
+    watched: bool,
 }
 
 impl Entry {
@@ -119,19 +122,14 @@ impl Table {
         answer
     }
 
-    /// Where the lease of `keys`' live grant `grant` ends (`None`: kept until given
-    /// back), in whichever table its kind of hold lives; else how it was lost.
-    fn lease_end(
-        &mut self,
-        keys: &LockKeys,
-        grant: u64,
-        now: Instant,
-    ) -> Held<&mut Option<Instant>> {
+    /// The entry of `keys`' live grant `grant`, in whichever table its kind of hold
+    /// lives; else how it was lost.
+    fn entry(&mut self, keys: &LockKeys, grant: u64, now: Instant) -> Held<&mut Entry> {
         if keys.mode.is_read_write() {
             let shared = self.shared.get_mut(&keys.key).ok_or(Loss::Expired)?;
-            Ok(&mut shared.own(grant, now)?.until)
+            shared.own(grant, now)
         } else {
-            Ok(&mut self.own(&keys.key, grant, now)?.until)
+            self.own(&keys.key, grant, now)
         }
     }
 
@@ -201,7 +199,7 @@ impl MemoryBackend {
         let now = Instant::now();
         let until = now + lease;
         let mut table = self.table();
-        if let Some(u) = table.lease_end(keys, grant, now)?.as_mut() {
+        if let Some(u) = table.entry(keys, grant, now)?.until.as_mut() {
             *u = (*u).max(until);
         }
         Ok(until)
@@ -236,6 +234,11 @@ impl Seam for MemoryBackend {
         let now = Instant::now();
         let wait = deadline.saturating_duration_since(now);
         let until = lease.and_then(|l| now.checked_add(l));
+        let entry = |grant, until| Entry {
+            grant,
+            until,
+            watched: req.watchdog,
+        };
         let mut table = self.table();
         let turn = if req.keys.mode.is_read_write() {
             // Numbered before the attempt: the holders' table records it on a grant.
@@ -245,10 +248,10 @@ impl Seam for MemoryBackend {
             // one linger (it asks again within that).
             let linger = (!wait.is_zero()).then(|| wait.min(self.config.waiter_linger()));
             let kept = self.config.watchdog_lease();
-            let who = (grant, req.scope.id(), write);
+            let who = (req.scope.id(), write);
             table
                 .shared(&req.keys.key, now)
-                .take(who, until, now, (kept, linger))
+                .take(who, entry(grant, until), now, (kept, linger))
                 .map(|()| grant)
         } else {
             let held = table
@@ -265,7 +268,7 @@ impl Seam for MemoryBackend {
             };
             turn.map(|()| {
                 let grant = self.tokens.fetch_add(1, Ordering::Relaxed) + 1;
-                table.insert(&req.keys.key, Entry { grant, until }, now);
+                table.insert(&req.keys.key, entry(grant, until), now);
                 grant
             })
         };
@@ -291,19 +294,28 @@ impl Seam for MemoryBackend {
     }
 
     fn let_expire(&self, keys: &LockKeys, grant: &u64) {
-        // A kept grant keeps the watchdog lease from now, as on Redis.
+        // A watched grant keeps the watchdog lease from now, as on Redis, or less of
+        // its cap.
         let now = Instant::now();
         let mut table = self.table();
-        if let Ok(until) = table.lease_end(keys, *grant, now)
-            && until.is_none()
+        if let Ok(e) = table.entry(keys, *grant, now)
+            && e.watched
         {
-            *until = now.checked_add(self.config.watchdog_lease());
+            let lease = now.checked_add(self.config.watchdog_lease());
+            e.until = match (e.until, lease) {
+                (Some(cap), Some(lease)) => Some(cap.min(lease)),
+                (cap, lease) => cap.or(lease),
+            };
+            e.watched = false;
         }
     }
 
     fn keep(&self, keys: &LockKeys, grant: &u64) -> Held {
         let now = Instant::now();
-        *self.table().lease_end(keys, *grant, now)? = None;
+        let mut table = self.table();
+        let e = table.entry(keys, *grant, now)?;
+        e.until = None;
+        e.watched = true;
         Ok(())
     }
 

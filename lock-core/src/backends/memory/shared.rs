@@ -44,13 +44,13 @@ impl Shared {
             .unwrap_or(kept)
     }
 
-    /// One attempt to take a `write` (else read) hold as `grant` of `scope` until
-    /// `until`; `linger`: how long a busy writer that waits holds new readers back
+    /// One attempt to take a `write` (else read) hold of `scope` as `entry` (its grant
+    /// and lease); `linger`: how long a busy writer that waits holds new readers back
     /// (`None`: it does not wait). `Err`: busy, for at most this long.
     pub(super) fn take(
         &mut self,
-        (grant, scope, write): (u64, u64, bool),
-        until: Option<Instant>,
+        (scope, write): (u64, bool),
+        entry: Entry,
         now: Instant,
         (kept, linger): (Duration, Option<Duration>),
     ) -> Result<(), Duration> {
@@ -83,7 +83,7 @@ impl Shared {
             }
         }
         self.holders.push(Holder {
-            entry: Entry { grant, until },
+            entry,
             scope,
             write,
         });
