@@ -76,7 +76,7 @@ pub trait HeldLock: Send + Sync + 'static {
     fn fence(&self) -> impl Future<Output = Result<Option<FencingToken>, LockError>> + Send {
         std::future::ready(Ok(self.token()))
     }
-    /// Resolves when the lock is lost; never while it is held.
+    /// Resolves when the lock is lost; never while it is held, nor once given up.
     fn lost(&self) -> impl Future<Output = ()> + Send + 'static;
     /// Gives back this hold.
     fn release(self) -> impl Future<Output = Result<Released, LockError>> + Send;

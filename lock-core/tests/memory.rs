@@ -474,3 +474,39 @@ async fn a_capped_watched_grant_keeps_its_first_cap_on_reentry() {
     first.lost().await;
     assert_eq!(start.elapsed(), MS(5_000));
 }
+
+/// A lock given up is not a lost one: a `lost()` future taken while it was held and
+/// kept past its release (or past letting it expire) stays pending, past its lease
+/// and its cap, on a fixed lease and on the watchdog's.
+#[tokio::test(start_paused = true)]
+async fn a_lost_future_kept_past_the_release_stays_pending() {
+    let locks = MemoryLocks::new();
+    let leases = [
+        ("a fixed lease", fixed(1_000)),
+        ("a watched lock", LockOptions::new()),
+        (
+            "a capped watched lock",
+            LockOptions::new().max_hold(MS(1_000)),
+        ),
+    ];
+    for (lease, options) in leases {
+        for expire in [false, true] {
+            let g = locks.acquire("x", options.clone()).await.unwrap();
+            let lost = g.lost();
+            if expire {
+                g.hold_until_expiry();
+            } else {
+                g.release().await.unwrap();
+            }
+            let resolved = tokio::time::timeout(MS(3_600_000), lost).await;
+            assert!(
+                resolved.is_err(),
+                "{lease}, {}: lost() resolved after it was given up",
+                if expire { "left to expire" } else { "released" }
+            );
+            // Free again for the next case.
+            let next = locks.acquire("x", fixed(10).wait(MS(3_600_000)));
+            next.await.unwrap().release().await.unwrap();
+        }
+    }
+}

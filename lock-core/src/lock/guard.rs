@@ -139,8 +139,9 @@ impl<B: Backend> LockGuard<B> {
 
     /// Resolves when the lock is lost: a renewal or release found another grant or
     /// none, or the lease the client can prove ran out (by its own clock, whatever a
-    /// renewal call is doing). Never resolves while the lock is held, so race it
-    /// against the critical section:
+    /// renewal call is doing). Never resolves while the lock is held, nor once it was
+    /// given up (released, or left to expire) without a loss, so race it against the
+    /// critical section and drop it with the guard:
     ///
     /// ```no_run
     /// # async fn demo(guard: lock_core::LockGuard) {
@@ -162,14 +163,16 @@ impl<B: Backend> LockGuard<B> {
                 let lost = grant.lost_wake.notified();
                 tokio::pin!(lost);
                 lost.as_mut().enable();
-                let (gone, until, kept) = {
+                let (gone, until, clocked) = {
                     let st = grant.state();
-                    (st.lost.is_some(), st.valid_until, st.kept)
+                    // Given up (released, or left to expire): no lease of its own to
+                    // run out, though a release that finds it lost still wakes this.
+                    (st.lost.is_some(), st.valid_until, !st.kept && !st.ended)
                 };
-                if gone || (!kept && Instant::now() >= until) {
+                if gone || (clocked && Instant::now() >= until) {
                     return;
                 }
-                if kept {
+                if !clocked {
                     lost.await;
                 } else {
                     tokio::select! {
