@@ -156,6 +156,13 @@ async fn monitor(
                 match answer {
                     Ok((Some(_), w)) => node_watch = Some(Box::pin(w.changed())),
                     Ok((None, _)) => return lose("its node is gone"),
+                    // Lost with its connection. If the session is back already (the
+                    // state came first), no state change is left to ask again.
+                    Err(zk::Error::ConnectionLoss)
+                        if client.state() == zk::SessionState::SyncConnected =>
+                    {
+                        asking = Some(watch_node(&client, &node));
+                    }
                     Err(_) => {}
                 }
             }
