@@ -32,12 +32,16 @@ fn value(buf: &[u8], at: &mut usize, depth: usize) -> Result<Option<Value>, Redi
     let (&tag, rest) = line.split_first().ok_or_else(|| broken("an empty line"))?;
     Ok(Some(match tag {
         b'+' if rest == b"OK" => Value::Okay,
-        b'+' => Value::SimpleString(
-            std::str::from_utf8(rest)
-                .map_err(|_| broken("a status reply that is not UTF-8"))?
-                .to_owned(),
-        ),
-        b'-' => redis::parse_redis_value(&buf[start..*at])?,
+        // Redis cuts what it echoes of a command (an unknown command's arguments, say)
+        // at 128 bytes, which can split a character: still this call's answer.
+        b'+' => Value::SimpleString(String::from_utf8_lossy(rest).into_owned()),
+        b'-' => {
+            let reply = &buf[start..*at];
+            match std::str::from_utf8(reply) {
+                Ok(_) => redis::parse_redis_value(reply)?,
+                Err(_) => redis::parse_redis_value(String::from_utf8_lossy(reply).as_bytes())?,
+            }
+        }
         b':' => Value::Int(int(rest)?),
         b'$' => match length(rest)? {
             None => Value::Nil,
@@ -213,6 +217,20 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(v.extract_error().is_err());
+    }
+
+    /// Redis cuts what it echoes of a command at 128 bytes, which can split a
+    /// character: such an error is still an answer to its own call, not a broken
+    /// stream that fails every call of the connection.
+    #[test]
+    fn an_error_or_status_reply_that_is_not_utf8_is_still_a_reply() {
+        let stream = b"-ERR unknown command 'SET', with args beginning with: 'caf\xc3' \r\n+caf\xc3\r\n:1\r\n";
+        let (v, n) = parse(stream).unwrap().unwrap();
+        let e = v.extract_error().unwrap_err();
+        assert!(e.to_string().contains("unknown command 'SET'"), "{e}");
+        let (v, m) = parse(&stream[n..]).unwrap().unwrap();
+        assert_eq!(v, Value::SimpleString("caf\u{fffd}".to_owned()));
+        assert_eq!(parse(&stream[n + m..]).unwrap(), Some((Value::Int(1), 4)));
     }
 
     #[test]
