@@ -65,6 +65,8 @@ pin_project! {
         // a task of its own.
         Spawned {
             task: tokio::task::JoinHandle<Result<Response<ResponseBody<R>>, S::Error>>,
+            // Dropped with this future: the task is on its own from then on.
+            attached: tokio::sync::oneshot::Sender<()>,
         },
         // The same, here: no runtime to spawn on.
         Completing {
@@ -161,14 +163,21 @@ where
                                 Some(claim) => {
                                     let running = Running::new(claim, settings.clone());
                                     // In the request's span (a `TraceLayer`'s), as if it ran here.
-                                    let job = complete(future, running)
-                                        .instrument(tracing::Span::current());
+                                    let job = complete(future, running);
+                                    let span = tracing::Span::current();
                                     match tokio::runtime::Handle::try_current() {
-                                        Ok(rt) => State::Spawned {
-                                            task: rt.spawn(job),
-                                        },
+                                        Ok(rt) => {
+                                            let (attached, detached) =
+                                                tokio::sync::oneshot::channel();
+                                            let limit = settings.detached_limit;
+                                            let job = within_once_detached(job, detached, limit);
+                                            State::Spawned {
+                                                task: rt.spawn(job.instrument(span)),
+                                                attached,
+                                            }
+                                        }
                                         Err(_) => State::Completing {
-                                            complete: Box::pin(job),
+                                            complete: Box::pin(job.instrument(span)),
                                         },
                                     }
                                 }
@@ -182,7 +191,7 @@ where
                     this.state.set(State::Done { response: None });
                     return Poll::Ready(response.map(|r| r.map(ResponseBody::inner)));
                 }
-                StateProj::Spawned { task } => {
+                StateProj::Spawned { task, .. } => {
                     let joined = ready!(Pin::new(task).poll(cx));
                     this.state.set(State::Done { response: None });
                     return Poll::Ready(match joined {
@@ -208,6 +217,37 @@ where
                     };
                 }
             }
+        }
+    }
+}
+
+/// Runs `job`; once `detached` says its response future is gone, for at most `limit`
+/// more. Stopped there, the job's claim goes with it and frees the key.
+async fn within_once_detached<T, E>(
+    job: impl Future<Output = Result<Response<ResponseBody<T>>, E>>,
+    detached: tokio::sync::oneshot::Receiver<()>,
+    limit: std::time::Duration,
+) -> Result<Response<ResponseBody<T>>, E> {
+    let alone_too_long = async {
+        // Only ever closed: nothing is sent on it.
+        let _ = detached.await;
+        tokio::time::sleep(limit).await;
+    };
+    tokio::select! {
+        biased;
+        answer = job => answer,
+        () = alone_too_long => {
+            tracing::warn!(
+                ?limit,
+                "idempotency: a handler whose client went away ran past the detached limit: \
+                 stopped, and its key freed (a retry runs it again)"
+            );
+            // Nobody awaits this answer.
+            Ok(problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "handler-stopped",
+                "the request ran too long after its client went away",
+            ))
         }
     }
 }

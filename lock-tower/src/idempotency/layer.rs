@@ -128,6 +128,26 @@ impl<K, P> IdempotencyLayer<K, P> {
         Ok(self)
     }
 
+    /// How long a claimed request's handler, and the storing of its response, may go
+    /// on once its response future was dropped (the client went away, or an outer
+    /// timeout gave up on it): within it, the handler finishes and a retry is replayed;
+    /// past it, the handler is stopped where it is and the key freed, so a retry runs
+    /// again. Bounds what a handler that never finishes holds (its task, its key, which
+    /// would answer 409 for as long as the task renewed it). Default 60 s.
+    ///
+    /// ```
+    /// # fn demo(store: lock_core::IdempotencyStore) {
+    /// use std::time::Duration;
+    /// use lock_tower::idempotency::IdempotencyLayer;
+    ///
+    /// let layer = IdempotencyLayer::new(store).detached_limit(Duration::from_secs(300));
+    /// # let _ = layer; }
+    /// ```
+    pub fn detached_limit(mut self, limit: Duration) -> Self {
+        self.settings.detached_limit = limit;
+        self
+    }
+
     /// How long a duplicate waits for the request in flight to finish, then replays
     /// its response (or runs itself if that one freed the key). Waiters are woken by
     /// pub/sub. Default zero: 409 with `Retry-After` at once.

@@ -48,7 +48,10 @@
 //!   the storing of the response run in a task of their own (so the inner service's
 //!   future and error must be `Send + 'static`, as axum's are), and the retry is
 //!   replayed. A handler cut at an await could have done part of its work, which a
-//!   second run would do again.
+//!   second run would do again. Left alone, it may run for
+//!   [`IdempotencyLayer::detached_limit`] (60 s); past that it is stopped and the key
+//!   freed. A graceful shutdown waits for open connections, not for these tasks: one
+//!   still running when the runtime ends is stopped, and its key freed.
 //! - **Redis unavailable**: 503 (fail closed, the default) or, with
 //!   [`IdempotencyLayer::fail_closed`]`(false)`, the request runs unprotected and a
 //!   warning is logged. Protection resumes by itself when Redis is back. If Redis goes

@@ -602,3 +602,48 @@ async fn an_in_flight_lease_out_of_range_is_refused_when_configured() {
         assert_eq!(r.status, StatusCode::CREATED, "{key}: {r:?}");
     }
 }
+
+/// A handler that does not finish, whose client went away: within the detached limit
+/// its key stays claimed (a retry is told 409); past it the handler is stopped and
+/// the key freed, so a retry runs again instead of being refused for as long as the
+/// abandoned task would have renewed its claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_left_alone_past_the_detached_limit_is_stopped_and_frees_its_key() {
+    let server = RedisServer::start();
+    let backend = Backend::gated(1, created);
+    let lease = Duration::from_millis(200);
+    let limit = Duration::from_millis(600);
+    let router = app(
+        &backend,
+        layer(&server)
+            .await
+            .in_flight_lease(lease)
+            .unwrap()
+            .detached_limit(limit),
+    );
+    let first = tokio::spawn({
+        let router = router.clone();
+        async move { post_with(&router, Some("hangs"), "a").await }
+    });
+    backend.entered(1).await;
+    // The client goes away; the handler waits at its gate (30 s).
+    first.abort();
+    let _ = first.await;
+    let left = Instant::now();
+    assert_eq!(
+        post_with(&router, Some("hangs"), "a").await.status,
+        StatusCode::CONFLICT,
+        "the key is still claimed right after the client left"
+    );
+    eventually(
+        Duration::from_secs(10),
+        "a retry that runs again",
+        || async { post_with(&router, Some("hangs"), "a").await.status == StatusCode::CREATED },
+    )
+    .await;
+    assert!(left.elapsed() >= limit, "freed before the limit");
+    assert_eq!(backend.runs(), 2);
+    let replay = post_with(&router, Some("hangs"), "a").await;
+    assert!(replay.replayed());
+    assert_eq!(replay.header("x-run"), "2");
+}
