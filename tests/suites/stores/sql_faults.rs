@@ -2,7 +2,8 @@
 //! after its runtime ended, on a thread with none; a guard held on after its runtime
 //! ended (reported lost, the database still excluding others); and acquisitions while
 //! the server is unreachable (a cut proxy), which must end within their wait budget
-//! plus one command timeout whatever the pool does.
+//! plus one command timeout whatever the pool does; and releases while it is, whose
+//! sessions are closed once it is back.
 
 use crate::common;
 
@@ -244,4 +245,60 @@ async fn a_mysql_release_ends_within_the_command_timeout_with_the_server_unreach
     let cut = AnyLocks::open(&url, config()).await.unwrap();
     let direct = AnyLocks::open(&server.url(), config()).await.unwrap();
     release_ends_within_timeout_when_unreachable(&cut, &direct, &proxy).await;
+}
+
+/// A release cut short while a session check waits on the unreachable server (a check
+/// may wait as long as the lease it proves, longer than a release's command timeout):
+/// once the server is back, the session is closed and the lock freed, even while
+/// something (a `lost()` future kept past the release) still holds the grant.
+async fn released_during_a_stuck_check_is_freed<L, M>(locks: &L, other: &M, proxy: &TcpProxy)
+where
+    L: DistributedLock,
+    M: DistributedLock,
+{
+    let g = locks.lock_named("held").await.unwrap();
+    let kept = tokio::spawn(g.lost());
+    proxy.cut();
+    // The scenario is time: past one watchdog period, a check waits on the cut proxy.
+    tokio::time::sleep(STUCK_CHECK.1 * 3 / 2).await;
+    let err = g.release().await.map(drop).unwrap_err();
+    assert!(err.is_unavailable(), "{err}");
+    proxy.heal();
+    let g = other
+        .acquire("held", LockOptions::new().wait(Duration::from_secs(15)))
+        .await
+        .expect("the released lock was freed");
+    g.release().await.unwrap();
+    assert!(!kept.is_finished(), "a released lock is not lost");
+    kept.abort();
+}
+
+/// Lease and period: a check's time limit (the lease left) well past the command
+/// timeout.
+const STUCK_CHECK: (Duration, Duration) = (Duration::from_secs(6), Duration::from_secs(1));
+
+fn stuck_check_config() -> LockConfig {
+    config()
+        .with_watchdog_lease(STUCK_CHECK.0)
+        .with_watchdog_period(STUCK_CHECK.1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_release_during_a_stuck_check_frees_the_lock_once_reachable() {
+    let server = PostgresServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
+    let cut = AnyLocks::open(&url, stuck_check_config()).await.unwrap();
+    let direct = AnyLocks::open(&server.url(), config()).await.unwrap();
+    released_during_a_stuck_check_is_freed(&cut, &direct, &proxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mysql_release_during_a_stuck_check_frees_the_lock_once_reachable() {
+    let server = MariaDbServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let url = format!("mariadb://root@127.0.0.1:{}/locks", proxy.port());
+    let cut = AnyLocks::open(&url, stuck_check_config()).await.unwrap();
+    let direct = AnyLocks::open(&server.url(), config()).await.unwrap();
+    released_during_a_stuck_check_is_freed(&cut, &direct, &proxy).await;
 }

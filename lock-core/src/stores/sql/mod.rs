@@ -307,18 +307,33 @@ impl<S: SqlStore> Seam for SqlBackend<S> {
         })
     }
 
-    async fn give_back(&self, _keys: &LockKeys, grant: &Self::Grant) -> Result<Held, LockError> {
+    async fn give_back(&self, keys: &LockKeys, grant: &Self::Grant) -> Result<Held, LockError> {
         // Cut short, `unlock` drops the session's connection unconfirmed: it is closed,
         // and the server frees the lock once it sees that.
         let limit = self.store.config().command_timeout;
         let store = <S::Dialect as Dialect>::STORE;
-        within(store, limit, async { Ok(unlock(grant).await) }, || {
+        let given = within(store, limit, async { Ok(unlock(grant).await) }, || {
             format!(
                 "no answer to the unlock within the command timeout ({limit:?}): its session \
-                 was closed, and the server frees the lock once it sees that"
+                 is closed, and the server frees the lock once it sees that"
             )
         })
-        .await
+        .await;
+        if given.is_err() {
+            // Cut short while a session check held the connection (it may, for as long
+            // as the lease it proves): close it once that check lets go, or a grant
+            // kept alive elsewhere (a `lost()` future) would keep the lock held.
+            let session = grant.clone();
+            cleanup::spawn(
+                "closing a released session",
+                keys.name().to_owned(),
+                async move {
+                    drop(session.conn.lock().await.take());
+                    Ok(())
+                },
+            );
+        }
+        given
     }
 
     async fn extend(
