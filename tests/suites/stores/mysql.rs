@@ -1,6 +1,7 @@
 //! The MySQL store on a real MariaDB server the harness starts: exclusion across
 //! pools, waiting in the server, reentrancy, long names, names differing in case or
-//! spelling a hashed name, a killed connection firing `lost()`, cancellation.
+//! spelling a hashed name, a killed connection firing `lost()`, cancellation, a wait
+//! that fails with its server.
 
 use crate::checks;
 
@@ -251,4 +252,68 @@ async fn a_cancelled_waits_session_leaves_the_queue() {
         .unwrap()
     })
     .await;
+}
+
+/// A wait that fails with its server (a restart) ends no session: its own died with the
+/// server, whose next life counts ids from 1 again, so a `KILL` of the old id would end
+/// another client's session, one that may hold a lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_that_fails_with_its_server_ends_no_session_of_its_next_life() {
+    use sqlx::Connection;
+    let mut server = MariaDbServer::start();
+    let a = locks(&server).await;
+    // The waiter reaches the server through a proxy, held while the server restarts, so
+    // that the next life's first sessions are the others below.
+    let proxy = lock_tests::TcpProxy::start(server.port());
+    let url = format!("mariadb://root@127.0.0.1:{}/locks", proxy.port());
+    let slow = config().with_command_timeout(Duration::from_secs(20));
+    let b = MysqlLocks::connect(&url, slow).await.unwrap();
+    let _held = a.lock("x").await.unwrap();
+    let waiter = tokio::spawn(async move {
+        b.acquire("x", LockOptions::new().wait(Duration::from_secs(60)))
+            .await
+            .map(drop)
+    });
+    crate::common::eventually(
+        Duration::from_secs(10),
+        "the waiter in GET_LOCK",
+        || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE '%GET_LOCK(%' \
+             AND ID <> CONNECTION_ID()",
+            )
+            .fetch_one(a.pool())
+            .await
+            .unwrap();
+            waiting == 1
+        },
+    )
+    .await;
+    proxy.cut();
+    tokio::task::block_in_place(|| server.restart());
+    // The next life's first sessions, each holding a lock of its own.
+    let mut others = Vec::new();
+    for i in 0..20 {
+        let mut c = sqlx::MySqlConnection::connect(&server.url()).await.unwrap();
+        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+            .bind(format!("v{i}"))
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(got, Some(1));
+        others.push(c);
+    }
+    proxy.heal();
+    let waited = waiter.await.unwrap();
+    assert!(waited.is_err(), "the wait failed with its server");
+    // The scenario is time: a stop sent after the failure lands within moments.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for (i, c) in others.iter_mut().enumerate() {
+        let mine: Option<i64> = sqlx::query_scalar("SELECT IS_USED_LOCK(?) = CONNECTION_ID()")
+            .bind(format!("v{i}"))
+            .fetch_one(&mut *c)
+            .await
+            .unwrap_or_else(|e| panic!("session {i} of the next life was ended: {e}"));
+        assert_eq!(mine, Some(1), "session {i} lost its lock");
+    }
 }

@@ -66,7 +66,9 @@ pub(crate) const MAX_SERVER_NAME: usize = 64;
 ///   `GET_LOCK` does not notice a closed connection, so a cancelled wait's session is
 ///   ended with `KILL` from another of the pool's connections (a user may always end its
 ///   own sessions): it leaves the lock's queue then, not at its own timeout. That is
-///   why the first try asks for the session's id along with the lock.
+///   why the first try asks for the session's id along with the lock. Only a session
+///   still waiting in `GET_LOCK` under that id is ended, and none after its wait failed
+///   (a restarted server gives ids out again from 1).
 /// - **Bounded**: an acquisition ends within its wait budget plus one
 ///   [`LockConfig::with_command_timeout`], however long the pool would wait for a
 ///   connection; [`MysqlLocks::connect`]'s pool waits for one at most the config's
@@ -261,13 +263,15 @@ impl SqlStore for MysqlStore {
             // lock's queue until its own timeout.
             let stop =
                 OnDrop::new(|| stop_wait(self.pool.clone(), id, self.config.command_timeout));
-            got = sqlx::query_scalar(get_lock)
+            let waited = sqlx::query_scalar(get_lock)
                 .bind(sent)
                 .bind(left.as_secs_f64())
                 .fetch_one(&mut **conn)
-                .await
-                .map_err(store_error)?;
+                .await;
+            // Answered or failed, the wait is over: a session whose connection failed
+            // may have died with its server, whose next life gives its id to another.
             stop.disarm();
+            got = waited.map_err(store_error)?;
         }
         match got {
             Some(1) => {}
@@ -314,8 +318,19 @@ fn stop_wait(pool: MySqlPool, id: u64, limit: Duration) {
     });
 }
 
-/// `KILL id` on one of `pool`'s connections.
+/// `KILL id` on one of `pool`'s connections, if session `id` still waits in a
+/// `GET_LOCK` (a server that restarted meanwhile counts its ids from 1 again).
 async fn kill(pool: &MySqlPool, id: u64) -> Result<(), sqlx::Error> {
+    let waiting: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+         WHERE ID = ? AND INFO LIKE '%GET_LOCK(%'",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await?;
+    if waiting == 0 {
+        return Ok(());
+    }
     let sql = format!("KILL {id}");
     sqlx::raw_sql(&sql).execute(pool).await.map(|_| ())
 }
