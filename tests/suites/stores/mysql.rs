@@ -317,3 +317,29 @@ async fn a_wait_that_fails_with_its_server_ends_no_session_of_its_next_life() {
         assert_eq!(mine, Some(1), "session {i} lost its lock");
     }
 }
+
+/// A server whose sessions start with `autocommit = 0` (set globally, or by a shared
+/// pool's `after_connect`): the fencing counter's row is updated in a transaction that
+/// nobody would commit, locking that row for as long as the connection lives. Locks of
+/// other names must still be granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_autocommit_grants_other_names_beside_a_held_one() {
+    let server = MariaDbServer::start_with_args(&["--autocommit=0"]);
+    let (a, b) = (locks(&server).await, locks(&server).await);
+    let held = a.lock("a").await.unwrap();
+    let other = tokio::time::timeout(
+        Duration::from_secs(20),
+        b.acquire("b", LockOptions::new().wait(Duration::from_secs(5))),
+    )
+    .await
+    .expect("no answer within 20 s")
+    .expect("another name is granted beside a held one");
+    assert!(other.fencing_token().unwrap() > held.fencing_token().unwrap());
+    other.release().await.unwrap();
+    held.release().await.unwrap();
+    // And again, on the connections those holds went back to the pool with.
+    let again = b.lock("c").await.unwrap();
+    let beside = a.lock("d").await.unwrap();
+    again.release().await.unwrap();
+    beside.release().await.unwrap();
+}

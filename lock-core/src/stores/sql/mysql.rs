@@ -57,7 +57,8 @@ pub(crate) const MAX_SERVER_NAME: usize = 64;
 ///   (`UPDATE ... SET n = LAST_INSERT_ID(n + 1)`) taken right after the grant, so they
 ///   grow with every grant in the database (one row, not one per name). The table is
 ///   created on first use (`CREATE TABLE IF NOT EXISTS`), which needs that right; every
-///   grant in the database updates that one row.
+///   grant in the database updates that one row, and commits the update at once where
+///   sessions start with `autocommit = 0`.
 /// - **Leases** from [`Lease::Fixed`](crate::Lease::Fixed) are not applied: a session
 ///   lock lasts until released or until the session ends, and a max-hold does not
 ///   apply either. `hold_until_expiry` releases.
@@ -91,8 +92,8 @@ pub type MysqlLocks = Locks<MysqlBackend>;
 pub struct MysqlStore {
     pool: MySqlPool,
     config: LockConfig,
-    /// The `GET_LOCK` statement for this server, once the counter table is made.
-    prepared: OnceCell<&'static str>,
+    /// What this server is sent, learned once the counter table is made.
+    prepared: OnceCell<Prepared>,
 }
 
 /// The first try, which waits for nothing: the lock if it is free, and the session's
@@ -190,8 +191,11 @@ fn fold_proof(text: &str) -> String {
 
 impl MysqlStore {
     /// Makes the counter table if need be and tells MariaDB from MySQL, once per store:
-    /// the `GET_LOCK` statement to send.
-    async fn prepare(&self, conn: &mut PoolConnection<MySql>) -> Result<&'static str, LockError> {
+    /// the `GET_LOCK` statement to send, and whether the counter's update must be
+    /// committed (sessions that start with `autocommit = 0`, set on the server or by the
+    /// pool's `after_connect`: left open, that transaction would lock the counter's row
+    /// for every other acquisition).
+    async fn prepare(&self, conn: &mut PoolConnection<MySql>) -> Result<Prepared, LockError> {
         self.prepared
             .get_or_try_init(|| async {
                 let create = format!(
@@ -206,19 +210,40 @@ impl MysqlStore {
                     .execute(&mut **conn)
                     .await
                     .map_err(store_error)?;
-                let version: String = sqlx::query_scalar("SELECT VERSION()")
-                    .fetch_one(&mut **conn)
-                    .await
-                    .map_err(store_error)?;
-                Ok(if version.contains("MariaDB") {
+                let (version, autocommit): (String, i64) =
+                    sqlx::query_as("SELECT VERSION(), @@autocommit")
+                        .fetch_one(&mut **conn)
+                        .await
+                        .map_err(store_error)?;
+                let commit = autocommit == 0;
+                if commit {
+                    commit_on(conn).await?;
+                }
+                let get_lock = if version.contains("MariaDB") {
                     GET_LOCK_MARIADB
                 } else {
                     GET_LOCK
-                })
+                };
+                Ok(Prepared { get_lock, commit })
             })
             .await
             .copied()
     }
+}
+
+/// What a store learns of its server once.
+#[derive(Debug, Clone, Copy)]
+struct Prepared {
+    get_lock: &'static str,
+    commit: bool,
+}
+
+async fn commit_on(conn: &mut PoolConnection<MySql>) -> Result<(), LockError> {
+    sqlx::query("COMMIT")
+        .execute(&mut **conn)
+        .await
+        .map(drop)
+        .map_err(store_error)
 }
 
 impl SqlStore for MysqlStore {
@@ -249,7 +274,7 @@ impl SqlStore for MysqlStore {
         // back to the pool: it may hold the lock.
         let mut pending = Closing::new(self.pool.acquire().await.map_err(store_error)?);
         let conn = pending.get();
-        let get_lock = self.prepare(conn).await?;
+        let prepared = self.prepare(conn).await?;
         // 1: granted, 0: timed out, NULL: an error (the server logs it).
         let (mut got, id): (Option<i64>, u64) = sqlx::query_as(TRY_GET_LOCK)
             .bind(sent)
@@ -263,7 +288,7 @@ impl SqlStore for MysqlStore {
             // lock's queue until its own timeout.
             let stop =
                 OnDrop::new(|| stop_wait(self.pool.clone(), id, self.config.command_timeout));
-            let waited = sqlx::query_scalar(get_lock)
+            let waited = sqlx::query_scalar(prepared.get_lock)
                 .bind(sent)
                 .bind(left.as_secs_f64())
                 .fetch_one(&mut **conn)
@@ -293,6 +318,9 @@ impl SqlStore for MysqlStore {
         .execute(&mut **conn)
         .await
         .map_err(store_error)?;
+        if prepared.commit {
+            commit_on(conn).await?;
+        }
         Ok(Some((counted.last_insert_id(), pending)))
     }
 }
