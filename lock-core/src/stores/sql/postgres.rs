@@ -189,7 +189,13 @@ impl PgStore {
                 let probe = "SELECT set_config('client_connection_check_interval', '1000', true)";
                 let checked = match sqlx::query(probe).execute(&mut **conn).await {
                     Ok(_) => true,
-                    Err(sqlx::Error::Database(_)) => false,
+                    // Unknown setting, or a value refused: what this server is. Any
+                    // other error (a cancel, a shutdown) is asked again next time.
+                    Err(sqlx::Error::Database(e))
+                        if matches!(e.code().as_deref(), Some("42704" | "22023")) =>
+                    {
+                        false
+                    }
                     Err(e) => return Err(store_error(e)),
                 };
                 Ok(if checked {
