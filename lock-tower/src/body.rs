@@ -142,8 +142,17 @@ where
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Full { data, .. } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            Kind::Full { data, trailers } => {
+                let len = data.as_ref().map_or(0, |d| d.len() as u64);
+                // An exact size is sent as `content-length`, which has no room for
+                // trailers (HTTP/1.1 sends them only after a chunked body).
+                if trailers.is_some() {
+                    let mut hint = SizeHint::new();
+                    hint.set_lower(len);
+                    hint
+                } else {
+                    SizeHint::with_exact(len)
+                }
             }
             Kind::Inner { body } => body.size_hint(),
             Kind::Resumed { read, rest } => {

@@ -26,7 +26,6 @@ const HOP_BY_HOP: &[&str] = &[
     "proxy-authorization",
     "proxy-connection",
     "te",
-    "trailer",
     "transfer-encoding",
     "upgrade",
 ];

@@ -303,3 +303,73 @@ async fn a_long_streamed_response_flows_through_unstored() {
     assert!(!retry.replayed());
     assert_eq!(retry.body, vec![b'b'; 150]);
 }
+
+/// A gRPC-style answer whose trailers are declared in `Trailer`, as HTTP/1.1 needs.
+fn with_declared_trailers(run: usize, _body: Bytes) -> Response<Body> {
+    use hyper::body::Frame;
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("grpc-status", "0".parse().unwrap());
+    trailers.insert("x-run-trailer", run.to_string().parse().unwrap());
+    let frames = vec![
+        Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"ok"))),
+        Ok(Frame::trailers(trailers)),
+    ];
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("trailer", "grpc-status, x-run-trailer")
+        .body(Body::new(http_body_util::StreamBody::new(
+            futures_util::stream::iter(frames),
+        )))
+        .unwrap()
+}
+
+/// One POST over a raw HTTP/1.1 socket that accepts trailers; the whole answer.
+async fn post_accepting_trailers(addr: std::net::SocketAddr, key: &str) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "POST /pay HTTP/1.1\r\nhost: test\r\nidempotency-key: {key}\r\nte: trailers\r\n\
+         connection: close\r\ncontent-length: 0\r\n\r\n"
+    );
+    socket.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), socket.read_to_end(&mut answer))
+        .await
+        .expect("no whole answer within 10 s")
+        .unwrap();
+    String::from_utf8_lossy(&answer).to_lowercase()
+}
+
+/// Over HTTP/1.1, trailers go out only in a chunked body and only when declared in
+/// `Trailer`: the first answer and its replay keep both, as the handler's own answer
+/// does without the layer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declared_trailers_reach_an_http1_client_first_and_on_replay() {
+    let server = RedisServer::start();
+    let backend = Backend::new(with_declared_trailers);
+    let plain = serve(app(&backend, tower::layer::util::Identity::new())).await;
+    let guarded = serve(app(&backend, layer(&server).await)).await;
+    let control = post_accepting_trailers(plain, "none").await;
+    let first = post_accepting_trailers(guarded, "t").await;
+    let replay = post_accepting_trailers(guarded, "t").await;
+    for (what, answer, run) in [
+        ("without the layer", &control, 1),
+        ("the first", &first, 2),
+        ("the replay", &replay, 2),
+    ] {
+        assert!(
+            answer.contains("transfer-encoding: chunked"),
+            "{what}: not chunked: {answer:?}"
+        );
+        let end = answer
+            .find("\r\n0\r\n")
+            .unwrap_or_else(|| panic!("{what}: no last chunk: {answer:?}"));
+        let tail = &answer[end..];
+        assert!(
+            tail.contains("grpc-status: 0") && tail.contains(&format!("x-run-trailer: {run}")),
+            "{what}: no trailers after the body: {answer:?}"
+        );
+    }
+    assert!(replay.contains("idempotent-replayed: true"), "{replay:?}");
+    assert_eq!(backend.runs(), 2);
+}
