@@ -92,6 +92,14 @@ impl RateLimit {
                  request"
             )));
         }
+        // `gcra.lua` keeps times as microseconds in Lua numbers (doubles): a key's
+        // furthest arrival time, a whole burst ahead of now, must stay exact.
+        if u128::from(interval_us(self)) * u128::from(self.burst) > 1 << 52 {
+            return Err(LockError::InvalidConfig(format!(
+                "rate limit {self:?}: the burst times the spacing must be at most 2^52 µs \
+                 (about 142 years)"
+            )));
+        }
         Ok(())
     }
 }
@@ -209,10 +217,12 @@ impl RateLimiter {
     }
 }
 
-/// The emission interval as `gcra.lua` is given it: whole microseconds (at least 1, as
-/// [`RateLimit::validate`] requires).
+/// The emission interval as `gcra.lua` is given it: whole microseconds, rounded up (at
+/// least 1, as [`RateLimit::validate`] requires), so a rounded quota is never more than
+/// the one asked for.
 fn interval_us(limit: &RateLimit) -> u64 {
-    u64::try_from(limit.emission_interval().as_micros()).unwrap_or(u64::MAX)
+    let per_request = u128::from(limit.rate.max(1)) * 1_000;
+    u64::try_from(limit.period.as_nanos().div_ceil(per_request)).unwrap_or(u64::MAX)
 }
 
 /// The decision `gcra.lua` answered with `reply` (see the script: the key's backlog
@@ -313,6 +323,16 @@ mod tests {
                 "{limit:?} cost {cost} ahead {tat_ahead}"
             );
         }
+    }
+
+    #[test]
+    fn a_burst_too_far_ahead_for_the_scripts_clock_is_refused() {
+        let far = RateLimit::new(1, Duration::from_secs(86_400)).with_burst(u32::MAX);
+        let e = far.validate().unwrap_err();
+        assert!(e.to_string().contains("2^52"), "{e}");
+        // A thousand days of a daily quota at once is fine.
+        let daily = RateLimit::new(1, Duration::from_secs(86_400)).with_burst(1_000);
+        daily.validate().unwrap();
     }
 
     #[test]

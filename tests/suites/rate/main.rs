@@ -216,3 +216,22 @@ async fn peek_agrees_with_the_next_check() {
     );
     assert!(!limiter.check("k").await.unwrap().allowed);
 }
+
+/// A quota whose spacing is not a whole number of microseconds (600 000 a second: 1.67
+/// µs each) is kept, never exceeded: spending the whole burst takes at least the
+/// period to recover, for every such rate tried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_quota_is_never_exceeded_by_rounding() {
+    let server = RedisServer::start();
+    let c = client(&server, LockConfig::new()).await;
+    for rate in [600_000u32, 750_000, 150_000, 3_000, 7] {
+        let limiter = c.rate_limiter(format!("bytes-{rate}"), RateLimit::per_second(rate));
+        let d = limiter.check_n("k", rate).await.unwrap();
+        assert!(d.allowed, "{rate}/s");
+        assert!(
+            d.reset_after >= Duration::from_secs(1),
+            "{rate}/s: the whole burst spent, reset after {:?}",
+            d.reset_after
+        );
+    }
+}
