@@ -157,7 +157,21 @@ impl IpNet {
             }
         };
         let max = if addr.is_ipv4() { 32 } else { 128 };
-        (prefix <= max).then_some(Self { addr, prefix })
+        if prefix > max {
+            return None;
+        }
+        // A peer's IPv4-mapped address counts as IPv4 (`contains`), so a mapped network
+        // is the IPv4 network it maps.
+        Some(match addr {
+            IpAddr::V6(v6) if prefix >= 96 => match v6.to_ipv4_mapped() {
+                Some(v4) => Self {
+                    addr: IpAddr::V4(v4),
+                    prefix: prefix - 96,
+                },
+                None => Self { addr, prefix },
+            },
+            _ => Self { addr, prefix },
+        })
     }
 
     /// Whether `ip` is inside this network.
@@ -296,6 +310,28 @@ mod tests {
         assert!(IpNet::parse("0.0.0.0/0").unwrap().contains(ip("8.8.8.8")));
         assert!(IpNet::parse("10.0.0.0/33").is_none());
         assert!(IpNet::parse("nope").is_none());
+    }
+
+    /// An IPv4-mapped network is the IPv4 network it maps, as a peer's mapped address
+    /// is its IPv4 address.
+    #[test]
+    fn mapped_networks_hold_their_ipv4_addresses() {
+        let n = IpNet::parse("::ffff:10.0.0.0/104").unwrap();
+        for peer in ["::ffff:10.0.0.5", "10.9.8.7"] {
+            assert!(n.contains(ip(peer)), "{peer}");
+        }
+        assert!(!n.contains(ip("11.0.0.1")));
+        assert!(
+            IpNet::parse("::ffff:10.0.0.5")
+                .unwrap()
+                .contains(ip("10.0.0.5"))
+        );
+        // Wider than the mapped range: an IPv6 network, which holds no IPv4 peer.
+        assert!(
+            !IpNet::parse("::ffff:0:0/95")
+                .unwrap()
+                .contains(ip("10.0.0.5"))
+        );
     }
 
     #[test]
