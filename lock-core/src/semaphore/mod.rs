@@ -5,7 +5,7 @@ mod permits;
 pub use permits::Permits;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
@@ -153,7 +153,11 @@ impl std::fmt::Debug for Semaphore {
 
 enum Attempt {
     Granted(Permits),
-    Busy(Duration),
+    /// Retry after this; `free` permits were free, too few for this request.
+    Busy {
+        retry_after: Duration,
+        free: i64,
+    },
 }
 
 /// Makes permit ids unique within the process; the client id makes them unique across.
@@ -276,6 +280,8 @@ impl Semaphore {
         let started = Instant::now();
         let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
         let listen = || Some(Listen::Hub(inner.hub(), self.shared.channel.as_str()));
+        // The free permits this waiter saw last: none it could use yet.
+        let seen_free = AtomicI64::new(i64::MAX);
         let turn = wait_for_turn(
             &inner.config().backoff,
             listen,
@@ -283,7 +289,15 @@ impl Semaphore {
             |_| async {
                 Ok(match self.attempt(n, lease).await? {
                     Attempt::Granted(permits) => Turn::Done(permits),
-                    Attempt::Busy(retry_after) => Turn::Retry(retry_after),
+                    Attempt::Busy { retry_after, free } => {
+                        // A release wakes one local waiter: one that needs more than came
+                        // back passes it on, once per rise in what it sees free (two big
+                        // waiters would otherwise pass one free permit back and forth).
+                        if free > seen_free.swap(free, Ordering::Relaxed) {
+                            inner.hub().notify_local(&self.shared.channel);
+                        }
+                        Turn::Retry(retry_after)
+                    }
                 })
             },
         )
@@ -345,9 +359,12 @@ impl Semaphore {
                     proven(start, lease),
                 )))
             }
-            [0, retry_ms, _free] => {
+            [0, retry_ms, free] => {
                 pending.disarm();
-                Ok(Attempt::Busy(Duration::from_millis(retry_ms.max(1) as u64)))
+                Ok(Attempt::Busy {
+                    retry_after: Duration::from_millis(retry_ms.max(1) as u64),
+                    free,
+                })
             }
             _ => Err(LockError::UnexpectedReply(format!(
                 "semaphore_acquire.lua returned {reply:?}"

@@ -285,6 +285,63 @@ async fn one_release_of_many_permits_wakes_as_many_waiters() {
     .await;
 }
 
+/// A waiter woken by a release that frees too few permits for it passes the turn on:
+/// a smaller waiter of the same client, asleep behind it, gets the freed permit without
+/// its slow backoff (with two permits wanted and one free, the bigger one waits on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_needs_more_passes_a_release_on_to_one_that_fits() {
+    let server = RedisServer::start();
+    let holder = client(&server, LockConfig::new()).await;
+    let others = slow_client(&server).await;
+    let sem = holder.semaphore("mixed", 2).unwrap();
+    let theirs = others.semaphore("mixed", 2).unwrap();
+    let acquire_sha = script_sha("semaphore_acquire.lua");
+    let one = sem.try_acquire(1).await.unwrap();
+    let _other = sem.try_acquire(1).await.unwrap();
+    let mut monitor = server.monitor().await;
+    // The bigger waiter first: the oldest asleep, it is the one a release wakes.
+    let big = {
+        let s = theirs.clone();
+        tokio::spawn(async move { s.acquire(2, waiting(120)).await })
+    };
+    monitor
+        .wait_for_times(&acquire_sha, 2, Duration::from_secs(5))
+        .await
+        .expect("the big waiter's attempts");
+    let mut raw = server.connection().await;
+    let _: String = redis::cmd("ECHO")
+        .arg("small")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    monitor
+        .wait_for("\"ECHO\" \"small\"", Duration::from_secs(5))
+        .await
+        .expect("the marker");
+    let small = {
+        let s = theirs.clone();
+        tokio::spawn(async move { s.acquire(1, waiting(120)).await })
+    };
+    monitor
+        .wait_for_times(&acquire_sha, 2, Duration::from_secs(5))
+        .await
+        .expect("the small waiter's attempts");
+    assert_eq!(one.release().await.unwrap(), 1);
+    eventually(
+        Duration::from_secs(3),
+        "the small waiter to get the freed permit",
+        || async { small.is_finished() },
+    )
+    .await;
+    let got = small.await.unwrap().unwrap();
+    assert!(
+        !big.is_finished(),
+        "one permit free: the big waiter waits on"
+    );
+    big.abort();
+    got.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_an_error_before_redis() {
     let server = RedisServer::start();
