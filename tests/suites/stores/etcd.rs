@@ -613,3 +613,26 @@ async fn a_release_that_failed_deletes_the_key_once_the_store_is_back() {
     again.release().await.unwrap();
     keep.release().await.unwrap();
 }
+
+/// One client holding many locks at once: its renewal reads all their keys, more than
+/// the 128 operations etcd takes in one transaction, and every lock stays held past
+/// its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundreds_of_locks_of_one_client_stay_held_past_their_lease() {
+    let lease = Duration::from_secs(6);
+    let many = EtcdLocks::connect(&shared().url("many"), config().with_watchdog_lease(lease))
+        .await
+        .unwrap();
+    let guards = futures_util::future::join_all((0..300).map(|i| many.lock(format!("n{i}"))))
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    // The scenario is time: renewals every third of the lease, past its end.
+    tokio::time::sleep(lease + Duration::from_secs(2)).await;
+    let lost = guards.iter().filter(|g| !g.is_held()).count();
+    assert_eq!(lost, 0, "{lost} of 300 locks lost");
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}

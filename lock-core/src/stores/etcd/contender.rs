@@ -244,8 +244,24 @@ pub(super) async fn is_there(
     Ok(there.first().copied().unwrap_or(false))
 }
 
-/// Whether each of `keys` still exists with its create revision: one read.
+/// The most operations etcd takes in one transaction (its `--max-txn-ops` default).
+const MAX_TXN_OPS: usize = 128;
+
+/// Whether each of `keys` still exists with its create revision: one read per
+/// [`MAX_TXN_OPS`] keys, all at once.
 pub(super) async fn still_there(
+    members: &Members,
+    keys: &[(&[u8], i64)],
+) -> Result<Vec<bool>, LockError> {
+    let reads = keys
+        .chunks(MAX_TXN_OPS)
+        .map(|k| still_there_at_once(members, k));
+    let answers = futures_util::future::try_join_all(reads).await?;
+    Ok(answers.into_iter().flatten().collect())
+}
+
+/// [`still_there`] in one transaction.
+async fn still_there_at_once(
     members: &Members,
     keys: &[(&[u8], i64)],
 ) -> Result<Vec<bool>, LockError> {
