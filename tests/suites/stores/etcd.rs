@@ -636,3 +636,28 @@ async fn hundreds_of_locks_of_one_client_stay_held_past_their_lease() {
         g.release().await.unwrap();
     }
 }
+
+/// Readers write nothing: a read hold, which others share, is no fence for a write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_hold_makes_no_fenced_write() {
+    let (a, b) = two(shared(), "read-fence").await;
+    let r1 = a.acquire("stock", LockOptions::new().read()).await.unwrap();
+    let r2 = b.acquire("stock", LockOptions::new().read()).await.unwrap();
+    for (who, locks, r) in [("a", &a, &r1), ("b", &b, &r2)] {
+        let err = locks
+            .write_fenced(r, [TxnOp::put("/read-fence/data/stock", who, None)])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, lock_core::LockError::NoFencingToken { .. }),
+            "{who}: {err}"
+        );
+    }
+    let value = raw(shared())
+        .await
+        .kv_client()
+        .get("/read-fence/data/stock", None)
+        .await
+        .unwrap();
+    assert!(value.kvs().is_empty(), "a reader wrote");
+}

@@ -30,12 +30,20 @@ impl Locks<EtcdBackend> {
     /// Runs `ops` in one etcd transaction that applies only while `guard` holds its
     /// lock (`If(CreateRevision(its key) == its token)`): the fenced write. Refused, it
     /// answers the loss as an error and marks nothing; the guard learns of the loss
-    /// from the watch on its key.
+    /// from the watch on its key. A read hold, shared with other readers, fences
+    /// nothing: [`LockError::NoFencingToken`].
     pub async fn write_fenced(
         &self,
         guard: &EtcdGuard,
         ops: impl Into<Vec<etcd::TxnOp>>,
     ) -> Result<etcd::TxnResponse, LockError> {
+        if !guard.keys().mode.is_fenced() {
+            return Err(LockError::NoFencingToken {
+                key: guard.name().to_owned(),
+                reason: "a read hold, which others share, fences no write: take the lock \
+                         for writing",
+            });
+        }
         let hold = guard.record();
         let txn = etcd::Txn::new()
             .when([etcd::Compare::create_revision(
