@@ -106,7 +106,12 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
     let keep = matches!(args.release, Some((true, _)));
     let block = &func.block;
     let body_ty = without_impl_trait(&ret_ty);
-    let attrs = &func.attrs;
+    // syn hands the body's inner attributes (`#![allow(..)]`, `//!` docs) over with the
+    // fn's own: they go back inside.
+    let (inner, attrs): (Vec<_>, Vec<_>) = func
+        .attrs
+        .iter()
+        .partition(|a| matches!(a.style, syn::AttrStyle::Inner(_)));
     let vis = &func.vis;
     let body = quote! {
         ::lock_core::__private::scoped(async move {
@@ -135,6 +140,7 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
     Ok(quote! {
         #(#attrs)*
         #vis #sig {
+            #(#inner)*
             #body
         }
     })

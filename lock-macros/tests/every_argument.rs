@@ -81,6 +81,14 @@ async fn shown(
     Ok((id + parsed, vec![1u8]))
 }
 
+// Inner attributes and docs in the body stay in the body.
+#[cache_lock(prefix = "inner", key = id, client = locks)]
+async fn with_inner_attributes(locks: &MemoryLocks, id: u64) -> Result<u64, LockError> {
+    //! Counts one up.
+    #![allow(clippy::needless_return)]
+    return Ok(id + 1);
+}
+
 // The generated futures stay `Send` (so they run on a multi-threaded runtime and in
 // axum handlers): this fn only has to compile.
 #[allow(dead_code)]
@@ -116,6 +124,7 @@ async fn every_argument_together_runs() {
     assert_eq!(shard.work().await.unwrap(), 4);
 
     let locks = MemoryLocks::new();
+    assert_eq!(with_inner_attributes(&locks, 1).await.unwrap(), 2);
     let (sum, parts) = shown(&locks, 2).await.unwrap();
     assert_eq!((sum.to_string(), parts.len()), ("7".to_owned(), 1));
 
