@@ -510,3 +510,16 @@ async fn a_lost_future_kept_past_the_release_stays_pending() {
         }
     }
 }
+
+/// Leading is holding the election's lock, whatever lease the client gives its locks:
+/// a client whose locks default to a short fixed lease still keeps its leader.
+#[tokio::test(start_paused = true)]
+async fn a_leader_leads_past_the_clients_fixed_lease() {
+    let config = LockConfig::new().with_lease(Lease::Fixed(MS(200)));
+    let locks = MemoryLocks::with_config(config).unwrap();
+    let election = lock_core::Election::new(locks.clone(), "leader");
+    let leadership = election.campaign(Duration::ZERO).await.unwrap();
+    tokio::time::sleep(MS(1_000)).await;
+    assert!(leadership.is_leading(), "the term ended with the lease");
+    assert!(locks.try_lock("leader").await.unwrap_err().is_busy());
+}

@@ -16,7 +16,7 @@ use std::future::Future;
 use std::ops::ControlFlow;
 use std::time::Duration;
 
-use crate::client::config::Backoff;
+use crate::client::config::{Backoff, Lease};
 use crate::client::store::key::LockName;
 use crate::error::LockError;
 use crate::lock::{LockOptions, Released};
@@ -116,7 +116,13 @@ where
     /// its first node (where its tokens come from) missed the grant; with that node
     /// down, a Redlock elects nobody.
     pub async fn campaign(&self, wait: Duration) -> Result<Leadership<L::Guard>, LockError> {
-        let mut options = LockOptions::new().scope(&self.scope).wait(wait).fenced();
+        // Held for as long as this candidate leads, whatever lease the client gives
+        // its locks (a client-wide max-hold still caps a term).
+        let mut options = LockOptions::new()
+            .scope(&self.scope)
+            .wait(wait)
+            .lease(Lease::Watchdog)
+            .fenced();
         options.primitive = Some(Primitive::Election);
         if let Some(value) = &self.value {
             options = options.value(value.clone());
