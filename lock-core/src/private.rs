@@ -42,8 +42,36 @@ impl LockName for MacroName<'_> {
     }
 }
 
+/// An annotated fn's lock while its body runs. Dropped before [`finish`] (the fn's
+/// future was dropped, or its body panicked), it ends as `finish` would have ended it:
+/// released in the background (`on_return`), or kept until its lease runs out
+/// (`on_expiry`, whose window must not open early because a client went away).
+pub struct Held<G: HeldLock> {
+    guard: Option<G>,
+    keep_until_expiry: bool,
+}
+
+impl<G: HeldLock> std::fmt::Debug for Held<G> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Held")
+            .field("keep_until_expiry", &self.keep_until_expiry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<G: HeldLock> Drop for Held<G> {
+    fn drop(&mut self) {
+        if let Some(guard) = self.guard.take()
+            && self.keep_until_expiry
+        {
+            guard.hold_until_expiry();
+        }
+    }
+}
+
 /// Takes the lock `prefix<delim>part<delim>...` for an annotated fn, on any lock store;
 /// without a `delimiter` argument, the store's configured one (as `client.lock()`).
+#[allow(clippy::too_many_arguments)] // one call site: the generated code
 pub async fn acquire<L: DistributedLock>(
     client: &L,
     prefix: &'static str,
@@ -52,7 +80,8 @@ pub async fn acquire<L: DistributedLock>(
     lease: Option<Duration>,
     wait: Duration,
     (mode, fair): (LockMode, bool),
-) -> Result<L::Guard, LockError> {
+    keep_until_expiry: bool,
+) -> Result<Held<L::Guard>, LockError> {
     let lease = lease.map_or(Lease::Watchdog, Lease::Fixed);
     let mut options = LockOptions::new().lease(lease).wait(wait).mode(mode);
     if fair {
@@ -61,14 +90,21 @@ pub async fn acquire<L: DistributedLock>(
     if let Some(delimiter) = delimiter {
         options = options.delimiter(delimiter);
     }
-    client.acquire(MacroName { prefix, parts }, options).await
+    let guard = client.acquire(MacroName { prefix, parts }, options).await?;
+    Ok(Held {
+        guard: Some(guard),
+        keep_until_expiry,
+    })
 }
 
 /// Ends the lock of an annotated fn after its body: released (`on_return`) or kept until
 /// its lease runs out (`on_expiry`). A failed release does not change the fn's result;
 /// it is logged.
-pub async fn finish<G: HeldLock>(guard: G, keep_until_expiry: bool) {
-    if keep_until_expiry {
+pub async fn finish<G: HeldLock>(mut held: Held<G>) {
+    let Some(guard) = held.guard.take() else {
+        return;
+    };
+    if held.keep_until_expiry {
         guard.hold_until_expiry();
     } else if let Err(e) = guard.release().await {
         tracing::warn!(error = %e, "#[cache_lock]: releasing after the body failed");

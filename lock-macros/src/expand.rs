@@ -124,6 +124,7 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
                 #lease,
                 ::core::time::Duration::from_millis(#wait_ms),
                 #mode,
+                #keep,
             )
             .await
             {
@@ -132,7 +133,7 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
             };
             let __cache_lock_result =
                 ::lock_core::__private::typed::<#body_ty, _>(async move #block).await;
-            ::lock_core::__private::finish(__cache_lock_guard, #keep).await;
+            ::lock_core::__private::finish(__cache_lock_guard).await;
             __cache_lock_result
         })
         .await
