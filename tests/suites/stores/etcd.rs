@@ -661,3 +661,30 @@ async fn a_read_hold_makes_no_fenced_write() {
         .unwrap();
     assert!(value.kvs().is_empty(), "a reader wrote");
 }
+
+/// A lock lost to its key's deletion gives its client's turn on the name back at once:
+/// the same client takes the name again while the lost guard is still alive, and the
+/// lost guard's release then deletes nothing of the new holder's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lock_passes_its_clients_turn_on() {
+    let cluster = shared();
+    let a = locks(cluster, "lost-turn").await;
+    let g = a.lock("job").await.unwrap();
+    let prefix = a.lock_prefix("job").unwrap();
+    let admin = raw(cluster).await;
+    delete_holders_key(&admin, &prefix).await;
+    tokio::time::timeout(Duration::from_secs(5), g.lost())
+        .await
+        .expect("lost() fired on the deletion");
+    let again = a
+        .acquire("job", LockOptions::new().wait(Duration::from_secs(3)))
+        .await
+        .expect("the same client takes the name again beside its lost guard");
+    assert!(
+        g.release().await.is_err(),
+        "the lost guard releases nothing"
+    );
+    assert!(again.is_held());
+    assert_eq!(queue(&admin, &prefix).await.len(), 1, "the new key stays");
+    again.release().await.unwrap();
+}

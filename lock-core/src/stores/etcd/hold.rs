@@ -24,7 +24,8 @@ pub(crate) struct EtcdHold {
     pub(super) lease: Lease,
     /// The key's create revision: the fencing token.
     pub(super) token: i64,
-    /// This client's turn on the name, passed on once the key is known deleted.
+    /// This client's turn on the name, passed on once the key is given back or found
+    /// deleted.
     turn: Mutex<Option<Turn>>,
     /// Set before we delete the key ourselves: its deletion is then no loss.
     given_back: AtomicBool,
@@ -108,7 +109,13 @@ pub(super) fn deletion(
                 Err(_) => false,
             };
             if gone {
-                return still_ours(&hold).map(|_| Loss::Expired);
+                let loss = still_ours(&hold).map(|_| Loss::Expired);
+                // The key is gone, so another scope of this client may make it anew:
+                // the lost guard's own give-back deletes only its revision.
+                if let Some(hold) = hold.upgrade() {
+                    drop(hold.turn.lock().unwrap_or_else(|p| p.into_inner()).take());
+                }
+                return loss;
             }
             // The watch ended with the key there, or the store failed: not in a tight loop.
             tokio::time::sleep_until(started + recheck / 4).await;

@@ -1,7 +1,7 @@
 //! Turns within one client: etcd's layout gives a client one contender key per lock
 //! (`<prefix>/<lease id>`), so two scopes of one client asking for the same lock
 //! would share that key and both think they hold it. A scope takes the name's turn
-//! here first, and keeps it until its key is deleted.
+//! here first, and keeps it until its key is deleted (given back, or found gone).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
