@@ -174,6 +174,10 @@ pub(super) struct Leave {
     key: String,
     /// The session lease's TTL, which bounds the deletion in the background.
     ttl: Duration,
+    /// Our key's create revision, once known: the deletes are of that key only (one
+    /// delivered late by a member that hung must not take a key another scope of this
+    /// client made since under the same name).
+    created: Option<i64>,
     turn: Option<Turn>,
 }
 
@@ -185,8 +189,14 @@ impl Leave {
             members,
             key,
             ttl,
+            created: None,
             turn: Some(turn),
         }
+    }
+
+    /// Our key was made at revision `created`.
+    pub(super) fn made(&mut self, created: i64) {
+        self.created = Some(created);
     }
 
     pub(super) fn keep(mut self) -> Turn {
@@ -196,7 +206,7 @@ impl Leave {
     /// Deletes our key now (a busy or timed-out attempt), then passes the turn on.
     pub(super) async fn now(mut self) -> Result<(), LockError> {
         let turn = self.turn.take();
-        let deleted = contender::delete(&self.members, &self.key, None).await;
+        let deleted = contender::delete(&self.members, &self.key, self.created).await;
         if deleted.is_err() {
             // Not known deleted: leave it to the background, turn and all.
             self.turn = turn;
@@ -211,6 +221,6 @@ impl Drop for Leave {
             return;
         };
         let (members, key) = (self.members.clone(), self.key.clone());
-        delete_in_background(members, key, None, Some(turn), self.ttl);
+        delete_in_background(members, key, self.created, Some(turn), self.ttl);
     }
 }

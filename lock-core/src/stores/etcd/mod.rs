@@ -291,7 +291,7 @@ impl EtcdBackend {
             return Ok(None);
         };
         let queue = layout.blockers;
-        let (lease_id, key, queued, leave) = {
+        let (lease_id, key, queued, mut leave) = {
             let mut turn = turn;
             let mut retried = false;
             loop {
@@ -319,6 +319,10 @@ impl EtcdBackend {
                 }
             }
         };
+        // Known now: a late delete must not take a key made again under the same name.
+        leave.made(match queued {
+            Queued::Owner(rev) | Queued::Behind(rev) => rev,
+        });
         let token = match queued {
             Queued::Owner(rev) => rev,
             Queued::Behind(rev) => {
