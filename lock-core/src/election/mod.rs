@@ -265,6 +265,9 @@ enum AfterCampaign {
 fn after_campaign(e: &LockError) -> AfterCampaign {
     match e {
         LockError::Busy { .. } | LockError::Timeout { .. } => AfterCampaign::Again,
+        // Granted, then lost before its term was read (a pause past the lease): this
+        // candidate never led, so it campaigns again.
+        e if e.is_lost() => AfterCampaign::Again,
         // A store that did not answer in time (or too few Redlock nodes) is a store
         // that cannot be reached now.
         e if e.is_unavailable() || matches!(e, LockError::NoFencingToken { .. }) => {
@@ -305,6 +308,12 @@ mod tests {
             reason: "none",
         };
         assert_eq!(after_campaign(&no_term), AfterCampaign::Pause);
+        for lost in [
+            LockError::Expired { key: key() },
+            LockError::NotOwner { key: key() },
+        ] {
+            assert_eq!(after_campaign(&lost), AfterCampaign::Again, "{lost}");
+        }
         let bad = LockError::InvalidKey("empty".into());
         assert_eq!(after_campaign(&bad), AfterCampaign::Stop);
     }
