@@ -155,10 +155,15 @@ fn not_result(span: Span) -> syn::Error {
     )
 }
 
-/// `Result<..>`, `io::Result<..>`, `anyhow::Result<..>`: any path ending in `Result`.
+/// `Result<..>`, `io::Result<..>`, `anyhow::Result<..>`, an alias such as
+/// `ApiResult<..>`: any path whose last name ends in `Result`.
 fn is_result(ty: &Type) -> bool {
     match ty {
-        Type::Path(p) => p.path.segments.last().is_some_and(|s| s.ident == "Result"),
+        Type::Path(p) => p
+            .path
+            .segments
+            .last()
+            .is_some_and(|s| s.ident.to_string().ends_with("Result")),
         Type::Group(g) => is_result(&g.elem),
         Type::Paren(p) => is_result(&p.elem),
         _ => false,

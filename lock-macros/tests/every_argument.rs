@@ -89,6 +89,14 @@ async fn with_inner_attributes(locks: &MemoryLocks, id: u64) -> Result<u64, Lock
     return Ok(id + 1);
 }
 
+/// A crate's own alias of `Result`.
+type ApiResult<T> = Result<T, AppError>;
+
+#[cache_lock(prefix = "aliased", key = id, client = locks)]
+async fn aliased(locks: &MemoryLocks, id: u64) -> ApiResult<u64> {
+    Ok(id * 2)
+}
+
 // The generated futures stay `Send` (so they run on a multi-threaded runtime and in
 // axum handlers): this fn only has to compile.
 #[allow(dead_code)]
@@ -125,6 +133,7 @@ async fn every_argument_together_runs() {
 
     let locks = MemoryLocks::new();
     assert_eq!(with_inner_attributes(&locks, 1).await.unwrap(), 2);
+    assert_eq!(aliased(&locks, 4).await.unwrap(), 8);
     let (sum, parts) = shown(&locks, 2).await.unwrap();
     assert_eq!((sum.to_string(), parts.len()), ("7".to_owned(), 1));
 
