@@ -272,21 +272,24 @@ async fn a_store_without_values_refuses_a_candidates_value() {
 }
 
 /// The leader's work stops at its first await once the lease has run out: a pause
-/// longer than the lease (a stalled process, here a blocking call) ends with the loss,
-/// never with one more step of the work, whichever of the two `run` would poll first.
+/// longer than the lease (a stalled process: here its Redis stopped, so no renewal is
+/// answered, and its task blocked) ends with the loss, never with one more step of the
+/// work, whichever of the two `run` would poll first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_leaders_work_takes_no_step_after_its_lease() {
-    let server = lock_tests::RedisServer::start();
-    let fixed = lock_core::LockConfig::new().with_lease(lock_core::Lease::Fixed(ms(100)));
-    let c = crate::common::client(&server, fixed).await;
+    let server = Arc::new(lock_tests::RedisServer::start());
+    let short = lock_core::LockConfig::new().with_watchdog_lease(ms(100));
+    let c = crate::common::client(&server, short).await;
     let steps_after = Arc::new(Mutex::new(0));
     for i in 0..30 {
         let election = Election::new(c.clone(), format!("paused-{i}")).rejoin_after_loss(false);
         let outcome = election
             .run(|_term| {
-                let steps_after = steps_after.clone();
+                let (steps_after, server) = (steps_after.clone(), server.clone());
                 async move {
+                    server.pause();
                     std::thread::sleep(ms(150));
+                    server.resume();
                     tokio::task::yield_now().await;
                     *lock(&steps_after) += 1;
                     ControlFlow::Break(())
