@@ -351,36 +351,13 @@ async fn model_no_two_grants_believe_they_hold_one_name() {
     assert_eq!(locks.entries(), 0, "every grant given back");
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_watchdog_hold_left_to_expire_ends_after_the_watchdog_lease() {
+/// Takes "x" with `options` under a 30 s watchdog lease, holds it `held`, and lets it
+/// expire: kept until the watchdog lease ends from then, not released, not longer.
+async fn left_to_expire_ends_after_the_watchdog_lease(options: LockOptions, held: Duration) {
     let lease = Duration::from_secs(30);
     let locks = MemoryLocks::with_config(LockConfig::new().with_watchdog_lease(lease)).unwrap();
-    let g = locks.lock("x").await.unwrap();
-    let start = Instant::now();
-    g.hold_until_expiry();
-    // Kept until its lease ends, not released, not forever.
-    assert!(locks.try_lock("x").await.unwrap_err().is_busy());
-    let waiter = locks
-        .acquire("x", LockOptions::new().wait(Duration::from_secs(60)))
-        .await
-        .unwrap();
-    assert_eq!(start.elapsed(), lease);
-    waiter.release().await.unwrap();
-    assert_eq!(locks.entries(), 0);
-}
-
-/// The same with a max-hold: the cap bounds how long the watchdog would keep it, not
-/// how long a lock left to expire stays taken.
-#[tokio::test(start_paused = true)]
-async fn a_capped_watchdog_hold_left_to_expire_ends_after_the_watchdog_lease() {
-    let lease = Duration::from_secs(30);
-    let locks = MemoryLocks::with_config(LockConfig::new().with_watchdog_lease(lease)).unwrap();
-    let cap = Duration::from_secs(3_600);
-    let g = locks
-        .acquire("x", LockOptions::new().max_hold(cap))
-        .await
-        .unwrap();
-    tokio::time::advance(Duration::from_secs(5)).await;
+    let g = locks.acquire("x", options).await.unwrap();
+    tokio::time::advance(held).await;
     let start = Instant::now();
     g.hold_until_expiry();
     assert!(locks.try_lock("x").await.unwrap_err().is_busy());
@@ -391,6 +368,19 @@ async fn a_capped_watchdog_hold_left_to_expire_ends_after_the_watchdog_lease() {
     assert_eq!(start.elapsed(), lease);
     waiter.release().await.unwrap();
     assert_eq!(locks.entries(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_watchdog_hold_left_to_expire_ends_after_the_watchdog_lease() {
+    left_to_expire_ends_after_the_watchdog_lease(LockOptions::new(), Duration::ZERO).await;
+}
+
+/// The same with a max-hold: the cap bounds how long the watchdog would keep it, not
+/// how long a lock left to expire stays taken.
+#[tokio::test(start_paused = true)]
+async fn a_capped_watchdog_hold_left_to_expire_ends_after_the_watchdog_lease() {
+    let capped = LockOptions::new().max_hold(Duration::from_secs(3_600));
+    left_to_expire_ends_after_the_watchdog_lease(capped, Duration::from_secs(5)).await;
 }
 
 /// A watched hold that re-enters a fixed-lease grant keeps it, as the watchdog does on

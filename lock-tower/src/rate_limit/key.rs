@@ -162,16 +162,16 @@ impl IpNet {
         }
         // A peer's IPv4-mapped address counts as IPv4 (`contains`), so a mapped network
         // is the IPv4 network it maps.
-        Some(match addr {
-            IpAddr::V6(v6) if prefix >= 96 => match v6.to_ipv4_mapped() {
-                Some(v4) => Self {
-                    addr: IpAddr::V4(v4),
-                    prefix: prefix - 96,
-                },
-                None => Self { addr, prefix },
-            },
-            _ => Self { addr, prefix },
-        })
+        if let IpAddr::V6(v6) = addr
+            && prefix >= 96
+            && let Some(v4) = v6.to_ipv4_mapped()
+        {
+            return Some(Self {
+                addr: IpAddr::V4(v4),
+                prefix: prefix - 96,
+            });
+        }
+        Some(Self { addr, prefix })
     }
 
     /// Whether `ip` is inside this network.

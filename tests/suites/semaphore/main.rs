@@ -9,9 +9,10 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{client, eventually, script_sha, subscribers};
-use lock_core::{Backoff, LockClient, LockConfig, Semaphore, SemaphoreOptions};
-use lock_tests::RedisServer;
+use common::{client, eventually, script_sha, seen_until_now, subscribers};
+use lock_core::{Backoff, LockClient, LockConfig, LockError, Permits, Semaphore, SemaphoreOptions};
+use lock_tests::{Monitor, RedisServer};
+use tokio::task::JoinHandle;
 
 const LIMIT: u32 = 5;
 const TASKS: usize = 20;
@@ -35,6 +36,28 @@ fn waiting(wait_s: u64) -> SemaphoreOptions {
     SemaphoreOptions::new()
         .lease(Duration::from_secs(120))
         .wait(Duration::from_secs(wait_s))
+}
+
+/// Starts a waiter for `n` permits of `sem`, and returns once it sleeps: `monitor`,
+/// first moved past every command sent before, has seen its first attempt and its
+/// retry after subscribing.
+async fn asleep(
+    server: &RedisServer,
+    monitor: &mut Monitor,
+    sem: &Semaphore,
+    n: u32,
+) -> JoinHandle<Result<Permits, LockError>> {
+    seen_until_now(server, monitor).await;
+    let waiter = {
+        let s = sem.clone();
+        tokio::spawn(async move { s.acquire(n, waiting(120)).await })
+    };
+    let acquire_sha = script_sha("semaphore_acquire.lua");
+    monitor
+        .wait_for_times(&acquire_sha, 2, Duration::from_secs(5))
+        .await
+        .expect("the waiter's attempt, and its retry");
+    waiter
 }
 
 async fn available(sem: &Semaphore) -> u32 {
@@ -189,21 +212,12 @@ async fn releases_wake_waiters_in_other_clients_and_locally() {
     let b = slow_client(&server).await;
     let sem_a = a.semaphore("dock", 1).unwrap();
     let sem_b = b.semaphore("dock", 1).unwrap();
-    let acquire_sha = script_sha("semaphore_acquire.lua");
     // Also loads the script, so each attempt below is one EVALSHA.
     let held_by_a = sem_a.try_acquire(1).await.unwrap();
 
     // Another client releases: pub/sub wakes the waiter.
     let mut monitor = server.monitor().await;
-    let waiter = {
-        let s = sem_b.clone();
-        tokio::spawn(async move { s.acquire(1, waiting(120)).await })
-    };
-    // The first attempt, then the retry after subscribing: now it sleeps.
-    monitor
-        .wait_for_times(&acquire_sha, 2, Duration::from_secs(5))
-        .await
-        .expect("the waiter's attempt");
+    let waiter = asleep(&server, &mut monitor, &sem_b, 1).await;
     assert_eq!(held_by_a.release().await.unwrap(), 1);
     eventually(
         Duration::from_secs(3),
@@ -213,26 +227,8 @@ async fn releases_wake_waiters_in_other_clients_and_locally() {
     .await;
     let held_by_b = waiter.await.unwrap().unwrap();
 
-    // The same client releases: the local wake-up. First skip the monitor past the
-    // first waiter's commands (the server reports commands in order).
-    let mut raw = server.connection().await;
-    let _: String = redis::cmd("ECHO")
-        .arg("phase-2")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
-    monitor
-        .wait_for("\"ECHO\" \"phase-2\"", Duration::from_secs(5))
-        .await
-        .expect("the marker");
-    let waiter = {
-        let s = sem_b.clone();
-        tokio::spawn(async move { s.acquire(1, waiting(120)).await })
-    };
-    monitor
-        .wait_for_times(&acquire_sha, 2, Duration::from_secs(5))
-        .await
-        .expect("the second waiter's attempt");
+    // The same client releases: the local wake-up.
+    let waiter = asleep(&server, &mut monitor, &sem_b, 1).await;
     assert_eq!(held_by_b.release().await.unwrap(), 1);
     eventually(
         Duration::from_secs(3),
@@ -295,37 +291,12 @@ async fn a_waiter_that_needs_more_passes_a_release_on_to_one_that_fits() {
     let others = slow_client(&server).await;
     let sem = holder.semaphore("mixed", 2).unwrap();
     let theirs = others.semaphore("mixed", 2).unwrap();
-    let acquire_sha = script_sha("semaphore_acquire.lua");
     let one = sem.try_acquire(1).await.unwrap();
     let _other = sem.try_acquire(1).await.unwrap();
     let mut monitor = server.monitor().await;
     // The bigger waiter first: the oldest asleep, it is the one a release wakes.
-    let big = {
-        let s = theirs.clone();
-        tokio::spawn(async move { s.acquire(2, waiting(120)).await })
-    };
-    monitor
-        .wait_for_times(&acquire_sha, 2, Duration::from_secs(5))
-        .await
-        .expect("the big waiter's attempts");
-    let mut raw = server.connection().await;
-    let _: String = redis::cmd("ECHO")
-        .arg("small")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
-    monitor
-        .wait_for("\"ECHO\" \"small\"", Duration::from_secs(5))
-        .await
-        .expect("the marker");
-    let small = {
-        let s = theirs.clone();
-        tokio::spawn(async move { s.acquire(1, waiting(120)).await })
-    };
-    monitor
-        .wait_for_times(&acquire_sha, 2, Duration::from_secs(5))
-        .await
-        .expect("the small waiter's attempts");
+    let big = asleep(&server, &mut monitor, &theirs, 2).await;
+    let small = asleep(&server, &mut monitor, &theirs, 1).await;
     assert_eq!(one.release().await.unwrap(), 1);
     eventually(
         Duration::from_secs(3),

@@ -302,10 +302,7 @@ impl Seam for MemoryBackend {
             && e.watched
         {
             let lease = now.checked_add(self.config.watchdog_lease());
-            e.until = match (e.until, lease) {
-                (Some(cap), Some(lease)) => Some(cap.min(lease)),
-                (cap, lease) => cap.or(lease),
-            };
+            e.until = e.until.into_iter().chain(lease).min();
             e.watched = false;
         }
     }

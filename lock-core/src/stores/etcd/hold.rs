@@ -51,7 +51,7 @@ impl EtcdHold {
     ) -> Result<Result<(), Loss>, LockError> {
         self.given_back.store(true, Ordering::Release);
         let deleted = contender::delete(members, &self.key, Some(self.token)).await;
-        let turn = self.turn.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let turn = self.take_turn();
         match deleted {
             Ok(deleted) => {
                 drop(turn);
@@ -63,6 +63,11 @@ impl EtcdHold {
                 Err(e)
             }
         }
+    }
+
+    /// This client's turn on the name, to pass on (dropped) once the key is gone.
+    fn take_turn(&self) -> Option<Turn> {
+        self.turn.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     fn given_back(&self) -> bool {
@@ -113,7 +118,7 @@ pub(super) fn deletion(
                 // The key is gone, so another scope of this client may make it anew:
                 // the lost guard's own give-back deletes only its revision.
                 if let Some(hold) = hold.upgrade() {
-                    drop(hold.turn.lock().unwrap_or_else(|p| p.into_inner()).take());
+                    drop(hold.take_turn());
                 }
                 return loss;
             }

@@ -35,13 +35,8 @@ fn value(buf: &[u8], at: &mut usize, depth: usize) -> Result<Option<Value>, Redi
         // Redis cuts what it echoes of a command (an unknown command's arguments, say)
         // at 128 bytes, which can split a character: still this call's answer.
         b'+' => Value::SimpleString(String::from_utf8_lossy(rest).into_owned()),
-        b'-' => {
-            let reply = &buf[start..*at];
-            match std::str::from_utf8(reply) {
-                Ok(_) => redis::parse_redis_value(reply)?,
-                Err(_) => redis::parse_redis_value(String::from_utf8_lossy(reply).as_bytes())?,
-            }
-        }
+        // Borrowed as is when it is UTF-8 (almost always): no copy.
+        b'-' => redis::parse_redis_value(String::from_utf8_lossy(&buf[start..*at]).as_bytes())?,
         b':' => Value::Int(int(rest)?),
         b'$' => match length(rest)? {
             None => Value::Nil,
