@@ -272,9 +272,15 @@ const RESERVED: [u8; 3] = *b"%{}";
 fn needs_escaping(delimiter: &str, part: &[u8]) -> bool {
     let reserved = |b: u8| reserved(char::from(b));
     match delimiter.as_bytes() {
-        // The usual one-character delimiter, on every part of every name: each chunk is
-        // tested without a branch per byte, which the compiler turns into vector
-        // compares (a hex digest or a path costs a few steps, not one per byte).
+        // The usual one-character delimiter, on every part of every name. A short part
+        // (a word, an id) is a few compares per byte, unrolled (`contains` on bytes
+        // would call `memchr` for each), stopping at the first found.
+        &[d] if d.is_ascii() && part.len() < 16 => part
+            .iter()
+            .any(|&b| b == d || RESERVED.iter().any(|&r| r == b)),
+        // A longer one, each chunk tested without a branch per byte, which the compiler
+        // turns into vector compares (a hex digest or a path costs a few steps, not one
+        // per byte).
         &[d] if d.is_ascii() => part.chunks(32).any(|chunk| {
             chunk.iter().fold(false, |found, &b| {
                 RESERVED.iter().fold(found | (b == d), |f, &r| f | (b == r))
