@@ -36,6 +36,9 @@ pub(super) enum Reply {
     Many(Vec<Value>),
 }
 
+/// A caller whose replies are all in, to hand them to outside the outbox's lock.
+type Done = (Option<Waiting>, Reply);
+
 /// A caller waiting for `want` replies (more than one: a pipeline's, gathered in `got`).
 struct Waiting {
     want: usize,
@@ -150,13 +153,14 @@ impl Link {
         }
     }
 
-    /// Hands `replies`, in order, to the callers waiting for them.
-    fn deliver(&self, replies: &mut Vec<Value>) -> Result<(), RedisError> {
-        let mut done = Vec::new();
+    /// Hands `replies`, in order, to the callers waiting for them; `done` is the
+    /// reader's scratch space, kept so a delivery allocates nothing.
+    fn deliver(&self, replies: &mut Vec<Value>, done: &mut Vec<Done>) -> Result<(), RedisError> {
         {
             let mut out = self.outbox();
             for v in replies.drain(..) {
                 let Some(w) = out.waiting.front_mut() else {
+                    done.clear();
                     return Err(dropped("Redis sent a reply no command asked for"));
                 };
                 if w.want == 1 {
@@ -174,7 +178,7 @@ impl Link {
                 }
             }
         }
-        for (w, reply) in done {
+        for (w, reply) in done.drain(..) {
             if let Some(w) = w {
                 // A caller that stopped waiting (a timeout) leaves its reply unread.
                 let _ = w.tx.send(Ok(reply));
@@ -206,7 +210,7 @@ impl Drop for EndOnDrop {
 async fn read(link: EndOnDrop, mut reader: impl AsyncRead + Unpin, rest: Vec<u8>) {
     let mut buf = rest;
     buf.reserve(16 * 1024);
-    let mut parsed = Vec::new();
+    let (mut parsed, mut done) = (Vec::new(), Vec::new());
     let mut start = 0;
     loop {
         loop {
@@ -220,7 +224,7 @@ async fn read(link: EndOnDrop, mut reader: impl AsyncRead + Unpin, rest: Vec<u8>
             }
         }
         if !parsed.is_empty()
-            && let Err(e) = link.0.deliver(&mut parsed)
+            && let Err(e) = link.0.deliver(&mut parsed, &mut done)
         {
             return link.0.end(e);
         }
