@@ -83,7 +83,7 @@ async fn tokens_taken_on_demand_grow_across_holders_and_are_kept() {
 /// A grant whose lease ran out, another holder having taken over, gets no token:
 /// `fence()` fails with the loss and fires `lost()`, also when the grant took its token
 /// with it (`fenced`) and the token it cached would be at hand.
-async fn a_lost_grant_gets_no_token(fenced: bool) {
+async fn a_lost_grant_gets_no_token(fenced: bool, write: bool) {
     let server = RedisServer::start();
     let (a, b) = (
         client(&server, LockConfig::new()).await,
@@ -93,8 +93,12 @@ async fn a_lost_grant_gets_no_token(fenced: bool) {
     if fenced {
         short = short.fenced();
     }
+    if write {
+        short = short.write();
+    }
     let stale = a.acquire("job", short.clone()).await.unwrap();
-    assert_eq!(stale.fencing_token().is_some(), fenced);
+    // A write hold's token comes with its grant.
+    assert_eq!(stale.fencing_token().is_some(), fenced || write);
     let next = b
         .acquire("job", short.wait(Duration::from_secs(2)))
         .await
@@ -110,12 +114,18 @@ async fn a_lost_grant_gets_no_token(fenced: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_grant_gets_no_token_on_demand() {
-    a_lost_grant_gets_no_token(false).await;
+    a_lost_grant_gets_no_token(false, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_fenced_grant_hands_out_no_cached_token() {
-    a_lost_grant_gets_no_token(true).await;
+    a_lost_grant_gets_no_token(true, false).await;
+}
+
+/// A write hold's key is the read-write lock's hash, which the next writer holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_write_hold_hands_out_no_cached_token() {
+    a_lost_grant_gets_no_token(false, true).await;
 }
 
 /// Keys in the server's database.

@@ -21,7 +21,7 @@ use crate::client::Client;
 use crate::client::cleanup::{self, OnDrop};
 use crate::client::config::{LockConfig, proven};
 use crate::client::store::batch::{Entry, Turn as LaneTurn};
-use crate::client::store::key::{LockKeys, QUEUE, WAITERS};
+use crate::client::store::key::{LockKeys, LockMode, QUEUE, WAITERS};
 use crate::client::store::scripts::{
     ACQUIRE, AcquireReply, Code, FENCE, FenceReply, GrantReply, Lua, RELEASE, RENEW, codes,
 };
@@ -311,6 +311,9 @@ impl RedisBackend {
         let reply = conn
             .eval(&FENCE, conn.timeout(), |c| {
                 c.arg(2).arg(&keys.key).arg(keys.fence()).arg(value);
+                if keys.mode == LockMode::Write {
+                    c.arg("w");
+                }
             })
             .await?;
         FenceReply::decode(reply)
@@ -441,7 +444,8 @@ impl Seam for RedisBackend {
         grant: &Arc<str>,
         seq: u64,
     ) -> Result<Held<FencingToken>, LockError> {
-        // Only a plain lock comes here: a writer's token comes with its grant.
+        // A plain lock's token on demand, or a write hold's (which came with its
+        // grant) once its lease is no longer known to hold: the script checks the hold.
         Ok(fenced(
             self.fence_value(keys, grant).await?,
             &self.client,
