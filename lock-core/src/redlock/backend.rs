@@ -505,11 +505,20 @@ impl Seam for RedlockBackend {
         seq: u64,
     ) -> Result<Held<FencingToken>, LockError> {
         // The designated node's counter: the first node.
-        match grant.nodes.first().and_then(Option::as_ref) {
-            Some(c) => self.nodes[0].fence(&c.keys, &c.value, seq).await,
-            None => Err(LockError::NoFencingToken {
+        let Some(c) = grant.nodes.first().and_then(Option::as_ref) else {
+            return Err(LockError::NoFencingToken {
                 key: keys.name().to_owned(),
                 reason: "the first node, whose counter gives a Redlock's tokens, did not grant it",
+            });
+        };
+        match self.nodes[0].fence(&c.keys, &c.value, seq).await? {
+            Ok(token) => Ok(Ok(token)),
+            // One copy gone is not the lock lost (that takes more than N - quorum), but
+            // that node's counter no longer orders this grant.
+            Err(_) => Err(LockError::NoFencingToken {
+                key: keys.name().to_owned(),
+                reason: "the first node, whose counter gives a Redlock's tokens, no longer \
+                         holds its copy of the grant",
             }),
         }
     }

@@ -513,3 +513,33 @@ async fn each_node_writes_its_copy_under_its_own_namespace() {
     }
     b.try_lock("job").await.unwrap().release().await.unwrap();
 }
+
+/// The first node's copy gone (deleted, or the node restarted without persistence)
+/// while the others hold: no token orders this grant any more, but the lock itself
+/// stands on the other copies, so it is neither lost nor released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_after_the_first_nodes_copy_went_is_refused_and_the_lock_stands() {
+    let nodes = masters(3);
+    let redlock = redlock(&nodes, 200).await;
+    let opts = LockOptions::new()
+        .wait(Duration::ZERO)
+        .lease(Lease::Fixed(Duration::from_secs(30)));
+    let guard = redlock.acquire("fenced", opts).await.unwrap();
+    let first = &redlock.keys("fenced").unwrap()[0].key;
+    let mut conn = nodes[0].connection().await;
+    let _: i64 = conn.del(first).await.unwrap();
+    let err = guard.fence().await.expect_err("the first node has no copy");
+    assert!(
+        matches!(err, lock_core::LockError::NoFencingToken { .. }),
+        "{err}"
+    );
+    assert!(guard.is_held(), "the other copies hold the lock");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), guard.lost())
+            .await
+            .is_err(),
+        "lost() fired though two of three copies hold"
+    );
+    assert!(redlock.try_lock("fenced").await.unwrap_err().is_busy());
+    assert_eq!(guard.release().await.unwrap(), Released::Unlocked);
+}
