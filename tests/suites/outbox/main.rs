@@ -1,7 +1,8 @@
 //! A client's memory while Redis reads nothing: a connection whose write has stalled
-//! for twice the command timeout ends, and what waited to be sent goes with it. A
-//! binary of its own: it counts the process's live heap, which tests running beside it
-//! would disturb.
+//! for twice the command timeout ends, and what waited to be sent goes with it; and
+//! after a large reply, which the connection does not keep room for. A binary of its
+//! own: it counts the process's live heap, which tests running beside it would
+//! disturb (its own take turns).
 
 // The counting allocator below is the one use of `unsafe` here: a `GlobalAlloc`
 // forwarding to the system allocator.
@@ -49,6 +50,9 @@ static ALLOCATOR: Counting = Counting;
 
 const MIB: usize = 1024 * 1024;
 
+/// Held by each test for its whole run: the heap counted is the process's.
+static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn live_mib() -> f64 {
     LIVE.load(Ordering::Relaxed) as f64 / MIB as f64
 }
@@ -58,6 +62,7 @@ fn live_mib() -> f64 {
 /// buffers take some), not all 32 until the server reads again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_server_leaves_no_unsent_calls_in_memory() {
+    let _alone = ALONE.lock().await;
     const CALLS: usize = 32;
     let server = RedisServer::start();
     let config = LockConfig::new().with_command_timeout(Duration::from_millis(300));
@@ -116,4 +121,54 @@ async fn a_paused_server_leaves_no_unsent_calls_in_memory() {
             Err(e) => panic!("the client did not recover: {e}"),
         }
     }
+}
+
+/// A 16 MiB record read back: once the reply is handed out, the connection keeps no
+/// buffer of its size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_reply_read_leaves_no_large_buffer() {
+    let _alone = ALONE.lock().await;
+    let server = RedisServer::start();
+    let client = LockClient::open(server.url()).await.unwrap();
+    let store = client.idempotency_store("large");
+    let Begin::New(claim) = store
+        .begin("k", "fp", Duration::from_secs(60))
+        .await
+        .unwrap()
+    else {
+        panic!("a fresh key was not claimed");
+    };
+    claim
+        .complete(&vec![b'x'; 16 * MIB], Duration::from_secs(60))
+        .await
+        .unwrap();
+    // Warm: the connection and its buffers at their usual size.
+    client
+        .try_lock("warm")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let before = live_mib();
+    match store
+        .begin("k", "fp", Duration::from_secs(60))
+        .await
+        .unwrap()
+    {
+        Begin::Completed(record) => assert_eq!(record.len(), 16 * MIB),
+        other => panic!("the completed key was not replayed: {other:?}"),
+    }
+    client
+        .try_lock("after")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let held = live_mib();
+    assert!(
+        held <= before + 2.0,
+        "{held:.1} MiB live after the record was dropped, {before:.1} before reading it"
+    );
 }

@@ -229,7 +229,12 @@ async fn read(link: EndOnDrop, mut reader: impl AsyncRead + Unpin, rest: Vec<u8>
             return link.0.end(e);
         }
         if start == buf.len() {
-            buf.clear();
+            // A large reply's room is not kept once it is handed out.
+            if buf.capacity() > KEPT_CAPACITY {
+                buf = Vec::new();
+            } else {
+                buf.clear();
+            }
             start = 0;
         } else if start > 0 && buf.capacity() - buf.len() < 4096 {
             buf.drain(..start);
@@ -246,7 +251,7 @@ async fn read(link: EndOnDrop, mut reader: impl AsyncRead + Unpin, rest: Vec<u8>
     }
 }
 
-/// A buffer of the writer's grown past this (a burst) is not kept for the next write.
+/// A buffer grown past this (a burst of commands, a large reply) is not kept.
 const KEPT_CAPACITY: usize = 256 * 1024;
 
 /// The writer: sends what the outbox holds, all of it in one write when it can; ends
