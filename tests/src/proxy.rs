@@ -95,6 +95,8 @@ struct Shared {
 struct State {
     /// Whether forwarding is stopped ([`TcpProxy::cut`]).
     cut: bool,
+    /// Connections numbered below this hold their bytes ([`TcpProxy::strand`]).
+    stranded_before: u64,
     /// Set once by `Drop`: every thread winds down.
     shutdown: bool,
     /// Socket operations (writes, shutdowns) forwarding data right now;
@@ -181,11 +183,27 @@ impl TcpProxy {
         }
     }
 
-    /// Resumes forwarding: the bytes held since [`cut`](Self::cut) are
-    /// delivered in order, connections accepted meanwhile are connected to
-    /// the target. Healing a proxy that is not cut does nothing.
+    /// Stops forwarding on the connections open now only, as [`cut`](Self::cut)
+    /// does, while connections made later are forwarded: a path that went silent
+    /// for the sockets it carried (a stale NAT or conntrack entry, a failed-over
+    /// address) while a new connection gets through.
+    pub fn strand(&self) {
+        let mut state = self.shared.lock();
+        state.stranded_before = state.next_id;
+        while state.writing > 0 && !state.shutdown {
+            state = self.shared.wait(state);
+        }
+    }
+
+    /// Resumes forwarding: the bytes held since [`cut`](Self::cut) or
+    /// [`strand`](Self::strand) are delivered in order, connections accepted
+    /// meanwhile are connected to the target. Healing a proxy that is not cut
+    /// does nothing.
     pub fn heal(&self) {
-        self.shared.lock().cut = false;
+        let mut state = self.shared.lock();
+        state.cut = false;
+        state.stranded_before = 0;
+        drop(state);
         self.shared.changed.notify_all();
     }
 
@@ -236,6 +254,13 @@ impl Drop for TcpProxy {
     }
 }
 
+impl State {
+    /// Whether connection `id` holds its bytes now.
+    fn holds(&self, id: u64) -> bool {
+        self.cut || id < self.stranded_before
+    }
+}
+
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panicking proxy thread must not wedge the test that owns it.
@@ -246,22 +271,23 @@ impl Shared {
         self.changed.wait(guard).unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Blocks while the proxy is cut. `false` once it is shutting down.
-    fn await_healed(&self) -> bool {
+    /// Blocks while connection `id` is cut off. `false` once the proxy is
+    /// shutting down.
+    fn await_healed(&self, id: u64) -> bool {
         let mut state = self.lock();
-        while state.cut && !state.shutdown {
+        while state.holds(id) && !state.shutdown {
             state = self.wait(state);
         }
         !state.shutdown
     }
 
-    /// Runs `op` (one socket operation that forwards something) as soon as
-    /// the proxy is not cut, such that [`TcpProxy::cut`] waits for it.
-    /// `None` if the proxy is shutting down.
-    fn forward<T>(&self, op: impl FnOnce() -> T) -> Option<T> {
+    /// Runs `op` (one socket operation that forwards something on connection
+    /// `id`) as soon as that connection is not cut off, such that
+    /// [`TcpProxy::cut`] waits for it. `None` if the proxy is shutting down.
+    fn forward<T>(&self, id: u64, op: impl FnOnce() -> T) -> Option<T> {
         {
             let mut state = self.lock();
-            while state.cut && !state.shutdown {
+            while state.holds(id) && !state.shutdown {
                 state = self.wait(state);
             }
             if state.shutdown {

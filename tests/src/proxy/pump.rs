@@ -11,7 +11,7 @@ use super::{BUFFER_SIZE, CONNECT_TIMEOUT, Shared, WRITE_SLICE};
 /// Forwards one client connection until both directions are closed.
 pub(super) fn serve(client: TcpStream, port: u16, target_port: u16, shared: &Arc<Shared>, id: u64) {
     // A partitioned client does not reach the server, not even to connect.
-    if !shared.await_healed() {
+    if !shared.await_healed(id) {
         return;
     }
     let target = SocketAddr::from((Ipv4Addr::LOCALHOST, target_port));
@@ -77,14 +77,14 @@ fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, pipe: Pipe) {
         }
         let len = match read {
             Ok(0) => {
-                let _ = shared.forward(|| to.shutdown(Shutdown::Write));
+                let _ = shared.forward(id, || to.shutdown(Shutdown::Write));
                 return;
             }
             Ok(len) => len,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(_) => {
                 // Reset (or closed by `Drop`): close the other side too.
-                let _ = shared.forward(|| to.shutdown(Shutdown::Both));
+                let _ = shared.forward(id, || to.shutdown(Shutdown::Both));
                 return;
             }
         };
@@ -102,13 +102,13 @@ fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, pipe: Pipe) {
         }
         let mut sent = 0;
         while sent < len {
-            let Some(result) = shared.forward(|| to.write(&buffer[sent..len])) else {
+            let Some(result) = shared.forward(id, || to.write(&buffer[sent..len])) else {
                 return; // Shutting down.
             };
             match result {
                 Ok(0) | Err(_) if shared.fault_ended(id) => return,
                 Ok(0) => {
-                    let _ = shared.forward(|| from.shutdown(Shutdown::Both));
+                    let _ = shared.forward(id, || from.shutdown(Shutdown::Both));
                     return;
                 }
                 Ok(written) => sent += written,
@@ -116,7 +116,7 @@ fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, pipe: Pipe) {
                 Err(e) if write_again(&e) => {}
                 Err(_) => {
                     // `to` is gone: close its counterpart as well.
-                    let _ = shared.forward(|| from.shutdown(Shutdown::Both));
+                    let _ = shared.forward(id, || from.shutdown(Shutdown::Both));
                     return;
                 }
             }

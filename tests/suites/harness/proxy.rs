@@ -1,5 +1,6 @@
 //! Self-test of [`TcpProxy`]: it forwards faithfully, `cut` partitions
-//! silently (requests hang, connections stay open, bytes are held),
+//! silently (requests hang, connections stay open, bytes are held), `strand`
+//! does so for the connections open then only,
 //! `heal` delivers what was held, dropping it closes everything, and a
 //! single reply can be lost (reset), held until released, or followed by a partition.
 
@@ -208,6 +209,43 @@ async fn connections_made_while_cut_reach_the_server_after_heal() {
     proxy.heal();
     let pong = timeout(PROMPTLY, late).await.unwrap().unwrap();
     assert_eq!(pong, "PONG");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strand_holds_the_open_connections_and_lets_new_ones_through() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port());
+    let mut old = connect(&proxy).await;
+    assert_eq!(ping(&mut old).await.unwrap(), "PONG");
+
+    proxy.strand();
+    let mut writer = old.clone();
+    let held_set = tokio::spawn(async move { writer.set::<_, _, ()>("k", "v").await });
+    let mut new = connect(&proxy).await;
+    assert_eq!(
+        ping(&mut new).await.unwrap(),
+        "PONG",
+        "a new connection gets through"
+    );
+    tokio::time::sleep(HANG).await;
+    assert!(
+        !held_set.is_finished(),
+        "SET answered on a stranded connection"
+    );
+    let exists: bool = new.exists("k").await.unwrap();
+    assert!(
+        !exists,
+        "a SET sent on a stranded connection reached the server"
+    );
+
+    proxy.heal();
+    timeout(PROMPTLY, held_set)
+        .await
+        .expect("the held SET is answered after heal")
+        .unwrap()
+        .expect("the held SET succeeds: its connection was never closed");
+    let value: String = new.get("k").await.unwrap();
+    assert_eq!(value, "v");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

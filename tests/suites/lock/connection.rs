@@ -209,3 +209,42 @@ async fn a_unix_socket_url_connects() {
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The path to Redis goes silent for the connection in use while a new connection gets
+/// through (a stale NAT entry, an address failed over): once no reply has come for twice
+/// the command timeout while replies were owed, the connection is dropped and the next
+/// call opens a new one, instead of timing out until TCP gives up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_gone_silent_is_replaced() {
+    let server = RedisServer::start();
+    let proxy = lock_tests::TcpProxy::start(server.port());
+    let config = LockConfig::new().with_command_timeout(Duration::from_millis(200));
+    let client = LockClient::open_with_config(proxy.url(), config)
+        .await
+        .unwrap();
+    client
+        .try_lock("before")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    proxy.strand();
+    let started = std::time::Instant::now();
+    let mut timeouts = 0;
+    let guard = loop {
+        match client.try_lock("after").await {
+            Ok(guard) => break guard,
+            Err(e) => {
+                assert!(e.is_unavailable(), "{e}");
+                timeouts += 1;
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "still failing after {timeouts} calls: {e}"
+                );
+            }
+        }
+    };
+    assert!(timeouts >= 1, "the stranded connection answered");
+    guard.release().await.unwrap();
+}

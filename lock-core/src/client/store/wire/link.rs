@@ -12,14 +12,19 @@
 //! A peer that stops reading (a paused server, a silent network) would leave every
 //! later call's bytes in the outbox until TCP gave up, which it may never do: a write
 //! that has not finished within the link's stall limit ends the link instead, so its
-//! buffers go with it.
+//! buffers go with it. A path that goes silent while a link's few bytes still fit in
+//! the sockets' buffers would leave every call timing out until TCP gave up (minutes),
+//! even where a new connection gets through: a link that read nothing for its stall
+//! limit while replies were owed (told by its callers giving up, [`Link::gave_up`])
+//! ends too, and the next call opens a new one.
 
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::{RedisError, Value};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -54,6 +59,9 @@ struct Outbox {
     waiting: VecDeque<Waiting>,
     /// Why the link ended; it fails every later send.
     ended: Option<RedisError>,
+    /// A caller gave up waiting with nothing read since it wrote: the count of reads
+    /// then, and when.
+    quiet: Option<(u64, Instant)>,
 }
 
 pub(super) struct Link {
@@ -61,11 +69,16 @@ pub(super) struct Link {
     /// Wakes the writer: there are bytes to send, or the link ended.
     to_write: Notify,
     tasks: Mutex<Vec<AbortHandle>>,
+    /// Reads that brought bytes, so far.
+    reads: AtomicU64,
+    /// How long one write may take, and how long replies may be owed with nothing read.
+    stall: Duration,
 }
 
 impl Link {
     /// A link over `reader` and `writer`, its tasks spawned on the current runtime;
-    /// `stall`: how long one write may take before the link ends.
+    /// `stall`: how long one write may take, or replies be owed with nothing read,
+    /// before the link ends.
     pub(super) fn start<R, W>(reader: R, writer: W, rest: Vec<u8>, stall: Duration) -> Arc<Self>
     where
         R: AsyncRead + Unpin + Send + 'static,
@@ -75,6 +88,8 @@ impl Link {
             outbox: Mutex::default(),
             to_write: Notify::new(),
             tasks: Mutex::default(),
+            reads: AtomicU64::new(0),
+            stall,
         });
         // Each task owns its `EndOnDrop` from the start: a task dropped before its first
         // poll (its runtime ended at once) still ends the link.
@@ -96,19 +111,22 @@ impl Link {
     }
 
     /// Writes a command (or `want` of them) with `write` into the outbox: the receiver
-    /// of its reply, or the error the link ended with.
+    /// of its reply and the count of reads so far (for [`gave_up`](Self::gave_up)), or
+    /// the error the link ended with.
     pub(super) fn send(
         &self,
         want: usize,
         write: impl FnOnce(&mut Vec<u8>),
-    ) -> Result<oneshot::Receiver<Answer>, RedisError> {
+    ) -> Result<(oneshot::Receiver<Answer>, u64), RedisError> {
         let (tx, rx) = oneshot::channel();
+        let reads;
         let wake = {
             let mut out = self.outbox();
             if let Some(e) = &out.ended {
                 return Err(e.clone());
             }
             let idle = out.bytes.is_empty();
+            reads = self.reads.load(Ordering::Acquire);
             write(&mut out.bytes);
             out.waiting.push_back(Waiting {
                 want,
@@ -120,7 +138,34 @@ impl Link {
         if wake {
             self.to_write.notify_one();
         }
-        Ok(rx)
+        Ok((rx, reads))
+    }
+
+    /// A caller stopped waiting for the reply to what it sent when `reads` reads had
+    /// been made (its time was up, or it was cancelled). Nothing read since, and
+    /// nothing since another caller gave up at least the stall limit ago: replies were
+    /// owed all that time and none came, so the link ends.
+    pub(super) fn gave_up(&self, reads: u64) {
+        if self.reads.load(Ordering::Acquire) != reads {
+            return;
+        }
+        let silent = {
+            let mut out = self.outbox();
+            match out.quiet {
+                Some((at, since)) if at == reads => since.elapsed() >= self.stall,
+                _ => {
+                    out.quiet = Some((reads, Instant::now()));
+                    false
+                }
+            }
+        };
+        if silent {
+            self.end(dropped(format!(
+                "Redis answered nothing for {:?} while replies were owed (a silent network \
+                 or a stuck server): the connection is dropped",
+                self.stall
+            )));
+        }
     }
 
     /// Ends the link with `e` (the first reason stays): every caller waiting gets it.
@@ -156,12 +201,13 @@ impl Link {
     /// Hands `replies`, in order, to the callers waiting for them; `done` is the
     /// reader's scratch space, kept so a delivery allocates nothing.
     fn deliver(&self, replies: &mut Vec<Value>, done: &mut Vec<Done>) -> Result<(), RedisError> {
-        {
+        let unasked = {
             let mut out = self.outbox();
+            let mut unasked = false;
             for v in replies.drain(..) {
                 let Some(w) = out.waiting.front_mut() else {
-                    done.clear();
-                    return Err(dropped("Redis sent a reply no command asked for"));
+                    unasked = true;
+                    break;
                 };
                 if w.want == 1 {
                     done.push((out.waiting.pop_front(), Reply::One(v)));
@@ -177,6 +223,12 @@ impl Link {
                     done.push((w, Reply::Many(got.unwrap_or_default())));
                 }
             }
+            unasked
+        };
+        if unasked {
+            // Dropped outside the lock, as the senders are below.
+            done.clear();
+            return Err(dropped("Redis sent a reply no command asked for"));
         }
         for (w, reply) in done.drain(..) {
             if let Some(w) = w {
@@ -245,7 +297,9 @@ async fn read(link: EndOnDrop, mut reader: impl AsyncRead + Unpin, rest: Vec<u8>
         }
         match reader.read_buf(&mut buf).await {
             Ok(0) => return link.0.end(dropped("Redis closed the connection")),
-            Ok(_) => {}
+            Ok(_) => {
+                link.0.reads.fetch_add(1, Ordering::Release);
+            }
             Err(e) => return link.0.end(e.into()),
         }
     }

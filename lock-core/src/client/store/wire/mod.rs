@@ -34,6 +34,7 @@ use redis::{RedisResult, Value};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::args::{Args, Pipe};
+use crate::client::cleanup::OnDrop;
 use link::{Link, Reply};
 
 /// Where and how to open a link.
@@ -251,7 +252,8 @@ impl Wire {
     }
 
     /// Writes what `write` writes, answered by `want` replies, and waits for them. A
-    /// link found gone before writing is opened again first.
+    /// link found gone before writing is opened again first. Left before the replies
+    /// came, it tells the link (which ends if it has gone silent).
     async fn exchange(&self, want: usize, write: impl Fn(&mut Vec<u8>)) -> RedisResult<Reply> {
         let sent = {
             let link = self
@@ -259,15 +261,21 @@ impl Wire {
                 .link
                 .read()
                 .unwrap_or_else(PoisonError::into_inner);
-            link.as_ref().map(|l| l.send(want, &write))
+            link.as_ref().map(|l| (l.send(want, &write), l.clone()))
         };
-        let rx = match sent {
-            Some(Ok(rx)) => rx,
+        let (rx, reads, link) = match sent {
+            Some((Ok((rx, reads)), link)) => (rx, reads, link),
             // Nothing was written: the command goes on a new link.
-            _ => Box::pin(self.reopen()).await?.send(want, &write)?,
+            _ => {
+                let link = Box::pin(self.reopen()).await?;
+                let (rx, reads) = link.send(want, &write)?;
+                (rx, reads, link)
+            }
         };
-        rx.await
-            .unwrap_or_else(|_| Err(dropped("the connection ended before its reply came")))
+        let waiting = OnDrop::new(|| link.gave_up(reads));
+        let answer = rx.await;
+        waiting.disarm();
+        answer.unwrap_or_else(|_| Err(dropped("the connection ended before its reply came")))
     }
 
     /// The link in place if it is open, else a new one (opened once for every call
