@@ -277,7 +277,7 @@ fn needs_escaping(delimiter: &str, part: &[u8]) -> bool {
         // would call `memchr` for each), stopping at the first found.
         &[d] if d.is_ascii() && part.len() < 16 => part
             .iter()
-            .any(|&b| b == d || RESERVED.iter().any(|&r| r == b)),
+            .any(|&b| RESERVED.iter().fold(b == d, |found, &r| found | (b == r))),
         // A longer one, each chunk tested without a branch per byte, which the compiler
         // turns into vector compares (a hex digest or a path costs a few steps, not one
         // per byte).
