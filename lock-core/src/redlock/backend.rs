@@ -433,6 +433,9 @@ impl Seam for RedlockBackend {
         within: Duration,
     ) -> Result<Vec<Renewed>, LockError> {
         let sent = Instant::now();
+        // A node that does not answer (paused) holds the others' answers up at most the
+        // node timeout, so they still count before the copies run out.
+        let within = within.min(self.node_timeout);
         // One renewal call per node over that node's copies.
         let per_node = self.nodes.iter().enumerate().map(|(i, node)| async move {
             let mine: Vec<(usize, &Copy)> = grants

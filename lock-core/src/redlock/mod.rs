@@ -43,14 +43,15 @@ pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(200);
 ///   ([`LockError::NoQuorum`]); a quorum granted too late gives
 ///   [`LockError::ValidityExhausted`]; a lock held by another owner gives
 ///   [`LockError::Busy`] / [`LockError::Timeout`] as on one node.
-/// - **Renewal**: the watchdog renews every copy (one call per node per batch); the
-///   lock counts as lost (and [`LockGuard::lost`] resolves) as soon as more than
+/// - **Renewal**: the watchdog renews every copy (one call per node per batch, each
+///   within the per-node timeout, so a paused node does not hold up the others'
+///   answers); the lock counts as lost (and [`LockGuard::lost`] resolves) as soon as more than
 ///   N - quorum copies are lost, or when no quorum confirmed it before its validity ran
 ///   out. [`LockGuard::extend`] and [`LockGuard::release`] need a quorum too.
 /// - **Fencing tokens are not promised across nodes**: each node has its own counter,
 ///   and the nodes of two successive grants may differ, so no combination of them is
 ///   guaranteed to grow. [`LockGuard::fence`] takes the token of one designated node
-///   (the first), present only when that node granted (else
+///   (the first), present only when that node granted and still holds its copy (else
 ///   [`LockError::NoFencingToken`]): sound as long as that node never loses its
 ///   counter (persistence with `appendfsync always`).
 ///

@@ -543,3 +543,25 @@ async fn a_fence_after_the_first_nodes_copy_went_is_refused_and_the_lock_stands(
     assert!(redlock.try_lock("fenced").await.unwrap_err().is_busy());
     assert_eq!(guard.release().await.unwrap(), Released::Unlocked);
 }
+
+/// One paused master among three: each renewal waits for it at most the node timeout,
+/// so the two others' answers keep the lock, however long the command timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_master_costs_the_renewals_at_most_the_node_timeout() {
+    let nodes = masters(3);
+    let config = config().with_watchdog_lease(Duration::from_millis(1000));
+    let redlock = Redlock::open(urls(&nodes), config)
+        .unwrap()
+        .with_node_timeout(Duration::from_millis(200))
+        .unwrap();
+    let guard = redlock.try_lock("renewed").await.unwrap();
+    nodes[2].pause();
+    let lost = tokio::time::timeout(Duration::from_millis(3000), guard.lost()).await;
+    nodes[2].resume();
+    assert!(
+        lost.is_err(),
+        "lost() fired with two of three masters answering"
+    );
+    assert!(guard.is_held());
+    assert_eq!(guard.release().await.unwrap(), Released::Unlocked);
+}
