@@ -198,6 +198,41 @@ fn the_watchdog_keeps_renewing_after_the_runtime_that_started_it_ended() {
     rt2.block_on(guard.release()).unwrap();
 }
 
+/// A lock taken on a current-thread runtime that stays alive but idle (sync code
+/// between `block_on` calls) is still renewed. Its connection's tasks run only inside
+/// `block_on`, so the renewals sent from the background runtime go unanswered; that
+/// connection is found silent, and the next renewal opens one there.
+#[test]
+fn the_watchdog_keeps_renewing_while_the_runtime_that_took_the_lock_idles() {
+    let server = RedisServer::start();
+    let lease = ms(1500);
+    let config = LockConfig::new()
+        .with_watchdog_lease(lease)
+        .with_command_timeout(ms(100));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt
+        .block_on(LockClient::open_with_config(server.url().as_str(), config))
+        .unwrap();
+    let guard = rt.block_on(client.lock("idle")).unwrap();
+    let (key, value) = (guard.keys().key.clone(), guard.grant_value().to_owned());
+    // The runtime idles for two leases: the scenario, not a wait for a condition.
+    std::thread::sleep(lease * 2);
+    let stored = runtime().block_on(get(&server, &key));
+    assert_eq!(
+        stored.as_deref(),
+        Some(value.as_str()),
+        "the lock was not renewed while its runtime idled"
+    );
+    assert!(
+        guard.is_held(),
+        "the guard gave up a lock Redis still holds"
+    );
+    rt.block_on(guard.release()).unwrap();
+}
+
 /// A client shared by several runtimes (a global client in `#[tokio::test]`s)
 /// keeps renewing and waking waiters after the runtime that started its tasks ended.
 #[test]
