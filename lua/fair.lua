@@ -36,7 +36,8 @@ local function wake_head()
   if redis.call('EXISTS', lock) == 0 then
     local head = redis.call('LINDEX', queue, 0)
     if head then
-      redis.call('PUBLISH', channel .. ':' .. head, owner)
+      -- pcall, as in release.lua: a publish the user's ACL refuses undoes nothing.
+      redis.pcall('PUBLISH', channel .. ':' .. head, owner)
     end
   end
 end

@@ -18,7 +18,8 @@ redis.call('ZREM', deadlines, owner)
 if was_head and redis.call('EXISTS', lock) == 0 then
   local head = redis.call('LINDEX', queue, 0)
   if head then
-    redis.call('PUBLISH', channel .. ':' .. head, owner)
+    -- pcall, as in release.lua: a publish the user's ACL refuses undoes nothing.
+    redis.pcall('PUBLISH', channel .. ':' .. head, owner)
   end
 end
 return {1, 0}

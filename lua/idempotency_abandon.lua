@@ -23,5 +23,6 @@ if v ~= ARGV[1] and v ~= 'W' .. string.sub(ARGV[1], 2) then
   return -1
 end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', KEYS[1] .. '-done', string.match(ARGV[1], ' ([^:]*)'))
+-- pcall, as in release.lua: a publish the user's ACL refuses undoes nothing.
+redis.pcall('PUBLISH', KEYS[1] .. '-done', string.match(ARGV[1], ' ([^:]*)'))
 return 1

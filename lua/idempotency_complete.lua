@@ -33,7 +33,8 @@ for i = 1, #KEYS do
   elseif v == mine or v == 'W' .. string.sub(mine, 2) then
     redis.call('SET', record, ARGV[3 * i - 1], 'PX', ARGV[3 * i])
     if v ~= mine then
-      redis.call('PUBLISH', record .. '-done', string.match(mine, ' ([^:]*)'))
+      -- pcall, as in release.lua: a publish the user's ACL refuses undoes nothing.
+      redis.pcall('PUBLISH', record .. '-done', string.match(mine, ' ([^:]*)'))
     end
     out[i] = 1
   else

@@ -33,7 +33,8 @@ local function release(lock, write, value, payload)
   if write and redis.call('HGET', lock, '=w') == value then
     redis.call('HDEL', lock, '=w')
   end
-  redis.call('PUBLISH', lock .. ':released', payload)
+  -- pcall, as in release.lua: a publish the user's ACL refuses undoes nothing.
+  redis.pcall('PUBLISH', lock .. ':released', payload)
   if held then
     return 1
   end

@@ -48,8 +48,9 @@ local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- A message both kinds of Redisson subscriber hear: PUBLISH (a node, and this
 -- crate's waiters) and SPUBLISH (Redisson's sharded pub/sub on a Cluster).
 local function publish(to, message)
-  redis.call('PUBLISH', to, message)
-  redis.call('SPUBLISH', to, message)
+  -- pcall, as in release.lua: a publish the user's ACL refuses undoes nothing.
+  redis.pcall('PUBLISH', to, message)
+  redis.pcall('SPUBLISH', to, message)
 end
 
 -- Forgets the waiters at the head of the queue whose place lapsed.

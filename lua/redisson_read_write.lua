@@ -39,8 +39,9 @@ local action, read, field, channel = ARGV[1], ARGV[2] == 'r', ARGV[3], ARGV[4]
 local writer = field .. ':write'
 
 local function publish(message)
-  redis.call('PUBLISH', channel, message)
-  redis.call('SPUBLISH', channel, message)
+  -- pcall, as in release.lua: a publish the user's ACL refuses undoes nothing.
+  redis.pcall('PUBLISH', channel, message)
+  redis.pcall('SPUBLISH', channel, message)
 end
 
 -- Makes `key` last at least `ms` more, never less: holds that share a key's expiry

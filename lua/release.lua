@@ -27,12 +27,14 @@
 -- Wakes whoever waits for `lock`, given back by grant `value`.
 local function wake(lock, queue, value)
   local channel = lock .. ':released'
-  redis.call('PUBLISH', channel, string.match(value, '^[^:]*'))
+  -- pcall: a user whose ACL allows no channel (Redis 7's default for a new user) still
+  -- gives the lock back; its waiters then wake on their backoff.
+  redis.pcall('PUBLISH', channel, string.match(value, '^[^:]*'))
   local head = redis.call('LINDEX', queue, 0)
   if head then
     -- Not the releaser's id: a client skips its own releases' messages, but it
     -- cannot wake the head of the line itself (it does not know who heads it).
-    redis.call('PUBLISH', channel .. ':' .. head, head)
+    redis.pcall('PUBLISH', channel .. ':' .. head, head)
   end
 end
 

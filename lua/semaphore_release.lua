@@ -19,6 +19,7 @@ for i = 2, #ARGV do
   released = released + redis.call('ZREM', KEYS[1], ARGV[i])
 end
 if released > 0 then
-  redis.call('PUBLISH', KEYS[2], ARGV[1])
+  -- pcall, as in release.lua: a publish the user's ACL refuses undoes nothing.
+  redis.pcall('PUBLISH', KEYS[2], ARGV[1])
 end
 return released

@@ -248,3 +248,48 @@ async fn a_connection_gone_silent_is_replaced() {
     assert!(timeouts >= 1, "the stranded connection answered");
     guard.release().await.unwrap();
 }
+
+/// A user whose ACL grants every key and command but no channel (Redis 7's default for
+/// a new user, `acl-pubsub-default resetchannels`): a release that frees a lock someone
+/// waits for answers that it did, and the waiter gets the lock on its backoff, though
+/// no release message can be sent or heard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_channels_releases_a_waited_for_lock_cleanly() {
+    let server = RedisServer::start();
+    let mut admin = server.connection().await;
+    redis::cmd("ACL")
+        .arg(&["SETUSER", "app", "on", ">apppw", "resetchannels", "~*", "+@all"])
+        .query_async::<()>(&mut admin)
+        .await
+        .unwrap();
+    let url = format!("redis://app:apppw@127.0.0.1:{}/", server.port());
+    let (a, b) = (
+        LockClient::open(url.as_str()).await.unwrap(),
+        LockClient::open(url.as_str()).await.unwrap(),
+    );
+    let held = a.try_lock("k").await.unwrap();
+    let marker = a.keys("k").unwrap().waiters();
+    let waiter = tokio::spawn(async move {
+        b.acquire("k", LockOptions::new().wait(Duration::from_secs(5)))
+            .await
+    });
+    // The waiter has marked the lock before the release, so the release publishes.
+    eventually(Duration::from_secs(5), "the waiter's marker", || {
+        let (mut admin, marker) = (admin.clone(), marker.clone());
+        async move {
+            redis::cmd("EXISTS")
+                .arg(marker)
+                .query_async::<i64>(&mut admin)
+                .await
+                .unwrap()
+                == 1
+        }
+    })
+    .await;
+    assert_eq!(
+        held.release().await.unwrap(),
+        lock_core::Released::Unlocked
+    );
+    let got = waiter.await.unwrap().unwrap();
+    got.release().await.unwrap();
+}
