@@ -445,6 +445,28 @@ async fn a_watched_reentry_keeps_a_fixed_lease_grant_to_its_cap() {
     assert!(locks.acquire("r", writing).await.unwrap_err().is_busy());
 }
 
+/// A cap no clock can reach (`Duration::MAX`, accepted for a fresh grant) on a watched
+/// re-entry of a fixed-lease grant is no cap: kept until given back, without a panic.
+#[tokio::test(start_paused = true)]
+async fn a_watched_reentry_with_an_unreachable_cap_keeps_the_grant() {
+    let locks = MemoryLocks::new();
+    let scope = LockScope::new();
+    let outer = locks
+        .acquire("x", fixed(1_000).scope(&scope))
+        .await
+        .unwrap();
+    let forever = LockOptions::new()
+        .lease(Lease::Watchdog)
+        .max_hold(Duration::MAX)
+        .scope(&scope);
+    let watched = locks.acquire("x", forever).await.unwrap();
+    tokio::time::sleep(MS(60_000)).await;
+    assert!(watched.is_held());
+    drop(outer);
+    assert_eq!(watched.release().await.unwrap(), Released::Unlocked);
+    assert!(locks.try_lock("x").await.is_ok());
+}
+
 /// A watched hold with a cap, re-entered by another capped watched hold, keeps its
 /// first cap (as on Redis): the re-entry does not move it later.
 #[tokio::test(start_paused = true)]

@@ -307,7 +307,11 @@ impl<B: Backend> Core<B> {
                 uncapped
             };
             if uncapped {
-                match req.max_hold {
+                // A cap past what the clock holds is no cap, as `renew_until` took it.
+                match req
+                    .max_hold
+                    .filter(|&cap| Instant::now().checked_add(cap).is_some())
+                {
                     Some(cap) => self.extend_grant(&grant, cap).await?,
                     None => self.keep_grant(&grant)?,
                 }
