@@ -70,6 +70,27 @@ async fn a_fixed_lease_ends_lost_fires_and_another_owner_gets_in() {
     assert!(third.release().await.unwrap_err().is_expired());
 }
 
+/// Past its lease, a grant's token is refused as lost (through the trait too, where
+/// `Ok(None)` would say the store has no tokens and invite an unfenced write).
+#[tokio::test(start_paused = true)]
+async fn a_grant_past_its_lease_hands_out_no_token() {
+    let locks = MemoryLocks::new();
+    let g = locks.acquire("x", fixed(100)).await.unwrap();
+    assert!(g.fence().await.is_ok());
+    g.lost().await;
+    let err = g.fence().await.unwrap_err();
+    assert!(err.is_expired(), "{err}");
+    assert!(lock_core::HeldLock::fence(&g).await.is_err());
+    let other = locks.acquire("y", fixed(100)).await.unwrap();
+    tokio::time::sleep(MS(200)).await;
+    assert!(
+        lock_core::HeldLock::fence(&other)
+            .await
+            .unwrap_err()
+            .is_expired()
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn reentrancy_per_scope_and_drop_then_relock_keeps_others_out() {
     let locks = MemoryLocks::new();

@@ -206,11 +206,17 @@ impl<B: Seam> Core<B> {
         match self
             .backend
             .fence(&grant.keys, &grant.record, grant.seq)
-            .await?
+            .await
         {
             // Two holds asking at once may both take one: the first one set stays.
-            Ok(token) => Ok(*grant.token.get_or_init(|| token)),
-            Err(loss) => Err(self.lose(grant, loss)),
+            Ok(Ok(token)) => Ok(*grant.token.get_or_init(|| token)),
+            Ok(Err(loss)) => Err(self.lose(grant, loss)),
+            // A store that gives tokens with its grants cannot check one: past the lease
+            // the client can prove, the grant is lost, as everywhere in the engine.
+            Err(LockError::NoFencingToken { .. }) if grant.overdue(&grant.state()) => {
+                Err(self.lose(grant, Loss::Expired))
+            }
+            Err(e) => Err(e),
         }
     }
 
