@@ -430,6 +430,35 @@ async fn a_watched_reentry_keeps_a_fixed_lease_grant() {
     assert!(locks.try_lock("x").await.is_ok());
 }
 
+/// Once the watched hold that kept a fixed-lease grant is given back, nothing keeps the
+/// hold left: the lock runs out one watchdog lease later, as on Redis once the
+/// renewals stop.
+#[tokio::test(start_paused = true)]
+async fn a_fixed_hold_left_by_its_watched_reentry_runs_out_a_watchdog_lease_later() {
+    let locks = MemoryLocks::new();
+    let scope = LockScope::new();
+    let outer = locks
+        .acquire("x", fixed(1_000).scope(&scope))
+        .await
+        .unwrap();
+    let watched = locks
+        .acquire("x", LockOptions::new().lease(Lease::Watchdog).scope(&scope))
+        .await
+        .unwrap();
+    tokio::time::sleep(MS(60_000)).await;
+    let start = Instant::now();
+    assert_eq!(
+        watched.release().await.unwrap(),
+        Released::StillHeld { holds_left: 1 }
+    );
+    assert!(outer.is_held());
+    tokio::time::timeout(MS(3_600_000), outer.lost())
+        .await
+        .expect("the fixed hold left was kept for ever");
+    assert_eq!(start.elapsed(), LockConfig::new().watchdog_lease());
+    assert!(locks.try_lock("x").await.is_ok());
+}
+
 /// Capped, the watched re-entry keeps the grant to its max hold and no longer; a read
 /// hold is kept the same way.
 #[tokio::test(start_paused = true)]

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::registry::{Grant, Loss, Registry};
+use super::registry::{Grant, Loss, Plan, Registry};
 use super::seam::{Held, Seam, give_back_patiently};
 use super::watchdog::Watchdog;
 use crate::client::cleanup;
@@ -167,6 +167,28 @@ impl<B: Seam> Core<B> {
             grant.keys.name().to_owned(),
             async move { core.release_last(&grant, lost, true).await.map(|_| ()) },
         );
+    }
+
+    /// Gives back one hold of `grant` locally (see [`Registry::release`]). On a store
+    /// that keeps its watched grants itself (memory), the last watched hold of a grant
+    /// that other holds keep on a fixed lease leaves nothing keeping it: it runs out
+    /// one watchdog lease from now, as on Redis once the renewals stop.
+    pub(crate) fn release_hold(&self, grant: &Arc<Grant<B>>, watched: bool, remote: bool) -> Plan {
+        let plan = self.registry.release(grant, watched, remote);
+        if watched
+            && matches!(plan, Plan::StillHeld(_))
+            && !B::CAPABILITIES.renews
+            && B::CAPABILITIES.fixed_leases
+        {
+            let mut st = grant.state();
+            if st.kept && st.watched == 0 && st.lost.is_none() {
+                st.kept = false;
+                st.valid_until = tokio::time::Instant::now() + self.config().watchdog_lease();
+                drop(st);
+                self.backend.let_expire(&grant.keys, &grant.record);
+            }
+        }
+        plan
     }
 
     /// Lets `grant` (its last hold given up) run out on its own: no release, no

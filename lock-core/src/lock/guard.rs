@@ -194,7 +194,7 @@ impl<B: Backend> LockGuard<B> {
     /// through, else by its lease.
     pub async fn release(mut self) -> Result<Released, LockError> {
         self.done = true;
-        match self.core.registry.release(&self.grant, self.watched, true) {
+        match self.core.release_hold(&self.grant, self.watched, true) {
             Plan::StillHeld(holds_left) => {
                 self.released_locally(Ok(Released::StillHeld { holds_left }))
             }
@@ -220,7 +220,7 @@ impl<B: Backend> LockGuard<B> {
         self.done = true;
         // Local bookkeeping only: no release is sent.
         if let Plan::Last | Plan::LastLost(_) =
-            self.core.registry.release(&self.grant, self.watched, false)
+            self.core.release_hold(&self.grant, self.watched, false)
         {
             self.core.let_expire(&self.grant);
         }
@@ -281,7 +281,7 @@ impl<B: Backend> Drop for LockGuard<B> {
             return;
         }
         // Local bookkeeping now (renewal stops at once); the Redis call in the background.
-        match self.core.registry.release(&self.grant, self.watched, true) {
+        match self.core.release_hold(&self.grant, self.watched, true) {
             Plan::StillHeld(holds_left) => {
                 let _ = self.released_locally(Ok(Released::StillHeld { holds_left }));
             }
