@@ -394,9 +394,9 @@ mod tests {
     /// which they name from the record as the store's keys do.
     #[test]
     fn the_completion_publishes_on_the_records_channel() {
-        let publish = format!("redis.call('PUBLISH', record .. '{DONE}'");
+        let publish = format!("redis.pcall('PUBLISH', record .. '{DONE}'");
         assert!(IDEMPOTENCY_COMPLETE.source().contains(&publish));
-        let publish = format!("redis.call('PUBLISH', KEYS[1] .. '{DONE}'");
+        let publish = format!("redis.pcall('PUBLISH', KEYS[1] .. '{DONE}'");
         assert!(include_str!("../../../lua/idempotency_abandon.lua").contains(&publish));
     }
 }
