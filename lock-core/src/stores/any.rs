@@ -113,17 +113,20 @@ pub enum AnyGuard {
 impl AnyLocks {
     /// Opens the store `url` names (connecting where the store needs a connection).
     pub async fn open(url: &str, config: LockConfig) -> Result<Self, LockError> {
+        let shown = || redacted(url);
         let (scheme, rest) = url.split_once("://").ok_or_else(|| {
             LockError::InvalidConfig(format!(
-                "lock store URL {url:?} has no scheme; use redis://, redis+cluster://, \
-                 redlock://, redisson://, memory://, postgres://, mysql://, zk:// or etcd://"
+                "lock store URL {:?} has no scheme; use redis://, redis+cluster://, \
+                 redlock://, redisson://, memory://, postgres://, mysql://, zk:// or etcd://",
+                shown()
             ))
         })?;
         let hosts = |tls| {
             let hosts = node_urls(rest, tls);
             if hosts.is_empty() {
                 Err(LockError::InvalidConfig(format!(
-                    "{scheme}:// needs at least one host:port (got {url:?})"
+                    "{scheme}:// needs at least one host:port (got {:?})",
+                    shown()
                 )))
             } else {
                 Ok(hosts)
@@ -162,10 +165,11 @@ impl AnyLocks {
             "zk" | "zookeeper" => Self::zookeeper(rest, config).await,
             "etcd" => Self::etcd(rest, config).await,
             other => Err(LockError::InvalidConfig(format!(
-                "unknown lock store scheme {other:?} in {url:?}; use redis://, rediss://, \
+                "unknown lock store scheme {other:?} in {:?}; use redis://, rediss://, \
                  redis+cluster://, rediss+cluster://, redlock://, redlock+tls://, redisson://, \
                  redisson+tls://, redisson+cluster://, memory://, postgres://, mysql://, zk:// \
-                 or etcd://"
+                 or etcd://",
+                shown()
             ))),
         }
     }
@@ -255,6 +259,26 @@ impl AnyLocks {
             Self::Etcd(e) => AnyGuard::Etcd(e.acquire(name, options).await?),
         })
     }
+}
+
+/// `url` with the password of each of its hosts' credentials masked, to be shown in an
+/// error (error text ends up in logs).
+fn redacted(url: &str) -> String {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let end = url[start..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| start + i);
+    let hosts: Vec<String> = url[start..end]
+        .split(',')
+        .map(|host| match host.rsplit_once('@') {
+            Some((credentials, at)) if credentials.contains(':') => {
+                let user = credentials.split(':').next().unwrap_or_default();
+                format!("{user}:***@{at}")
+            }
+            _ => host.to_owned(),
+        })
+        .collect();
+    format!("{}{}{}", &url[..start], hosts.join(","), &url[end..])
 }
 
 /// One `redis://` (or `rediss://` with `tls`) URL per host of `rest`, the part of a

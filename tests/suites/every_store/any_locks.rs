@@ -169,4 +169,22 @@ async fn bad_urls_get_errors_that_say_what_to_do() {
         assert!(err.is_invalid_input(), "{url}: {err}");
         assert!(err.to_string().contains(says), "{url}: {err}");
     }
+    // The errors name the URL, without its passwords.
+    for (url, says) in [
+        ("locker:s3cret@h1:6379", "no scheme"),
+        (
+            "redis-cluster://locker:s3cret@h1:7000,b:t0p@h2:7000",
+            "unknown lock store scheme",
+        ),
+        ("redlock://locker:s3cret@", "at least one host"),
+    ] {
+        let err = AnyLocks::open(url, LockConfig::new()).await.unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains(says), "{url}: {err}");
+        assert!(text.contains("locker"), "{url}: the user is kept: {err}");
+        assert!(
+            !text.contains("s3cret") && !text.contains("t0p"),
+            "{url}: a password in the error: {err}"
+        );
+    }
 }

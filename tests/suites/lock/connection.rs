@@ -258,7 +258,15 @@ async fn a_user_without_channels_releases_a_waited_for_lock_cleanly() {
     let server = RedisServer::start();
     let mut admin = server.connection().await;
     redis::cmd("ACL")
-        .arg(&["SETUSER", "app", "on", ">apppw", "resetchannels", "~*", "+@all"])
+        .arg(&[
+            "SETUSER",
+            "app",
+            "on",
+            ">apppw",
+            "resetchannels",
+            "~*",
+            "+@all",
+        ])
         .query_async::<()>(&mut admin)
         .await
         .unwrap();
@@ -286,10 +294,7 @@ async fn a_user_without_channels_releases_a_waited_for_lock_cleanly() {
         }
     })
     .await;
-    assert_eq!(
-        held.release().await.unwrap(),
-        lock_core::Released::Unlocked
-    );
+    assert_eq!(held.release().await.unwrap(), lock_core::Released::Unlocked);
     let got = waiter.await.unwrap().unwrap();
     got.release().await.unwrap();
 }
