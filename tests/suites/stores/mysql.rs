@@ -159,6 +159,18 @@ async fn fixed_leases_do_not_apply_and_hold_until_expiry_gives_back() {
     checks::session_locks_ignore_leases_and_give_back_on_expiry(&a, &b, past).await;
 }
 
+/// A wait meant as "never" (`Duration::MAX`, which Redis and memory take) makes a
+/// store that works: the pool's wait for a connection is bounded, not overflowed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_meant_as_never_makes_a_working_store() {
+    let server = MariaDbServer::start();
+    let locks = MysqlLocks::connect(&server.url(), config().with_wait(Duration::MAX))
+        .await
+        .unwrap();
+    let held = locks.try_lock("never").await.unwrap();
+    held.release().await.unwrap();
+}
+
 /// A config that `LockConfig::validate` refuses makes no store, as on Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_config_that_validate_refuses_makes_no_store() {

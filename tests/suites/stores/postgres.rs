@@ -305,6 +305,18 @@ async fn a_wait_budget_of_a_month_is_waited_in_the_server() {
         .unwrap();
 }
 
+/// A wait meant as "never" (`Duration::MAX`, which Redis and memory take) makes a
+/// store that works: the pool's wait for a connection is bounded, not overflowed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_meant_as_never_makes_a_working_store() {
+    let server = PostgresServer::start();
+    let locks = PostgresLocks::connect(&server.url(), config().with_wait(Duration::MAX))
+        .await
+        .unwrap();
+    let held = locks.try_lock("never").await.unwrap();
+    held.release().await.unwrap();
+}
+
 /// A config that `LockConfig::validate` refuses (here a command timeout meant as
 /// "never", which deadline sums would overflow) makes no store, as on Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,7 +19,7 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 use crate::client::cleanup;
-use crate::client::config::LockConfig;
+use crate::client::config::{LockConfig, MAX_LEASE};
 use crate::client::store::key::LockKeys;
 use crate::client::wait::Listen;
 use crate::error::LockError;
@@ -113,8 +113,14 @@ pub(crate) async fn connect<DB: Database>(
     url: &str,
     config: &LockConfig,
 ) -> Result<Pool<DB>, LockError> {
-    let options = PoolOptions::<DB>::new()
-        .acquire_timeout(config.wait.saturating_add(config.command_timeout));
+    // A wait meant as "never" (`Duration::MAX`) is bounded as the engine bounds it: the
+    // pool adds its timeout to the clock.
+    let options = PoolOptions::<DB>::new().acquire_timeout(
+        config
+            .wait
+            .min(MAX_LEASE)
+            .saturating_add(config.command_timeout),
+    );
     match tokio::time::timeout(config.command_timeout, options.connect(url)).await {
         Ok(pool) => pool.map_err(|e| store_error(store, e)),
         Err(_) => Err(LockError::Store {
