@@ -298,6 +298,7 @@ struct Prefixed<'a, N: ?Sized> {
 impl<N: LockName + ?Sized> LockName for Prefixed<'_, N> {
     fn write_parts(&self, w: &mut NameWriter) {
         w.part(self.prefix);
+        w.own_parts_follow();
         self.name.write_parts(w);
     }
 }

@@ -113,3 +113,23 @@ async fn absurd_waits_and_caps_do_not_overflow() {
     assert!(g.is_held());
     g.release().await.unwrap();
 }
+
+/// A key with no parts of its own is refused by the features that put their own name
+/// first, as a lock name with no parts is: accepted, it would be one key shared by
+/// every caller with an empty key (one rate bucket; one idempotency record, replayed
+/// to unrelated requests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_with_no_parts_of_its_own_is_refused_everywhere() {
+    let server = RedisServer::start();
+    let c = client(&server, LockConfig::new()).await;
+    let none: Vec<String> = Vec::new();
+    let e = c.keys(none.clone()).unwrap_err();
+    assert!(e.is_invalid_input(), "{e}");
+    let e = c.idempotency_store("payments").keys(&none).unwrap_err();
+    assert!(e.is_invalid_input(), "{e}");
+    let limiter = c.rate_limiter("login", lock_core::RateLimit::per_second(10));
+    let e = limiter.check(none.clone()).await.unwrap_err();
+    assert!(e.is_invalid_input(), "{e}");
+    let e = c.semaphore(none, 3).unwrap_err();
+    assert!(e.is_invalid_input(), "{e}");
+}

@@ -221,9 +221,19 @@ pub struct NameWriter<'a> {
     empty_part: Option<usize>,
     /// A part's `write_part` removed text written before it.
     mangled: bool,
+    /// Fewest parts the name must have: one, or one more than a feature's name that
+    /// comes first (see [`own_parts_follow`](Self::own_parts_follow)).
+    min_parts: usize,
 }
 
 impl NameWriter<'_> {
+    /// The parts written so far are a feature's name (a rate limiter's, an idempotency
+    /// store's): the caller's key must still add one of its own, or every caller with
+    /// an empty key would share one.
+    pub(crate) fn own_parts_follow(&mut self) {
+        self.min_parts = self.parts + 1;
+    }
+
     /// Appends one part (escaped) to the name.
     pub fn part<P: KeyPart + ?Sized>(&mut self, part: &P) {
         if self.parts > 0 {
@@ -580,6 +590,7 @@ fn write_name<N: LockName + ?Sized>(
         parts: 0,
         empty_part: None,
         mangled: false,
+        min_parts: 1,
     };
     name.write_parts(&mut w);
     if w.mangled {
@@ -592,6 +603,11 @@ fn write_name<N: LockName + ?Sized>(
     if w.parts == 0 {
         return Err(LockError::InvalidKey(
             "a lock name needs at least one part".into(),
+        ));
+    }
+    if w.parts < w.min_parts {
+        return Err(LockError::InvalidKey(
+            "a key needs at least one part of its own: this one has none".into(),
         ));
     }
     if let Some(i) = w.empty_part {
