@@ -333,6 +333,17 @@ impl From<redis::RedisError> for LockError {
     }
 }
 
+/// A redis-rs error met reading a URL or building a client from it: a URL or setting it
+/// refuses is the caller's input ([`LockError::InvalidConfig`]: no retry mends it),
+/// anything else stays a Redis error.
+pub(crate) fn from_setup(e: redis::RedisError) -> LockError {
+    if e.kind() == redis::ErrorKind::InvalidClientConfig {
+        LockError::InvalidConfig(format!("{e}: check the Redis URL and its settings"))
+    } else {
+        LockError::Redis(e)
+    }
+}
+
 /// For fns returning `std::io::Result`: busy and timeouts keep their meaning in the
 /// [`std::io::ErrorKind`], and the `LockError` stays reachable through `get_ref`.
 impl From<LockError> for std::io::Error {

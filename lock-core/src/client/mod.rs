@@ -27,7 +27,7 @@ use self::store::key::{self, LockKeys, LockName, NameWriter};
 use self::store::wire::{Opener, Wire};
 use self::store::{Conn, RedisStore, Store, version};
 use self::wait::Hub;
-use crate::error::LockError;
+use crate::error::{LockError, from_setup};
 use crate::metrics::StoreKind;
 use crate::owner::ClientId;
 
@@ -121,7 +121,7 @@ impl Client {
                     .into(),
             ));
         }
-        let client = redis::Client::open(url)?;
+        let client = redis::Client::open(url).map_err(from_setup)?;
         if let Some(opener) =
             Opener::for_node(client.get_connection_info(), config.command_timeout, 0)
         {
@@ -183,7 +183,8 @@ impl Client {
         let infos = nodes
             .into_iter()
             .map(IntoConnectionInfo::into_connection_info)
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(from_setup)?;
         if infos.is_empty() {
             return Err(LockError::InvalidConfig(
                 "open_cluster needs at least one node address".into(),
@@ -196,13 +197,15 @@ impl Client {
             // redis-rs would also resend after a lost reply; the store resends only
             // what the cluster refused without running (see `store::deployment`).
             .retries(0)
-            .build()?;
+            .build()
+            .map_err(from_setup)?;
         let mut conn = connect_within(t, cluster.get_async_connection()).await?;
         version::require_supported(&mut conn, t).await?;
         let pubsub = infos
             .into_iter()
             .map(redis::Client::open)
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(from_setup)?;
         let remake: Make<_> = Box::new(move || {
             let cluster = cluster.clone();
             Box::pin(async move { cluster.get_async_connection().await })

@@ -67,7 +67,8 @@ impl LockClient {
         url: T,
         config: LockConfig,
     ) -> Result<Self, LockError> {
-        Self::from_client(redis::Client::open(url)?, config).await
+        let client = redis::Client::open(url).map_err(crate::error::from_setup)?;
+        Self::from_client(client, config).await
     }
 
     /// Builds on the user's [`redis::Client`]: opens a connection to its node (timeouts
