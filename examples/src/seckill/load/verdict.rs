@@ -1,5 +1,6 @@
 //! The verdict of a run: what was sold, and every check that must hold.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::time::Duration;
@@ -67,6 +68,8 @@ pub struct Verdict {
     pub replays: usize,
     /// Replayed answers that differ from the first answer to the same key.
     pub replay_mismatches: usize,
+    /// Answers to a key first answered 201 that were not replays: the order ran again.
+    pub reruns: usize,
     /// 409 `already-ordered`.
     pub already_ordered: usize,
     /// 409 `lock-busy` (a concurrent duplicate refused by `#[cache_lock]`).
@@ -104,6 +107,7 @@ impl Verdict {
             users_two_orders_rows: 0,
             replays: 0,
             replay_mismatches: 0,
+            reruns: 0,
             already_ordered: 0,
             lock_busy: 0,
             sold_out: 0,
@@ -135,7 +139,21 @@ impl Verdict {
             };
             latencies.push(r.latency);
             if !r.replayed {
-                first_answer.insert((a.user, a.key.as_str()), (r.status, &r.body[..]));
+                match first_answer.entry((a.user, a.key.as_str())) {
+                    Entry::Vacant(e) => {
+                        e.insert((r.status, &r.body[..]));
+                    }
+                    // A key that got its 201 is answered by replays only (a 429 comes
+                    // before the idempotency layer; a 5xx is counted apart).
+                    Entry::Occupied(e) if e.get().0 == 201 => {
+                        if r.status != 429 && r.status < 500 {
+                            v.reruns += 1;
+                        }
+                    }
+                    Entry::Occupied(mut e) => {
+                        e.insert((r.status, &r.body[..]));
+                    }
+                }
             }
             let kind = r.problem_type();
             match (r.status, kind.as_deref()) {
@@ -276,6 +294,13 @@ impl Verdict {
             ),
         );
         check(
+            self.reruns == 0,
+            format!(
+                "{} retries of an order answered 201 ran again instead of being replayed",
+                self.reruns
+            ),
+        );
+        check(
             self.other == 0,
             format!(
                 "{} unexpected answers, e.g. {:?}",
@@ -327,8 +352,8 @@ impl fmt::Display for Verdict {
         )?;
         writeln!(
             f,
-            "  replays              {:<14} (same Idempotency-Key retried; differing: {})",
-            self.replays, self.replay_mismatches
+            "  replays              {:<14} (same Idempotency-Key retried; differing: {}, run again: {})",
+            self.replays, self.replay_mismatches, self.reruns
         )?;
         writeln!(f, "  409 already-ordered  {}", self.already_ordered)?;
         writeln!(f, "  409 lock-busy        {}", self.lock_busy)?;
@@ -362,5 +387,78 @@ impl fmt::Display for Verdict {
             }
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run() -> Run {
+        Run {
+            instances: vec!["a".into()],
+            voucher: 1,
+            stock: 1,
+            buyers: 1,
+            elapsed: Duration::from_secs(1),
+            drained: true,
+            stock_left: Some(0),
+            sold: Some(1),
+        }
+    }
+
+    fn answer(status: u16, replayed: bool, body: &str) -> Result<Reply, String> {
+        Ok(Reply {
+            status,
+            replayed,
+            content_type: "application/json".into(),
+            location: None,
+            retry_after: None,
+            body: bytes::Bytes::copy_from_slice(body.as_bytes()),
+            latency: Duration::from_millis(1),
+        })
+    }
+
+    fn attempt(key: &str, reply: Result<Reply, String>) -> Attempt {
+        Attempt {
+            user: 7,
+            key: key.into(),
+            reply,
+        }
+    }
+
+    /// A retry of a 201 with its key is correct replayed, and a violation run again
+    /// (a service without idempotency answers it 409 `already-ordered`).
+    #[test]
+    fn a_201_retried_with_its_key_must_be_replayed() {
+        let created = r#"{"order_id":"o1"}"#;
+        let rows = vec![("o1".to_string(), 7)];
+        let replayed = Verdict::new(
+            run(),
+            vec![
+                attempt("k", answer(201, false, created)),
+                attempt("k", answer(201, true, created)),
+            ],
+            rows.clone(),
+        );
+        assert!(
+            replayed.violations().is_empty(),
+            "{:?}",
+            replayed.violations()
+        );
+        let rerun = Verdict::new(
+            run(),
+            vec![
+                attempt("k", answer(201, false, created)),
+                attempt("k", answer(409, false, r#"{"type":"already-ordered"}"#)),
+            ],
+            rows,
+        );
+        assert_eq!(rerun.reruns, 1);
+        assert!(
+            rerun.violations().iter().any(|v| v.contains("ran again")),
+            "{:?}",
+            rerun.violations()
+        );
     }
 }
