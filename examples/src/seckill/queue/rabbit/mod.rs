@@ -146,12 +146,15 @@ impl OrderQueue for RabbitQueue {
                 .await?;
             // A passive declare on the publisher's channel: the queue's counts. Were the
             // queue gone, the broker would close the channel, and the next publish would
-            // open another and declare the queue again.
-            let (channel, _) =
-                tokio::time::timeout(PUBLISH_TIMEOUT, self.publisher.channel(&self.config.url))
-                    .await
-                    .map_err(|_| format!("no answer from RabbitMQ within {PUBLISH_TIMEOUT:?}"))??;
-            let queue = declare(&channel, true).await?;
+            // open another and declare the queue again. Both steps in one time limit: a
+            // broker that stopped answering leaves a channel that still looks open.
+            let counts = async {
+                let (channel, _) = self.publisher.channel(&self.config.url).await?;
+                Ok::<_, QueueError>(declare(&channel, true).await?)
+            };
+            let queue = tokio::time::timeout(PUBLISH_TIMEOUT, counts)
+                .await
+                .map_err(|_| format!("no answer from RabbitMQ within {PUBLISH_TIMEOUT:?}"))??;
             let ready = u64::from(queue.message_count());
             Ok(Backlog {
                 kind: "rabbitmq",
