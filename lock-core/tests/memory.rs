@@ -404,11 +404,9 @@ async fn a_capped_watchdog_hold_left_to_expire_ends_after_the_watchdog_lease() {
     left_to_expire_ends_after_the_watchdog_lease(capped, Duration::from_secs(5)).await;
 }
 
-/// A watched hold that re-enters a fixed-lease grant keeps it, as the watchdog does on
-/// Redis: nobody else gets in while the watched guard lives, and it ends on release.
-#[tokio::test(start_paused = true)]
-async fn a_watched_reentry_keeps_a_fixed_lease_grant() {
-    let locks = MemoryLocks::new();
+/// A fixed-lease hold of `x` and a watched re-entry of it, a minute (past the fixed
+/// lease) after the re-entry.
+async fn fixed_then_watched(locks: &MemoryLocks) -> (MemoryGuard, MemoryGuard) {
     let scope = LockScope::new();
     let outer = locks
         .acquire("x", fixed(1_000).scope(&scope))
@@ -419,6 +417,15 @@ async fn a_watched_reentry_keeps_a_fixed_lease_grant() {
         .await
         .unwrap();
     tokio::time::sleep(MS(60_000)).await;
+    (outer, watched)
+}
+
+/// A watched hold that re-enters a fixed-lease grant keeps it, as the watchdog does on
+/// Redis: nobody else gets in while the watched guard lives, and it ends on release.
+#[tokio::test(start_paused = true)]
+async fn a_watched_reentry_keeps_a_fixed_lease_grant() {
+    let locks = MemoryLocks::new();
+    let (outer, watched) = fixed_then_watched(&locks).await;
     assert!(
         watched.is_held(),
         "the watched hold ended with the outer fixed lease"
@@ -436,16 +443,7 @@ async fn a_watched_reentry_keeps_a_fixed_lease_grant() {
 #[tokio::test(start_paused = true)]
 async fn a_fixed_hold_left_by_its_watched_reentry_runs_out_a_watchdog_lease_later() {
     let locks = MemoryLocks::new();
-    let scope = LockScope::new();
-    let outer = locks
-        .acquire("x", fixed(1_000).scope(&scope))
-        .await
-        .unwrap();
-    let watched = locks
-        .acquire("x", LockOptions::new().lease(Lease::Watchdog).scope(&scope))
-        .await
-        .unwrap();
-    tokio::time::sleep(MS(60_000)).await;
+    let (outer, watched) = fixed_then_watched(&locks).await;
     let start = Instant::now();
     assert_eq!(
         watched.release().await.unwrap(),
