@@ -298,21 +298,22 @@ impl<B: Backend> Core<B> {
             // A store that keeps its watched grants itself (memory) keeps a fixed-lease
             // grant that a watched hold re-enters, up to that hold's cap: no watchdog
             // renews it there. A grant a watched hold has capped keeps that cap.
+            // A cap past what the clock holds is no cap.
+            let now = Instant::now();
+            let cap = req
+                .max_hold
+                .and_then(|m| now.checked_add(m).map(|until| (m, until)));
             let uncapped = {
                 let mut st = grant.state();
                 let uncapped = st.renew_until.is_none();
                 if uncapped {
-                    st.renew_until = req.max_hold.and_then(|m| Instant::now().checked_add(m));
+                    st.renew_until = cap.map(|(_, until)| until);
                 }
                 uncapped
             };
             if uncapped {
-                // A cap past what the clock holds is no cap, as `renew_until` took it.
-                match req
-                    .max_hold
-                    .filter(|&cap| Instant::now().checked_add(cap).is_some())
-                {
-                    Some(cap) => self.extend_grant(&grant, cap).await?,
+                match cap {
+                    Some((cap, _)) => self.extend_grant(&grant, cap).await?,
                     None => self.keep_grant(&grant)?,
                 }
             }

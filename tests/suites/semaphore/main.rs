@@ -38,9 +38,9 @@ fn waiting(wait_s: u64) -> SemaphoreOptions {
         .wait(Duration::from_secs(wait_s))
 }
 
-/// Starts a waiter for `n` permits of `sem`, and returns once it sleeps: `monitor`,
-/// first moved past every command sent before, has seen its first attempt and its
-/// retry after subscribing.
+/// Starts a waiter for `n` permits of `sem`, and returns once it sleeps: once
+/// `monitor`, skipped to the commands sent up to this call, has seen the waiter's
+/// attempt and its retry after subscribing.
 async fn asleep(
     server: &RedisServer,
     monitor: &mut Monitor,

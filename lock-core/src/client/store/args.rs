@@ -274,10 +274,13 @@ impl Write for ArgWriter<'_> {
 
 impl Drop for ArgWriter<'_> {
     fn drop(&mut self) {
-        let body = self.args.data.split_off(self.start);
-        push_bulk_header(&mut self.args.data, body.len());
-        self.args.data.extend_from_slice(&body);
-        self.args.data.extend_from_slice(b"\r\n");
+        // The header goes after the body, then is rotated in front of it.
+        let data = &mut self.args.data;
+        let len = data.len() - self.start;
+        push_bulk_header(data, len);
+        let header = data.len() - self.start - len;
+        data[self.start..].rotate_right(header);
+        data.extend_from_slice(b"\r\n");
         self.args.count += 1;
     }
 }

@@ -281,21 +281,19 @@ const RESERVED: [u8; 3] = *b"%{}";
 /// (a multi-byte character's bytes are never ASCII).
 fn needs_escaping(delimiter: &str, part: &[u8]) -> bool {
     let reserved = |b: u8| reserved(char::from(b));
+    // Byte `b` is the one-character delimiter `d` or reserved: compares without a
+    // branch (`contains` on bytes would call `memchr`).
+    let hit = |b: u8, d: u8| RESERVED.iter().fold(b == d, |found, &r| found | (b == r));
     match delimiter.as_bytes() {
         // The usual one-character delimiter, on every part of every name. A short part
-        // (a word, an id) is a few compares per byte, unrolled (`contains` on bytes
-        // would call `memchr` for each), stopping at the first found.
-        &[d] if d.is_ascii() && part.len() < 16 => part
-            .iter()
-            .any(|&b| RESERVED.iter().fold(b == d, |found, &r| found | (b == r))),
+        // (a word, an id) stops at the first byte found.
+        &[d] if d.is_ascii() && part.len() < 16 => part.iter().any(|&b| hit(b, d)),
         // A longer one, each chunk tested without a branch per byte, which the compiler
         // turns into vector compares (a hex digest or a path costs a few steps, not one
         // per byte).
-        &[d] if d.is_ascii() => part.chunks(32).any(|chunk| {
-            chunk.iter().fold(false, |found, &b| {
-                RESERVED.iter().fold(found | (b == d), |f, &r| f | (b == r))
-            })
-        }),
+        &[d] if d.is_ascii() => part
+            .chunks(32)
+            .any(|chunk| chunk.iter().fold(false, |found, &b| found | hit(b, d))),
         d if delimiter.is_ascii() => part.iter().any(|&b| reserved(b) || d.contains(&b)),
         _ => true,
     }
