@@ -96,6 +96,10 @@
 //!   with batching off over ours (a lone call keeps its latency: at least 0.95);
 //! * `ours_read_hold_vs_ours_{N}_tasks`: a read hold's cycle (read-write lock) against
 //!   a plain lock's;
+//! * `ours_vs_floor_64_tasks_one_thread`: `ours_vs_floor` at 64 tasks with each
+//!   implementation's client and tasks on a one-thread runtime of its own (lines
+//!   `<impl>_one_thread_...`), where one thread writes the calls and handles the
+//!   replies;
 //! * `hot_handoffs_ours_{1_client,4_clients}_vs_rslock`: handoffs per second on the
 //!   hot key against rslock;
 //! * `hot_handoff_p50_ours_1_client_vs_rslock`: rslock's median handoff time over ours

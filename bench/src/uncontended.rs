@@ -11,11 +11,13 @@ use redis::aio::ConnectionManager;
 use crate::figure::Figure;
 use crate::measure::{
     BoxError, Cycle, Sample, Timing, cycle, fixed_lease_cycle, latency_rounds, measure_rounds,
-    median, rates, rounds_list, rslock_cycle,
+    median, rate, rates, round_order, rounds_list, rslock_cycle,
 };
 
 /// Concurrencies measured: tasks running cycles at the same time.
 const CONCURRENCIES: [usize; 2] = [1, 64];
+/// Tasks of the one-thread figure ([`one_thread`]).
+const ONE_THREAD_TASKS: usize = 64;
 
 /// Same compare-and-delete as the usual Redis lock recipe, for the floor's release.
 const COMPARE_AND_DELETE: &str = r#"
@@ -238,7 +240,52 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
     let lone = lone_cycle_p50(&cycles, timing, rounds).await?;
     println!("{}", lone.ratio_line());
     figures.push(lone);
+    let one_thread = one_thread(url, timing, rounds).await?;
+    println!("{}", one_thread.ratio_line());
+    figures.push(one_thread);
     Ok(figures)
+}
+
+/// Ours and the floor at [`ONE_THREAD_TASKS`] tasks, each round on a one-thread tokio
+/// runtime of its own (`#[tokio::main(flavor = "current_thread")]`), client made on
+/// it: there the client's writes, its replies' handling and its callers share one
+/// thread, so how a wave of calls is split into batches decides how much of it
+/// overlaps with Redis's work. `rounds` interleaved rounds.
+async fn one_thread(url: &str, timing: Timing, rounds: usize) -> Result<Figure, BoxError> {
+    const MEASURED: [usize; 2] = [FLOOR, OURS];
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::with_capacity(rounds); MEASURED.len()];
+    for round in 0..rounds {
+        for i in round_order(MEASURED.len(), round) {
+            let (url, name) = (url.to_owned(), IMPLS[MEASURED[i]].0);
+            let (warm, measure) = (timing.warm(round), timing.measure);
+            let sample = tokio::task::spawn_blocking(move || -> Result<Sample, BoxError> {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                runtime.block_on(async {
+                    let cycle = op(&url, name).await?.ok_or("no such implementation")?;
+                    let mut probe = ConnectionManager::new(redis::Client::open(url)?).await?;
+                    rate(&mut probe, &cycle, ONE_THREAD_TASKS, warm, measure).await
+                })
+            })
+            .await??;
+            samples[i].push(sample);
+        }
+    }
+    for (i, s) in MEASURED.iter().zip(&samples) {
+        let (name, rate_name) = IMPLS[*i];
+        let (name, rate_name) = (
+            format!("{name}_one_thread"),
+            format!("{rate_name}_one_thread"),
+        );
+        print(ONE_THREAD_TASKS, "redis", &name, &rate_name, s);
+    }
+    Ok(Figure::rounds(
+        format!("ours_vs_floor_{ONE_THREAD_TASKS}_tasks_one_thread"),
+        "cycles/s",
+        &rates(&samples[1]),
+        &rates(&samples[0]),
+    ))
 }
 
 /// A lone call's latency with batching on and off: one task, every cycle (an

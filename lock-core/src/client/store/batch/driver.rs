@@ -113,13 +113,14 @@ impl Driving {
         (self.kind.id(), self.group)
     }
 
-    /// Takes this driver's batch from its lane (see `Lane::take_batch`). Whether another
-    /// driver should be scheduled for what is left.
-    fn take(&mut self) -> bool {
+    /// Takes this driver's batch from its lane (see `Lane::take_batch`; `one_thread`:
+    /// the driver runs on a one-thread runtime). Whether another driver should be
+    /// scheduled for what is left.
+    fn take(&mut self, one_thread: bool) -> bool {
         let mut all = self.lanes.lock();
         let lane = all.entry(self.lane()).or_default();
         self.state = State::Sending;
-        (self.batch, self.written) = lane.take_batch(self.lanes.depth);
+        (self.batch, self.written) = lane.take_batch(self.lanes.depth, one_thread);
         lane.claim_driver(self.lanes.depth)
     }
 }
@@ -160,16 +161,16 @@ fn ended(op: &str, what: &str) -> LockError {
 /// Sends what queued on a lane as one batch, once the tasks already ready have run.
 async fn drive(conn: Conn, mut driving: Driving) {
     let (kind, group) = (driving.kind, driving.group);
-    if matches!(
-        tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()),
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread)
-    ) {
+    use tokio::runtime::RuntimeFlavor::{CurrentThread, MultiThread};
+    let flavor = tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor());
+    let one_thread = matches!(flavor, Ok(CurrentThread));
+    if matches!(flavor, Ok(MultiThread)) {
         // A worker runs a task it spawned next (its LIFO slot), before the callers the
         // same reply woke; one yield puts this driver behind them, so their calls join
         // the batch. A one-thread runtime already runs tasks in the order they came.
         tokio::task::yield_now().await;
     }
-    if driving.take() {
+    if driving.take(one_thread) {
         schedule(conn.clone(), kind, group);
     }
     leave_out_callers_gone(&mut driving);
