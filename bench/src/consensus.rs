@@ -256,8 +256,7 @@ where
             let g = locks.acquire(("bench", "hot"), wait).await?;
             stats.granted(t, called);
             stats.releasing(t);
-            g.release().await?;
-            Ok(())
+            stats.released(g.release().await)
         })
     })
 }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lock_core::{Lease, LockClient, LockConfig, LockOptions};
+use lock_core::{Lease, LockClient, LockConfig, LockError, LockOptions};
 
 use crate::figure::Figure;
 use crate::measure::{BoxError, BoxFut, Timing, median, round_order, rounds_list};
@@ -59,6 +59,8 @@ pub struct Handoffs {
     /// Grants with a waiter left behind that had called lock more than
     /// [`ARRIVAL_SLACK`] earlier.
     overtaking: AtomicU64,
+    /// Holds whose release found them lost ([`released`](Self::released)).
+    lost: AtomicU64,
 }
 
 impl Default for Handoffs {
@@ -74,6 +76,7 @@ impl Default for Handoffs {
             waits_ns: Mutex::default(),
             waiting: Mutex::default(),
             overtaking: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
         }
     }
 }
@@ -128,6 +131,21 @@ impl Handoffs {
         *self.last_release.lock().unwrap() = Some(Instant::now());
     }
 
+    /// What a release answered. A hold lost before it (its lease ran out: a store's
+    /// session that could not prove its lease on a starved machine, say) still was a
+    /// grant, counted and printed (`lost_holds`), and the round goes on; any other
+    /// error ends it.
+    pub fn released<T>(&self, answer: Result<T, LockError>) -> Result<(), BoxError> {
+        match answer {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_lost() => {
+                self.lost.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     fn sample(&self, elapsed: Duration) -> HotSample {
         let sorted = |ns: &Mutex<Vec<u64>>| {
             let mut v = ns.lock().unwrap().clone();
@@ -147,6 +165,7 @@ impl Handoffs {
             wait_p99_ms: ns_at(&waits, 0.99) / 1e6,
             in_arrival_order_pct: 100.0
                 - self.overtaking.load(Ordering::Relaxed) as f64 * 100.0 / grants.max(1) as f64,
+            lost_holds: self.lost.load(Ordering::Relaxed) as f64,
         }
     }
 }
@@ -165,6 +184,8 @@ pub struct HotSample {
     pub wait_p99_ms: f64,
     /// Percentage of grants that overtook no waiter (see the module docs).
     pub in_arrival_order_pct: f64,
+    /// Holds found lost at their release ([`Handoffs::released`]).
+    pub lost_holds: f64,
 }
 
 impl HotSample {
@@ -179,6 +200,7 @@ impl HotSample {
             longest_wait_ms: m(|s| s.longest_wait_ms),
             wait_p99_ms: m(|s| s.wait_p99_ms),
             in_arrival_order_pct: m(|s| s.in_arrival_order_pct),
+            lost_holds: m(|s| s.lost_holds),
         }
     }
 }
@@ -256,6 +278,10 @@ pub fn print(name: &str, m: &HotSample, rounds: &[HotSample]) {
         "hot_key {name} handoffs_per_s_rounds {}",
         rounds_list(rounds.iter().map(|s| s.handoffs_per_s))
     );
+    let lost: f64 = rounds.iter().map(|s| s.lost_holds).sum();
+    if lost > 0.0 {
+        println!("hot_key {name} lost_holds {lost:.0} (over all rounds)");
+    }
 }
 
 /// lock-core with the tasks spread over `clients` LockClients (more than one client
@@ -280,8 +306,7 @@ async fn ours(url: &str, clients: usize, fair: bool) -> Result<HotCycle, BoxErro
             let g = client.acquire(("bench", kind, clients), opts).await?;
             stats.granted(t, called);
             stats.releasing(t);
-            g.release().await?;
-            Ok(())
+            stats.released(g.release().await)
         })
     }))
 }
@@ -396,4 +421,29 @@ pub async fn run(url: &str, timing: Timing, rounds: usize) -> Result<Vec<Figure>
         }
     }
     Ok(figures)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hold_lost_before_its_release_is_counted_and_any_other_error_ends_the_round() {
+        let stats = Handoffs::default();
+        let key = || "bench:hot".to_owned();
+        assert!(stats.released(Ok::<(), LockError>(())).is_ok());
+        assert!(
+            stats
+                .released::<()>(Err(LockError::Expired { key: key() }))
+                .is_ok()
+        );
+        assert!(
+            stats
+                .released::<()>(Err(LockError::NotOwner { key: key() }))
+                .is_ok()
+        );
+        let other = stats.released::<()>(Err(LockError::InvalidConfig("lease".into())));
+        assert!(other.is_err_and(|e| e.to_string().contains("lease")));
+        assert_eq!(stats.sample(Duration::from_secs(1)).lost_holds, 2.0);
+    }
 }

@@ -34,7 +34,9 @@
 //!   grant, `wait_p99_ms` the 99th percentile of those waits, and
 //!   `in_arrival_order_pct`, the grants that overtook no waiter which had called lock
 //!   more than 1 ms before (see [`hot`]). The last four join the figures as
-//!   `hot_<impl>_<figure>`, without a baseline.
+//!   `hot_<impl>_<figure>`, without a baseline. A hold whose release finds it lost
+//!   (its lease ran out: on a starved machine an etcd session may not prove its lease
+//!   in time) still counts as a grant and is printed as `lost_holds`; the run goes on.
 //!
 //! # Rounds and medians
 //!
