@@ -438,8 +438,8 @@ mod tests {
                 assert_eq!(n, queued.min(LEAD), "{queued} queued, depth {depth}");
                 assert!(n <= batch_size(queued, depth, false), "{queued}: {n}");
             }
-            // One in flight at most: each batch waits for the one before, so it takes
-            // all it can, leading or not.
+            // At most one in flight: the next batch cannot go until this one is back,
+            // so this one takes all it can, leading or not.
             assert_eq!(batch_size(queued, 1, true), queued.min(MAX_BATCH));
         }
     }
