@@ -277,6 +277,17 @@ fn reserved(c: char) -> bool {
 /// The characters [`reserved`] names, as bytes.
 const RESERVED: [u8; 3] = *b"%{}";
 
+/// 1 at each byte of [`RESERVED`], 0 elsewhere.
+static RESERVED_BYTES: [u8; 256] = {
+    let mut table = [0; 256];
+    let mut i = 0;
+    while i < RESERVED.len() {
+        table[RESERVED[i] as usize] = 1;
+        i += 1;
+    }
+    table
+};
+
 /// Whether `part` has a character to escape; a byte test when the delimiter is ASCII
 /// (a multi-byte character's bytes are never ASCII).
 fn needs_escaping(delimiter: &str, part: &[u8]) -> bool {
@@ -286,8 +297,12 @@ fn needs_escaping(delimiter: &str, part: &[u8]) -> bool {
     let hit = |b: u8, d: u8| RESERVED.iter().fold(b == d, |found, &r| found | (b == r));
     match delimiter.as_bytes() {
         // The usual one-character delimiter, on every part of every name. A short part
-        // (a word, an id) stops at the first byte found.
-        &[d] if d.is_ascii() && part.len() < 16 => part.iter().any(|&b| hit(b, d)),
+        // (a word, an id): a table look-up per byte, without a branch.
+        &[d] if d.is_ascii() && part.len() < 16 => {
+            part.iter().fold(0, |found, &b| {
+                found | RESERVED_BYTES[usize::from(b)] | u8::from(b == d)
+            }) != 0
+        }
         // A longer one, each chunk tested without a branch per byte, which the compiler
         // turns into vector compares (a hex digest or a path costs a few steps, not one
         // per byte).

@@ -201,6 +201,8 @@ pub(crate) struct Lanes {
     lanes: Mutex<LaneMap>,
     /// The most calls of one lane in flight at once (the configuration's, at least 1).
     depth: usize,
+    /// Reply slots for queued calls.
+    slots: reply::Slots,
 }
 
 impl Lanes {
@@ -208,6 +210,7 @@ impl Lanes {
         Self {
             lanes: Mutex::default(),
             depth,
+            slots: reply::Slots::default(),
         }
     }
 
@@ -299,7 +302,7 @@ impl Conn {
             };
             return Turn::Alone(alone, build);
         }
-        let (mut reply, pending) = reply::slot(op, self.deadlines.place(Limit::Queued));
+        let (mut reply, pending) = lanes.slots.slot(op, self.deadlines.place(Limit::Queued));
         match write(build, &mut lane.written) {
             Some(span) => lane.queue.push(Queued { span, op, reply }),
             None => reply.deliver(

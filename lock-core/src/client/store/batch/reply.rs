@@ -41,18 +41,47 @@ impl Slot {
     }
 }
 
-/// A new call's two ends.
-pub(super) fn slot<'c>(op: &'static str, place: Place<'c>) -> (ReplyTo, Pending<'c>) {
-    let slot = Arc::new(Slot(Mutex::new(State::Waiting(None))));
-    (
-        ReplyTo(Some(slot.clone())),
-        Pending {
-            slot,
-            op,
-            place,
-            done: false,
-        },
-    )
+/// The most slots a connection keeps for reuse: a wave of queued calls.
+const KEPT_SLOTS: usize = 2 * super::MAX_BATCH;
+
+/// A connection's slots whose calls are over, for its next calls. A wave of queued
+/// calls takes a slot each and frees them all as their callers take their replies: a
+/// fresh allocation per call cost an allocation and a free each (two a lock's cycle),
+/// and a wave overflows the allocator's per-thread cache of one size.
+#[derive(Default)]
+pub(super) struct Slots(Mutex<Vec<Arc<Slot>>>);
+
+impl Slots {
+    fn lock(&self) -> MutexGuard<'_, Vec<Arc<Slot>>> {
+        // Only pushes and pops happen under it.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A new call's two ends, in a kept slot if there is one.
+    pub(super) fn slot<'c>(&'c self, op: &'static str, place: Place<'c>) -> (ReplyTo, Pending<'c>) {
+        let slot = self
+            .lock()
+            .pop()
+            .unwrap_or_else(|| Arc::new(Slot(Mutex::new(State::Waiting(None)))));
+        (
+            ReplyTo(Some(slot.clone())),
+            Pending {
+                slot,
+                slots: self,
+                op,
+                place,
+                done: false,
+            },
+        )
+    }
+
+    /// Keeps `slot` (nothing else holds it; waiting again) if there is room.
+    fn give_back(&self, slot: Arc<Slot>) {
+        let mut kept = self.lock();
+        if kept.len() < KEPT_SLOTS {
+            kept.push(slot);
+        }
+    }
 }
 
 /// The driver's end of a queued call. Dropped without delivering (its lane went away
@@ -138,6 +167,8 @@ fn dropped() -> LockError {
 /// sent yet.
 pub(crate) struct Pending<'c> {
     slot: Arc<Slot>,
+    /// Where the slot goes back once its outcome is taken.
+    slots: &'c Slots,
     op: &'static str,
     place: Place<'c>,
     /// The caller took its outcome, or left (dropped, or timed out): its end is done.
@@ -232,6 +263,16 @@ impl Future for Pending<'_> {
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
         self.leave(None);
+        // Reused only once nothing else holds it (the driver delivered, and let go)
+        // and its outcome was taken: a caller that left first leaves its slot to the
+        // driver, which may still deliver into it.
+        if let Some(slot) = Arc::get_mut(&mut self.slot) {
+            let state = slot.0.get_mut().unwrap_or_else(PoisonError::into_inner);
+            if matches!(state, State::Done) {
+                *state = State::Waiting(None);
+                self.slots.give_back(self.slot.clone());
+            }
+        }
     }
 }
 
@@ -311,9 +352,11 @@ mod tests {
     #[tokio::test]
     async fn each_outcome_reaches_the_caller_or_its_undo_once() {
         let deadlines = Deadlines::new(Duration::from_secs(60));
+        // Shared by every round: a slot is reused after whatever its last call saw.
+        let slots = Slots::default();
         let mut rng = fastrand::Rng::with_seed(5);
         for round in 0..500 {
-            let (mut to, pending) = slot("test", deadlines.place(Limit::Queued));
+            let (mut to, pending) = slots.slot("test", deadlines.place(Limit::Queued));
             let seen = Seen::default();
             let with_undo = rng.bool();
             let mut caller: Box<dyn Future<Output = Result<Value, LockError>> + Unpin> =
@@ -389,12 +432,61 @@ mod tests {
         }
     }
 
+    /// A slot is kept once its caller took the outcome and the driver let go, never
+    /// while the driver may still deliver into it, and no more than a wave's worth.
+    #[tokio::test]
+    async fn a_slot_is_reused_only_once_both_ends_are_done() {
+        let deadlines = Deadlines::new(Duration::from_secs(60));
+        let slots = Slots::default();
+        let kept = |slots: &Slots| slots.lock().len();
+        // The caller took its reply: kept, and the next call gets it, waiting again.
+        let (mut to, mut pending) = slots.slot("a", deadlines.place(Limit::Queued));
+        assert!(poll_once(&mut pending).is_pending());
+        to.deliver(Ok(Value::Int(1)), true);
+        assert!(matches!(
+            poll_once(&mut pending),
+            Poll::Ready(Ok(Value::Int(1)))
+        ));
+        drop(pending);
+        assert_eq!(kept(&slots), 1);
+        let (mut to, mut pending) = slots.slot("b", deadlines.place(Limit::Queued));
+        assert_eq!(kept(&slots), 0);
+        assert!(
+            poll_once(&mut pending).is_pending(),
+            "a reused slot kept an outcome"
+        );
+        to.deliver(Ok(Value::Int(2)), true);
+        assert!(matches!(
+            poll_once(&mut pending),
+            Poll::Ready(Ok(Value::Int(2)))
+        ));
+        drop(pending);
+        // The caller left first: the driver still holds the slot, which is not kept.
+        let (mut to, pending) = slots.slot("c", deadlines.place(Limit::Queued));
+        drop(pending);
+        assert_eq!(kept(&slots), 0);
+        to.deliver(Ok(Value::Int(3)), true);
+        drop(to);
+        assert_eq!(kept(&slots), 0);
+        // A wave larger than what is kept.
+        let calls: Vec<_> = (0..KEPT_SLOTS + 10)
+            .map(|_| slots.slot("c", deadlines.place(Limit::Queued)))
+            .collect();
+        for (mut to, pending) in calls {
+            to.deliver(Ok(Value::Okay), true);
+            drop(to);
+            assert!(matches!(pending.await, Ok(Value::Okay)));
+        }
+        assert_eq!(kept(&slots), KEPT_SLOTS);
+    }
+
     /// A caller whose wait timed out hands its undo to the call, which runs it with the
     /// reply that comes after.
     #[tokio::test]
     async fn a_timed_out_caller_undoes_once_the_late_reply_is_in() {
         let deadlines = Deadlines::new(Duration::from_millis(20));
-        let (mut to, pending) = slot("late", deadlines.place(Limit::Queued));
+        let slots = Slots::default();
+        let (mut to, pending) = slots.slot("late", deadlines.place(Limit::Queued));
         let seen = Seen::default();
         let undoing = Undoing {
             pending,
