@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::{IdempotencyKeys, IdempotencyStore};
 use crate::client::Client;
-use crate::client::store::batch::{Entry, Turn};
+use crate::client::store::batch::{Turn, builder};
 use crate::client::store::decode;
 use crate::client::store::scripts::{
     IDEMPOTENCY_ABANDON, IDEMPOTENCY_COMPLETE, IDEMPOTENCY_EXTEND,
@@ -126,12 +126,12 @@ impl Claim {
         done.extend_from_slice(fingerprint.as_bytes());
         done.push(b' ');
         done.extend_from_slice(record);
-        let entry = |e: Entry| {
+        let entry = builder(|e| {
             e.key(&s.keys.record)
                 .arg(&s.in_flight)
                 .arg(&done[..])
                 .arg(retention.as_millis() as u64)
-        };
+        });
         let conn = inner.conn();
         let reply = match conn.turn(&IDEMPOTENCY_COMPLETE, &s.keys.record, entry) {
             Turn::Alone(alone, entry) => {

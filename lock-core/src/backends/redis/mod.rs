@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use crate::client::Client;
 use crate::client::cleanup::{self, OnDrop};
 use crate::client::config::{LockConfig, proven};
-use crate::client::store::batch::{Entry, Turn as LaneTurn};
+use crate::client::store::batch::{Entry, Turn as LaneTurn, builder};
 use crate::client::store::key::{LockKeys, LockMode, QUEUE, WAITERS};
 use crate::client::store::scripts::{
     ACQUIRE, AcquireReply, Code, FENCE, FenceReply, GrantReply, Lua, RELEASE, RENEW, codes,
@@ -128,7 +128,7 @@ impl RedisBackend {
         linger: u64,
     ) -> Result<AcquireReply, LockError> {
         let keys = &req.keys;
-        let entry = |e: Entry| {
+        let entry = builder(|e| {
             e.key(&keys.key)
                 .key(&keys.fence())
                 .key_suffixed(&keys.key, WAITERS)
@@ -136,7 +136,7 @@ impl RedisBackend {
                 .arg(req.lease.as_millis() as u64)
                 .arg(linger)
                 .arg(u8::from(req.fenced))
-        };
+        });
         self.take_in_lane(&ACQUIRE, keys, value, entry).await
     }
 
@@ -149,7 +149,7 @@ impl RedisBackend {
         script: &'static Lua,
         keys: &Arc<LockKeys>,
         value: &Arc<str>,
-        entry: impl FnOnce(Entry) -> Entry,
+        entry: impl FnOnce(Entry<'_>) -> Entry<'_>,
     ) -> Result<AcquireReply, LockError> {
         let undo = || OnDrop::new(|| self.give_back_in_background(keys, value));
         let conn = self.client.conn();

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{RedisBackend, held, renewed};
-use crate::client::store::batch::{Entry, entry_replies, entry_reply};
+use crate::client::store::batch::{builder, entry_replies, entry_reply};
 use crate::client::store::key::{LockKeys, LockMode, WAITERS};
 use crate::client::store::scripts::{
     AcquireReply, GrantReply, READ_WRITE, READ_WRITE_EXTEND, READ_WRITE_RELEASE, code_value,
@@ -37,7 +37,7 @@ impl RedisBackend {
         } else {
             0
         };
-        let entry = |e: Entry| {
+        let entry = builder(|e| {
             let e = e.key(&keys.key).key_suffixed(&keys.key, WAITERS);
             // Only a writer takes a token: the others name the lock again.
             let e = if write {
@@ -49,7 +49,7 @@ impl RedisBackend {
                 .arg(&**value)
                 .arg(req.lease.as_millis() as u64)
                 .arg(linger)
-        };
+        });
         self.take_in_lane(&READ_WRITE, keys, value, entry).await
     }
 

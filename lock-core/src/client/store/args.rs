@@ -65,44 +65,21 @@ impl Args {
         self.count += count;
     }
 
-    /// Appends `count` arguments that are already bulk strings, as
-    /// [`push_bulks`](Self::push_bulks) does, a column at a time: `bulks` holds rows of
-    /// `columns` arguments, and every row's first argument goes first, then every row's
-    /// second, and so on. `false`, with nothing appended, if `bulks` is not `count`
-    /// whole bulk strings in whole rows.
-    pub(super) fn push_bulks_by_column(
-        &mut self,
-        bulks: &[u8],
-        count: usize,
-        columns: usize,
-    ) -> bool {
-        if columns <= 1 {
-            self.push_bulks(bulks, count);
-            return true;
-        }
-        if !count.is_multiple_of(columns) {
-            return false;
-        }
-        let mut args = Vec::with_capacity(count);
-        let mut at = 0;
-        for _ in 0..count {
-            let Some(size) = bulks.get(at..).and_then(bulk_size) else {
-                return false;
-            };
-            args.push(&bulks[at..at + size]);
-            at += size;
-        }
-        if at != bulks.len() {
-            return false;
-        }
-        self.data.reserve(bulks.len());
-        for column in 0..columns {
-            for arg in args.iter().skip(column).step_by(columns) {
-                self.data.extend_from_slice(arg);
-            }
-        }
-        self.count += count;
-        true
+    /// Bytes written.
+    pub(super) fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Keeps the first `len` bytes, which hold `count` arguments.
+    pub(super) fn truncate(&mut self, len: usize, count: usize) {
+        self.data.truncate(len);
+        self.count = count;
+    }
+
+    /// Copies the bytes at `from` to `to` (see `slice::copy_within`); the count of
+    /// arguments is the caller's to keep.
+    pub(super) fn copy_within(&mut self, from: std::ops::Range<usize>, to: usize) {
+        self.data.copy_within(from, to);
     }
 
     /// Appends the whole command, as Redis reads it, to `out`.
@@ -112,6 +89,13 @@ impl Args {
         out.extend_from_slice(itoa::Buffer::new().format(self.count).as_bytes());
         out.extend_from_slice(b"\r\n");
         out.extend_from_slice(&self.data);
+    }
+
+    /// Appends `cmd` whole, as [`write`](Self::write) writes it: a buffer of a
+    /// pipeline's commands counts commands, not arguments.
+    pub(super) fn push_command(&mut self, cmd: &Args) {
+        cmd.write(&mut self.data);
+        self.count += 1;
     }
 
     /// Each argument's bytes, in order.
@@ -182,7 +166,7 @@ fn split_command(bytes: &[u8]) -> Option<(Args, &[u8])> {
 
 /// Where the first bulk string of `bytes` (`$<len>\r\n<bytes>\r\n`, as written here)
 /// starts its bytes, and its whole size, header and last `\r\n` included. Digit by
-/// digit, with no search and no string parse: it runs for every key of a batch.
+/// digit, with no search and no string parse.
 fn bulk(bytes: &[u8]) -> Option<(usize, usize)> {
     if *bytes.first()? != b'$' {
         return None;
@@ -203,6 +187,7 @@ fn bulk(bytes: &[u8]) -> Option<(usize, usize)> {
 }
 
 /// The size of the first bulk string of `bytes` (see [`bulk`]).
+#[cfg(test)]
 fn bulk_size(bytes: &[u8]) -> Option<usize> {
     bulk(bytes).map(|(_, size)| size)
 }
@@ -329,37 +314,6 @@ mod tests {
             }
             assert_eq!((at, n), (args.bulks().len(), want.len()));
             assert_eq!(args.to_cmd().get_packed_command(), cmd.get_packed_command());
-        }
-    }
-
-    /// Keys that are not whole rows, or not whole bulk strings, append nothing.
-    #[test]
-    fn only_whole_rows_go_by_column() {
-        let mut rows = Args::default();
-        rows.arg("a1")
-            .arg("b1")
-            .arg("a2")
-            .arg("b2")
-            .arg("a3")
-            .arg("b3");
-        let mut out = Args::cmd("X");
-        assert!(out.push_bulks_by_column(rows.bulks(), 6, 2));
-        let got: Vec<&[u8]> = out.each().collect();
-        assert_eq!(got, [&b"X"[..], b"a1", b"a2", b"a3", b"b1", b"b2", b"b3"]);
-        assert_eq!(out.count(), 7);
-        for (bytes, count, columns) in [
-            (rows.bulks(), 6, 4),
-            (rows.bulks(), 4, 2),
-            (&rows.bulks()[..rows.bulks().len() - 1], 6, 2),
-            (&b"$9\r\nshort\r\n$1\r\nx\r\n"[..], 2, 2),
-        ] {
-            let mut out = Args::cmd("X");
-            assert!(!out.push_bulks_by_column(bytes, count, columns));
-            assert_eq!(
-                (out.count(), out.bulks().len()),
-                (1, 7),
-                "{count} in {columns}"
-            );
         }
     }
 }

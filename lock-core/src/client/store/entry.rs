@@ -1,7 +1,9 @@
 //! What a caller builds for a script's batch lane: one entry of a batched script call
-//! ([`Entry`]), packed flat (its keys, then its arguments, as Redis reads them, in a
-//! buffer its lane lends it, so building one allocates nothing, and a key made of a
-//! lock key and a suffix is written in place). An entry sent alone is written straight
+//! ([`Entry`]). Queued, its keys and arguments are written straight into the buffers
+//! its lane keeps for the next batch (its keys into the key columns the script reads
+//! them in, its arguments after the arguments before them), as Redis reads them: a key
+//! made of a lock key and a suffix is written in place, nothing is allocated, and a
+//! batch's command copies each buffer whole. An entry sent alone is written straight
 //! into its command instead.
 
 use redis::ToRedisArgs;
@@ -10,52 +12,40 @@ use super::args::Args;
 use super::scripts::Lua;
 
 /// One entry of a batched script call: its keys and arguments in the script's per-entry
-/// layout. Callers build it from the empty entry they are handed (keys first, then
-/// arguments): queued, it is packed for a later batch; alone, it is its command.
-pub(crate) struct Entry {
-    form: Form,
+/// layout. Callers build it from the empty entry they are handed: queued, it is written
+/// into its lane's buffers for a later batch; alone, it is its command.
+pub(crate) struct Entry<'w> {
+    form: Form<'w>,
 }
 
-enum Form {
-    Packed(Packed),
+enum Form<'w> {
+    Packed(Packed<'w>),
     /// `EVALSHA <sha> <numkeys>` and what was added since.
     Direct(Args),
 }
 
-impl Entry {
-    /// An entry to queue, written into `buf` (empty).
-    pub(super) fn packed_in(buf: Args) -> Self {
-        debug_assert_eq!(buf.count(), 0, "an entry starts empty");
+impl<'w> Entry<'w> {
+    /// An entry to queue: its `k`th key goes after what `columns[k % columns.len()]`
+    /// holds, its arguments after what `args` holds.
+    pub(super) fn packed_in(columns: &'w mut [Args], args: &'w mut Args) -> Self {
         Self {
             form: Form::Packed(Packed {
-                args: buf,
+                columns,
+                args,
                 keys: 0,
-                keys_end: 0,
             }),
         }
     }
 
-    /// A queued entry's keys and arguments (`None` for an entry made
-    /// [`direct`](Self::direct)).
-    pub(super) fn into_packed(self) -> Option<Packed> {
+    /// A queued entry, written (`None` for an entry made [`direct`](Entry::direct)).
+    pub(super) fn into_packed(self) -> Option<Packed<'w>> {
         match self.form {
             Form::Packed(p) => Some(p),
             Form::Direct(_) => None,
         }
     }
 
-    /// An entry that is a call of `script` alone, with one entry's keys.
-    pub(super) fn direct(script: &Lua) -> Self {
-        let mut cmd = Args::with_capacity(12, 256);
-        cmd.arg("EVALSHA")
-            .arg(script.sha())
-            .arg(script.entry_keys());
-        Self {
-            form: Form::Direct(cmd),
-        }
-    }
-
-    /// The command of an entry made [`direct`](Self::direct).
+    /// The command of an entry made [`direct`](Entry::direct).
     pub(super) fn into_command(self) -> Option<Args> {
         match self.form {
             Form::Direct(cmd) => Some(cmd),
@@ -72,7 +62,7 @@ impl Entry {
         self.key_of(&[key.as_bytes(), suffix.as_bytes()])
     }
 
-    /// One key made of `parts` back to back; keys come before the arguments.
+    /// One key made of `parts` back to back.
     fn key_of(mut self, parts: &[&[u8]]) -> Self {
         match &mut self.form {
             Form::Packed(p) => p.write_key(parts),
@@ -85,58 +75,54 @@ impl Entry {
 
     pub(crate) fn arg(mut self, arg: impl ToRedisArgs) -> Self {
         match &mut self.form {
-            Form::Packed(p) => arg.write_redis_args(&mut p.args),
+            Form::Packed(p) => arg.write_redis_args(p.args),
             Form::Direct(cmd) => arg.write_redis_args(cmd),
         }
         self
     }
 }
 
-/// An entry's keys, then its arguments, written as they go to Redis ([`Args`]), so its
-/// lane copies them as they are.
-pub(super) struct Packed {
-    args: Args,
-    /// How many of the first arguments are keys.
-    keys: usize,
-    /// Where the keys end in the bytes.
-    keys_end: usize,
+impl Entry<'static> {
+    /// An entry that is a call of `script` alone, with one entry's keys.
+    pub(super) fn direct(script: &Lua) -> Self {
+        let mut cmd = Args::with_capacity(12, 256);
+        cmd.arg("EVALSHA")
+            .arg(script.sha())
+            .arg(script.entry_keys());
+        Self {
+            form: Form::Direct(cmd),
+        }
+    }
 }
 
-impl Packed {
-    /// The keys' bulk strings, and how many.
-    pub(super) fn keys(&self) -> (&[u8], usize) {
-        (&self.args.bulks()[..self.keys_end], self.keys)
+/// `build`, as what builds an entry from the one it is handed, whatever that one
+/// borrows: for a builder kept in a variable before it is passed on.
+pub(crate) fn builder<F: FnOnce(Entry<'_>) -> Entry<'_>>(build: F) -> F {
+    build
+}
+
+/// A queued entry, written into its lane's buffers.
+pub(super) struct Packed<'w> {
+    columns: &'w mut [Args],
+    args: &'w mut Args,
+    /// Keys written.
+    keys: usize,
+}
+
+impl Packed<'_> {
+    /// How many keys the entry wrote.
+    pub(super) fn keys(&self) -> usize {
+        self.keys
     }
 
-    /// The arguments' bulk strings (after the keys), and how many.
-    pub(super) fn args(&self) -> (&[u8], usize) {
-        (
-            &self.args.bulks()[self.keys_end..],
-            self.args.count() - self.keys,
-        )
-    }
-
-    /// The buffer it was written in.
-    pub(super) fn into_buffer(self) -> Args {
-        self.args
-    }
-
-    /// One key made of `parts` back to back; keys come before the arguments.
+    /// One key made of `parts` back to back, in the next column (counted, and written
+    /// nowhere, if there are no columns).
     fn write_key(&mut self, parts: &[&[u8]]) {
-        debug_assert_eq!(
-            self.args.count(),
-            self.keys,
-            "an entry's keys come before its arguments"
-        );
-        self.args.arg_joined(parts);
+        let columns = self.columns.len().max(1);
+        if let Some(column) = self.columns.get_mut(self.keys % columns) {
+            column.arg_joined(parts);
+        }
         self.keys += 1;
-        self.keys_end = self.args.bulks().len();
-    }
-
-    /// Every argument, keys first.
-    #[cfg(test)]
-    fn each(&self) -> impl Iterator<Item = &[u8]> {
-        self.args.each()
     }
 }
 
@@ -148,8 +134,8 @@ mod tests {
 
     use super::*;
 
-    fn parts(p: &Packed) -> Vec<Vec<u8>> {
-        p.each().map(<[u8]>::to_vec).collect()
+    fn each(args: &Args) -> Vec<Vec<u8>> {
+        args.each().map(<[u8]>::to_vec).collect()
     }
 
     #[test]
@@ -172,10 +158,15 @@ mod tests {
         );
     }
 
+    /// Keys go to the columns in turn and arguments after the ones before, each
+    /// whole; what the buffers held stays.
     #[test]
-    fn an_entry_keeps_each_key_and_argument_whole_and_in_order() {
-        let used = Args::with_capacity(1, 64);
-        let p = Entry::packed_in(used)
+    fn an_entry_writes_its_keys_by_column_and_its_arguments_whole_after_what_was_there() {
+        let mut columns = [Args::default(), Args::default()];
+        columns[0].arg("before");
+        let mut args = Args::default();
+        args.arg("earlier");
+        let p = Entry::packed_in(&mut columns, &mut args)
             .key("lock:{a}")
             .key_suffixed("lock:{a}", ":waiters")
             .key("")
@@ -183,30 +174,26 @@ mod tests {
             .arg(42_u64)
             .arg(&b"\x00bytes"[..])
             .arg(Vec::<u8>::new())
-            .into_packed();
-        let p = p.unwrap();
-        assert_eq!(p.keys, 3);
-        assert_eq!(p.keys().1, 3);
-        assert_eq!(p.args().1, 4);
+            .into_packed()
+            .unwrap();
+        assert_eq!(p.keys(), 3);
+        let key = |k: &[u8]| k.to_vec();
         assert_eq!(
-            parts(&p),
-            [
-                &b"lock:{a}"[..],
-                b"lock:{a}:waiters",
-                b"",
-                b"v",
-                b"42",
-                b"\x00bytes",
-                b""
-            ]
-            .map(<[u8]>::to_vec)
+            each(&columns[0]),
+            [key(b"before"), key(b"lock:{a}"), key(b"")]
+        );
+        assert_eq!(each(&columns[1]), [key(b"lock:{a}:waiters")]);
+        assert_eq!(
+            each(&args),
+            [&b"earlier"[..], b"v", b"42", b"\x00bytes", b""].map(<[u8]>::to_vec)
         );
     }
 
     #[test]
     fn an_argument_written_in_pieces_or_past_the_buffer_stays_whole() {
         let long = vec![b'x'; 1000];
-        let mut p = Entry::packed_in(Args::with_capacity(1, 8))
+        let (mut columns, mut args) = ([Args::default()], Args::with_capacity(1, 8));
+        let p = Entry::packed_in(&mut columns, &mut args)
             .into_packed()
             .unwrap();
         {
@@ -218,9 +205,9 @@ mod tests {
         // An argument the writer left empty is an empty argument, not a missing one.
         drop(p.args.writer_for_next_arg());
         p.args.write_arg(b"z");
-        assert_eq!(p.args.count(), 4);
+        assert_eq!(args.count(), 4);
         assert_eq!(
-            parts(&p),
+            each(&args),
             [b"abcd".to_vec(), long, Vec::new(), b"z".to_vec()]
         );
     }

@@ -22,7 +22,7 @@ async fn send_batch(
 ) -> Result<Vec<Value>, LockError> {
     let reply = conn
         .eval_sized(script, conn.timeout(), written.script_size(), |c| {
-            written.fill_script(c, script.key_columns())
+            written.fill_script(c)
         })
         .await?;
     entry_replies(script, reply, entries)

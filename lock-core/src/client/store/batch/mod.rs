@@ -55,7 +55,7 @@ use std::sync::Mutex;
 use redis::{FromRedisValue, Value};
 
 use super::deadline::Limit;
-pub(crate) use super::entry::Entry;
+pub(crate) use super::entry::{Entry, builder};
 use super::scripts::Lua;
 use super::{Args, Conn, decode};
 use crate::error::LockError;
@@ -258,14 +258,14 @@ impl Conn {
     /// A place for a call of `script` on `key`'s group: alone (send now, with
     /// [`send_one`](Self::send_one)), or queued with the entry `entry` builds from an
     /// empty one (built only then). With batching off, always alone.
-    pub(crate) fn turn<F: FnOnce(Entry) -> Entry>(
+    pub(crate) fn turn<F: FnOnce(Entry<'_>) -> Entry<'_>>(
         &self,
         script: &'static Lua,
         key: &str,
         entry: F,
     ) -> Turn<'_, F> {
         self.take_turn(Kind::Script(script), script.op(), key, entry, |f, w| {
-            w.entry(f)
+            w.entry(script.key_columns(), f)
         })
     }
 
@@ -307,7 +307,7 @@ impl Conn {
             Some(span) => lane.queue.push(Queued { span, op, reply }),
             None => reply.deliver(
                 Err(LockError::UnexpectedReply(format!(
-                    "{op}: a queued call was built as a call alone"
+                    "{op}: a queued entry did not fit its script's layout of keys"
                 ))),
                 false,
             ),
@@ -326,7 +326,7 @@ impl Conn {
         &self,
         script: &'static Lua,
         key: &str,
-        entry: impl FnOnce(Entry) -> Entry,
+        entry: impl FnOnce(Entry<'_>) -> Entry<'_>,
     ) -> Result<T, LockError> {
         let reply = match self.turn(script, key, entry) {
             Turn::Queued(pending) => pending.await,
@@ -345,7 +345,7 @@ impl Conn {
     pub(crate) async fn send_one(
         &self,
         script: &'static Lua,
-        entry: impl FnOnce(Entry) -> Entry,
+        entry: impl FnOnce(Entry<'_>) -> Entry<'_>,
     ) -> Result<Value, LockError> {
         let entry = entry(Entry::direct(script));
         let Some(cmd) = entry.into_command() else {

@@ -1,8 +1,9 @@
 //! What a lane's queued calls send, written into buffers the lane keeps ([`Written`]) as
-//! they queue: a queued call costs no buffer of its own (its entry or command is built
-//! in a scratch buffer the lane reuses, then appended), and a batch's command is copied
-//! from them as it is. A driver takes the buffers with its batch and gives them back
-//! once its call is over, so a busy lane allocates none.
+//! they queue: a queued call costs no buffer of its own (an entry writes its keys and
+//! arguments straight into them; a command is built in a scratch buffer the lane
+//! reuses, then appended), and a batch's command copies each buffer whole. A driver
+//! takes the buffers with its batch and gives them back once its call is over, so a
+//! busy lane allocates none.
 
 use super::super::args::{Args, Pipe};
 use super::super::entry::Entry;
@@ -11,11 +12,17 @@ use super::super::entry::Entry;
 const SPARES: usize = 4;
 /// A buffer grown past this (a burst of large entries) is dropped rather than kept.
 const KEPT_CAPACITY: usize = 64 * 1024;
+/// The most key columns a batched script reads its entries' keys in (the release
+/// script's three: see [`Lua::key_columns`]).
+///
+/// [`Lua::key_columns`]: super::super::scripts::Lua::key_columns
+pub(super) const KEY_COLUMNS: usize = 3;
 
-/// Where one queued call's bytes are in its lane's [`Written`].
+/// Where one queued call's bytes are in its lane's [`Written`]: its keys in each key
+/// column, and its arguments (or its command).
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 pub(super) struct Span {
-    keys: Part,
+    keys: [Part; KEY_COLUMNS],
     rest: Part,
 }
 
@@ -27,108 +34,124 @@ struct Part {
     count: usize,
 }
 
-/// Bytes of queued calls back to back, and how many arguments (or commands) they are.
-#[derive(Default)]
-struct Buf {
-    data: Vec<u8>,
-    count: usize,
+impl Part {
+    /// The same bytes once what starts at `from` has moved to `to`.
+    fn shifted(self, from: usize, to: usize) -> Self {
+        let at = |i: usize| i.saturating_sub(from) + to;
+        Self {
+            start: at(self.start),
+            end: at(self.end),
+            count: self.count,
+        }
+    }
 }
 
-impl Buf {
-    fn push(&mut self, bytes: &[u8], count: usize) -> Part {
-        let start = self.data.len();
-        self.data.extend_from_slice(bytes);
-        self.count += count;
-        Part {
-            start,
-            end: self.data.len(),
-            count,
-        }
-    }
+/// Moves the `count` calls' bytes of `buf` from `from` on to the end of `to`.
+fn move_tail(buf: &mut Args, from: usize, count: usize, to: &mut Args) {
+    to.push_bulks(buf.bulks().get(from..).unwrap_or_default(), count);
+    buf.truncate(from, buf.count().saturating_sub(count));
+}
 
-    fn bytes(&self, part: Part) -> &[u8] {
-        &self.data[part.start..part.end]
+/// What a buffer has up to now: where the next call's part of it starts.
+fn end_of(buf: &Args) -> Part {
+    Part {
+        start: buf.len(),
+        end: buf.len(),
+        count: buf.count(),
     }
+}
 
-    /// Moves `part` down to `to` (where the bytes kept so far end), which it is at or
-    /// after; `to` then ends after it.
-    fn move_down(&mut self, part: &mut Part, to: &mut Part) {
-        let len = part.end - part.start;
-        if part.start != to.end {
-            self.data.copy_within(part.start..part.end, to.end);
-        }
-        *part = Part {
-            start: to.end,
-            end: to.end + len,
-            count: part.count,
-        };
-        to.end += len;
-        to.count += part.count;
+/// The part of `buf` written since `before` ([`end_of`] it then).
+fn since(buf: &Args, before: Part) -> Part {
+    Part {
+        start: before.end,
+        end: buf.len(),
+        count: buf.count() - before.count,
     }
+}
 
-    /// Keeps what ends at `kept` (see [`move_down`](Self::move_down)).
-    fn cut(&mut self, kept: Part) {
-        self.data.truncate(kept.end);
-        self.count = kept.count;
+/// Moves `part` of `buf` down to `to` (where the bytes kept so far end), which it is at
+/// or after; `to` then ends after it.
+fn move_down(buf: &mut Args, part: &mut Part, to: &mut Part) {
+    let len = part.end - part.start;
+    if part.start != to.end {
+        buf.copy_within(part.start..part.end, to.end);
     }
+    *part = Part {
+        start: to.end,
+        end: to.end + len,
+        count: part.count,
+    };
+    to.end += len;
+    to.count += part.count;
+}
 
-    fn clear(&mut self) {
-        self.data.clear();
-        self.count = 0;
-    }
+/// Keeps what ends at `kept` (see [`move_down`]).
+fn cut(buf: &mut Args, kept: Part) {
+    buf.truncate(kept.end, kept.count);
 }
 
 /// The calls queued on one lane since its last batch, written out: a script lane's
-/// entries' keys (in `keys`) and arguments (in `rest`), which a batch sends as every
-/// key, then every argument; or a command lane's whole commands (in `rest`), which a
-/// batch sends as one pipeline.
+/// entries' keys (a column each: every entry's first key in the first, and so on; a
+/// script laid out by rows has one column, entry after entry) and arguments (in
+/// `rest`), which a batch sends as every key, then every argument; or a command lane's
+/// whole commands (in `rest`), which a batch sends as one pipeline.
 #[derive(Default)]
 pub(super) struct Written {
-    keys: Buf,
-    rest: Buf,
-    /// Where the next entry or command is built, kept after each.
+    keys: [Args; KEY_COLUMNS],
+    rest: Args,
+    /// Where the next command is built, kept after each.
     scratch: Option<Args>,
 }
 
 impl Written {
-    /// The scratch buffer, empty.
-    fn scratch(&mut self) -> Args {
-        let mut buf = self
-            .scratch
-            .take()
-            .unwrap_or_else(|| Args::with_capacity(8, 256));
-        buf.clear();
-        buf
-    }
-
-    /// Appends the entry `build` writes (into the lane's scratch buffer): where it is.
-    /// `None` if `build` returned another entry than the one it was given (nothing is
-    /// appended).
-    pub(super) fn entry(&mut self, build: impl FnOnce(Entry) -> Entry) -> Option<Span> {
-        let packed = build(Entry::packed_in(self.scratch())).into_packed()?;
-        let ((keys, nkeys), (args, nargs)) = (packed.keys(), packed.args());
-        let span = Span {
-            keys: self.keys.push(keys, nkeys),
-            rest: self.rest.push(args, nargs),
+    /// Appends the entry `build` writes, its keys in `columns` columns (see
+    /// [`Lua::key_columns`]): where it is. `None`, with nothing appended, if the entry
+    /// does not fit that layout (laid out by column, its keys are not one per column;
+    /// or more columns than there are), or `build` returned another entry than the
+    /// one it was given.
+    ///
+    /// [`Lua::key_columns`]: super::super::scripts::Lua::key_columns
+    pub(super) fn entry(
+        &mut self,
+        columns: usize,
+        build: impl FnOnce(Entry<'_>) -> Entry<'_>,
+    ) -> Option<Span> {
+        let before: [Part; KEY_COLUMNS] = std::array::from_fn(|c| end_of(&self.keys[c]));
+        let rest = end_of(&self.rest);
+        let keys = match self.keys.get_mut(..columns) {
+            Some(used) if columns > 0 => build(Entry::packed_in(used, &mut self.rest))
+                .into_packed()
+                .map(|p| p.keys()),
+            _ => None,
         };
-        self.scratch = Some(packed.into_buffer());
-        Some(span)
+        if !keys.is_some_and(|k| columns == 1 || k == columns) {
+            for (buf, kept) in self.keys.iter_mut().zip(before) {
+                cut(buf, kept);
+            }
+            cut(&mut self.rest, rest);
+            return None;
+        }
+        Some(Span {
+            keys: std::array::from_fn(|c| since(&self.keys[c], before[c])),
+            rest: since(&self.rest, rest),
+        })
     }
 
     /// Appends the command `build` writes (into the lane's scratch buffer, handed to
     /// it empty): where it is.
     pub(super) fn command(&mut self, build: impl FnOnce(Args) -> Args) -> Span {
-        let cmd = build(self.scratch());
-        let start = self.rest.data.len();
-        cmd.write(&mut self.rest.data);
-        self.rest.count += 1;
+        let mut scratch = self
+            .scratch
+            .take()
+            .unwrap_or_else(|| Args::with_capacity(8, 256));
+        scratch.clear();
+        let cmd = build(scratch);
+        let before = end_of(&self.rest);
+        self.rest.push_command(&cmd);
         let span = Span {
-            keys: Part::default(),
-            rest: Part {
-                start,
-                end: self.rest.data.len(),
-                count: 1,
-            },
+            keys: Default::default(),
+            rest: since(&self.rest, before),
         };
         self.scratch = Some(cmd);
         span
@@ -137,93 +160,81 @@ impl Written {
     /// Arguments and bytes a script call of these entries takes after the script's
     /// name or sha (`numkeys`, keys, arguments), to size its command once.
     pub(super) fn script_size(&self) -> (usize, usize) {
-        (
-            1 + self.keys.count + self.rest.count,
-            20 + self.keys.data.len() + self.rest.data.len(),
-        )
+        let keys = self.keys.iter().map(Args::count).sum::<usize>();
+        let bytes = self.keys.iter().map(Args::len).sum::<usize>();
+        (1 + keys + self.rest.count(), 20 + bytes + self.rest.len())
     }
 
     /// The keys and arguments of a script call of these entries: `numkeys`, every
-    /// entry's keys (in `columns` columns: see [`Lua::key_columns`]), then every
-    /// entry's arguments.
-    ///
-    /// [`Lua::key_columns`]: super::super::scripts::Lua::key_columns
-    pub(super) fn fill_script(&self, cmd: &mut Args, columns: usize) {
-        cmd.arg(self.keys.count);
-        if !cmd.push_bulks_by_column(&self.keys.data, self.keys.count, columns) {
-            // Not whole rows: only a bug here writes such keys. The keys go entry after
-            // entry, which a script laid out by column reads as other keys of its own
-            // entries: a compare-and-delete then finds nothing of its grants to delete.
-            debug_assert!(false, "{} keys are not rows of {columns}", self.keys.count);
-            cmd.push_bulks(&self.keys.data, self.keys.count);
+    /// entry's keys (a column at a time), then every entry's arguments.
+    pub(super) fn fill_script(&self, cmd: &mut Args) {
+        cmd.arg(self.keys.iter().map(Args::count).sum::<usize>());
+        for column in &self.keys {
+            cmd.push_bulks(column.bulks(), column.count());
         }
-        cmd.push_bulks(&self.rest.data, self.rest.count);
+        cmd.push_bulks(self.rest.bulks(), self.rest.count());
     }
 
     /// The commands of a command lane, as one pipeline.
     pub(super) fn pipe(&self) -> Pipe<'_> {
         Pipe {
-            commands: &self.rest.data,
-            count: self.rest.count,
+            commands: self.rest.bulks(),
+            count: self.rest.count(),
         }
     }
 
     /// Keeps only the calls at `kept` (each span of this buffer's calls that stay, in
     /// order), moving their bytes together and updating each span.
     pub(super) fn retain<'s>(&mut self, kept: impl IntoIterator<Item = &'s mut Span>) {
-        let (mut keys, mut rest) = (Part::default(), Part::default());
+        let mut keys = [Part::default(); KEY_COLUMNS];
+        let mut rest = Part::default();
         for span in kept {
-            self.keys.move_down(&mut span.keys, &mut keys);
-            self.rest.move_down(&mut span.rest, &mut rest);
+            for (c, buf) in self.keys.iter_mut().enumerate() {
+                move_down(buf, &mut span.keys[c], &mut keys[c]);
+            }
+            move_down(&mut self.rest, &mut span.rest, &mut rest);
         }
-        self.keys.cut(keys);
-        self.rest.cut(rest);
+        for (buf, kept) in self.keys.iter_mut().zip(keys) {
+            cut(buf, kept);
+        }
+        cut(&mut self.rest, rest);
     }
 
     /// Moves the calls at `moved` (the spans of this buffer's last calls, in order) to
-    /// the end of `to`, updating each span.
+    /// the end of `to`, updating each span: each buffer's bytes from the first of them
+    /// on move in one copy, and the spans shift by as much.
     pub(super) fn move_to<'s>(
         &mut self,
         to: &mut Written,
         moved: impl IntoIterator<Item = &'s mut Span>,
     ) {
-        let mut cut: Option<(Part, Part)> = None;
+        let mut moved = moved.into_iter().peekable();
+        let Some(first) = moved.peek().map(|s| **s) else {
+            return;
+        };
+        let (mut keys, mut rest) = ([0; KEY_COLUMNS], 0);
         for span in moved {
-            let (keys, rest) = cut.get_or_insert((
-                Part {
-                    end: span.keys.start,
-                    count: self.keys.count,
-                    ..Part::default()
-                },
-                Part {
-                    end: span.rest.start,
-                    count: self.rest.count,
-                    ..Part::default()
-                },
-            ));
-            keys.count -= span.keys.count;
-            rest.count -= span.rest.count;
-            span.keys = to.keys.push(self.keys.bytes(span.keys), span.keys.count);
-            span.rest = to.rest.push(self.rest.bytes(span.rest), span.rest.count);
+            for (c, part) in span.keys.iter_mut().enumerate() {
+                keys[c] += part.count;
+                *part = part.shifted(first.keys[c].start, to.keys[c].len());
+            }
+            rest += span.rest.count;
+            span.rest = span.rest.shifted(first.rest.start, to.rest.len());
         }
-        if let Some((keys, rest)) = cut {
-            self.keys.cut(keys);
-            self.rest.cut(rest);
+        for (c, buf) in self.keys.iter_mut().enumerate() {
+            move_tail(buf, first.keys[c].start, keys[c], &mut to.keys[c]);
         }
+        move_tail(&mut self.rest, first.rest.start, rest, &mut to.rest);
     }
 
     /// Empty, and small enough to keep for another batch.
     fn reusable(mut self) -> Option<Self> {
-        let small = |b: &Buf| b.data.capacity() <= KEPT_CAPACITY;
-        if !small(&self.keys) || !small(&self.rest) {
+        let small = |b: &Args| b.capacity() <= KEPT_CAPACITY;
+        if !self.keys.iter().all(small) || !small(&self.rest) {
             return None;
         }
         self.clear();
-        if self
-            .scratch
-            .as_ref()
-            .is_some_and(|s| s.capacity() > KEPT_CAPACITY)
-        {
+        if self.scratch.as_ref().is_some_and(|s| !small(s)) {
             self.scratch = None;
         }
         Some(self)
@@ -231,7 +242,7 @@ impl Written {
 
     /// Empties these buffers (their calls are gone).
     pub(super) fn clear(&mut self) {
-        self.keys.clear();
+        self.keys.iter_mut().for_each(Args::clear);
         self.rest.clear();
     }
 }
@@ -267,30 +278,29 @@ mod tests {
         (0..rng.usize(..max)).map(|_| rng.u8(..)).collect()
     }
 
-    /// Queues an entry of `keys` keys (any number up to 3 when `None`) on `w`.
-    fn queue_entry(w: &mut Written, rng: &mut fastrand::Rng, keys: Option<usize>) -> (Span, Model) {
-        let n = keys.unwrap_or_else(|| rng.usize(..4));
-        let keys: Vec<Vec<u8>> = (0..n).map(|_| random_bytes(rng)).collect();
-        let args: Vec<Vec<u8>> = (0..rng.usize(..5)).map(|_| random_bytes(rng)).collect();
-        let span = w
-            .entry(|mut e| {
-                for k in &keys {
-                    e = e.key(std::str::from_utf8(k).unwrap_or("k"));
-                }
-                for a in &args {
-                    e = e.arg(&a[..]);
-                }
-                e
-            })
-            .unwrap();
-        let keys = keys
-            .into_iter()
-            .map(|k| String::from_utf8(k).map_or(b"k".to_vec(), String::into_bytes))
-            .collect();
-        (span, (keys, args))
+    /// An entry of `keys` keys and a few arguments.
+    fn random_entry(rng: &mut fastrand::Rng, keys: usize) -> Model {
+        // Keys are strings: bytes that are not UTF-8 stand for "k".
+        let key = |b: Vec<u8>| String::from_utf8(b).map_or(b"k".to_vec(), String::into_bytes);
+        let keys = (0..keys).map(|_| key(random_bytes(rng))).collect();
+        let args = (0..rng.usize(..5)).map(|_| random_bytes(rng)).collect();
+        (keys, args)
     }
 
-    /// What a batch of `model` entries sends after the script's sha, its keys in
+    /// Queues `entry` on `w`, its keys in `columns` columns.
+    fn queue(w: &mut Written, columns: usize, (keys, args): &Model) -> Option<Span> {
+        w.entry(columns, |mut e| {
+            for k in keys {
+                e = e.key(std::str::from_utf8(k).unwrap());
+            }
+            for a in args {
+                e = e.arg(&a[..]);
+            }
+            e
+        })
+    }
+
+    /// What a batch of `model` entries sends after the script's sha, their keys in
     /// `columns` columns (1: entry after entry).
     fn script_of(model: &[Model], columns: usize) -> Vec<Vec<u8>> {
         let nkeys: usize = model.iter().map(|(k, _)| k.len()).sum();
@@ -306,39 +316,53 @@ mod tests {
         want
     }
 
-    fn check_script(w: &Written, spans: &[Span], model: &[Model]) {
-        // Entries of one key count also go by column (1 column is rows).
-        let same = model
-            .first()
-            .map(|(k, _)| k.len())
-            .filter(|&k| model.iter().all(|(keys, _)| keys.len() == k));
-        for columns in [Some(1), same.filter(|&k| k > 1)].into_iter().flatten() {
-            let mut cmd = Args::default();
-            w.fill_script(&mut cmd, columns);
-            let got: Vec<Vec<u8>> = cmd.each().map(<[u8]>::to_vec).collect();
-            assert_eq!(got, script_of(model, columns), "{columns} columns");
-            assert_eq!(w.script_size().0, cmd.count());
-        }
+    fn check_script(w: &Written, columns: usize, spans: &[Span], model: &[Model]) {
+        let mut cmd = Args::default();
+        w.fill_script(&mut cmd);
+        let got: Vec<Vec<u8>> = cmd.each().map(<[u8]>::to_vec).collect();
+        assert_eq!(got, script_of(model, columns), "{columns} columns");
+        assert_eq!(w.script_size().0, cmd.count());
         for (span, (keys, _)) in spans.iter().zip(model) {
-            assert_eq!(span.keys.count, keys.len());
+            let count: usize = span.keys.iter().map(|p| p.count).sum();
+            assert_eq!(count, keys.len());
         }
     }
 
-    /// Entries queued, callers leaving, and batches split at random: every batch sends
-    /// the keys (entry after entry, or a column at a time), then the arguments, of
-    /// exactly the entries it carries, in order.
+    /// Entries queued, callers leaving, and batches split at random, a script's keys
+    /// by row or by column: every batch sends the keys (entry after entry, or a column
+    /// at a time), then the arguments, of exactly the entries it carries, in order. An
+    /// entry that does not fit the layout is refused and leaves nothing behind.
     #[test]
     fn random_entries_left_out_and_split_send_what_their_batch_carries() {
         let mut rng = fastrand::Rng::with_seed(7);
         let mut spares = Spares::default();
         for round in 0..600 {
-            // Half the rounds queue entries of one key count (a script's layout).
-            let keys = (round % 2 == 0).then(|| rng.usize(..4));
+            // Half the rounds lay keys out by column: every entry has one per column.
+            let columns = if round % 2 == 0 {
+                1
+            } else {
+                rng.usize(2..=KEY_COLUMNS)
+            };
+            let keys = |rng: &mut fastrand::Rng| match columns {
+                1 => rng.usize(..4),
+                c => c,
+            };
             let mut lane = spares.take();
             let (mut spans, mut model): (Vec<Span>, Vec<Model>) = (0..rng.usize(..12))
-                .map(|_| queue_entry(&mut lane, &mut rng, keys))
+                .map(|_| {
+                    let n = keys(&mut rng);
+                    let entry = random_entry(&mut rng, n);
+                    (queue(&mut lane, columns, &entry).unwrap(), entry)
+                })
                 .unzip();
-            check_script(&lane, &spans, &model);
+            check_script(&lane, columns, &spans, &model);
+            if columns > 1 {
+                let more = [1, columns][rng.usize(..2)];
+                let misfit = random_entry(&mut rng, columns + more);
+                assert_eq!(queue(&mut lane, columns, &misfit), None);
+                assert_eq!(queue(&mut lane, columns, &random_entry(&mut rng, 1)), None);
+                check_script(&lane, columns, &spans, &model);
+            }
             // Callers gone: left out.
             let keep: Vec<bool> = spans.iter().map(|_| rng.u8(..4) != 0).collect();
             let mut i = 0;
@@ -346,24 +370,39 @@ mod tests {
             let mut i = 0;
             spans.retain(|_| (keep[i], i += 1).0);
             lane.retain(spans.iter_mut());
-            check_script(&lane, &spans, &model);
+            check_script(&lane, columns, &spans, &model);
             // A batch takes the first `n`; the rest moves to the lane's next buffers,
             // where more queue behind it.
             let n = rng.usize(..=spans.len());
             let mut next = spares.take();
             lane.move_to(&mut next, spans[n..].iter_mut());
-            check_script(&lane, &spans[..n], &model[..n]);
+            check_script(&lane, columns, &spans[..n], &model[..n]);
             let (mut more_spans, more): (Vec<Span>, Vec<Model>) = (0..rng.usize(..3))
-                .map(|_| queue_entry(&mut next, &mut rng, keys))
+                .map(|_| {
+                    let n = keys(&mut rng);
+                    let entry = random_entry(&mut rng, n);
+                    (queue(&mut next, columns, &entry).unwrap(), entry)
+                })
                 .unzip();
             let mut rest_spans = spans[n..].to_vec();
             rest_spans.append(&mut more_spans);
             let mut rest = model[n..].to_vec();
             rest.extend(more);
-            check_script(&next, &rest_spans, &rest);
+            check_script(&next, columns, &rest_spans, &rest);
             spares.give_back(lane);
             spares.give_back(next);
         }
+    }
+
+    /// Every script laid out by column reads no more key columns than a lane keeps.
+    #[test]
+    fn every_script_by_column_fits_the_key_columns() {
+        use super::super::super::scripts::RELEASE;
+        assert!((2..=KEY_COLUMNS).contains(&RELEASE.key_columns()));
+        let mut w = Written::default();
+        assert_eq!(w.entry(0, |e| e.arg("x")), None);
+        assert_eq!(w.entry(KEY_COLUMNS + 1, |e| e.key("k")), None);
+        assert_eq!(w.script_size(), (1, 20));
     }
 
     /// Commands queued, callers leaving, and batches split: the pipeline is exactly the
