@@ -92,10 +92,26 @@ fn line<'b>(buf: &'b [u8], at: &mut usize) -> Result<Option<&'b [u8]>, RedisErro
     }
 }
 
+/// `digits` as `str::parse` reads an `i64` (a sign, then decimal digits), without
+/// the UTF-8 check: every reply's length and integer goes through here.
 fn int(digits: &[u8]) -> Result<i64, RedisError> {
-    std::str::from_utf8(digits)
-        .ok()
-        .and_then(|s| s.parse().ok())
+    let (negative, digits) = match digits {
+        [b'-', rest @ ..] => (true, rest),
+        [b'+', rest @ ..] => (false, rest),
+        _ => (false, digits),
+    };
+    let number = |n: i64, &d: &u8| {
+        let d = i64::from(d.wrapping_sub(b'0')).min(10);
+        let n = n.checked_mul(10)?;
+        match d {
+            10 => None,
+            d if negative => n.checked_sub(d),
+            d => n.checked_add(d),
+        }
+    };
+    (!digits.is_empty())
+        .then(|| digits.iter().try_fold(0, number))
+        .flatten()
         .ok_or_else(|| broken("an integer reply that is not a number"))
 }
 
@@ -123,6 +139,53 @@ fn broken(what: &'static str) -> RedisError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Integers read as `str::parse` reads them: random numbers, the edges, and
+    /// random bytes that are mostly not numbers.
+    #[test]
+    fn integers_read_as_parse_reads_them() {
+        let mut rng = fastrand::Rng::with_seed(3);
+        let mut cases: Vec<Vec<u8>> = [i64::MIN, i64::MIN + 1, -1, 0, 1, i64::MAX]
+            .iter()
+            .map(|n| n.to_string().into_bytes())
+            .collect();
+        cases.extend(
+            [
+                &b""[..],
+                b"-",
+                b"+",
+                b"+7",
+                b"-0",
+                b"007",
+                b"9223372036854775808",
+                b"1 ",
+            ]
+            .map(<[u8]>::to_vec),
+        );
+        for _ in 0..20_000 {
+            cases.push(match rng.u8(..3) {
+                0 => rng.i64(..).to_string().into_bytes(),
+                1 => (rng.i64(..) >> rng.u32(..64)).to_string().into_bytes(),
+                _ => {
+                    let alphabet = b"0123456789-+ x\xff";
+                    (0..rng.usize(..22))
+                        .map(|_| alphabet[rng.usize(..alphabet.len())])
+                        .collect()
+                }
+            });
+        }
+        for case in cases {
+            let want = std::str::from_utf8(&case)
+                .ok()
+                .and_then(|s| s.parse::<i64>().ok());
+            assert_eq!(
+                int(&case).ok(),
+                want,
+                "{:?}",
+                String::from_utf8_lossy(&case)
+            );
+        }
+    }
 
     /// A random reply and its encoding.
     fn random_reply(rng: &mut fastrand::Rng, depth: usize) -> (Value, Vec<u8>) {
