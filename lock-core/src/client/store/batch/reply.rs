@@ -45,9 +45,9 @@ impl Slot {
 const KEPT_SLOTS: usize = 2 * super::MAX_BATCH;
 
 /// A connection's slots whose calls are over, for its next calls. A wave of queued
-/// calls takes a slot each and frees them all as their callers take their replies: a
-/// fresh allocation per call cost an allocation and a free each (two a lock's cycle),
-/// and a wave overflows the allocator's per-thread cache of one size.
+/// calls takes a slot each and frees them all as their callers take their replies:
+/// allocated each time, they would cost an allocation and a free per call (two per
+/// lock cycle), and a wave overflows the allocator's per-thread cache of one size.
 #[derive(Default)]
 pub(super) struct Slots(Mutex<Vec<Arc<Slot>>>);
 

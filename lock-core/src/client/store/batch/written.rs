@@ -66,7 +66,7 @@ fn since(buf: &Args, before: Part) -> Part {
     Part {
         start: before.end,
         end: buf.len(),
-        count: buf.count() - before.count,
+        count: buf.count().saturating_sub(before.count),
     }
 }
 
