@@ -119,17 +119,25 @@ impl Written {
     ) -> Option<Span> {
         let before: [Part; KEY_COLUMNS] = std::array::from_fn(|c| end_of(&self.keys[c]));
         let rest = end_of(&self.rest);
-        let keys = match self.keys.get_mut(..columns) {
-            Some(used) if columns > 0 => build(Entry::packed_in(used, &mut self.rest))
-                .into_packed()
-                .map(|p| p.keys()),
-            _ => None,
-        };
-        if !keys.is_some_and(|k| columns == 1 || k == columns) {
+        // A builder that panics halfway leaves nothing behind either: the next batch
+        // would send its bytes as another entry's.
+        let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            match self.keys.get_mut(..columns) {
+                Some(used) if columns > 0 => build(Entry::packed_in(used, &mut self.rest))
+                    .into_packed()
+                    .map(|p| p.keys()),
+                _ => None,
+            }
+        }));
+        let fits = matches!(built, Ok(Some(k)) if columns == 1 || k == columns);
+        if !fits {
             for (buf, kept) in self.keys.iter_mut().zip(before) {
                 cut(buf, kept);
             }
             cut(&mut self.rest, rest);
+            if let Err(panic) = built {
+                std::panic::resume_unwind(panic);
+            }
             return None;
         }
         Some(Span {
@@ -391,6 +399,27 @@ mod tests {
             check_script(&next, columns, &rest_spans, &rest);
             spares.give_back(lane);
             spares.give_back(next);
+        }
+    }
+
+    /// A builder that panics halfway through its entry leaves none of it behind.
+    #[test]
+    fn an_entry_whose_builder_panics_leaves_nothing_behind() {
+        let mut rng = fastrand::Rng::with_seed(13);
+        for columns in [1, KEY_COLUMNS] {
+            let mut w = Written::default();
+            let first = random_entry(&mut rng, columns);
+            let span = queue(&mut w, columns, &first).unwrap();
+            let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                w.entry(columns, |e| {
+                    let _half = e.key("half").arg("written");
+                    panic!("a builder that fails");
+                })
+            }));
+            assert!(panicked.is_err());
+            let second = random_entry(&mut rng, columns);
+            let next = queue(&mut w, columns, &second).unwrap();
+            check_script(&w, columns, &[span, next], &[first, second]);
         }
     }
 
