@@ -1,7 +1,7 @@
 //! What a caller builds for a script's batch lane: one entry of a batched script call
 //! ([`Entry`]). Queued, its keys and arguments are written straight into the buffers
 //! its lane keeps for the next batch (its keys into the key columns the script reads
-//! them in, its arguments after the arguments before them), as Redis reads them: a key
+//! them in, its arguments after what that buffer holds), as Redis reads them: a key
 //! made of a lock key and a suffix is written in place, nothing is allocated, and a
 //! batch's command copies each buffer whole. An entry sent alone is written straight
 //! into its command instead.
@@ -158,8 +158,8 @@ mod tests {
         );
     }
 
-    /// Keys go to the columns in turn and arguments after the ones before, each
-    /// whole; what the buffers held stays.
+    /// Keys go to the columns in turn and arguments after what their buffer holds,
+    /// each whole; what the buffers held stays.
     #[test]
     fn an_entry_writes_its_keys_by_column_and_its_arguments_whole_after_what_was_there() {
         let mut columns = [Args::default(), Args::default()];

@@ -131,10 +131,7 @@ impl Written {
         }));
         let fits = matches!(built, Ok(Some(k)) if columns == 1 || k == columns);
         if !fits {
-            for (buf, kept) in self.keys.iter_mut().zip(before) {
-                cut(buf, kept);
-            }
-            cut(&mut self.rest, rest);
+            self.cut(before, rest);
             if let Err(panic) = built {
                 std::panic::resume_unwind(panic);
             }
@@ -168,15 +165,22 @@ impl Written {
     /// Arguments and bytes a script call of these entries takes after the script's
     /// name or sha (`numkeys`, keys, arguments), to size its command once.
     pub(super) fn script_size(&self) -> (usize, usize) {
-        let keys = self.keys.iter().map(Args::count).sum::<usize>();
         let bytes = self.keys.iter().map(Args::len).sum::<usize>();
-        (1 + keys + self.rest.count(), 20 + bytes + self.rest.len())
+        (
+            1 + self.key_count() + self.rest.count(),
+            20 + bytes + self.rest.len(),
+        )
+    }
+
+    /// Keys of every entry, over the columns.
+    fn key_count(&self) -> usize {
+        self.keys.iter().map(Args::count).sum()
     }
 
     /// The keys and arguments of a script call of these entries: `numkeys`, every
     /// entry's keys (a column at a time), then every entry's arguments.
     pub(super) fn fill_script(&self, cmd: &mut Args) {
-        cmd.arg(self.keys.iter().map(Args::count).sum::<usize>());
+        cmd.arg(self.key_count());
         for column in &self.keys {
             cmd.push_bulks(column.bulks(), column.count());
         }
@@ -202,6 +206,12 @@ impl Written {
             }
             move_down(&mut self.rest, &mut span.rest, &mut rest);
         }
+        self.cut(keys, rest);
+    }
+
+    /// Keeps each key column up to `keys` and the arguments up to `rest` (see
+    /// [`move_down`]).
+    fn cut(&mut self, keys: [Part; KEY_COLUMNS], rest: Part) {
         for (buf, kept) in self.keys.iter_mut().zip(keys) {
             cut(buf, kept);
         }
